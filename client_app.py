@@ -1,0 +1,14 @@
+"""Flower ClientApp for GEMS: thin glue, the work is in ``gems_fl.client``."""
+
+from flwr.app import Context, Message
+from flwr.clientapp import ClientApp
+
+from gems_fl.client import handle_train
+
+app = ClientApp()
+
+
+@app.train()
+def train(msg: Message, context: Context) -> Message:
+    """Train locally and reply with this node's good-enough model space."""
+    return handle_train(msg, context)

@@ -1,0 +1,115 @@
+"""What one node does: train locally, build its good-enough space, reply with it.
+
+Plain functions on numpy arrays plus one Flower-facing handler, :func:`handle_train`,
+which ``client_app.py`` registers. Nothing but the reply built by
+:func:`gems_fl.wire.encode_reply` leaves the node.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from flwr.app import Context, Message
+
+from gems_fl import wire
+from gems_fl.data import load_dataset, node_data, parse_division
+from gems_fl.fisher import diagonal_fisher, fisher_axes
+from gems_fl.models import build_model, model_to_vector, vector_to_state
+from gems_fl.radius import RadiusResult, search_radius
+from gems_fl.settings import Settings
+from gems_fl.spaces import Space
+from gems_fl.train import TrainReport, accuracy, train_until_converged
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class LocalSpace:
+    """A node's trained model, its good-enough space and how they were obtained."""
+
+    space: Space
+    search: RadiusResult
+    training: TrainReport
+    num_train: int
+    num_val: int
+    val_accuracy: float
+
+
+def node_seed(seed: int, partition_id: int) -> int:
+    """Per-node seed: different nodes initialise differently, reproducibly."""
+    return seed * 10_007 + partition_id
+
+
+def build_local_space(
+    x_train: np.ndarray,
+    y_train: np.ndarray,
+    x_val: np.ndarray,
+    y_val: np.ndarray,
+    num_classes: int,
+    settings: Settings,
+    seed: int,
+) -> LocalSpace:
+    """Train the local model and find its good-enough ball or ellipsoid.
+
+    The radius is searched on the validation split with Q = accuracy >= ``eps``; a
+    model that already fails Q at its center gets radius 0.
+    """
+    torch.manual_seed(seed)
+    num_features = x_train.shape[1]
+    model = build_model(settings.model, num_features, num_classes)
+    report = train_until_converged(
+        model, x_train, y_train,
+        lr=settings.local_lr, batch_size=settings.batch_size,
+        max_epochs=settings.local_max_epochs, patience=settings.local_patience, seed=seed,
+    )
+    center = model_to_vector(model)
+    center_matrix = center.reshape(num_classes, num_features + 1)
+    axes = None
+    if settings.space == "ellipsoid":
+        axes = fisher_axes(diagonal_fisher(center_matrix, x_val), settings.ellipsoid_c)
+    search = search_radius(
+        center_matrix, x_val, y_val,
+        eps=settings.eps, num_directions=settings.num_directions,
+        r_max=settings.r_max, delta=settings.delta, seed=seed, axes=axes,
+    )
+    return LocalSpace(
+        space=Space(center, search.radius, axes),
+        search=search,
+        training=report,
+        num_train=len(y_train),
+        num_val=len(y_val),
+        val_accuracy=accuracy(model, x_val, y_val),
+    )
+
+
+def handle_train(msg: Message, context: Context) -> Message:
+    """Flower ``train`` handler: data -> local model -> good-enough space -> reply."""
+    settings = Settings.from_run_config(wire.decode_config(msg.content))
+    partition_id = int(context.node_config["partition-id"])
+    num_partitions = int(context.node_config["num-partitions"])
+    data_dir = str(context.node_config.get("data-dir", settings.data_dir)) or None
+    splits = load_dataset(settings.dataset, seed=settings.seed, data_dir=data_dir)
+    division = parse_division(settings.label_division, num_partitions, splits.num_classes)
+    x_tr, y_tr, x_val, y_val = node_data(splits, division, partition_id, settings.seed)
+    local = build_local_space(
+        x_tr, y_tr, x_val, y_val, splits.num_classes, settings,
+        seed=node_seed(settings.seed, partition_id),
+    )
+    logger.info(
+        "node %s (partition %d): %d train / %d val, val acc %.3f, %s radius %.4f",
+        context.node_id, partition_id, local.num_train, local.num_val,
+        local.val_accuracy, settings.space, local.space.radius,
+    )
+    shape = (splits.num_classes, splits.num_features)
+    content = wire.encode_reply(
+        vector_to_state(local.space.center, shape[1], shape[0]),
+        None if local.space.axes is None else vector_to_state(local.space.axes, shape[1], shape[0]),
+        radius=local.space.radius,
+        num_train_examples=local.num_train,
+        num_val_examples=local.num_val,
+        local_val_accuracy=local.val_accuracy,
+    )
+    return Message(content=content, reply_to=msg)

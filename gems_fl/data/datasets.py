@@ -1,0 +1,375 @@
+"""Dataset loading and the seeded train / validation / test / public split.
+
+Splits follow the GEMS paper (50000 train, 5000 validation, 5000 test) and add
+a *public* pool that no node ever sees, which the server uses for fine-tuning.
+Raw decoded arrays are cached per process; every split is a fresh copy.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import numbers
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from gems_fl.data.idx import read_idx
+
+DATASET_NAMES = ("digits", "fashion-mnist", "mnist")
+DEFAULT_FASHION_MNIST_DIR = "/usr/share/datasets/fashion-mnist"
+NUM_CLASSES = 10
+
+IDX_FILES = {
+    "train_images": "train-images-idx3-ubyte",
+    "train_labels": "train-labels-idx1-ubyte",
+    "test_images": "t10k-images-idx3-ubyte",
+    "test_labels": "t10k-labels-idx1-ubyte",
+}
+
+_TORCHVISION_SUBDIR = {"fashion-mnist": "FashionMNIST", "mnist": "MNIST"}
+
+_HOW_TO_GET = {
+    "fashion-mnist": (
+        "Install it with `apt-get install dataset-fashion-mnist` (files go to "
+        f"{DEFAULT_FASHION_MNIST_DIR}), or download the four IDX files "
+        "(train-images-idx3-ubyte.gz, train-labels-idx1-ubyte.gz, t10k-images-idx3-ubyte.gz, "
+        "t10k-labels-idx1-ubyte.gz) from the Fashion-MNIST GitHub release "
+        "(https://github.com/zalandoresearch/fashion-mnist, folder data/fashion) into a folder "
+        "and pass it via the run setting `data-dir`."
+    ),
+    "mnist": (
+        "Download the four IDX files (train-images-idx3-ubyte.gz, train-labels-idx1-ubyte.gz, "
+        "t10k-images-idx3-ubyte.gz, t10k-labels-idx1-ubyte.gz) from the MNIST site "
+        "(https://yann.lecun.com/exdb/mnist/) or with "
+        "`torchvision.datasets.MNIST(root=FOLDER, download=True)` into a folder and pass it "
+        "via the run setting `data-dir`."
+    ),
+}
+
+# Paper split: 50000 train / 5000 val / 5000 public out of the 60000 official
+# training images; 5000 of the 10000 official test images.
+_TRAIN_PARTS = (50, 5)
+_TRAIN_WHOLE = 60
+# Digits has no official split: 50000/5000/5000 plus a 10000 public pool, out of 70000.
+_DIGITS_PARTS = (50, 5, 5)
+_DIGITS_WHOLE = 70
+
+
+@dataclass
+class DatasetSplits:
+    """All splits of one dataset.
+
+    Features are float32 in ``[0, 1]`` with shape ``(n, num_features)``;
+    labels are int64 with shape ``(n,)``.
+
+    Attributes
+    ----------
+    train_x, train_y : np.ndarray
+        Pool that the nodes' training data is partitioned from.
+    val_x, val_y : np.ndarray
+        Pool that the nodes' validation data (used for the space radius) is
+        partitioned from.
+    test_x, test_y : np.ndarray
+        Held-out evaluation set.
+    public_x, public_y : np.ndarray
+        Data that no node uses; the server's pool for fine-tuning.
+    name : str
+        Canonical dataset name, one of ``DATASET_NAMES``.
+    num_classes : int
+        Number of label classes.
+    """
+
+    train_x: np.ndarray
+    train_y: np.ndarray
+    val_x: np.ndarray
+    val_y: np.ndarray
+    test_x: np.ndarray
+    test_y: np.ndarray
+    public_x: np.ndarray
+    public_y: np.ndarray
+    name: str
+    num_classes: int
+
+    @property
+    def num_features(self) -> int:
+        """Number of features per sample."""
+        return int(self.train_x.shape[1])
+
+    def split_sizes(self) -> dict[str, int]:
+        """Return the number of samples of each split, keyed by split name."""
+        return {
+            "train": len(self.train_y),
+            "val": len(self.val_y),
+            "test": len(self.test_y),
+            "public": len(self.public_y),
+        }
+
+
+def _check_seed(seed: object) -> int:
+    """Return ``seed`` as an int, or raise if it is not a non-negative integer."""
+    if isinstance(seed, bool) or not isinstance(seed, numbers.Integral) or not 0 <= seed < 2**32:
+        raise ValueError(f"seed must be an integer in [0, 2**32), got {seed!r}.")
+    return int(seed)
+
+
+def _canonical_name(name: object) -> str:
+    """Map ``name`` (case- and ``_``/``-``-insensitive) to an entry of ``DATASET_NAMES``."""
+    key = str(name).strip().lower().replace("_", "-") if isinstance(name, str) else None
+    if key not in DATASET_NAMES:
+        raise ValueError(
+            f"Unknown dataset {name!r}; valid names are {', '.join(DATASET_NAMES)}."
+        )
+    return key
+
+
+def _readonly(*arrays: np.ndarray) -> tuple[np.ndarray, ...]:
+    """Mark ``arrays`` read-only in place and return them."""
+    for array in arrays:
+        array.setflags(write=False)
+    return arrays
+
+
+def _candidate_paths(name: str, data_dir: Path, stem: str) -> list[Path]:
+    """Every path where the IDX file ``stem`` of dataset ``name`` may be."""
+    folders = [data_dir, data_dir / _TORCHVISION_SUBDIR[name] / "raw"]
+    return [folder / f"{stem}{suffix}" for folder in folders for suffix in ("", ".gz")]
+
+
+def _find_idx_files(name: str, data_dir: Path) -> dict[str, Path] | list[tuple[str, list[Path]]]:
+    """Locate the four IDX files; return their paths, or the missing ones with the paths tried."""
+    found, missing = {}, []
+    for key, stem in IDX_FILES.items():
+        candidates = _candidate_paths(name, data_dir, stem)
+        hit = next((p for p in candidates if p.is_file()), None)
+        if hit is None:
+            missing.append((stem, candidates))
+        else:
+            found[key] = hit
+    return missing if missing else found
+
+
+def _try_torchvision_download(data_dir: Path) -> str:
+    """Try to download MNIST with torchvision into ``data_dir``; return a note for errors."""
+    try:
+        tv_datasets = importlib.import_module("torchvision.datasets")
+    except ImportError:
+        return "torchvision is not installed, so no automatic download was attempted."
+    try:
+        tv_datasets.MNIST(root=str(data_dir), download=True)
+    except Exception as exc:  # noqa: BLE001 - any failure just means "not downloaded"
+        return f"An automatic download with torchvision failed: {exc!r}."
+    return "torchvision reported a successful download, but the files are still missing."
+
+
+def _missing_file_error(name: str, missing: list[tuple[str, list[Path]]], note: str) -> FileNotFoundError:
+    """Build the error for IDX files that could not be found."""
+    stem, tried = missing[0]
+    others = [m[0] for m in missing[1:]]
+    lines = [
+        f"{name}: IDX file {stem!r} (plain or .gz) not found. Looked in:",
+        *(f"  {p}" for p in tried),
+    ]
+    if others:
+        lines.append(f"Also missing: {', '.join(others)}.")
+    if note:
+        lines.append(note)
+    lines.append(_HOW_TO_GET[name])
+    return FileNotFoundError("\n".join(lines))
+
+
+def _check_idx_pair(images: np.ndarray, labels: np.ndarray, img_path: Path, lbl_path: Path) -> None:
+    """Validate that an image file and a label file belong together."""
+    if images.dtype != np.uint8 or images.ndim != 3:
+        raise ValueError(
+            f"IDX file {str(img_path)!r}: expected uint8 images of shape (n, height, width) "
+            f"(magic 0x00000803), found dtype {images.dtype} with shape {images.shape}."
+        )
+    if labels.ndim != 1 or labels.dtype.kind not in "iu":
+        raise ValueError(
+            f"IDX file {str(lbl_path)!r}: expected integer labels of shape (n,) "
+            f"(magic 0x00000801), found dtype {labels.dtype} with shape {labels.shape}."
+        )
+    if len(images) != len(labels):
+        raise ValueError(
+            f"IDX files {str(img_path)!r} and {str(lbl_path)!r}: expected as many labels as "
+            f"images, found {len(labels)} labels for {len(images)} images."
+        )
+    if len(labels) and (labels.min() < 0 or labels.max() >= NUM_CLASSES):
+        raise ValueError(
+            f"IDX file {str(lbl_path)!r}: expected labels in 0..{NUM_CLASSES - 1}, "
+            f"found values from {labels.min()} to {labels.max()}."
+        )
+
+
+@functools.lru_cache(maxsize=4)
+def _load_idx_dataset(name: str, data_dir: str) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Read and validate the four IDX files of ``name`` in ``data_dir`` (cached, read-only).
+
+    Returns
+    -------
+    tuple of np.ndarray
+        ``(train_images, train_labels, test_images, test_labels)``, read-only.
+    """
+    folder = Path(data_dir)
+    located = _find_idx_files(name, folder)
+    if isinstance(located, list) and name == "mnist":
+        note = _try_torchvision_download(folder)
+        located = _find_idx_files(name, folder)
+    else:
+        note = ""
+    if isinstance(located, list):
+        raise _missing_file_error(name, located, note)
+    arrays = {key: read_idx(path) for key, path in located.items()}
+    for part in ("train", "test"):
+        _check_idx_pair(
+            arrays[f"{part}_images"], arrays[f"{part}_labels"],
+            located[f"{part}_images"], located[f"{part}_labels"],
+        )
+    if arrays["train_images"].shape[1:] != arrays["test_images"].shape[1:]:
+        raise ValueError(
+            f"{name} in {data_dir!r}: expected train and test images of the same size, found "
+            f"{arrays['train_images'].shape[1:]} and {arrays['test_images'].shape[1:]}."
+        )
+    return _readonly(
+        arrays["train_images"], arrays["train_labels"],
+        arrays["test_images"], arrays["test_labels"],
+    )
+
+
+@functools.lru_cache(maxsize=1)
+def _load_digits_raw() -> tuple[np.ndarray, np.ndarray]:
+    """Return sklearn's bundled digits as read-only ``(features in [0, 1], labels)``."""
+    from sklearn.datasets import load_digits
+
+    bunch = load_digits()
+    x = (bunch.data / 16.0).astype(np.float32)
+    y = bunch.target.astype(np.int64)
+    return _readonly(x, y)
+
+
+def clear_dataset_cache() -> None:
+    """Forget every cached raw dataset (e.g. after files on disk have changed)."""
+    _load_idx_dataset.cache_clear()
+    _load_digits_raw.cache_clear()
+
+
+def _split_digits(seed: int) -> DatasetSplits:
+    """Stratified split of sklearn digits in the proportions 50:5:5:10."""
+    from sklearn.model_selection import train_test_split
+
+    x, y = _load_digits_raw()
+    n = len(y)
+    n_train, n_val, n_test = (round(n * p / _DIGITS_WHOLE) for p in _DIGITS_PARTS)
+    idx = np.arange(n)
+    train_idx, rest = train_test_split(idx, train_size=n_train, stratify=y, random_state=seed)
+    val_idx, rest = train_test_split(rest, train_size=n_val, stratify=y[rest], random_state=seed)
+    test_idx, public_idx = train_test_split(rest, train_size=n_test, stratify=y[rest], random_state=seed)
+    return DatasetSplits(
+        train_x=x[train_idx], train_y=y[train_idx],
+        val_x=x[val_idx], val_y=y[val_idx],
+        test_x=x[test_idx], test_y=y[test_idx],
+        public_x=x[public_idx], public_y=y[public_idx],
+        name="digits", num_classes=NUM_CLASSES,
+    )
+
+
+def _idx_split_sizes(n_train_official: int, n_test_official: int, where: str) -> tuple[int, int, int]:
+    """Return ``(n_train, n_val, n_test)``; the public pool is the rest of the official train set."""
+    n_train = n_train_official * _TRAIN_PARTS[0] // _TRAIN_WHOLE
+    n_val = n_train_official * _TRAIN_PARTS[1] // _TRAIN_WHOLE
+    n_test = n_test_official // 2
+    n_public = n_train_official - n_train - n_val
+    if min(n_train, n_val, n_test, n_public) < 1:
+        raise ValueError(
+            f"{where}: expected at least {_TRAIN_WHOLE} training and 2 test images so that every "
+            f"split is non-empty, found {n_train_official} training and {n_test_official} test images."
+        )
+    return n_train, n_val, n_test
+
+
+def _split_idx(name: str, data_dir: str, seed: int) -> DatasetSplits:
+    """Seeded train / val / public split of the official train set, and a test subset."""
+    tr_img, tr_lbl, te_img, te_lbl = _load_idx_dataset(name, data_dir)
+    n_train, n_val, n_test = _idx_split_sizes(len(tr_lbl), len(te_lbl), f"{name} in {data_dir!r}")
+    rng = np.random.default_rng(seed)
+    train_perm = rng.permutation(len(tr_lbl))
+    test_perm = rng.permutation(len(te_lbl))
+    parts = np.split(train_perm, [n_train, n_train + n_val])
+
+    def features(images: np.ndarray, idx: np.ndarray) -> np.ndarray:
+        out = images[idx].reshape(len(idx), -1).astype(np.float32)
+        out /= np.float32(255.0)
+        return out
+
+    def labels(values: np.ndarray, idx: np.ndarray) -> np.ndarray:
+        return values[idx].astype(np.int64)
+
+    test_idx = test_perm[:n_test]
+    return DatasetSplits(
+        train_x=features(tr_img, parts[0]), train_y=labels(tr_lbl, parts[0]),
+        val_x=features(tr_img, parts[1]), val_y=labels(tr_lbl, parts[1]),
+        test_x=features(te_img, test_idx), test_y=labels(te_lbl, test_idx),
+        public_x=features(tr_img, parts[2]), public_y=labels(tr_lbl, parts[2]),
+        name=name, num_classes=NUM_CLASSES,
+    )
+
+
+def _resolve_data_dir(name: str, data_dir: str | os.PathLike | None) -> str:
+    """Return the absolute data folder for an IDX dataset, applying defaults."""
+    if data_dir is None or (isinstance(data_dir, str) and not data_dir.strip()):
+        if name == "fashion-mnist":
+            data_dir = DEFAULT_FASHION_MNIST_DIR
+        else:
+            raise ValueError(
+                f"Dataset {name!r} needs data_dir: pass the folder holding its four IDX files "
+                "(e.g. via the run setting `data-dir`). " + _HOW_TO_GET[name]
+            )
+    return os.path.abspath(os.fspath(data_dir))
+
+
+def load_dataset(
+    name: str, *, seed: int, data_dir: str | os.PathLike | None = None
+) -> DatasetSplits:
+    """Load a dataset and split it into train / val / test / public, reproducibly.
+
+    Parameters
+    ----------
+    name : str
+        ``"digits"`` (sklearn's bundled 8x8 digits, offline), ``"fashion-mnist"``
+        or ``"mnist"`` (IDX files).
+    seed : int
+        Seed of the split, in ``[0, 2**32)``.
+    data_dir : str or os.PathLike, optional
+        Folder with ``train-images-idx3-ubyte``, ``train-labels-idx1-ubyte``,
+        ``t10k-images-idx3-ubyte`` and ``t10k-labels-idx1-ubyte`` (each plain or
+        ``.gz``; the torchvision layout ``<data_dir>/MNIST/raw`` or
+        ``<data_dir>/FashionMNIST/raw`` is also searched). Defaults to
+        ``/usr/share/datasets/fashion-mnist`` for Fashion-MNIST; required for
+        MNIST; ignored for digits.
+
+    Returns
+    -------
+    DatasetSplits
+        Fresh arrays owned by the caller. For IDX datasets the official train
+        set is shuffled and split 50:5:5 into train, val and public (50000 /
+        5000 / 5000 for 60000 images) and half the official test set (5000)
+        is the test split. Digits is split 50:5:5:10 (train, val, test,
+        public), stratified by label.
+
+    Raises
+    ------
+    ValueError
+        Unknown name, invalid seed, missing ``data_dir`` for MNIST, or
+        malformed files.
+    FileNotFoundError
+        If an IDX file is missing; the message lists every path tried and how
+        to obtain the files.
+    """
+    canonical = _canonical_name(name)
+    seed = _check_seed(seed)
+    if canonical == "digits":
+        return _split_digits(seed)
+    return _split_idx(canonical, _resolve_data_dir(canonical, data_dir), seed)

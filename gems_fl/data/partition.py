@@ -1,0 +1,297 @@
+"""Label divisions over nodes (the GEMS paper's appendix table) and index partitioning.
+
+A *division* is a list with one entry per node, each the sorted list of class
+labels that node holds. Samples of a class are shared out among the nodes that
+hold it without repetition, so no sample is ever given to two nodes.
+"""
+
+from __future__ import annotations
+
+import numbers
+from collections.abc import Sequence
+
+import numpy as np
+
+from gems_fl.data.datasets import DatasetSplits
+
+PAPER_DIVISIONS: dict[int, list[list[int]]] = {
+    2: [[0, 1, 2, 3, 4], [0, 1, 2, 3, 4]],
+    3: [[0, 1, 2], [3, 4, 5], [6, 7, 8, 9]],
+    5: [[0, 1], [2, 3], [4, 5], [6, 7], [8, 9]],
+}
+PAPER_NUM_CLASSES = 10
+
+_ACCEPTED = (
+    "Accepted: 'paper' (the GEMS paper's table, K in {ks}), 'iid' (every node holds every "
+    "class), 'classes-per-node:N' (node k holds classes (k*N + i) % num_classes, i < N), or "
+    "an explicit division with one group of comma-separated class labels per node, groups "
+    "separated by '/', e.g. '0,1/2,3/4,5/6,7/8,9'."
+)
+
+
+def _accepted() -> str:
+    """Return the description of every accepted ``label-division`` form."""
+    return _ACCEPTED.format(ks=sorted(PAPER_DIVISIONS))
+
+
+def _division_error(spec: str, problem: str) -> ValueError:
+    """Build a ``ValueError`` for an invalid ``label-division`` setting."""
+    return ValueError(f"label-division {spec!r}: {problem} {_accepted()}")
+
+
+def _check_positive_int(value: object, what: str) -> int:
+    """Return ``value`` as an int, or raise unless it is an integer >= 1."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
+        raise ValueError(f"{what} must be an integer >= 1, got {value!r}.")
+    return int(value)
+
+
+def _check_seed(seed: object) -> int:
+    """Return ``seed`` as an int, or raise unless it is a non-negative integer."""
+    if isinstance(seed, bool) or not isinstance(seed, numbers.Integral) or seed < 0:
+        raise ValueError(f"seed must be a non-negative integer, got {seed!r}.")
+    return int(seed)
+
+
+def _paper_division(spec: str, num_nodes: int, num_classes: int) -> list[list[int]]:
+    """Return the paper's division for ``num_nodes`` nodes."""
+    if num_classes != PAPER_NUM_CLASSES:
+        raise _division_error(
+            spec, f"the paper's table is for {PAPER_NUM_CLASSES} classes, but the dataset has "
+            f"{num_classes}; use 'classes-per-node:N' or an explicit division instead."
+        )
+    if num_nodes not in PAPER_DIVISIONS:
+        raise _division_error(
+            spec, f"the paper's table has no division for {num_nodes} nodes (available for "
+            f"K in {sorted(PAPER_DIVISIONS)}); use 'classes-per-node:N' or an explicit "
+            "division instead."
+        )
+    return [list(group) for group in PAPER_DIVISIONS[num_nodes]]
+
+
+def _classes_per_node(spec: str, value: str, num_nodes: int, num_classes: int) -> list[list[int]]:
+    """Return the rotating division in which each node holds ``value`` consecutive classes."""
+    try:
+        per_node = int(value.strip())
+    except ValueError:
+        raise _division_error(spec, f"N in 'classes-per-node:N' must be an integer, got {value!r}.") from None
+    if not 1 <= per_node <= num_classes:
+        raise _division_error(
+            spec, f"N in 'classes-per-node:N' must be in 1..{num_classes} (the number of classes), "
+            f"got {per_node}."
+        )
+    return [sorted((k * per_node + i) % num_classes for i in range(per_node)) for k in range(num_nodes)]
+
+
+def _parse_group(spec: str, node: int, group: str, num_classes: int) -> list[int]:
+    """Parse one node's comma-separated class labels."""
+    items = [item.strip() for item in group.split(",") if item.strip()]
+    if not items:
+        raise _division_error(spec, f"node {node} holds no class; every node needs at least one.")
+    labels = []
+    for item in items:
+        try:
+            label = int(item)
+        except ValueError:
+            raise _division_error(spec, f"node {node}: {item!r} is not an integer class label.") from None
+        if not 0 <= label < num_classes:
+            raise _division_error(
+                spec, f"node {node}: class {label} is out of range; labels must be in 0..{num_classes - 1}."
+            )
+        labels.append(label)
+    if len(set(labels)) != len(labels):
+        raise _division_error(spec, f"node {node} lists a class more than once ({group.strip()!r}).")
+    return sorted(labels)
+
+
+def _explicit_division(spec: str, num_nodes: int, num_classes: int) -> list[list[int]]:
+    """Parse an explicit division such as ``'0,1/2,3'``."""
+    groups = spec.split("/")
+    if len(groups) != num_nodes:
+        raise _division_error(
+            spec, f"it has {len(groups)} group(s) separated by '/', but there are {num_nodes} nodes; "
+            "give exactly one group per node."
+        )
+    return [_parse_group(spec, node, group, num_classes) for node, group in enumerate(groups)]
+
+
+def parse_division(spec: str, num_nodes: int, num_classes: int) -> list[list[int]]:
+    """Turn the ``label-division`` setting into the classes held by each node.
+
+    Parameters
+    ----------
+    spec : str
+        ``"paper"``, ``"iid"``, ``"classes-per-node:N"`` or an explicit
+        division such as ``"0,1/2,3/4,5/6,7/8,9"`` (keywords are
+        case-insensitive, whitespace is ignored).
+    num_nodes : int
+        Number of nodes, >= 1.
+    num_classes : int
+        Number of classes of the dataset, >= 1.
+
+    Returns
+    -------
+    list of list of int
+        One sorted, non-empty list of class labels per node. Classes held by
+        no node are allowed; their samples are simply not used by any node.
+
+    Raises
+    ------
+    ValueError
+        If the setting is malformed; the message names ``label-division``,
+        says what was wrong and lists the accepted forms.
+    """
+    num_nodes = _check_positive_int(num_nodes, "num_nodes")
+    num_classes = _check_positive_int(num_classes, "num_classes")
+    if not isinstance(spec, str) or not spec.strip():
+        raise ValueError(f"label-division must be a non-empty string, got {spec!r}. {_accepted()}")
+    text = spec.strip()
+    keyword = text.lower().replace(" ", "")
+    if keyword == "paper":
+        return _paper_division(text, num_nodes, num_classes)
+    if keyword == "iid":
+        return [list(range(num_classes)) for _ in range(num_nodes)]
+    if keyword.startswith("classes-per-node"):
+        head, sep, value = keyword.partition(":")
+        if head != "classes-per-node" or not sep:
+            raise _division_error(text, "expected the form 'classes-per-node:N'.")
+        return _classes_per_node(text, value, num_nodes, num_classes)
+    return _explicit_division(text, num_nodes, num_classes)
+
+
+def _check_labels(labels: object) -> np.ndarray:
+    """Return ``labels`` as a 1-D integer array, or raise ``ValueError``."""
+    array = np.asarray(labels)
+    if array.ndim != 1 or (array.size and array.dtype.kind not in "iu"):
+        raise ValueError(
+            f"labels must be a 1-D array of integer class labels, got dtype {array.dtype} "
+            f"with shape {array.shape}."
+        )
+    return array
+
+
+def check_division(division: Sequence[Sequence[int]], num_classes: int | None = None) -> list[list[int]]:
+    """Validate a division and return it as a list of sorted lists of int.
+
+    Parameters
+    ----------
+    division : sequence of sequence of int
+        Classes held by each node, e.g. the output of :func:`parse_division`.
+    num_classes : int, optional
+        If given, every label must be below it.
+
+    Raises
+    ------
+    ValueError
+        If there are no nodes, a node holds no class or a class twice, or a
+        label is not a non-negative integer (below ``num_classes``).
+    """
+    if isinstance(division, np.ndarray):
+        division = division.tolist()
+    if isinstance(division, (str, bytes)) or not isinstance(division, Sequence) or not division:
+        raise ValueError(
+            "division must be a non-empty list with one list of class labels per node, "
+            f"got {division!r}; build it with parse_division()."
+        )
+    checked = []
+    for node, group in enumerate(division):
+        if isinstance(group, np.ndarray):
+            group = group.tolist()
+        if isinstance(group, (str, bytes)) or not isinstance(group, Sequence) or not group:
+            raise ValueError(
+                f"division: node {node} must hold a non-empty list of class labels, got {group!r}."
+            )
+        for label in group:
+            if isinstance(label, bool) or not isinstance(label, numbers.Integral) or label < 0:
+                raise ValueError(
+                    f"division: node {node} has {label!r}, which is not a non-negative integer label."
+                )
+            if num_classes is not None and label >= num_classes:
+                raise ValueError(
+                    f"division: node {node} holds class {label}, but the dataset has only "
+                    f"{num_classes} classes (0..{num_classes - 1})."
+                )
+        if len(set(group)) != len(group):
+            raise ValueError(f"division: node {node} lists a class more than once: {list(group)}.")
+        checked.append(sorted(int(label) for label in group))
+    return checked
+
+
+def partition_indices(
+    labels: np.ndarray, division: Sequence[Sequence[int]], seed: int
+) -> list[np.ndarray]:
+    """Share the sample indices out among nodes according to a label division.
+
+    For each held class (in increasing order) the indices of that class are
+    shuffled with one ``np.random.default_rng(seed)`` and split with
+    ``np.array_split`` among the nodes holding it, in node order, so the
+    shares differ by at most one sample and no sample goes to two nodes.
+
+    Parameters
+    ----------
+    labels : np.ndarray
+        Integer class label of each sample, shape ``(n,)``.
+    division : sequence of sequence of int
+        Classes held by each node.
+    seed : int
+        Non-negative seed; equal seeds give equal partitions.
+
+    Returns
+    -------
+    list of np.ndarray
+        One sorted int64 index array per node.
+    """
+    labels = _check_labels(labels)
+    division = check_division(division)
+    rng = np.random.default_rng(_check_seed(seed))
+    holders: dict[int, list[int]] = {}
+    for node, group in enumerate(division):
+        for label in group:
+            holders.setdefault(label, []).append(node)
+    shares: list[list[np.ndarray]] = [[] for _ in division]
+    for label in sorted(holders):
+        idx = np.flatnonzero(labels == label)
+        rng.shuffle(idx)
+        for node, chunk in zip(holders[label], np.array_split(idx, len(holders[label]))):
+            shares[node].append(chunk)
+    return [np.sort(np.concatenate(parts)).astype(np.int64, copy=False) for parts in shares]
+
+
+def node_data(
+    splits: DatasetSplits, division: Sequence[Sequence[int]], node_id: int, seed: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Return one node's training and validation data.
+
+    The train and val splits are partitioned independently, with seeds
+    ``seed`` and ``seed + 1``.
+
+    Parameters
+    ----------
+    splits : DatasetSplits
+        The dataset.
+    division : sequence of sequence of int
+        Classes held by each node (see :func:`parse_division`).
+    node_id : int
+        Node index in ``0..len(division) - 1``.
+    seed : int
+        Non-negative partition seed.
+
+    Returns
+    -------
+    x_train, y_train, x_val, y_val : np.ndarray
+        Fresh copies of the node's samples.
+    """
+    division = check_division(division, splits.num_classes)
+    valid_id = isinstance(node_id, numbers.Integral) and not isinstance(node_id, bool)
+    if not valid_id or not 0 <= node_id < len(division):
+        raise ValueError(
+            f"node_id must be an integer in 0..{len(division) - 1} (the division has "
+            f"{len(division)} nodes), got {node_id!r}."
+        )
+    seed = _check_seed(seed)
+    train_idx = partition_indices(splits.train_y, division, seed)[node_id]
+    val_idx = partition_indices(splits.val_y, division, seed + 1)[node_id]
+    return (
+        splits.train_x[train_idx], splits.train_y[train_idx],
+        splits.val_x[val_idx], splits.val_y[val_idx],
+    )

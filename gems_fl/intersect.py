@@ -1,0 +1,462 @@
+"""Find the aggregate model ``h_G`` in the intersection of good-enough model spaces.
+
+The paper (section 3.1, eq. 2) picks ``h_G = argmin_w sum_k max(0, ||c_k - w|| - r_k)``,
+which is zero exactly on the intersection. Minimising that non-smooth objective by
+gradient descent lands on the boundary of the intersection at best, where floating-point
+membership checks are a coin toss, and says nothing about *which* point is returned.
+
+Here the primary method is instead Dykstra's alternating projections onto the spaces
+with radii shrunk by ``(1 - shrink)``: it converges to the point of the (shrunk)
+intersection nearest to the mean of the centers, i.e. the model-averaging baseline moved
+as little as possible to become good-enough for every node, and the shrinkage puts the
+point strictly inside the true spaces so that :meth:`Space.contains` verifies it. The
+paper's objective is kept as the fallback when no intersection is found.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from gems_fl.spaces import Space
+
+FALLBACKS = ("min-penalty", "mean")
+
+# Dykstra is declared stalled when the best objective seen has not dropped by at least
+# _STALL_GAIN (relative) over the last _STALL_WINDOW sweeps. A feasible problem whose
+# violation shrinks that slowly (rate > 0.9999 per sweep) would need tens of thousands
+# of sweeps to get within ``shrink`` of the target anyway.
+_STALL_WINDOW = 100
+_STALL_GAIN = 1e-2
+
+# The subgradient fallback stops once its best objective improved by less than this
+# (relative) over that many steps: the remaining gain is then below what the paper's
+# accuracy-threshold radii can resolve.
+_FALLBACK_STALL_WINDOW = 500
+_FALLBACK_STALL_GAIN = 1e-6
+
+_RETRY_SHRINK_FACTOR = 1e-3
+
+_NEWTON_MAX_ITER = 100
+_NEWTON_RTOL = 1e-13
+
+
+@dataclass
+class IntersectionResult:
+    """Outcome of :func:`find_intersection`.
+
+    Attributes
+    ----------
+    point : np.ndarray
+        The aggregate model ``h_G``, shape ``(d,)``.
+    found : bool
+        True only if ``point`` was verified with :meth:`Space.contains` to lie in every
+        space.
+    method : str
+        ``"dykstra"`` or ``"min-penalty"`` when found; otherwise the fallback used
+        (``"min-penalty"`` or ``"mean"``).
+    objective : float
+        The paper's objective ``sum_k penalty_k(point)``, exact (no tolerance), so it
+        can be a rounding-level positive number even when ``found``.
+    inside : list of bool
+        Per space, whether ``point`` is in it (:meth:`Space.contains`).
+    miss : list of float
+        Per space, ``penalty_k(point) = max(0, distance_k - radius_k)``, reported as 0
+        when ``inside`` (i.e. within :meth:`Space.contains`'s tolerance).
+    iterations : int
+        Dykstra sweeps run, plus the optimiser steps of the ``"min-penalty"`` fallback
+        when it ran.
+    """
+
+    point: np.ndarray
+    found: bool
+    method: str
+    objective: float
+    inside: list[bool]
+    miss: list[float]
+    iterations: int
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-friendly summary (plain Python types); ``point`` is omitted."""
+        return {
+            "found": bool(self.found),
+            "method": str(self.method),
+            "objective": float(self.objective),
+            "inside": [bool(v) for v in self.inside],
+            "miss": [float(v) for v in self.miss],
+            "iterations": int(self.iterations),
+        }
+
+
+class _Stacked:
+    """The spaces as ``(K, d)`` arrays so that distances to all of them are one numpy op."""
+
+    def __init__(self, spaces: Sequence[Space]) -> None:
+        self.spaces = list(spaces)
+        self.centers = np.stack([s.center for s in spaces])
+        self.axes = np.stack(
+            [np.ones_like(s.center) if s.axes is None else s.axes for s in spaces]
+        )
+        self.radii = np.array([s.radius for s in spaces], dtype=np.float64)
+
+    def diffs(self, w: np.ndarray) -> np.ndarray:
+        # Divide (not multiply by reciprocals) to round like Space.distance does.
+        return (w[None, :] - self.centers) / self.axes
+
+    def distances(self, w: np.ndarray) -> np.ndarray:
+        return np.linalg.norm(self.diffs(w), axis=1)
+
+    def penalties(self, w: np.ndarray) -> np.ndarray:
+        return np.maximum(0.0, self.distances(w) - self.radii)
+
+    def objective(self, w: np.ndarray) -> float:
+        return float(self.penalties(w).sum())
+
+    def likely_inside(self, dist: np.ndarray) -> bool:
+        # Same test as Space.contains with its default tolerances; the authoritative
+        # check is _verify, this one only decides whether to run it.
+        return bool(np.all(dist <= self.radii * (1.0 + 1e-9) + 1e-12))
+
+    def verify(self, w: np.ndarray) -> bool:
+        return all(s.contains(w) for s in self.spaces)
+
+
+def _validate(spaces: Sequence[Space]) -> list[Space]:
+    spaces = list(spaces)
+    if not spaces:
+        raise ValueError("spaces is empty: pass at least one Space to intersect")
+    for i, s in enumerate(spaces):
+        if not isinstance(s, Space):
+            raise TypeError(
+                f"spaces[{i}] is a {type(s).__name__}, expected gems_fl.spaces.Space"
+            )
+    shape0 = spaces[0].center.shape
+    for i, s in enumerate(spaces[1:], start=1):
+        if s.center.shape != shape0:
+            raise ValueError(
+                f"spaces[{i}] has dimension {s.center.shape}, but spaces[0] has "
+                f"{shape0}: all spaces must live in the same parameter space"
+            )
+    return spaces
+
+
+def _project_ball(y: np.ndarray, center: np.ndarray, radius: float) -> np.ndarray:
+    z = y - center
+    norm = float(np.linalg.norm(z))
+    if norm <= radius:
+        return y
+    return center + z * (radius / norm)
+
+
+def _project_ellipsoid(
+    y: np.ndarray, center: np.ndarray, semi: np.ndarray, lam0: float
+) -> tuple[np.ndarray, float]:
+    """Euclidean projection onto ``{x : sum_i ((x_i - c_i) / s_i)^2 <= 1}``.
+
+    The projection is ``x_i = c_i + z_i s_i^2 / (s_i^2 + lam)`` with ``z = y - c`` and
+    ``lam >= 0`` the root of ``||u(lam)|| = 1``, ``u_i = z_i s_i / (s_i^2 + lam)``.
+    Newton is run on ``psi(lam) = 1 / ||u(lam)||`` (as in Moré-Sorensen's trust-region
+    solver): ``psi`` is concave and increasing, nearly linear (exactly so for a ball), so
+    Newton converges fast; a bracket ``[lo, hi]`` guards it and a step leaving the
+    bracket is replaced by a bisection (geometric when ``lo > 0``). Each iteration is
+    ``O(d)`` numpy work. ``lam0`` warm-starts the root search (the previous sweep's root).
+
+    Returns the projection and the root ``lam`` (0 when ``y`` is already inside).
+    """
+    z = y - center
+    if float(np.sum((z / semi) ** 2)) <= 1.0:
+        return y, 0.0
+    a2 = (z * semi) ** 2
+    b = semi * semi
+    znorm = float(np.linalg.norm(z))
+    smin, smax = float(semi.min()), float(semi.max())
+    # ||u(lam)|| <= ||z|| s_max / lam and >= ||z|| s_min / (s_max^2 + lam).
+    lo = max(0.0, znorm * smin - smax * smax)
+    hi = znorm * smax
+    lam = min(max(lam0, lo), hi)
+    for _ in range(_NEWTON_MAX_ITER):
+        denom = b + lam
+        n2 = float(np.sum(a2 / denom**2))
+        psi = 1.0 / math.sqrt(n2)
+        if abs(psi - 1.0) <= _NEWTON_RTOL:
+            break
+        if psi < 1.0:
+            lo = lam
+        else:
+            hi = lam
+        if hi - lo <= _NEWTON_RTOL * hi:
+            break
+        dpsi = float(np.sum(a2 / denom**3)) * n2**-1.5
+        new = lam - (psi - 1.0) / dpsi if dpsi > 0 else -1.0
+        if not lo < new < hi:
+            new = math.sqrt(lo * hi) if lo > 0 else 0.5 * (lo + hi)
+        lam = new
+    return center + z * (b / (b + lam)), lam
+
+
+def _dykstra(
+    stacked: _Stacked,
+    x0: np.ndarray,
+    shrink: float,
+    max_iter: int,
+    order: list[int],
+) -> tuple[np.ndarray, bool, int, np.ndarray, float]:
+    """Dykstra's cyclic projections from ``x0`` onto the shrunk spaces.
+
+    Returns ``(x, found, sweeps, best_x, best_objective)`` where ``best_x`` is the sweep
+    end point with the smallest true objective seen.
+    """
+    spaces = stacked.spaces
+    radii = [s.radius * (1.0 - shrink) for s in spaces]
+    semis = [None if s.axes is None else s.axes * r for s, r in zip(spaces, radii)]
+    lams = [0.0] * len(spaces)
+    incr = np.zeros_like(stacked.centers)
+    x = x0.copy()
+    best_x, best_f = x0, stacked.objective(x0)
+    history: list[float] = []
+    for sweep in range(1, max_iter + 1):
+        for k in order:
+            y = x + incr[k]
+            if radii[k] == 0.0:
+                x = spaces[k].center.copy()
+            elif semis[k] is None:
+                x = _project_ball(y, spaces[k].center, radii[k])
+            else:
+                x, lams[k] = _project_ellipsoid(y, spaces[k].center, semis[k], lams[k])
+            incr[k] = y - x
+        dist = stacked.distances(x)
+        if stacked.likely_inside(dist) and stacked.verify(x):
+            return x, True, sweep, x, 0.0
+        f = float(np.maximum(0.0, dist - stacked.radii).sum())
+        if f < best_f:
+            best_x, best_f = x, f
+        history.append(best_f)
+        if (
+            len(history) > _STALL_WINDOW
+            and best_f > (1.0 - _STALL_GAIN) * history[-1 - _STALL_WINDOW]
+        ):
+            return x, False, sweep, best_x, best_f
+    return x, False, max_iter, best_x, best_f
+
+
+def _min_penalty(
+    stacked: _Stacked, x0: np.ndarray, steps: int, shrink: float
+) -> tuple[np.ndarray, float, int, bool]:
+    """Subgradient descent on ``F(w) = sum_k max(0, distance_k(w) - r_k)``.
+
+    Steps along the normalised subgradient with length
+    ``min(alpha0 / sqrt(t + 1), (F(w) + delta) / ||g||)``: the diminishing term gives the
+    classical convergence guarantee when the spaces are disjoint (``min F > 0``), and the
+    Polyak term (target ``-delta``, a hair below the optimum 0 of a feasible problem)
+    makes the steps shrink with ``F`` and overshoot slightly into the intersection.
+    ``alpha0`` is half the spread of the centers around ``x0``. Keeps the best iterate.
+
+    Returns ``(best_w, best_objective, steps_taken, verified_inside)``.
+    """
+    spread = float(np.max(np.linalg.norm(stacked.centers - x0[None, :], axis=1)))
+    alpha0 = 0.5 * spread if spread > 0 else max(float(stacked.radii.max()), 1.0)
+    pos = stacked.radii[stacked.radii > 0]
+    delta = shrink * float(pos.min()) if pos.size else 0.0
+    w = x0.copy()
+    best_w, best_f = w, math.inf
+    history: list[float] = []
+    for t in range(steps):
+        diff = stacked.diffs(w)
+        dist = np.linalg.norm(diff, axis=1)
+        active = dist > stacked.radii
+        f = float((dist[active] - stacked.radii[active]).sum())
+        if f < best_f:
+            best_w, best_f = w, f
+        if stacked.likely_inside(dist) and stacked.verify(w):
+            return w, f, t, True
+        history.append(best_f)
+        if (
+            len(history) > _FALLBACK_STALL_WINDOW
+            and best_f > (1.0 - _FALLBACK_STALL_GAIN) * history[-1 - _FALLBACK_STALL_WINDOW]
+        ):
+            return best_w, best_f, t, False
+        # d/dw ||(w - c) / a|| = (w - c) / a^2 / distance, summed over violated spaces.
+        g = np.sum(
+            diff[active] / stacked.axes[active] / dist[active, None], axis=0
+        )
+        gnorm = float(np.linalg.norm(g))
+        if gnorm == 0.0:  # 0 is a subgradient: w minimises F
+            return best_w, best_f, t, False
+        step = min(alpha0 / math.sqrt(t + 1.0), (f + delta) / gnorm)
+        w = w - (step / gnorm) * g
+    f = stacked.objective(w)
+    if f < best_f:
+        best_w, best_f = w, f
+    return best_w, best_f, steps, bool(best_f == 0.0 and stacked.verify(best_w))
+
+
+def _result(
+    stacked: _Stacked, point: np.ndarray, found: bool, method: str, iterations: int
+) -> IntersectionResult:
+    inside = [s.contains(point) for s in stacked.spaces]
+    penalties = [s.penalty(point) for s in stacked.spaces]
+    return IntersectionResult(
+        point=point,
+        found=found,
+        method=method,
+        objective=float(sum(penalties)),
+        inside=inside,
+        miss=[0.0 if ins else pen for ins, pen in zip(inside, penalties)],
+        iterations=iterations,
+    )
+
+
+def find_intersection(
+    spaces: Sequence[Space],
+    *,
+    max_iter: int = 5000,
+    shrink: float = 1e-3,
+    fallback: str = "min-penalty",
+    seed: int = 0,
+) -> IntersectionResult:
+    """Pick the aggregate model ``h_G`` in the intersection of the spaces.
+
+    1. The mean of the centers (model averaging) is returned as is if it already lies
+       in every space: it is its own nearest point of the intersection
+       (``method="dykstra"``, ``iterations == 0``).
+    2. Otherwise Dykstra's cyclic projections, started at that mean, onto the spaces with
+       radii scaled by ``1 - shrink``. They converge to the point of the shrunk
+       intersection nearest to the mean; after each sweep the current point is checked
+       against the *true* spaces with :meth:`Space.contains`, and the first point inside
+       all of them is returned (``method="dykstra"``). An attempt stops early when the
+       best objective seen has not dropped by 1% over 100 sweeps (disjoint spaces:
+       Dykstra's point stops moving while its correction terms grow). A failed attempt
+       is retried once with ``shrink * 1e-3``, which catches intersections thinner than
+       ``shrink``; both attempts together run at most ``max_iter`` sweeps.
+    3. Otherwise the ``fallback``: ``"min-penalty"`` runs up to ``max_iter`` steps of
+       subgradient descent on the paper's objective ``sum_k max(0, distance_k - r_k)``
+       from the mean (stopping once 500 steps gain less than 1e-6 relative) and returns
+       the candidate (mean, best subgradient iterate, best Dykstra sweep end) with the
+       smallest objective; if an iterate is verified inside every space it is returned
+       with ``found=True, method="min-penalty"``. ``"mean"`` returns the mean of the
+       centers.
+
+    Parameters
+    ----------
+    spaces : sequence of Space
+        The nodes' good-enough model spaces, all of the same dimension ``d``.
+    max_iter : int
+        Maximum Dykstra sweeps, and steps of the ``"min-penalty"`` fallback.
+    shrink : float
+        Relative radius reduction in ``[0, 1)`` used by the projections so that the
+        returned point survives floating-point verification. A space of radius 0 is the
+        single point ``{center}`` regardless.
+    fallback : {"min-penalty", "mean"}
+        What to return when no point of the intersection is found.
+    seed : int
+        Chooses the cyclic order of the projections: ``0`` keeps the given order, any
+        other value a fixed random permutation of it. The limit point does not depend on
+        the order (only the path to it does), so another seed is worth a try when a
+        near-tangent problem runs out of sweeps. Spaces of radius 0 are always projected
+        last so that a sweep ends exactly on their center.
+
+    Returns
+    -------
+    IntersectionResult
+        The point with per-space membership; deterministic for a given input and seed.
+
+    Raises
+    ------
+    ValueError
+        If ``spaces`` is empty, the dimensions differ, or an option is out of range.
+
+    Notes
+    -----
+    Cost per Dykstra sweep is ``O(K d)`` for balls and ``O(K d n)`` for ellipsoids, with
+    ``n`` the Newton iterations of the projection's multiplier (a handful, warm-started
+    from the previous sweep); membership is checked in ``O(K d)``. Memory is ``O(K d)``.
+    Spaces that intersect comfortably take a few sweeps (K=5, d=7850: milliseconds);
+    disjoint ones take about 100 sweeps before the fallback, whose steps are ``O(K d)``.
+    """
+    spaces = _validate(spaces)
+    if fallback not in FALLBACKS:
+        raise ValueError(f"fallback must be one of {FALLBACKS}, got {fallback!r}")
+    if not (isinstance(max_iter, (int, np.integer)) and max_iter >= 0):
+        raise ValueError(f"max_iter must be an int >= 0, got {max_iter!r}")
+    if not (0.0 <= shrink < 1.0):
+        raise ValueError(f"shrink must be in [0, 1), got {shrink!r}")
+
+    stacked = _Stacked(spaces)
+    mean = stacked.centers.mean(axis=0)
+    if stacked.verify(mean):
+        return _result(stacked, mean, True, "dykstra", 0)
+
+    order = list(range(len(spaces)))
+    if seed != 0:
+        order = [int(i) for i in np.random.default_rng(seed).permutation(len(spaces))]
+    order = [k for k in order if spaces[k].radius > 0] + [
+        k for k in order if spaces[k].radius == 0
+    ]
+    # A second, much smaller shrink rescues intersections thinner than ``shrink``
+    # (near-tangent spaces) that the first attempt correctly found empty when shrunk.
+    sweeps, best_x, best_f = 0, mean, stacked.objective(mean)
+    for attempt_shrink in (shrink, shrink * _RETRY_SHRINK_FACTOR) if shrink > 0 else (0.0,):
+        x, found, used, cand_x, cand_f = _dykstra(
+            stacked, mean, attempt_shrink, max_iter - sweeps, order
+        )
+        sweeps += used
+        if found:
+            return _result(stacked, x, True, "dykstra", sweeps)
+        if cand_f < best_f:
+            best_x, best_f = cand_x, cand_f
+
+    if fallback == "mean":
+        return _result(stacked, mean, False, "mean", sweeps)
+
+    w, f, steps, inside = _min_penalty(stacked, mean, max_iter, shrink)
+    if inside:
+        return _result(stacked, w, True, "min-penalty", sweeps + steps)
+    # Strict comparisons keep the earlier candidate on ties: mean, then subgradient.
+    point, point_f = mean, stacked.objective(mean)
+    for cand, cand_f in ((w, f), (best_x, best_f)):
+        if cand_f < point_f:
+            point, point_f = cand, cand_f
+    return _result(stacked, point, False, "min-penalty", sweeps + steps)
+
+
+def membership_report(spaces: Sequence[Space], point: np.ndarray) -> list[dict[str, Any]]:
+    """Per-space membership of ``point``.
+
+    Parameters
+    ----------
+    spaces : sequence of Space
+        Spaces of a common dimension ``d``.
+    point : np.ndarray
+        A model, shape ``(d,)`` (flattened if not).
+
+    Returns
+    -------
+    list of dict
+        Per space ``{"inside": bool, "distance": float, "radius": float, "miss": float}``,
+        with ``miss = max(0, distance - radius)``, or 0 when ``inside`` (membership
+        within :meth:`Space.contains`'s tolerance), as in :class:`IntersectionResult`.
+    """
+    spaces = _validate(spaces)
+    w = np.asarray(point, dtype=np.float64).reshape(-1)
+    if w.shape != spaces[0].center.shape:
+        raise ValueError(
+            f"point has {w.shape[0]} parameters but the spaces have "
+            f"{spaces[0].dim}: pass a flattened model of the same architecture"
+        )
+    report = []
+    for s in spaces:
+        dist = s.distance(w)
+        inside = bool(s.contains(w))
+        report.append(
+            {
+                "inside": inside,
+                "distance": dist,
+                "radius": s.radius,
+                "miss": 0.0 if inside else max(0.0, dist - s.radius),
+            }
+        )
+    return report

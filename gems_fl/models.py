@@ -1,0 +1,57 @@
+"""Models and the mapping between a model and its flat parameter vector.
+
+The convex model is multinomial logistic regression, ``nn.Linear(features, classes)``.
+Its parameters are laid out as the augmented matrix ``[weight | bias]`` of shape
+``(classes, features + 1)``, flattened row-major: the radius search, the Fisher axes and
+the intersection all work on that vector, and the wire format carries the model's own
+``state_dict`` (``weight``, ``bias``) so Flower tooling can read it as is.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from torch import nn
+
+
+def build_model(name: str, num_features: int, num_classes: int) -> nn.Module:
+    """Build the named model (``"logistic"``)."""
+    if name != "logistic":
+        raise ValueError(f"unknown model {name!r}; available: 'logistic'")
+    return nn.Linear(num_features, num_classes)
+
+
+def param_shapes(num_features: int, num_classes: int) -> dict[str, tuple[int, ...]]:
+    """Shapes of the logistic model's ``state_dict`` entries."""
+    return {"weight": (num_classes, num_features), "bias": (num_classes,)}
+
+
+def state_to_vector(state: dict[str, np.ndarray]) -> np.ndarray:
+    """``{weight, bias}`` -> flat ``[weight | bias]`` vector (float64)."""
+    weight = np.asarray(state["weight"], dtype=np.float64)
+    bias = np.asarray(state["bias"], dtype=np.float64)
+    return np.concatenate([weight, bias[:, None]], axis=1).reshape(-1)
+
+
+def vector_to_state(vector: np.ndarray, num_features: int, num_classes: int) -> dict[str, np.ndarray]:
+    """Inverse of :func:`state_to_vector`."""
+    aug = np.asarray(vector, dtype=np.float64).reshape(num_classes, num_features + 1)
+    return {"weight": aug[:, :-1].copy(), "bias": aug[:, -1].copy()}
+
+
+def model_to_vector(model: nn.Module) -> np.ndarray:
+    """Flat ``[weight | bias]`` vector of a logistic model."""
+    return state_to_vector({k: v.detach().cpu().numpy() for k, v in model.state_dict().items()})
+
+
+def load_vector(model: nn.Module, vector: np.ndarray) -> nn.Module:
+    """Load a flat ``[weight | bias]`` vector into ``model`` (in place) and return it."""
+    num_classes, num_features = model.weight.shape
+    state = vector_to_state(vector, num_features, num_classes)
+    model.load_state_dict({k: torch.as_tensor(v, dtype=model.weight.dtype) for k, v in state.items()})
+    return model
+
+
+def model_from_vector(vector: np.ndarray, num_features: int, num_classes: int) -> nn.Module:
+    """A fresh logistic model holding ``vector``."""
+    return load_vector(build_model("logistic", num_features, num_classes), vector)

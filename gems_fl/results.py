@@ -1,0 +1,64 @@
+"""The results of a run: a printed table and the same figures as JSON."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from rich.console import Console
+from rich.table import Table
+
+RESULTS_FILE = "results.json"
+MODEL_FILE = "gems_model.npz"
+
+
+def format_table(results: dict[str, Any]) -> Table:
+    """A rich table of test accuracy per row (skipped rows show the reason)."""
+    meta = results["dataset"]
+    title = (f"GEMS ({results['settings']['space']}, eps={results['settings']['eps']}) on "
+             f"{meta['name']}, {meta['num_nodes']} nodes")
+    table = Table(title=title)
+    table.add_column("Row")
+    table.add_column("Test accuracy", justify="right")
+    table.add_column("Note")
+    for name, row in results["rows"].items():
+        acc = row.get("accuracy")
+        note = row.get("skipped", "")
+        if name == "Local" and acc is not None:
+            note = "per node: " + ", ".join(f"{a:.3f}" for a in row["per_node"])
+        if name == "GEMS" and acc is not None:
+            inter = results["intersection"]
+            note = ("h_G verified inside every space" if inter["found"]
+                    else f"NO INTERSECTION: fallback '{inter['method']}'")
+        table.add_row(name, "-" if acc is None else f"{acc:.4f}", note)
+    return table
+
+
+def print_results(results: dict[str, Any], console: Console | None = None) -> None:
+    """Print the accuracy table, per-node spaces and rejections."""
+    console = console or Console()
+    console.print(format_table(results))
+    nodes = Table(title="Per-node good-enough spaces")
+    for col in ("node", "train", "val", "val acc", "radius", "h_G inside", "miss"):
+        nodes.add_column(col, justify="right")
+    for n in results["nodes"]:
+        nodes.add_row(str(n["node_id"]), str(n["num_train"]), str(n["num_val"]),
+                      f"{n['local_val_accuracy']:.3f}", f"{n['radius']:.4g}",
+                      "yes" if n["inside"] else "NO", f"{n['miss']:.3g}")
+    console.print(nodes)
+    for r in results["rejected"]:
+        console.print(f"[red]rejected[/red] node {r['node_id']}: {r['reason']}")
+    for note in results.get("notes", []):
+        console.print(f"[yellow]note[/yellow]: {note}")
+
+
+def write_results(results: dict[str, Any], folder: Path, h_g: dict[str, np.ndarray] | None) -> Path:
+    """Write ``results.json`` (and the aggregated model as ``.npz``) into ``folder``."""
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / RESULTS_FILE
+    path.write_text(json.dumps(results, indent=2, sort_keys=False) + "\n")
+    if h_g is not None:
+        np.savez(folder / MODEL_FILE, **h_g)
+    return path

@@ -1,0 +1,133 @@
+"""The ServerApp's work: settings -> GEMS round -> baselines -> results on disk."""
+
+from __future__ import annotations
+
+import time
+from logging import INFO, WARNING
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from flwr.app import ArrayRecord, Context
+from flwr.common.logger import log
+from flwr.serverapp import Grid
+
+from gems_fl.baselines import ServerData, draw_public_sample, evaluate_rows, skipped_rows
+from gems_fl.data import load_dataset, node_data, parse_division
+from gems_fl.models import param_shapes, vector_to_state
+from gems_fl.results import print_results, write_results
+from gems_fl.settings import Settings, SettingsError
+from gems_fl.strategy import GEMS
+
+NODE_WAIT_S = 60.0
+
+
+def wait_for_nodes(grid: Grid, minimum: int, timeout: float = NODE_WAIT_S) -> list[int]:
+    """Node ids once at least ``minimum`` nodes are connected (or ``timeout`` passes)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        node_ids = sorted(grid.get_node_ids())
+        if len(node_ids) >= minimum or time.monotonic() > deadline:
+            return node_ids
+        time.sleep(1.0)
+
+
+def load_server_data(settings: Settings, num_nodes: int) -> tuple[ServerData, dict[str, Any], list[str]]:
+    """What a simulation's server holds: pooled train (Global), test, public sample."""
+    splits = load_dataset(settings.dataset, seed=settings.seed, data_dir=settings.data_dir or None)
+    division = parse_division(settings.label_division, num_nodes, splits.num_classes)
+    parts = [node_data(splits, division, k, settings.seed) for k in range(num_nodes)]
+    notes = []
+    size = settings.public_samples
+    if size > len(splits.public_y):
+        notes.append(f"public-samples={size} but {settings.dataset}'s public pool holds "
+                     f"{len(splits.public_y)} samples no node uses; using all of them")
+        size = len(splits.public_y)
+    public_x, public_y = draw_public_sample(splits.public_x, splits.public_y, size, settings.seed)
+    data = ServerData(
+        train_x=np.concatenate([p[0] for p in parts]), train_y=np.concatenate([p[1] for p in parts]),
+        test_x=splits.test_x, test_y=splits.test_y,
+        public_x=public_x, public_y=public_y, num_classes=splits.num_classes,
+    )
+    meta = {
+        "name": settings.dataset, "num_nodes": num_nodes, "label_division": division,
+        "num_features": splits.num_features, "num_classes": splits.num_classes,
+        "node_train_total": int(len(data.train_y)),
+        "node_val_total": int(sum(len(p[3]) for p in parts)),
+        "test": int(len(splits.test_y)), "public_pool": int(len(splits.public_y)),
+        "public_used": int(size),
+    }
+    return data, meta, notes
+
+
+def dataset_shape(settings: Settings) -> tuple[int, int]:
+    """(num_features, num_classes) of the configured dataset."""
+    splits = load_dataset(settings.dataset, seed=settings.seed, data_dir=settings.data_dir or None)
+    return splits.num_features, splits.num_classes
+
+
+def run_server(grid: Grid, context: Context) -> dict[str, Any]:
+    """Run one convex GEMS aggregation and write its results; returns them."""
+    t0 = time.perf_counter()
+    try:
+        settings = Settings.from_run_config(context.run_config)
+    except SettingsError as exc:
+        raise SettingsError(f"invalid run setting: {exc}") from None
+    node_ids = wait_for_nodes(grid, settings.min_replies)
+    if len(node_ids) < settings.min_replies:
+        raise RuntimeError(f"only {len(node_ids)} nodes connected; min-replies={settings.min_replies}")
+    num_features, num_classes = dataset_shape(settings)
+    notes: list[str] = []
+    server_data = meta = None
+    if settings.evaluate_on_server:
+        server_data, meta, notes = load_server_data(settings, len(node_ids))
+    else:
+        parse_division(settings.label_division, len(node_ids), num_classes)
+        meta = {"name": settings.dataset, "num_nodes": len(node_ids),
+                "num_features": num_features, "num_classes": num_classes}
+    for note in notes:
+        log(WARNING, note)
+
+    strategy = GEMS(settings, param_shapes(num_features, num_classes))
+    t_round = time.perf_counter()
+    strategy.start(grid=grid, initial_arrays=ArrayRecord(), num_rounds=1)
+    round_s = time.perf_counter() - t_round
+    outcome = strategy.outcome
+    inter = outcome.intersection
+    centers = [r.space.center for r in outcome.accepted]
+
+    if server_data is not None:
+        log(INFO, "Evaluating Global, Local, Averaged, GEMS, GEMS tuned and Raw on the test set")
+        rows = evaluate_rows(centers, inter.point, server_data, settings)
+    else:
+        rows = skipped_rows("evaluate-on-server=false: the server holds no training, "
+                            "test or public data")
+    for reply in outcome.accepted:
+        if reply.space.radius == 0.0:
+            notes.append(f"node {reply.node_id}: local validation accuracy "
+                         f"{reply.metrics['local-val-accuracy']:.3f} < eps={settings.eps}, "
+                         "radius 0; lower eps to give it room")
+    results = {
+        "status": "completed",
+        "run_id": int(context.run_id),
+        "settings": settings.to_config(),
+        "dataset": meta,
+        "rows": rows,
+        "intersection": inter.to_dict(),
+        "nodes": [
+            {"node_id": int(r.node_id), "radius": r.space.radius,
+             "local_val_accuracy": r.metrics["local-val-accuracy"],
+             "num_train": int(r.metrics["num-train-examples"]),
+             "num_val": int(r.metrics["num-val-examples"]),
+             "inside": bool(inside), "miss": float(miss)}
+            for r, inside, miss in zip(outcome.accepted, inter.inside, inter.miss)
+        ],
+        "rejected": outcome.rejected,
+        "notes": notes,
+        "timing_s": {"round": round_s, "total": time.perf_counter() - t0},
+    }
+    folder = Path(settings.output_dir).expanduser().resolve() / f"run-{context.run_id}"
+    path = write_results(results, folder, vector_to_state(inter.point, num_features, num_classes))
+    print_results(results)
+    log(INFO, "Results written to %s", path)
+    return results

@@ -1,0 +1,142 @@
+"""Run settings: one validated object built from ``[tool.flwr.app.config]``.
+
+Every key of ``[tool.flwr.app.config]`` in ``pyproject.toml`` maps to one field here
+(``-`` becomes ``_``). :meth:`Settings.from_run_config` checks each value at the
+boundary so that a bad ``--run-config`` stops the run at start with a message naming
+the key, instead of failing minutes later inside a client.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, fields
+from typing import Any, Mapping
+
+from gems_fl.spaces import SPACE_KINDS
+
+DATASETS = ("digits", "fashion-mnist", "mnist")
+MODELS = ("logistic",)
+NO_INTERSECTION_FALLBACKS = ("min-penalty", "mean")
+
+
+class SettingsError(ValueError):
+    """A run setting has an invalid value; the message names the key."""
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Validated run settings (see README.md, "Settings")."""
+
+    dataset: str = "digits"
+    data_dir: str = ""
+    label_division: str = "paper"
+    model: str = "logistic"
+    space: str = "ellipsoid"
+    eps: float = 0.4
+    num_directions: int = 500
+    r_max: float = 4000.0
+    delta: float = 0.01
+    ellipsoid_c: float = 0.1
+    seed: int = 0
+    local_lr: float = 0.001
+    batch_size: int = 32
+    local_max_epochs: int = 100
+    local_patience: int = 3
+    public_samples: int = 1000
+    tune_epochs: int = 5
+    tune_lr: float = 0.001
+    min_replies: int = 2
+    no_intersection: str = "min-penalty"
+    evaluate_on_server: bool = True
+    output_dir: str = "gems-results"
+
+    def __post_init__(self) -> None:
+        _choice("dataset", self.dataset, DATASETS)
+        _choice("model", self.model, MODELS)
+        _choice("space", self.space, SPACE_KINDS)
+        _choice("no-intersection", self.no_intersection, NO_INTERSECTION_FALLBACKS)
+        _in_range("eps", self.eps, 0.0, 1.0, "a target accuracy between 0 and 1")
+        _positive("num-directions", self.num_directions)
+        _positive("r-max", self.r_max)
+        _positive("delta", self.delta)
+        if self.delta >= self.r_max:
+            raise SettingsError(
+                f"delta={self.delta} must be smaller than r-max={self.r_max}: delta is "
+                "the width at which the radius bisection over [0, r-max] stops"
+            )
+        if not 0.0 < self.ellipsoid_c <= 1.0:
+            raise SettingsError(
+                f"ellipsoid-c={self.ellipsoid_c} must be in (0, 1]: it is the shortest "
+                "ellipsoid axis relative to the longest (appendix A's c)"
+            )
+        if self.seed < 0:
+            raise SettingsError(f"seed={self.seed} must be >= 0")
+        _positive("local-lr", self.local_lr)
+        _positive("batch-size", self.batch_size)
+        _positive("local-max-epochs", self.local_max_epochs)
+        _positive("local-patience", self.local_patience)
+        if self.public_samples < 0:
+            raise SettingsError(
+                f"public-samples={self.public_samples} must be >= 0 (0 turns fine-tuning "
+                "and the Raw baseline off)"
+            )
+        if self.tune_epochs < 0:
+            raise SettingsError(f"tune-epochs={self.tune_epochs} must be >= 0")
+        _positive("tune-lr", self.tune_lr)
+        _positive("min-replies", self.min_replies)
+        if not self.output_dir:
+            raise SettingsError("output-dir must name a folder, e.g. 'gems-results'")
+
+    @classmethod
+    def from_run_config(cls, run_config: Mapping[str, Any]) -> "Settings":
+        """Build settings from a Flower run config (keys as in ``pyproject.toml``).
+
+        Unknown keys are ignored (Flower passes the whole app config); each known key
+        must have the type of its default.
+        """
+        kwargs: dict[str, Any] = {}
+        for field in fields(cls):
+            key = field.name.replace("_", "-")
+            if key not in run_config:
+                continue
+            kwargs[field.name] = _coerce(key, run_config[key], field.default)
+        return cls(**kwargs)
+
+    def to_config(self) -> dict[str, Any]:
+        """Settings as a flat ``{key: value}`` dict with ``pyproject.toml`` keys."""
+        return {k.replace("_", "-"): v for k, v in asdict(self).items()}
+
+
+def _coerce(key: str, value: Any, default: Any) -> Any:
+    expected = type(default)
+    if expected is bool:
+        if isinstance(value, bool):
+            return value
+    elif expected is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        if isinstance(value, float) and value.is_integer():
+            return int(value)
+    elif expected is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+    elif isinstance(value, str):
+        return value
+    raise SettingsError(
+        f"{key}={value!r} has type {type(value).__name__}, expected "
+        f"{expected.__name__} (like the default {default!r})"
+    )
+
+
+def _choice(key: str, value: str, allowed: tuple[str, ...]) -> None:
+    if value not in allowed:
+        raise SettingsError(f"{key}={value!r} is not one of {', '.join(allowed)}")
+
+
+def _positive(key: str, value: float) -> None:
+    if not value > 0:
+        raise SettingsError(f"{key}={value!r} must be > 0")
+
+
+def _in_range(key: str, value: float, low: float, high: float, meaning: str) -> None:
+    if not low <= value <= high:
+        raise SettingsError(f"{key}={value!r} must be in [{low}, {high}]: {meaning}")

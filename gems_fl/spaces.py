@@ -1,0 +1,81 @@
+"""Good-enough model spaces: balls and axis-aligned ellipsoids in parameter space.
+
+A space is ``{w : || (w - center) / axes ||_2 <= radius}``. ``axes`` holds the
+*relative* axis lengths in (0, 1] (the Fisher-based ratios of the paper's appendix A);
+a ball has every axis equal to 1. Keeping the radius separate from the axis ratios
+lets one bisection over ``radius`` serve both kinds, and makes the ball a special case.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+SPACE_KINDS = ("ball", "ellipsoid")
+
+
+@dataclass(frozen=True)
+class Space:
+    """One node's good-enough model space.
+
+    Parameters
+    ----------
+    center : np.ndarray
+        The node's locally optimal parameters, flattened, shape ``(d,)``.
+    radius : float
+        Radius ``R >= 0`` in the (axis-scaled) norm.
+    axes : np.ndarray or None
+        Relative axis lengths, shape ``(d,)``, each in ``(0, 1]``. ``None`` for a ball.
+    """
+
+    center: np.ndarray
+    radius: float
+    axes: np.ndarray | None = None
+
+    def __post_init__(self) -> None:
+        center = np.asarray(self.center, dtype=np.float64).reshape(-1)
+        object.__setattr__(self, "center", center)
+        if not np.isfinite(self.radius) or self.radius < 0:
+            raise ValueError(f"radius must be finite and >= 0, got {self.radius!r}")
+        object.__setattr__(self, "radius", float(self.radius))
+        if self.axes is not None:
+            axes = np.asarray(self.axes, dtype=np.float64).reshape(-1)
+            if axes.shape != center.shape:
+                raise ValueError(
+                    f"axes has shape {axes.shape}, expected {center.shape} like center"
+                )
+            if not np.all(np.isfinite(axes)) or np.any(axes <= 0):
+                raise ValueError("axes must be finite and > 0")
+            object.__setattr__(self, "axes", axes)
+
+    @property
+    def kind(self) -> str:
+        """``"ball"`` or ``"ellipsoid"``."""
+        return "ball" if self.axes is None else "ellipsoid"
+
+    @property
+    def dim(self) -> int:
+        """Number of parameters ``d``."""
+        return int(self.center.shape[0])
+
+    @property
+    def semi_axes(self) -> np.ndarray:
+        """Absolute semi-axis lengths ``radius * axes``, shape ``(d,)``."""
+        rel = np.ones_like(self.center) if self.axes is None else self.axes
+        return self.radius * rel
+
+    def distance(self, w: np.ndarray) -> float:
+        """Axis-scaled distance ``||(w - center) / axes||_2`` (Euclidean for a ball)."""
+        diff = np.asarray(w, dtype=np.float64).reshape(-1) - self.center
+        if self.axes is not None:
+            diff = diff / self.axes
+        return float(np.linalg.norm(diff))
+
+    def penalty(self, w: np.ndarray) -> float:
+        """``max(0, distance(w) - radius)``: the paper's per-node intersection term."""
+        return max(0.0, self.distance(w) - self.radius)
+
+    def contains(self, w: np.ndarray, rtol: float = 1e-9, atol: float = 1e-12) -> bool:
+        """Whether ``w`` lies in the space, up to floating-point tolerance."""
+        return self.distance(w) <= self.radius * (1.0 + rtol) + atol

@@ -1,0 +1,164 @@
+"""The GEMS Flower strategy (convex protocol: one round).
+
+Round 1 sends every node the run settings; each node replies with its good-enough
+space. :meth:`GEMS.aggregate_train` validates every reply, drops the bad ones with a
+log line naming the node, and intersects the rest. The spaces, the rejections and the
+intersection report stay on the strategy (:attr:`GEMS.outcome`) for the results.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from logging import INFO, WARNING
+
+import numpy as np
+from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord
+from flwr.common.logger import log
+from flwr.serverapp import Grid
+from flwr.serverapp.strategy import Strategy
+
+from gems_fl import wire
+from gems_fl.intersect import IntersectionResult, find_intersection
+from gems_fl.models import vector_to_state
+from gems_fl.settings import Settings
+from gems_fl.spaces import Space
+
+
+class NotEnoughRepliesError(RuntimeError):
+    """Fewer valid replies than ``min-replies``: no aggregate can be formed."""
+
+
+@dataclass
+class NodeReply:
+    """One accepted reply."""
+
+    node_id: int
+    space: Space
+    metrics: dict[str, float]
+
+
+@dataclass
+class ConvexOutcome:
+    """Everything the convex round produced, for baselines and the results file."""
+
+    accepted: list[NodeReply]
+    rejected: list[dict[str, object]] = field(default_factory=list)
+    intersection: IntersectionResult | None = None
+
+
+class GEMS(Strategy):
+    """Aggregate nodes' good-enough model spaces by intersecting them.
+
+    Parameters
+    ----------
+    settings : Settings
+        Validated run settings; sent to every node in the train message.
+    shapes : dict[str, tuple[int, ...]]
+        ``state_dict`` shapes of the model every reply must match.
+    """
+
+    def __init__(self, settings: Settings, shapes: dict[str, tuple[int, ...]]) -> None:
+        self.settings = settings
+        self.shapes = shapes
+        self.outcome: ConvexOutcome | None = None
+        self._sent_to: list[int] = []
+
+    def summary(self) -> None:
+        """Log the strategy's settings."""
+        s = self.settings
+        log(INFO, "\t├── space: %s, eps=%s, p=%d directions", s.space, s.eps, s.num_directions)
+        log(INFO, "\t├── radius bisection over [0, %s] to width %s", s.r_max, s.delta)
+        log(INFO, "\t└── min valid replies: %d, no-intersection fallback: %s",
+            s.min_replies, s.no_intersection)
+
+    def configure_train(
+        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
+    ) -> Iterable[Message]:
+        """One train message per connected node, carrying the run settings."""
+        self._sent_to = sorted(grid.get_node_ids())
+        content = wire.encode_config(self.settings.to_config())
+        return [
+            Message(content=content, message_type=MessageType.TRAIN, dst_node_id=node_id,
+                    group_id=str(server_round))
+            for node_id in self._sent_to
+        ]
+
+    def aggregate_train(
+        self, server_round: int, replies: Iterable[Message]
+    ) -> tuple[ArrayRecord | None, MetricRecord | None]:
+        """Validate replies, intersect the accepted spaces, return ``h_G``."""
+        accepted, rejected = self._validate(replies)
+        self.outcome = ConvexOutcome(accepted=accepted, rejected=rejected)
+        if len(accepted) < self.settings.min_replies:
+            raise NotEnoughRepliesError(
+                f"only {len(accepted)} valid repl{'y' if len(accepted) == 1 else 'ies'} "
+                f"from {len(self._sent_to)} nodes; min-replies={self.settings.min_replies}. "
+                "See the rejection log lines above, or lower min-replies."
+            )
+        for reply in accepted:
+            if reply.space.radius == 0.0:
+                log(WARNING, "Node %d: its own model has validation accuracy %.3f < eps=%s, "
+                    "so its space is the single point of its model (radius 0); lower eps "
+                    "to give it room.", reply.node_id, reply.metrics["local-val-accuracy"],
+                    self.settings.eps)
+        result = find_intersection(
+            [r.space for r in accepted], fallback=self.settings.no_intersection,
+            seed=self.settings.seed,
+        )
+        self.outcome.intersection = result
+        if result.found:
+            log(INFO, "Intersection found (%s): h_G lies in all %d spaces", result.method,
+                len(accepted))
+        else:
+            log(WARNING, "NO INTERSECTION of the %d spaces; fallback '%s' used; h_G misses "
+                "%d space(s), total miss %.4g", len(accepted), result.method,
+                sum(not i for i in result.inside), result.objective)
+        num_classes, num_features = self.shapes["weight"]
+        state = vector_to_state(result.point, num_features, num_classes)
+        metrics = MetricRecord({
+            "intersection-found": int(result.found),
+            "objective": float(result.objective),
+            "num-accepted": len(accepted),
+            "num-rejected": len(rejected),
+        })
+        return wire.array_record(state), metrics
+
+    def _validate(self, replies: Iterable[Message]) -> tuple[list[NodeReply], list[dict[str, object]]]:
+        accepted: list[NodeReply] = []
+        rejected: list[dict[str, object]] = []
+        seen: set[int] = set()
+        for reply in replies:
+            node_id = reply.metadata.src_node_id
+            seen.add(node_id)
+            if reply.has_error():
+                reason = f"client error {reply.error.code}: {reply.error.reason}"
+            else:
+                try:
+                    space, metrics = wire.decode_reply(reply.content, self.shapes, self.settings.space)
+                except wire.ReplyError as exc:
+                    reason = str(exc)
+                else:
+                    accepted.append(NodeReply(node_id, space, metrics))
+                    continue
+            log(WARNING, "Rejected reply from node %d: %s", node_id, reason)
+            rejected.append({"node_id": node_id, "reason": reason})
+        for node_id in self._sent_to:
+            if node_id not in seen:
+                log(WARNING, "No reply from node %d (timed out or lost)", node_id)
+                rejected.append({"node_id": node_id, "reason": "no reply"})
+        # A canonical order (by content, not by random node id or arrival) keeps the
+        # intersection, and so every number, reproducible for a given seed.
+        accepted.sort(key=lambda r: hashlib.sha256(r.space.center.tobytes()).hexdigest())
+        return accepted, rejected
+
+    def configure_evaluate(
+        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
+    ) -> Iterable[Message]:
+        """GEMS evaluates on the server; nodes get no evaluate message."""
+        return []
+
+    def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]) -> MetricRecord | None:
+        """Nothing to aggregate (see :meth:`configure_evaluate`)."""
+        return None

@@ -1,0 +1,153 @@
+"""What crosses the network, and the checks on what comes back.
+
+Server -> client (message type ``train``)::
+
+    "config":  ConfigRecord  every run setting (Settings.to_config())
+
+Client -> server (the reply; nothing else leaves the client)::
+
+    "center":  ArrayRecord   the local optimum as the model's state_dict (weight, bias)
+    "axes":    ArrayRecord   relative ellipsoid axes, same keys and shapes (ellipsoid only)
+    "metrics": MetricRecord  radius, num-train-examples, num-val-examples,
+                             local-val-accuracy
+
+:func:`decode_reply` validates a reply against the server's model before any of it is
+used; a bad reply raises :class:`ReplyError` with a reason the server logs.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+from flwr.app import Array, ArrayRecord, ConfigRecord, MetricRecord, RecordDict
+
+from gems_fl.models import state_to_vector
+from gems_fl.spaces import Space
+
+CONFIG_KEY = "config"
+CENTER_KEY = "center"
+AXES_KEY = "axes"
+METRICS_KEY = "metrics"
+METRIC_KEYS = ("radius", "num-train-examples", "num-val-examples", "local-val-accuracy")
+
+
+class ReplyError(ValueError):
+    """A client reply that the server cannot use; the message says why."""
+
+
+def encode_config(config: dict[str, Any]) -> RecordDict:
+    """The server's train instruction: all run settings in one ConfigRecord."""
+    return RecordDict({CONFIG_KEY: ConfigRecord(dict(config))})
+
+
+def decode_config(content: RecordDict) -> dict[str, Any]:
+    """Settings dict from a train instruction."""
+    if CONFIG_KEY not in content.config_records:
+        raise ValueError(f"train message has no '{CONFIG_KEY}' ConfigRecord")
+    return dict(content.config_records[CONFIG_KEY])
+
+
+def encode_reply(
+    center: dict[str, np.ndarray],
+    axes: dict[str, np.ndarray] | None,
+    *,
+    radius: float,
+    num_train_examples: int,
+    num_val_examples: int,
+    local_val_accuracy: float,
+) -> RecordDict:
+    """A client's reply: its good-enough space and a few counts."""
+    records: dict[str, Any] = {CENTER_KEY: array_record(center)}
+    if axes is not None:
+        records[AXES_KEY] = array_record(axes)
+    records[METRICS_KEY] = MetricRecord(
+        {
+            "radius": float(radius),
+            "num-train-examples": int(num_train_examples),
+            "num-val-examples": int(num_val_examples),
+            "local-val-accuracy": float(local_val_accuracy),
+        }
+    )
+    return RecordDict(records)
+
+
+def array_record(state: dict[str, np.ndarray]) -> ArrayRecord:
+    """An ArrayRecord holding a ``{name: array}`` state, names kept."""
+    return ArrayRecord({k: Array(np.ascontiguousarray(v)) for k, v in state.items()})
+
+
+def decode_reply(
+    content: RecordDict, shapes: dict[str, tuple[int, ...]], space_kind: str
+) -> tuple[Space, dict[str, float]]:
+    """Validate a reply and turn it into a :class:`Space` plus its metrics.
+
+    Raises
+    ------
+    ReplyError
+        Missing or extra records/keys, a shape that does not match the model, a
+        non-finite value, a negative radius, or non-positive axes.
+    """
+    expected = {CENTER_KEY, METRICS_KEY} | ({AXES_KEY} if space_kind == "ellipsoid" else set())
+    present = set(content.keys())
+    if present != expected:
+        missing, extra = sorted(expected - present), sorted(present - expected)
+        raise ReplyError(f"reply records {sorted(present)}: missing {missing}, unexpected {extra}")
+    center = _read_state(content, CENTER_KEY, shapes)
+    axes = _read_state(content, AXES_KEY, shapes) if space_kind == "ellipsoid" else None
+    metrics = _read_metrics(content)
+    if axes is not None and np.any(state_to_vector(axes) <= 0):
+        raise ReplyError("'axes' has entries <= 0; relative axes must be positive")
+    space = Space(
+        center=state_to_vector(center),
+        radius=metrics["radius"],
+        axes=None if axes is None else state_to_vector(axes),
+    )
+    return space, metrics
+
+
+def _read_state(content: RecordDict, key: str, shapes: dict[str, tuple[int, ...]]) -> dict[str, np.ndarray]:
+    record = content.array_records.get(key)
+    if record is None:
+        raise ReplyError(f"'{key}' is not an ArrayRecord")
+    if set(record.keys()) != set(shapes):
+        raise ReplyError(f"'{key}' holds arrays {sorted(record.keys())}, expected {sorted(shapes)}")
+    state = {}
+    for name, shape in shapes.items():
+        try:
+            arr = record[name].numpy()
+        except Exception as exc:  # noqa: BLE001 - any decode failure is a bad reply
+            raise ReplyError(f"'{key}.{name}' cannot be decoded as a numpy array: {exc}") from exc
+        if tuple(arr.shape) != tuple(shape):
+            raise ReplyError(f"'{key}.{name}' has shape {tuple(arr.shape)}, expected {tuple(shape)}")
+        if not np.issubdtype(arr.dtype, np.floating):
+            raise ReplyError(f"'{key}.{name}' has dtype {arr.dtype}, expected a float type")
+        if not np.all(np.isfinite(arr)):
+            raise ReplyError(f"'{key}.{name}' contains NaN or infinite values")
+        state[name] = arr
+    return state
+
+
+def _read_metrics(content: RecordDict) -> dict[str, float]:
+    record = content.metric_records.get(METRICS_KEY)
+    if record is None:
+        raise ReplyError(f"'{METRICS_KEY}' is not a MetricRecord")
+    if set(record.keys()) != set(METRIC_KEYS):
+        missing = sorted(set(METRIC_KEYS) - set(record.keys()))
+        extra = sorted(set(record.keys()) - set(METRIC_KEYS))
+        raise ReplyError(f"'{METRICS_KEY}' keys: missing {missing}, unexpected {extra}")
+    metrics = {}
+    for key in METRIC_KEYS:
+        value = record[key]
+        if isinstance(value, list) or isinstance(value, bool) or not math.isfinite(value):
+            raise ReplyError(f"metric '{key}'={value!r} is not a finite number")
+        metrics[key] = float(value)
+    if metrics["radius"] < 0:
+        raise ReplyError(f"radius={metrics['radius']} is negative")
+    if not 0.0 <= metrics["local-val-accuracy"] <= 1.0:
+        raise ReplyError(f"local-val-accuracy={metrics['local-val-accuracy']} is outside [0, 1]")
+    for key in ("num-train-examples", "num-val-examples"):
+        if metrics[key] < 1 or not float(metrics[key]).is_integer():
+            raise ReplyError(f"{key}={metrics[key]} must be a positive integer")
+    return metrics
