@@ -2,8 +2,9 @@
 
 The paper (section 3.1, eq. 2) picks ``h_G = argmin_w sum_k max(0, ||c_k - w|| - r_k)``,
 which is zero exactly on the intersection. Minimising that non-smooth objective by
-gradient descent lands on the boundary of the intersection at best, where floating-point
-membership checks are a coin toss, and says nothing about *which* point is returned.
+gradient descent stops, at best, on the boundary of the intersection, where
+floating-point membership checks can go either way, and which point it returns is an
+accident of the optimiser's path.
 
 Here the primary method is instead Dykstra's alternating projections onto the spaces
 with radii shrunk by ``(1 - shrink)``: it converges to the point of the (shrunk)
@@ -26,10 +27,15 @@ from gems_fl.spaces import Space
 
 FALLBACKS = ("min-penalty", "mean")
 
-# Dykstra is declared stalled when the best objective seen has not dropped by at least
-# _STALL_GAIN (relative) over the last _STALL_WINDOW sweeps. A feasible problem whose
-# violation shrinks that slowly (rate > 0.9999 per sweep) would need tens of thousands
-# of sweeps to get within ``shrink`` of the target anyway.
+# Relative margin by which the emptiness certificate must be negative to count.
+_CERTIFICATE_RTOL = 1e-9
+
+# The first Dykstra attempt gives up (and hands over to the retry with a smaller
+# shrink) when its best objective has not dropped by _STALL_GAIN (relative) over
+# _STALL_WINDOW sweeps: the usual sign of a shrunk intersection that is empty or too
+# thin to converge to, long before the emptiness certificate can prove it. The retry
+# has no such test, because Dykstra can also sit on a plateau for hundreds of sweeps
+# before moving on to a feasible point.
 _STALL_WINDOW = 100
 _STALL_GAIN = 1e-2
 
@@ -93,7 +99,7 @@ class IntersectionResult:
 
 
 class _Stacked:
-    """The spaces as ``(K, d)`` arrays so that distances to all of them are one numpy op."""
+    """The spaces as ``(K, d)`` arrays: distances to all of them in one numpy op."""
 
     def __init__(self, spaces: Sequence[Space]) -> None:
         self.spaces = list(spaces)
@@ -118,7 +124,7 @@ class _Stacked:
 
     def likely_inside(self, dist: np.ndarray) -> bool:
         # Same test as Space.contains with its default tolerances; the authoritative
-        # check is _verify, this one only decides whether to run it.
+        # check is verify(), this one only decides whether to run it.
         return bool(np.all(dist <= self.radii * (1.0 + 1e-9) + 1e-12))
 
     def verify(self, w: np.ndarray) -> bool:
@@ -135,11 +141,16 @@ def _validate(spaces: Sequence[Space]) -> list[Space]:
                 f"spaces[{i}] is a {type(s).__name__}, expected gems_fl.spaces.Space"
             )
     shape0 = spaces[0].center.shape
-    for i, s in enumerate(spaces[1:], start=1):
+    for i, s in enumerate(spaces):
         if s.center.shape != shape0:
             raise ValueError(
                 f"spaces[{i}] has dimension {s.center.shape}, but spaces[0] has "
                 f"{shape0}: all spaces must live in the same parameter space"
+            )
+        if not np.all(np.isfinite(s.center)):
+            raise ValueError(
+                f"spaces[{i}].center has non-finite values: the node's model diverged "
+                "or was corrupted; drop that node or retrain it"
             )
     return spaces
 
@@ -160,10 +171,10 @@ def _project_ellipsoid(
     The projection is ``x_i = c_i + z_i s_i^2 / (s_i^2 + lam)`` with ``z = y - c`` and
     ``lam >= 0`` the root of ``||u(lam)|| = 1``, ``u_i = z_i s_i / (s_i^2 + lam)``.
     Newton is run on ``psi(lam) = 1 / ||u(lam)||`` (as in Moré-Sorensen's trust-region
-    solver): ``psi`` is concave and increasing, nearly linear (exactly so for a ball), so
-    Newton converges fast; a bracket ``[lo, hi]`` guards it and a step leaving the
+    solver): ``psi`` is concave and increasing, nearly linear (exactly so for a ball),
+    so Newton converges fast; a bracket ``[lo, hi]`` guards it and a step leaving the
     bracket is replaced by a bisection (geometric when ``lo > 0``). Each iteration is
-    ``O(d)`` numpy work. ``lam0`` warm-starts the root search (the previous sweep's root).
+    ``O(d)`` numpy work. ``lam0`` (the previous sweep's root) warm-starts the search.
 
     Returns the projection and the root ``lam`` (0 when ``y`` is already inside).
     """
@@ -198,20 +209,45 @@ def _project_ellipsoid(
     return center + z * (b / (b + lam)), lam
 
 
+def _empty_certificate(
+    stacked: _Stacked, incr: np.ndarray, radii: np.ndarray
+) -> bool:
+    """Whether Dykstra's correction terms prove that the spaces with ``radii`` are disjoint.
+
+    Each correction ``incr[k]`` is an outward normal of space ``k``. For any ``v_k``
+    summing to zero, a common point ``z`` would give
+    ``0 = sum_k <v_k, z> <= sum_k sigma_k(v_k)`` with the support function
+    ``sigma_k(v) = <v, c_k> + r_k ||a_k * v||``; a negative sum is therefore a proof of
+    emptiness. On disjoint spaces the corrections grow linearly with the sweeps and the
+    sum turns negative; on intersecting ones it cannot. ``O(K d)``.
+    """
+    v = incr - incr.mean(axis=0)
+    lin = np.einsum("kd,kd->k", v, stacked.centers)
+    spread = radii * np.linalg.norm(v * stacked.axes, axis=1)
+    total = float(lin.sum() + spread.sum())
+    # Margin for the rounding in the K * d products behind ``total``.
+    scale = float(np.abs(lin).sum() + spread.sum())
+    return total < -_CERTIFICATE_RTOL * scale
+
+
 def _dykstra(
     stacked: _Stacked,
     x0: np.ndarray,
     shrink: float,
     max_iter: int,
     order: list[int],
-) -> tuple[np.ndarray, bool, int, np.ndarray, float]:
+    stall: bool,
+) -> tuple[str, np.ndarray, int, np.ndarray, float]:
     """Dykstra's cyclic projections from ``x0`` onto the shrunk spaces.
 
-    Returns ``(x, found, sweeps, best_x, best_objective)`` where ``best_x`` is the sweep
-    end point with the smallest true objective seen.
+    Returns ``(status, x, sweeps, best_x, best_objective)``. ``status`` is ``"found"``
+    (``x`` verified inside every true space), ``"empty"`` (the true spaces are proven
+    disjoint), ``"shrunk-empty"`` (only the shrunk ones are), ``"stalled"`` (only
+    with ``stall``, see ``_STALL_WINDOW``) or ``"budget"``; ``best_x`` is the sweep end
+    point with the smallest true objective seen.
     """
     spaces = stacked.spaces
-    radii = [s.radius * (1.0 - shrink) for s in spaces]
+    radii = stacked.radii * (1.0 - shrink)
     semis = [None if s.axes is None else s.axes * r for s, r in zip(spaces, radii)]
     lams = [0.0] * len(spaces)
     incr = np.zeros_like(stacked.centers)
@@ -224,23 +260,31 @@ def _dykstra(
             if radii[k] == 0.0:
                 x = spaces[k].center.copy()
             elif semis[k] is None:
-                x = _project_ball(y, spaces[k].center, radii[k])
+                x = _project_ball(y, spaces[k].center, float(radii[k]))
             else:
                 x, lams[k] = _project_ellipsoid(y, spaces[k].center, semis[k], lams[k])
             incr[k] = y - x
         dist = stacked.distances(x)
         if stacked.likely_inside(dist) and stacked.verify(x):
-            return x, True, sweep, x, 0.0
+            return "found", x, sweep, x, 0.0
         f = float(np.maximum(0.0, dist - stacked.radii).sum())
         if f < best_f:
             best_x, best_f = x, f
+        if _empty_certificate(stacked, incr, radii):
+            status = (
+                "empty"
+                if _empty_certificate(stacked, incr, stacked.radii)
+                else "shrunk-empty"
+            )
+            return status, x, sweep, best_x, best_f
         history.append(best_f)
         if (
-            len(history) > _STALL_WINDOW
+            stall
+            and len(history) > _STALL_WINDOW
             and best_f > (1.0 - _STALL_GAIN) * history[-1 - _STALL_WINDOW]
         ):
-            return x, False, sweep, best_x, best_f
-    return x, False, max_iter, best_x, best_f
+            return "stalled", x, sweep, best_x, best_f
+    return "budget", x, max_iter, best_x, best_f
 
 
 def _min_penalty(
@@ -249,11 +293,12 @@ def _min_penalty(
     """Subgradient descent on ``F(w) = sum_k max(0, distance_k(w) - r_k)``.
 
     Steps along the normalised subgradient with length
-    ``min(alpha0 / sqrt(t + 1), (F(w) + delta) / ||g||)``: the diminishing term gives the
-    classical convergence guarantee when the spaces are disjoint (``min F > 0``), and the
-    Polyak term (target ``-delta``, a hair below the optimum 0 of a feasible problem)
-    makes the steps shrink with ``F`` and overshoot slightly into the intersection.
-    ``alpha0`` is half the spread of the centers around ``x0``. Keeps the best iterate.
+    ``min(alpha0 / sqrt(t + 1), (F(w) + delta) / ||g||)``: the diminishing term gives
+    the classical convergence guarantee when the spaces are disjoint (``min F > 0``),
+    and the Polyak term (target ``-delta``, a hair below the optimum 0 of a feasible
+    problem) makes the steps shrink with ``F`` and overshoot slightly into the
+    intersection. ``alpha0`` is half the spread of the centers around ``x0``. Keeps the
+    best iterate.
 
     Returns ``(best_w, best_objective, steps_taken, verified_inside)``.
     """
@@ -274,15 +319,14 @@ def _min_penalty(
         if stacked.likely_inside(dist) and stacked.verify(w):
             return w, f, t, True
         history.append(best_f)
+        window = _FALLBACK_STALL_WINDOW
         if (
-            len(history) > _FALLBACK_STALL_WINDOW
-            and best_f > (1.0 - _FALLBACK_STALL_GAIN) * history[-1 - _FALLBACK_STALL_WINDOW]
+            len(history) > window
+            and best_f > (1.0 - _FALLBACK_STALL_GAIN) * history[-1 - window]
         ):
             return best_w, best_f, t, False
         # d/dw ||(w - c) / a|| = (w - c) / a^2 / distance, summed over violated spaces.
-        g = np.sum(
-            diff[active] / stacked.axes[active] / dist[active, None], axis=0
-        )
+        g = np.sum(diff[active] / stacked.axes[active] / dist[active, None], axis=0)
         gnorm = float(np.linalg.norm(g))
         if gnorm == 0.0:  # 0 is a subgradient: w minimises F
             return best_w, best_f, t, False
@@ -323,15 +367,17 @@ def find_intersection(
     1. The mean of the centers (model averaging) is returned as is if it already lies
        in every space: it is its own nearest point of the intersection
        (``method="dykstra"``, ``iterations == 0``).
-    2. Otherwise Dykstra's cyclic projections, started at that mean, onto the spaces with
-       radii scaled by ``1 - shrink``. They converge to the point of the shrunk
+    2. Otherwise Dykstra's cyclic projections, started at that mean, onto the spaces
+       with radii scaled by ``1 - shrink``. They converge to the point of the shrunk
        intersection nearest to the mean; after each sweep the current point is checked
-       against the *true* spaces with :meth:`Space.contains`, and the first point inside
-       all of them is returned (``method="dykstra"``). An attempt stops early when the
-       best objective seen has not dropped by 1% over 100 sweeps (disjoint spaces:
-       Dykstra's point stops moving while its correction terms grow). A failed attempt
-       is retried once with ``shrink * 1e-3``, which catches intersections thinner than
-       ``shrink``; both attempts together run at most ``max_iter`` sweeps.
+       against the *true* spaces with :meth:`Space.contains`, and the first point
+       inside all of them is returned (``method="dykstra"``). An attempt stops early
+       when the best objective seen has not dropped by 1% over 100 sweeps (disjoint
+       spaces: Dykstra's point stops moving while its correction terms grow). Such a
+       stalled attempt is retried once with ``shrink * 1e-3``, which catches
+       intersections thinner than ``shrink`` of a radius (e.g. a small ball barely
+       overlapping a large one); both attempts together run at most ``max_iter``
+       sweeps.
     3. Otherwise the ``fallback``: ``"min-penalty"`` runs up to ``max_iter`` steps of
        subgradient descent on the paper's objective ``sum_k max(0, distance_k - r_k)``
        from the mean (stopping once 500 steps gain less than 1e-6 relative) and returns
@@ -354,10 +400,10 @@ def find_intersection(
         What to return when no point of the intersection is found.
     seed : int
         Chooses the cyclic order of the projections: ``0`` keeps the given order, any
-        other value a fixed random permutation of it. The limit point does not depend on
-        the order (only the path to it does), so another seed is worth a try when a
-        near-tangent problem runs out of sweeps. Spaces of radius 0 are always projected
-        last so that a sweep ends exactly on their center.
+        other value a fixed random permutation of it. Dykstra's limit point does not
+        depend on the order, only the path to it does (the sweep count, and the digits
+        of the returned point beyond the convergence tolerance). Spaces of radius 0 are
+        always projected last so that a sweep ends exactly on their center.
 
     Returns
     -------
@@ -367,7 +413,10 @@ def find_intersection(
     Raises
     ------
     ValueError
-        If ``spaces`` is empty, the dimensions differ, or an option is out of range.
+        If ``spaces`` is empty, the dimensions differ, a center is not finite, or an
+        option is out of range.
+    TypeError
+        If an element of ``spaces`` is not a :class:`Space`.
 
     Notes
     -----
@@ -396,18 +445,20 @@ def find_intersection(
     order = [k for k in order if spaces[k].radius > 0] + [
         k for k in order if spaces[k].radius == 0
     ]
-    # A second, much smaller shrink rescues intersections thinner than ``shrink``
-    # (near-tangent spaces) that the first attempt correctly found empty when shrunk.
     sweeps, best_x, best_f = 0, mean, stacked.objective(mean)
-    for attempt_shrink in (shrink, shrink * _RETRY_SHRINK_FACTOR) if shrink > 0 else (0.0,):
-        x, found, used, cand_x, cand_f = _dykstra(
-            stacked, mean, attempt_shrink, max_iter - sweeps, order
+    retry = shrink > 0
+    for attempt_shrink in (shrink, shrink * _RETRY_SHRINK_FACTOR):
+        status, x, used, cand_x, cand_f = _dykstra(
+            stacked, mean, attempt_shrink, max_iter - sweeps, order, stall=retry
         )
         sweeps += used
-        if found:
+        if status == "found":
             return _result(stacked, x, True, "dykstra", sweeps)
         if cand_f < best_f:
             best_x, best_f = cand_x, cand_f
+        if not (retry and status in ("shrunk-empty", "stalled")):
+            break
+        retry = False
 
     if fallback == "mean":
         return _result(stacked, mean, False, "mean", sweeps)
@@ -423,7 +474,9 @@ def find_intersection(
     return _result(stacked, point, False, "min-penalty", sweeps + steps)
 
 
-def membership_report(spaces: Sequence[Space], point: np.ndarray) -> list[dict[str, Any]]:
+def membership_report(
+    spaces: Sequence[Space], point: np.ndarray
+) -> list[dict[str, Any]]:
     """Per-space membership of ``point``.
 
     Parameters
@@ -436,9 +489,10 @@ def membership_report(spaces: Sequence[Space], point: np.ndarray) -> list[dict[s
     Returns
     -------
     list of dict
-        Per space ``{"inside": bool, "distance": float, "radius": float, "miss": float}``,
-        with ``miss = max(0, distance - radius)``, or 0 when ``inside`` (membership
-        within :meth:`Space.contains`'s tolerance), as in :class:`IntersectionResult`.
+        Per space, in order: ``{"inside": bool, "distance": float, "radius": float,
+        "miss": float}`` with ``miss = max(0, distance - radius)``, or 0 when
+        ``inside`` (within :meth:`Space.contains`'s tolerance), as in
+        :class:`IntersectionResult`.
     """
     spaces = _validate(spaces)
     w = np.asarray(point, dtype=np.float64).reshape(-1)

@@ -1,0 +1,39 @@
+"""Shared fixtures: small real data (scikit-learn digits) and a trained local model."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from gems_fl.data import load_dataset, node_data, parse_division
+from gems_fl.models import build_model, model_to_vector
+from gems_fl.train import train_until_converged
+
+
+@pytest.fixture(scope="session")
+def digits_node():
+    """Node 0 of digits under the paper's K=5 division, with its trained model."""
+    splits = load_dataset("digits", seed=0)
+    division = parse_division("paper", 5, splits.num_classes)
+    x_tr, y_tr, x_val, y_val = node_data(splits, division, 0, seed=0)
+    torch.manual_seed(0)
+    model = build_model("logistic", splits.num_features, splits.num_classes)
+    train_until_converged(model, x_tr, y_tr, lr=1e-3, batch_size=32, max_epochs=60,
+                          patience=3, seed=0)
+    center = model_to_vector(model).reshape(splits.num_classes, splits.num_features + 1)
+    return {"center": center, "x_val": x_val, "y_val": y_val, "x_test": splits.test_x,
+            "y_test": splits.test_y, "model": model}
+
+
+@pytest.fixture(scope="session")
+def random_linear_problem():
+    """A noisy linear problem where the center's accuracy sits well above 0.6."""
+    rng = np.random.default_rng(0)
+    n, f, c = 400, 30, 5
+    x = rng.random((n, f))
+    w = rng.normal(size=(c, f + 1))
+    y = (np.c_[x, np.ones(n)] @ w.T).argmax(1)
+    flip = rng.random(n) < 0.2
+    y[flip] = rng.integers(0, c, flip.sum())
+    return {"center": w, "x": x, "y": y}

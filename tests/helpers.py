@@ -1,0 +1,29 @@
+"""Helpers for driving the real ServerApp/ClientApp code in-process."""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+
+from flwr.app import Context, RecordDict
+
+from client_app import app as client_app
+from gems_fl.inprocess import InProcessGrid
+from gems_fl.server import run_server
+
+ROOT = Path(__file__).resolve().parents[1]
+
+FAST = {"num-directions": 30, "local-max-epochs": 15, "public-samples": 200}
+
+
+def app_defaults() -> dict:
+    with (ROOT / "pyproject.toml").open("rb") as f:
+        return tomllib.load(f)["tool"]["flwr"]["app"]["config"]
+
+
+def run_in_process(num_nodes: int, tmp_path: Path, reply_hook=None, **overrides) -> dict:
+    """One GEMS run through the real apps over an in-process Grid; returns results."""
+    cfg = {**app_defaults(), **FAST, "output-dir": str(tmp_path), **overrides}
+    grid = InProcessGrid(client_app, num_nodes, cfg, reply_hook=reply_hook)
+    ctx = Context(run_id=1, node_id=1, node_config={}, state=RecordDict(), run_config=cfg)
+    return run_server(grid, ctx)

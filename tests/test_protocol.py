@@ -1,0 +1,161 @@
+"""The wire format, reply validation and the round going on without bad replies."""
+
+from __future__ import annotations
+
+import json
+import logging
+
+import numpy as np
+import pytest
+from flwr.app import Array, Error, Message, MessageType, RecordDict
+
+from client_app import app as client_app
+from gems_fl import wire
+from gems_fl.inprocess import InProcessGrid
+from gems_fl.settings import Settings
+from gems_fl.strategy import NotEnoughRepliesError
+from tests.helpers import FAST, app_defaults, run_in_process
+
+
+def _client_reply(space: str) -> RecordDict:
+    cfg = {**app_defaults(), **FAST, "space": space}
+    grid = InProcessGrid(client_app, 5, cfg)
+    content = wire.encode_config(Settings.from_run_config(cfg).to_config())
+    msg = grid.create_message(content, MessageType.TRAIN, 1000, "1")
+    (reply,) = grid.send_and_receive([msg])
+    assert not reply.has_error(), reply.error
+    return reply.content
+
+
+@pytest.mark.parametrize("space", ["ball", "ellipsoid"])
+def test_reply_holds_exactly_the_space_and_counts(space):
+    content = _client_reply(space)
+    expected = {"center", "metrics"} | ({"axes"} if space == "ellipsoid" else set())
+    assert set(content.keys()) == expected
+    assert set(content.array_records["center"].keys()) == {"weight", "bias"}
+    assert content.array_records["center"]["weight"].numpy().shape == (10, 64)
+    assert content.array_records["center"]["bias"].numpy().shape == (10,)
+    if space == "ellipsoid":
+        axes = content.array_records["axes"]
+        assert {k: axes[k].numpy().shape for k in axes.keys()} == {"weight": (10, 64), "bias": (10,)}
+    assert set(content.metric_records["metrics"].keys()) == set(wire.METRIC_KEYS)
+    assert not content.config_records
+
+
+SHAPES = {"weight": (10, 64), "bias": (10,)}
+
+
+def _good_reply() -> RecordDict:
+    return wire.encode_reply({"weight": np.zeros((10, 64)), "bias": np.zeros(10)}, None,
+                             radius=1.0, num_train_examples=10, num_val_examples=5,
+                             local_val_accuracy=0.9)
+
+
+def test_decode_accepts_good_reply():
+    space, metrics = wire.decode_reply(_good_reply(), SHAPES, "ball")
+    assert space.dim == 650 and space.radius == 1.0 and metrics["num-val-examples"] == 5
+
+
+def _nan(c):
+    w = np.zeros((10, 64))
+    w[3, 3] = np.nan
+    c["center"]["weight"] = Array(w)
+
+
+def _wrong_shape(c):
+    c["center"]["weight"] = Array(np.zeros((10, 63)))
+
+
+def _negative_radius(c):
+    c["metrics"]["radius"] = -0.5
+
+
+def _missing_key(c):
+    del c["metrics"]["num-val-examples"]
+
+
+def _missing_record(c):
+    del c["center"]
+
+
+CORRUPTIONS = {
+    "nan": (_nan, "NaN"),
+    "wrong-shape": (_wrong_shape, "shape"),
+    "negative-radius": (_negative_radius, "negative"),
+    "missing-key": (_missing_key, "num-val-examples"),
+    "missing-record": (_missing_record, "missing \\['center'\\]"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(CORRUPTIONS))
+def test_decode_rejects_bad_reply(name):
+    corrupt, reason = CORRUPTIONS[name]
+    content = _good_reply()
+    corrupt(content)
+    with pytest.raises(wire.ReplyError, match=reason):
+        wire.decode_reply(content, SHAPES, "ball")
+
+
+def test_bad_replies_are_dropped_and_the_round_goes_on(tmp_path, caplog):
+    """Four nodes send a corrupt reply each; the two good ones still aggregate."""
+    bad = {1000: "nan", 1001: "wrong-shape", 1002: "negative-radius", 1003: "missing-key"}
+
+    def hook(reply: Message) -> Message:
+        name = bad.get(reply.metadata.src_node_id)
+        if name:
+            CORRUPTIONS[name][0](reply.content)
+        return reply
+
+    flwr_logger = logging.getLogger("flwr")
+    flwr_logger.addHandler(caplog.handler)
+    try:
+        results = run_in_process(6, tmp_path, reply_hook=hook, space="ball",
+                                 **{"label-division": "classes-per-node:2"})
+    finally:
+        flwr_logger.removeHandler(caplog.handler)
+    rejected = {r["node_id"]: r["reason"] for r in results["rejected"]}
+    assert set(rejected) == set(bad)
+    assert "NaN" in rejected[1000] and "shape" in rejected[1001]
+    assert "negative" in rejected[1002] and "num-val-examples" in rejected[1003]
+    for node_id in bad:
+        assert any(f"node {node_id}" in r.getMessage() for r in caplog.records)
+    assert sorted(n["node_id"] for n in results["nodes"]) == [1004, 1005]
+    assert results["rows"]["GEMS"]["accuracy"] is not None
+    saved = json.loads((tmp_path / "run-1" / "results.json").read_text())
+    assert saved["rejected"] == results["rejected"]
+
+
+def test_client_exception_becomes_a_rejection(tmp_path):
+    # An error reply (as Flower sends for a crashed ClientApp) is rejected, not fatal.
+    results = run_in_process(3, tmp_path, space="ball", dataset="digits",
+                             reply_hook=_error_for(1000))
+    assert [r["node_id"] for r in results["rejected"]] == [1000]
+    assert "client error" in results["rejected"][0]["reason"]
+    assert len(results["nodes"]) == 2
+
+
+
+def _error_for(node_id: int):
+    def hook(reply: Message) -> Message:
+        if reply.metadata.src_node_id != node_id:
+            return reply
+        return Message(Error(code=7, reason="disk full"), reply_to=_request_of(reply))
+    return hook
+
+
+def _request_of(reply: Message) -> Message:
+    """A stand-in request whose metadata lets Message build an error reply."""
+    req = Message(RecordDict(), dst_node_id=reply.metadata.src_node_id,
+                  message_type=reply.metadata.message_type, group_id=reply.metadata.group_id)
+    req.metadata.__dict__["_message_id"] = reply.metadata.reply_to_message_id
+    return req
+
+
+def test_too_few_valid_replies_stops_with_a_clear_error(tmp_path):
+    def hook(reply: Message) -> Message:
+        if reply.metadata.src_node_id != 1000:
+            _negative_radius(reply.content)
+        return reply
+
+    with pytest.raises(NotEnoughRepliesError, match="only 1 valid reply.*min-replies=2"):
+        run_in_process(3, tmp_path, reply_hook=hook, space="ball")
