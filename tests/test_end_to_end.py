@@ -1,0 +1,73 @@
+"""Whole runs: in-process through the real apps, and `flwr run` via `gems-fl run`."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from gems_fl.baselines import ROW_NAMES
+from tests.helpers import ROOT, run_in_process
+
+
+def test_same_seed_and_settings_give_the_same_numbers(tmp_path):
+    first = run_in_process(3, tmp_path / "a", seed=3)
+    second = run_in_process(3, tmp_path / "b", seed=3)
+    for key in ("rows", "nodes", "intersection"):
+        assert first[key] == second[key]
+    other = run_in_process(3, tmp_path / "c", seed=4)
+    assert other["nodes"] != first["nodes"]
+
+
+def test_evaluate_on_server_off_skips_rows_and_says_why(tmp_path):
+    results = run_in_process(2, tmp_path, **{"evaluate-on-server": False, "space": "ball"})
+    assert all(row["accuracy"] is None for row in results["rows"].values())
+    assert all("evaluate-on-server=false" in row["skipped"] for row in results["rows"].values())
+    assert results["intersection"]["found"] in (True, False)
+    assert (tmp_path / "run-1" / "gems_model.npz").is_file()
+
+
+def test_node_failing_q_gets_radius_zero_and_a_note(tmp_path):
+    results = run_in_process(3, tmp_path, eps=1.0, space="ball")
+    zero = [n for n in results["nodes"] if n["radius"] == 0.0]
+    assert zero, "eps=1.0 should leave some node's own model failing Q"
+    for node in zero:
+        assert node["local_val_accuracy"] < 1.0
+        assert any(f"node {node['node_id']}" in note and "lower eps" in note
+                   for note in results["notes"])
+
+
+def _gems_fl(*args: str, tmp_path) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "gems_fl.cli", "run", str(ROOT), *args,
+         "--output-dir", str(tmp_path)],
+        capture_output=True, text=True, timeout=900, check=False,
+    )
+
+
+@pytest.mark.slow
+def test_flwr_simulation_end_to_end(tmp_path):
+    """3 SuperNodes on digits through `flwr run` and the real ServerApp/ClientApp."""
+    proc = _gems_fl("--nodes", "3", "--run-config", "num-directions=50 seed=1", tmp_path=tmp_path)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    (path,) = tmp_path.glob("run-*/results.json")
+    results = json.loads(path.read_text())
+    assert results["status"] == "completed"
+    assert list(results["rows"]) == list(ROW_NAMES)
+    for name in ROW_NAMES:
+        assert 0.0 <= results["rows"][name]["accuracy"] <= 1.0
+    assert len(results["nodes"]) == 3 and results["dataset"]["num_nodes"] == 3
+    assert results["rows"]["GEMS"]["accuracy"] > results["rows"]["Local"]["accuracy"]
+    assert "Test accuracy" in proc.stdout and "GEMS tuned" in proc.stdout
+
+
+@pytest.mark.slow
+def test_a_failed_flwr_run_is_reported_as_a_failure(tmp_path):
+    """`flwr run` exits 0 for a failed run; `gems-fl run` must not."""
+    proc = _gems_fl("--nodes", "2", "--run-config", "dataset='mnist' data-dir='/nonexistent'",
+                    tmp_path=tmp_path)
+    assert proc.returncode == 1
+    assert "finished:failed" in proc.stderr
+    assert not list(tmp_path.glob("run-*/results.json"))

@@ -1,0 +1,52 @@
+"""Run settings: pyproject keys and Settings fields agree; bad values name the key."""
+
+from __future__ import annotations
+
+from dataclasses import fields
+
+import pytest
+
+from gems_fl.cli import main
+from gems_fl.settings import Settings, SettingsError
+from tests.helpers import app_defaults
+
+
+def test_pyproject_config_and_settings_have_the_same_keys_and_defaults():
+    defaults = app_defaults()
+    assert set(defaults) == {f.name.replace("_", "-") for f in fields(Settings)}
+    assert Settings.from_run_config(defaults) == Settings()
+
+
+@pytest.mark.parametrize(
+    "key, value, message",
+    [
+        ("eps", 1.5, "eps=1.5 must be in"),
+        ("space", "cube", "space='cube' is not one of ball, ellipsoid"),
+        ("dataset", "cifar", "dataset='cifar' is not one of"),
+        ("num-directions", 0, "num-directions=0 must be > 0"),
+        ("delta", 5000.0, "delta=5000.0 must be smaller than r-max"),
+        ("ellipsoid-c", 0.0, "ellipsoid-c=0.0 must be in \\(0, 1\\]"),
+        ("num-directions", "many", "num-directions='many' has type str, expected int"),
+        ("evaluate-on-server", 1, "evaluate-on-server=1 has type int, expected bool"),
+        ("public-samples", -1, "public-samples=-1 must be >= 0"),
+        ("no-intersection", "guess", "no-intersection='guess' is not one of"),
+    ],
+)
+def test_invalid_values_name_the_key(key, value, message):
+    with pytest.raises(SettingsError, match=message):
+        Settings.from_run_config({**app_defaults(), key: value})
+
+
+def test_ints_are_accepted_for_floats():
+    assert Settings.from_run_config({"eps": 1}).eps == 1.0
+
+
+def test_cli_rejects_a_bad_setting_before_starting_anything(capsys):
+    assert main(["run", "--nodes", "2", "--run-config", "eps=2.0"]) == 2
+    assert "eps=2.0" in capsys.readouterr().err
+
+
+def test_cli_rejects_an_unknown_setting(capsys):
+    assert main(["run", "--run-config", "epsilon=0.5"]) == 2
+    err = capsys.readouterr().err
+    assert "unknown run setting(s) epsilon" in err and "eps" in err
