@@ -23,12 +23,17 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--run-config", "-c", default=None,
                      help="overrides, e.g. \"eps=0.5 dataset='fashion-mnist'\"")
     run.add_argument("--output-dir", default=None, help="results folder (setting output-dir)")
+    show = sub.add_parser("show", help="print the tables of a results.json")
+    show.add_argument("path", help="a results.json written by a run")
+    show.add_argument("--markdown", action="store_true", help="markdown instead of rich tables")
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``gems-fl`` console script."""
     args = _parser().parse_args(argv)
+    if args.command == "show":
+        return _show(args.path, args.markdown)
     from gems_fl.launch import RunFailed, run_app
 
     try:
@@ -41,6 +46,24 @@ def main(argv: list[str] | None = None) -> int:
         print(f"gems-fl: run failed: {exc}", file=sys.stderr)
         return 1
     print(f"gems-fl: run {outcome.run_id} completed; results in {outcome.results_path}")
+    return 0
+
+
+def _show(path: str, markdown: bool) -> int:
+    import json
+    from pathlib import Path
+
+    from gems_fl.results import markdown_table, print_results
+
+    try:
+        results = json.loads(Path(path).read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        print(f"gems-fl: error: cannot read results from {path}: {exc}", file=sys.stderr)
+        return 2
+    if markdown:
+        print(markdown_table(results))
+    else:
+        print_results(results)
     return 0
 
 

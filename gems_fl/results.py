@@ -36,6 +36,20 @@ def format_table(results: dict[str, Any]) -> Table:
     return table
 
 
+def markdown_table(results: dict[str, Any]) -> str:
+    """The accuracy rows as a markdown table (what README.md shows)."""
+    lines = ["| Row | Test accuracy |", "| --- | ---: |"]
+    for name, row in results["rows"].items():
+        acc = row.get("accuracy")
+        lines.append(f"| {name} | {'-' if acc is None else f'{acc:.4f}'} |")
+    inter = results["intersection"]
+    found = "found and verified" if inter["found"] else f"NOT found (fallback '{inter['method']}')"
+    radii = ", ".join(f"{n['radius']:.4g}" for n in results["nodes"])
+    lines.append("")
+    lines.append(f"Intersection {found}; node radii: {radii}.")
+    return "\n".join(lines)
+
+
 def print_results(results: dict[str, Any], console: Console | None = None) -> None:
     """Print the accuracy table, per-node spaces and rejections."""
     console = console or Console()

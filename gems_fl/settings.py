@@ -11,11 +11,11 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, fields
 from typing import Any, Mapping
 
+from gems_fl.intersect import FALLBACKS as NO_INTERSECTION_FALLBACKS
 from gems_fl.spaces import SPACE_KINDS
 
 DATASETS = ("digits", "fashion-mnist", "mnist")
 MODELS = ("logistic",)
-NO_INTERSECTION_FALLBACKS = ("min-penalty", "mean")
 
 
 class SettingsError(ValueError):

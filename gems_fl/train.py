@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -18,6 +20,23 @@ class TrainReport:
     epochs: int = 0
     train_accuracy: list[float] = field(default_factory=list)
     stopped_by: str = ""
+
+
+@contextmanager
+def single_thread() -> Iterator[None]:
+    """Run torch on one thread for the duration, then restore the previous count.
+
+    Mini-batch training of these small models is a stream of tiny ops: a second
+    intra-op thread buys nothing, and when the cores are shared (a simulation's
+    ServerApp beside its client workers, or a test run beside anything else) OpenMP's
+    spinning barriers made an epoch 30x slower on a 2-core machine.
+    """
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(previous)
 
 
 def _tensors(x: np.ndarray, y: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
@@ -40,6 +59,7 @@ def accuracy(model: nn.Module, x: np.ndarray, y: np.ndarray) -> float:
     return float(np.mean(predict(model, x) == np.asarray(y)))
 
 
+@single_thread()
 def _run_epochs(
     model: nn.Module,
     x: np.ndarray,

@@ -71,3 +71,14 @@ def test_a_failed_flwr_run_is_reported_as_a_failure(tmp_path):
     assert proc.returncode == 1
     assert "finished:failed" in proc.stderr
     assert not list(tmp_path.glob("run-*/results.json"))
+
+
+def test_show_prints_every_row_of_a_results_file(tmp_path, capsys):
+    from gems_fl.cli import main
+
+    run_in_process(2, tmp_path, space="ball")
+    assert main(["show", str(tmp_path / "run-1" / "results.json"), "--markdown"]) == 0
+    out = capsys.readouterr().out
+    for name in ROW_NAMES:
+        assert f"| {name} |" in out
+    assert main(["show", str(tmp_path / "missing.json")]) == 2
