@@ -12,9 +12,11 @@ from __future__ import annotations
 
 import copy
 from dataclasses import dataclass
+from logging import INFO
 
 import numpy as np
 import torch
+from flwr.common.logger import log
 
 from gems_fl.models import build_model, model_from_vector
 from gems_fl.settings import Settings
@@ -63,11 +65,13 @@ def evaluate_rows(
                   max_epochs=settings.local_max_epochs, patience=settings.local_patience)
     rows: dict[str, dict[str, object]] = {}
 
+    log(INFO, "Global: training on all %d node training samples pooled", len(data.train_y))
     torch.manual_seed(settings.seed)
     global_model = build_model(settings.model, num_features, num_classes)
     report = train_until_converged(global_model, data.train_x, data.train_y,
                                    seed=settings.seed, **recipe)
     rows["Global"] = {"accuracy": test_acc(global_model), "epochs": report.epochs}
+    log(INFO, "Global: %d epochs, test accuracy %.4f", report.epochs, rows["Global"]["accuracy"])
 
     per_node = [vector_acc(c) for c in centers]
     rows["Local"] = {"accuracy": float(np.mean(per_node)), "per_node": per_node}
@@ -81,6 +85,8 @@ def evaluate_rows(
         return rows
     tune = dict(epochs=settings.tune_epochs, lr=settings.tune_lr,
                 batch_size=settings.batch_size, seed=settings.seed)
+    log(INFO, "GEMS tuned and Raw: %d epochs on %d public samples; Raw converged: until "
+        "convergence", settings.tune_epochs, len(data.public_y))
     tuned = model_from_vector(h_g, num_features, num_classes)
     fine_tune(tuned, data.public_x, data.public_y, **tune)
     rows["GEMS tuned"] = {"accuracy": test_acc(tuned)}

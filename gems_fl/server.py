@@ -13,7 +13,7 @@ from flwr.common.logger import log
 from flwr.serverapp import Grid
 
 from gems_fl.baselines import ServerData, draw_public_sample, evaluate_rows, skipped_rows
-from gems_fl.data import load_dataset, node_data, parse_division
+from gems_fl.data import DATASET_SHAPES, load_dataset, node_data, parse_division
 from gems_fl.models import param_shapes, vector_to_state
 from gems_fl.results import print_results, write_results
 from gems_fl.settings import Settings, SettingsError
@@ -32,10 +32,12 @@ def wait_for_nodes(grid: Grid, minimum: int, timeout: float = NODE_WAIT_S) -> li
         time.sleep(1.0)
 
 
-def load_server_data(settings: Settings, num_nodes: int) -> tuple[ServerData, dict[str, Any], list[str]]:
+def load_server_data(
+    settings: Settings, division: list[list[int]]
+) -> tuple[ServerData, dict[str, Any], list[str]]:
     """What a simulation's server holds: pooled train (Global), test, public sample."""
     splits = load_dataset(settings.dataset, seed=settings.seed, data_dir=settings.data_dir or None)
-    division = parse_division(settings.label_division, num_nodes, splits.num_classes)
+    num_nodes = len(division)
     parts = [node_data(splits, division, k, settings.seed) for k in range(num_nodes)]
     notes = []
     size = settings.public_samples
@@ -60,12 +62,6 @@ def load_server_data(settings: Settings, num_nodes: int) -> tuple[ServerData, di
     return data, meta, notes
 
 
-def dataset_shape(settings: Settings) -> tuple[int, int]:
-    """(num_features, num_classes) of the configured dataset."""
-    splits = load_dataset(settings.dataset, seed=settings.seed, data_dir=settings.data_dir or None)
-    return splits.num_features, splits.num_classes
-
-
 def run_server(grid: Grid, context: Context) -> dict[str, Any]:
     """Run one convex GEMS aggregation and write its results; returns them."""
     t0 = time.perf_counter()
@@ -76,14 +72,16 @@ def run_server(grid: Grid, context: Context) -> dict[str, Any]:
     node_ids = wait_for_nodes(grid, settings.min_replies)
     if len(node_ids) < settings.min_replies:
         raise RuntimeError(f"only {len(node_ids)} nodes connected; min-replies={settings.min_replies}")
-    num_features, num_classes = dataset_shape(settings)
+    num_features, num_classes = DATASET_SHAPES[settings.dataset]
+    division = parse_division(settings.label_division, len(node_ids), num_classes)
     notes: list[str] = []
-    server_data = meta = None
+    server_data = None
     if settings.evaluate_on_server:
-        server_data, meta, notes = load_server_data(settings, len(node_ids))
+        log(INFO, "Loading %s on the server (pooled train for Global, test set, public "
+            "sample)", settings.dataset)
+        server_data, meta, notes = load_server_data(settings, division)
     else:
-        parse_division(settings.label_division, len(node_ids), num_classes)
-        meta = {"name": settings.dataset, "num_nodes": len(node_ids),
+        meta = {"name": settings.dataset, "num_nodes": len(node_ids), "label_division": division,
                 "num_features": num_features, "num_classes": num_classes}
     for note in notes:
         log(WARNING, note)

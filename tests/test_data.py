@@ -528,3 +528,14 @@ def test_import_does_not_load_flwr_datasets():
     root = Path(__file__).resolve().parents[1]
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=root, check=True)
     assert out.stdout.split() == ["False", "False"]
+
+
+def test_dataset_shapes_table_matches_the_loaded_data():
+    from gems_fl.data import DATASET_NAMES, DATASET_SHAPES
+
+    splits = load_dataset("digits", seed=0)
+    assert DATASET_SHAPES["digits"] == (splits.num_features, splits.num_classes)
+    assert set(DATASET_SHAPES) == set(DATASET_NAMES)
+    if os.path.exists("/usr/share/datasets/fashion-mnist"):
+        fm = load_dataset("fashion-mnist", seed=0)
+        assert DATASET_SHAPES["fashion-mnist"] == (fm.num_features, fm.num_classes)

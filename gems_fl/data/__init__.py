@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from gems_fl.data.datasets import (
     DATASET_NAMES,
+    DATASET_SHAPES,
     DEFAULT_FASHION_MNIST_DIR,
     DatasetSplits,
     clear_dataset_cache,
@@ -29,6 +30,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "DATASET_NAMES",
+    "DATASET_SHAPES",
     "DEFAULT_FASHION_MNIST_DIR",
     "DatasetSplits",
     "LabelDivisionPartitioner",

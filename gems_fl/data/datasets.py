@@ -19,6 +19,10 @@ import numpy as np
 from gems_fl.data.idx import read_idx
 
 DATASET_NAMES = ("digits", "fashion-mnist", "mnist")
+
+# (num_features, num_classes) of each dataset, known without its files: a server that
+# holds no data still checks every reply's shapes against the model.
+DATASET_SHAPES = {"digits": (64, 10), "fashion-mnist": (784, 10), "mnist": (784, 10)}
 DEFAULT_FASHION_MNIST_DIR = "/usr/share/datasets/fashion-mnist"
 NUM_CLASSES = 10
 
