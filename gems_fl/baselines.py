@@ -11,7 +11,7 @@ bar). All of them need data that only a simulation's server holds.
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from logging import INFO
 
 import numpy as np
@@ -23,6 +23,8 @@ from gems_fl.settings import Settings
 from gems_fl.train import accuracy, fine_tune, train_until_converged
 
 ROW_NAMES = ("Global", "Local", "Averaged", "GEMS", "GEMS tuned", "Raw", "Raw converged")
+NN_ROW_NAMES = ("Global", "Local", "Averaged", "Ensemble", "GEMS", "GEMS tuned", "Raw",
+                "Raw converged")
 
 
 @dataclass
@@ -36,6 +38,7 @@ class ServerData:
     public_x: np.ndarray  # drawn from data that no node used
     public_y: np.ndarray
     num_classes: int
+    node_parts: list = field(default_factory=list)  # (x_tr, y_tr, x_val, y_val) per node
 
 
 def draw_public_sample(
@@ -102,6 +105,6 @@ def evaluate_rows(
     return rows
 
 
-def skipped_rows(reason: str) -> dict[str, dict[str, object]]:
+def skipped_rows(reason: str, names: tuple[str, ...] = ROW_NAMES) -> dict[str, dict[str, object]]:
     """Every row marked as not computed, with the reason."""
-    return {name: {"accuracy": None, "skipped": reason} for name in ROW_NAMES}
+    return {name: {"accuracy": None, "skipped": reason} for name in names}

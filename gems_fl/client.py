@@ -12,10 +12,11 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
-from flwr.app import Context, Message
+from flwr.app import Context, Message, RecordDict
 
 from gems_fl import wire
 from gems_fl.data import load_dataset, node_data, parse_division
+from gems_fl.client_nn import hidden_layer_spaces, output_layer_space, round_seed
 from gems_fl.fisher import diagonal_fisher, fisher_axes
 from gems_fl.models import build_model, model_to_vector, vector_to_state
 from gems_fl.radius import RadiusResult, search_radius
@@ -85,6 +86,30 @@ def build_local_space(
     )
 
 
+def _layer_round_reply(
+    msg: Message, settings: Settings, num_classes: int, data: tuple, seed: int
+) -> RecordDict:
+    """One round of the layer-wise protocol (see :mod:`gems_fl.client_nn`)."""
+    round_index = int(msg.content.config_records[wire.CONFIG_KEY][wire.ROUND_KEY])
+    fixed = wire.decode_layers(msg.content)
+    x_tr, y_tr, x_val, y_val = data
+    seed = round_seed(seed, round_index)
+    if len(fixed) < len(settings.hidden_widths):
+        spaces = hidden_layer_spaces(x_tr, y_tr, x_val, y_val, num_classes, settings, fixed, seed)
+        logger.info("round %d: layer %d, %d neurons, median radius %.4g", round_index,
+                    len(fixed) + 1, len(spaces.radius), float(np.median(spaces.radius)))
+        return wire.encode_neuron_reply(
+            spaces.weight, spaces.bias, spaces.radius, num_train_examples=len(y_tr),
+            num_val_examples=len(y_val), local_val_accuracy=spaces.val_accuracy)
+    space, val_acc = output_layer_space(x_tr, y_tr, x_val, y_val, num_classes, settings, fixed, seed)
+    fan_in = fixed[-1][0].shape[0]
+    to_state = lambda v: vector_to_state(v, fan_in, num_classes)  # noqa: E731
+    return wire.encode_reply(
+        to_state(space.center), None if space.axes is None else to_state(space.axes),
+        radius=space.radius, num_train_examples=len(y_tr), num_val_examples=len(y_val),
+        local_val_accuracy=val_acc)
+
+
 def handle_train(msg: Message, context: Context) -> Message:
     """Flower ``train`` handler: data -> local model -> good-enough space -> reply."""
     settings = Settings.from_run_config(wire.decode_config(msg.content))
@@ -94,6 +119,10 @@ def handle_train(msg: Message, context: Context) -> Message:
     splits = load_dataset(settings.dataset, seed=settings.seed, data_dir=data_dir)
     division = parse_division(settings.label_division, num_partitions, splits.num_classes)
     x_tr, y_tr, x_val, y_val = node_data(splits, division, partition_id, settings.seed)
+    if settings.model == "mlp":
+        content = _layer_round_reply(msg, settings, splits.num_classes,
+                                     (x_tr, y_tr, x_val, y_val), node_seed(settings.seed, partition_id))
+        return Message(content=content, reply_to=msg)
     local = build_local_space(
         x_tr, y_tr, x_val, y_val, splits.num_classes, settings,
         seed=node_seed(settings.seed, partition_id),

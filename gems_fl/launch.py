@@ -148,12 +148,14 @@ class LocalSuperLink:
             return "(no log)"
         return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
 
-    def flwr(self, *args: str, stream: bool = False) -> subprocess.CompletedProcess[str] | str:
-        """Run a ``flwr`` CLI command against this SuperLink."""
-        cmd = ["flwr", *args]
-        if not stream:
-            return subprocess.run(cmd, env=self.env, capture_output=True, text=True, check=False)
-        proc = subprocess.Popen(cmd, env=self.env, stdout=subprocess.PIPE,
+    def flwr(self, *args: str) -> subprocess.CompletedProcess[str]:
+        """Run a ``flwr`` CLI command against this SuperLink and capture its output."""
+        return subprocess.run(["flwr", *args], env=self.env, capture_output=True, text=True,
+                              check=False)
+
+    def flwr_streamed(self, *args: str) -> str:
+        """Run a ``flwr`` CLI command, echoing its output live; return that output."""
+        proc = subprocess.Popen(["flwr", *args], env=self.env, stdout=subprocess.PIPE,
                                 stderr=subprocess.STDOUT, text=True, bufsize=1)
         captured = []
         assert proc.stdout is not None
@@ -190,9 +192,9 @@ def run_app(
         overrides_file = workdir / "run-config.toml"
         overrides_file.write_text(tomli_w.dumps(overrides))
         with LocalSuperLink(workdir) as link:
-            out = link.flwr("run", str(app), CONNECTION, "--stream",
-                            "--run-config", str(overrides_file),
-                            "--federation-config", f"num-supernodes={num_nodes}", stream=True)
+            out = link.flwr_streamed("run", str(app), CONNECTION, "--stream",
+                                     "--run-config", str(overrides_file),
+                                     "--federation-config", f"num-supernodes={num_nodes}")
             match = re.search(r"Successfully started run (\d+)", out)
             if not match:
                 raise RunFailed(f"`flwr run` did not start a run:\n{out[-3000:]}")

@@ -55,3 +55,45 @@ def load_vector(model: nn.Module, vector: np.ndarray) -> nn.Module:
 def model_from_vector(vector: np.ndarray, num_features: int, num_classes: int) -> nn.Module:
     """A fresh logistic model holding ``vector``."""
     return load_vector(build_model("logistic", num_features, num_classes), vector)
+
+
+def parse_hidden(spec: str) -> list[int]:
+    """``"100,50"`` -> ``[100, 50]``: hidden layer widths of the MLP."""
+    try:
+        widths = [int(part) for part in str(spec).split(",") if part.strip()]
+    except ValueError:
+        raise ValueError(f"hidden={spec!r} must be comma-separated positive integers, e.g. '100,50'") from None
+    if not widths or any(w < 1 for w in widths):
+        raise ValueError(f"hidden={spec!r} must list at least one positive width, e.g. '50'")
+    return widths
+
+
+class MLP(nn.Module):
+    """ReLU MLP with dropout after every hidden layer; ``hidden[j]`` is ``nn.Linear``.
+
+    ``features(x, upto=j)`` returns the input of hidden layer ``j`` (0-based), i.e. the
+    activations of layer ``j - 1`` (dropout off in eval mode), which is what the
+    per-neuron spaces of layer ``j`` are measured on.
+    """
+
+    def __init__(self, num_features: int, widths: list[int], num_classes: int, dropout: float = 0.5) -> None:
+        super().__init__()
+        dims = [num_features, *widths]
+        self.hidden = nn.ModuleList(nn.Linear(a, b) for a, b in zip(dims[:-1], dims[1:]))
+        self.output = nn.Linear(dims[-1], num_classes)
+        self.dropout = nn.Dropout(dropout)
+
+    def features(self, x: torch.Tensor, upto: int | None = None) -> torch.Tensor:
+        """Activations after the first ``upto`` hidden layers (all when ``None``)."""
+        layers = self.hidden if upto is None else self.hidden[:upto]
+        for layer in layers:
+            x = self.dropout(torch.relu(layer(x)))
+        return x
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.output(self.features(x))
+
+
+def count_parameters(model: nn.Module) -> int:
+    """Number of scalar parameters."""
+    return int(sum(p.numel() for p in model.parameters()))

@@ -8,13 +8,22 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import torch
 from flwr.app import ArrayRecord, Context
 from flwr.common.logger import log
 from flwr.serverapp import Grid
 
-from gems_fl.baselines import ServerData, draw_public_sample, evaluate_rows, skipped_rows
+from gems_fl.baselines import (
+    NN_ROW_NAMES,
+    ServerData,
+    draw_public_sample,
+    evaluate_rows,
+    skipped_rows,
+)
+from gems_fl.baselines_nn import evaluate_nn_rows, first_layer_matches, reproduce_local_models
+from gems_fl.layerwise import LayerwiseGEMS
 from gems_fl.data import DATASET_SHAPES, load_dataset, node_data, parse_division
-from gems_fl.models import param_shapes, vector_to_state
+from gems_fl.models import MLP, param_shapes, vector_to_state
 from gems_fl.results import print_results, write_results
 from gems_fl.settings import Settings, SettingsError
 from gems_fl.strategy import GEMS
@@ -50,6 +59,7 @@ def load_server_data(
         train_x=np.concatenate([p[0] for p in parts]), train_y=np.concatenate([p[1] for p in parts]),
         test_x=splits.test_x, test_y=splits.test_y,
         public_x=public_x, public_y=public_y, num_classes=splits.num_classes,
+        node_parts=parts,
     )
     meta = {
         "name": settings.dataset, "num_nodes": num_nodes, "label_division": division,
@@ -62,8 +72,25 @@ def load_server_data(
     return data, meta, notes
 
 
+def assemble_mlp(
+    layers: list[tuple[np.ndarray, np.ndarray]], output: np.ndarray, num_features: int,
+    num_classes: int, settings: Settings,
+) -> MLP:
+    """The aggregated MLP: merged hidden layers and the intersected output layer."""
+    model = MLP(num_features, [w.shape[0] for w, _ in layers], num_classes, settings.dropout)
+    state = {}
+    for i, (weight, bias) in enumerate(layers):
+        state[f"hidden.{i}.weight"] = torch.as_tensor(weight, dtype=torch.float32)
+        state[f"hidden.{i}.bias"] = torch.as_tensor(bias, dtype=torch.float32)
+    out = vector_to_state(output, layers[-1][0].shape[0], num_classes)
+    state["output.weight"] = torch.as_tensor(out["weight"], dtype=torch.float32)
+    state["output.bias"] = torch.as_tensor(out["bias"], dtype=torch.float32)
+    model.load_state_dict(state)
+    return model
+
+
 def run_server(grid: Grid, context: Context) -> dict[str, Any]:
-    """Run one convex GEMS aggregation and write its results; returns them."""
+    """Run GEMS (convex, or layer-wise for ``model='mlp'``), write the results, return them."""
     t0 = time.perf_counter()
     try:
         settings = Settings.from_run_config(context.run_config)
@@ -86,20 +113,42 @@ def run_server(grid: Grid, context: Context) -> dict[str, Any]:
     for note in notes:
         log(WARNING, note)
 
-    strategy = GEMS(settings, param_shapes(num_features, num_classes))
+    layerwise = settings.model == "mlp"
+    if layerwise:
+        strategy = LayerwiseGEMS(settings, num_features, num_classes)
+    else:
+        strategy = GEMS(settings, param_shapes(num_features, num_classes))
     t_round = time.perf_counter()
-    strategy.start(grid=grid, initial_arrays=ArrayRecord(), num_rounds=1)
+    strategy.start(grid=grid, initial_arrays=ArrayRecord(),
+                   num_rounds=strategy.num_rounds if layerwise else 1)
     round_s = time.perf_counter() - t_round
     outcome = strategy.outcome
     inter = outcome.intersection
-    centers = [r.space.center for r in outcome.accepted]
-
-    if server_data is not None:
-        log(INFO, "Evaluating Global, Local, Averaged, GEMS, GEMS tuned and Raw on the test set")
-        rows = evaluate_rows(centers, inter.point, server_data, settings)
+    extra: dict[str, Any] = {}
+    skip_reason = "evaluate-on-server=false: the server holds no training, test or public data"
+    if layerwise:
+        gems_model = assemble_mlp(strategy.layers, inter.point, num_features, num_classes, settings)
+        model_state = {k: v.detach().numpy() for k, v in gems_model.state_dict().items()}
+        extra["rounds"] = strategy.round_reports()
+        extra["excluded_nodes"] = {str(k): v for k, v in strategy.excluded.items()}
+        extra["hidden_widths"] = [w.shape[0] for w, _ in strategy.layers]
+        if server_data is not None:
+            log(INFO, "Retraining each node's local MLP on the server for the Local, "
+                "Averaged and Ensemble rows")
+            local_models = reproduce_local_models(settings, server_data.node_parts, num_classes)
+            extra["local_models_match_sent_layers"] = first_layer_matches(
+                local_models, strategy.first_layer_centers)
+            rows = evaluate_nn_rows(local_models, gems_model, server_data, settings)
+        else:
+            rows = skipped_rows(skip_reason, NN_ROW_NAMES)
     else:
-        rows = skipped_rows("evaluate-on-server=false: the server holds no training, "
-                            "test or public data")
+        model_state = vector_to_state(inter.point, num_features, num_classes)
+        if server_data is not None:
+            log(INFO, "Evaluating Global, Local, Averaged, GEMS, GEMS tuned and Raw on the test set")
+            rows = evaluate_rows([r.space.center for r in outcome.accepted], inter.point,
+                                 server_data, settings)
+        else:
+            rows = skipped_rows(skip_reason)
     for reply in outcome.accepted:
         if reply.space.radius == 0.0:
             notes.append(f"node {reply.node_id}: local validation accuracy "
@@ -123,9 +172,10 @@ def run_server(grid: Grid, context: Context) -> dict[str, Any]:
         "rejected": outcome.rejected,
         "notes": notes,
         "timing_s": {"round": round_s, "total": time.perf_counter() - t0},
+        **extra,
     }
     folder = Path(settings.output_dir).expanduser().resolve() / f"run-{context.run_id}"
-    path = write_results(results, folder, vector_to_state(inter.point, num_features, num_classes))
+    path = write_results(results, folder, model_state)
     print_results(results)
     log(INFO, "Results written to %s", path)
     return results

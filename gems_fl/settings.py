@@ -11,11 +11,14 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, fields
 from typing import Any, Mapping
 
+from gems_fl.models import parse_hidden
 from gems_fl.intersect import FALLBACKS as NO_INTERSECTION_FALLBACKS
 from gems_fl.spaces import SPACE_KINDS
 
 DATASETS = ("digits", "fashion-mnist", "mnist")
-MODELS = ("logistic",)
+MODELS = ("logistic", "mlp")
+NEURON_CRITERIA = ("rms", "paper")
+TUNE_LAYERS = ("last", "all")
 
 
 class SettingsError(ValueError):
@@ -30,12 +33,18 @@ class Settings:
     data_dir: str = ""
     label_division: str = "paper"
     model: str = "logistic"
+    hidden: str = "50"
+    dropout: float = 0.5
     space: str = "ellipsoid"
     eps: float = 0.4
     num_directions: int = 500
     r_max: float = 4000.0
     delta: float = 0.01
     ellipsoid_c: float = 0.1
+    eps_neuron: float = 0.1
+    neuron_criterion: str = "rms"
+    neuron_delta: float = 1.0
+    clusters: int = 75
     seed: int = 0
     local_lr: float = 0.001
     batch_size: int = 32
@@ -44,6 +53,7 @@ class Settings:
     public_samples: int = 1000
     tune_epochs: int = 5
     tune_lr: float = 0.001
+    tune_layers: str = "last"
     min_replies: int = 2
     no_intersection: str = "min-penalty"
     evaluate_on_server: bool = True
@@ -54,6 +64,17 @@ class Settings:
         _choice("model", self.model, MODELS)
         _choice("space", self.space, SPACE_KINDS)
         _choice("no-intersection", self.no_intersection, NO_INTERSECTION_FALLBACKS)
+        _choice("neuron-criterion", self.neuron_criterion, NEURON_CRITERIA)
+        _choice("tune-layers", self.tune_layers, TUNE_LAYERS)
+        try:
+            parse_hidden(self.hidden)
+        except ValueError as exc:
+            raise SettingsError(str(exc)) from None
+        if not 0.0 <= self.dropout < 1.0:
+            raise SettingsError(f"dropout={self.dropout} must be in [0, 1)")
+        _positive("eps-neuron", self.eps_neuron)
+        _positive("neuron-delta", self.neuron_delta)
+        _positive("clusters", self.clusters)
         _in_range("eps", self.eps, 0.0, 1.0, "a target accuracy between 0 and 1")
         _positive("num-directions", self.num_directions)
         _positive("r-max", self.r_max)
@@ -100,6 +121,11 @@ class Settings:
                 continue
             kwargs[field.name] = _coerce(key, run_config[key], field.default)
         return cls(**kwargs)
+
+    @property
+    def hidden_widths(self) -> list[int]:
+        """Configured hidden widths of the MLP (``hidden`` parsed)."""
+        return parse_hidden(self.hidden)
 
     def to_config(self) -> dict[str, Any]:
         """Settings as a flat ``{key: value}`` dict with ``pyproject.toml`` keys."""

@@ -75,7 +75,10 @@ def _run_epochs(
         raise ValueError("cannot train on an empty set")
     xt, yt = _tensors(x, y)
     gen = torch.Generator().manual_seed(seed)
-    opt = torch.optim.Adam(model.parameters(), lr=lr)
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    if not trainable:
+        raise ValueError("the model has no trainable parameters")
+    opt = torch.optim.Adam(trainable, lr=lr)
     loss_fn = nn.CrossEntropyLoss()
     report = TrainReport(stopped_by="max-epochs")
     best_acc, best_loss, since_best = -1.0, float("inf"), 0

@@ -27,6 +27,10 @@ from gems_fl.models import state_to_vector
 from gems_fl.spaces import Space
 
 CONFIG_KEY = "config"
+LAYERS_KEY = "layers"
+NEURONS_KEY = "neurons"
+ROUND_KEY = "gems-round"
+NEURON_METRIC_KEYS = ("num-train-examples", "num-val-examples", "local-val-accuracy")
 CENTER_KEY = "center"
 AXES_KEY = "axes"
 METRICS_KEY = "metrics"
@@ -40,6 +44,62 @@ class ReplyError(ValueError):
 def encode_config(config: dict[str, Any]) -> RecordDict:
     """The server's train instruction: all run settings in one ConfigRecord."""
     return RecordDict({CONFIG_KEY: ConfigRecord(dict(config))})
+
+
+def encode_layer_round(config: dict[str, Any], round_index: int, layers: list[tuple[np.ndarray, np.ndarray]]) -> RecordDict:
+    """Layer-wise protocol, server -> client: settings, round, aggregated layers so far."""
+    arrays = {}
+    for i, (weight, bias) in enumerate(layers):
+        arrays[f"hidden.{i}.weight"] = weight
+        arrays[f"hidden.{i}.bias"] = bias
+    return RecordDict({
+        CONFIG_KEY: ConfigRecord({**config, ROUND_KEY: round_index}),
+        LAYERS_KEY: array_record(arrays),
+    })
+
+
+def decode_layers(content: RecordDict) -> list[tuple[np.ndarray, np.ndarray]]:
+    """The aggregated hidden layers carried by a layer-wise train message."""
+    record = content.array_records.get(LAYERS_KEY)
+    if record is None:
+        raise ValueError(f"layer-wise train message has no '{LAYERS_KEY}' ArrayRecord")
+    layers = []
+    for i in range(len(record.keys()) // 2):
+        layers.append((record[f"hidden.{i}.weight"].numpy(), record[f"hidden.{i}.bias"].numpy()))
+    return layers
+
+
+def encode_neuron_reply(
+    weight: np.ndarray, bias: np.ndarray, radius: np.ndarray, *,
+    num_train_examples: int, num_val_examples: int, local_val_accuracy: float,
+) -> RecordDict:
+    """Layer-wise reply: one ball per neuron (rows of ``[weight | bias]``, ``radius``)."""
+    return RecordDict({
+        NEURONS_KEY: array_record({"weight": weight, "bias": bias, "radius": radius}),
+        METRICS_KEY: MetricRecord({
+            "num-train-examples": int(num_train_examples),
+            "num-val-examples": int(num_val_examples),
+            "local-val-accuracy": float(local_val_accuracy),
+        }),
+    })
+
+
+def decode_neuron_reply(
+    content: RecordDict, width: int, fan_in: int
+) -> tuple[np.ndarray, np.ndarray, dict[str, float]]:
+    """Validate a layer-wise reply: ``(centers (width, fan_in + 1), radii, metrics)``."""
+    expected = {NEURONS_KEY, METRICS_KEY}
+    present = set(content.keys())
+    if present != expected:
+        raise ReplyError(f"reply records {sorted(present)}: missing {sorted(expected - present)}, "
+                         f"unexpected {sorted(present - expected)}")
+    shapes = {"weight": (width, fan_in), "bias": (width,), "radius": (width,)}
+    state = _read_state(content, NEURONS_KEY, shapes)
+    if np.any(state["radius"] < 0):
+        raise ReplyError("'neurons.radius' has negative entries")
+    metrics = _read_metrics(content, NEURON_METRIC_KEYS)
+    centers = np.concatenate([state["weight"], state["bias"][:, None]], axis=1).astype(np.float64)
+    return centers, state["radius"].astype(np.float64), metrics
 
 
 def decode_config(content: RecordDict) -> dict[str, Any]:
@@ -129,21 +189,21 @@ def _read_state(content: RecordDict, key: str, shapes: dict[str, tuple[int, ...]
     return state
 
 
-def _read_metrics(content: RecordDict) -> dict[str, float]:
+def _read_metrics(content: RecordDict, keys: tuple[str, ...] = METRIC_KEYS) -> dict[str, float]:
     record = content.metric_records.get(METRICS_KEY)
     if record is None:
         raise ReplyError(f"'{METRICS_KEY}' is not a MetricRecord")
-    if set(record.keys()) != set(METRIC_KEYS):
-        missing = sorted(set(METRIC_KEYS) - set(record.keys()))
-        extra = sorted(set(record.keys()) - set(METRIC_KEYS))
+    if set(record.keys()) != set(keys):
+        missing = sorted(set(keys) - set(record.keys()))
+        extra = sorted(set(record.keys()) - set(keys))
         raise ReplyError(f"'{METRICS_KEY}' keys: missing {missing}, unexpected {extra}")
     metrics = {}
-    for key in METRIC_KEYS:
+    for key in keys:
         value = record[key]
         if isinstance(value, list) or isinstance(value, bool) or not math.isfinite(value):
             raise ReplyError(f"metric '{key}'={value!r} is not a finite number")
         metrics[key] = float(value)
-    if metrics["radius"] < 0:
+    if metrics.get("radius", 0.0) < 0:
         raise ReplyError(f"radius={metrics['radius']} is negative")
     if not 0.0 <= metrics["local-val-accuracy"] <= 1.0:
         raise ReplyError(f"local-val-accuracy={metrics['local-val-accuracy']} is outside [0, 1]")

@@ -1,0 +1,120 @@
+"""A node's work in the layer-wise (MLP) protocol: one round per hidden layer, then one.
+
+Round ``j <= L``: insert the aggregated layers ``1..j-1`` frozen, (re)train the layers
+above, and describe every neuron of layer ``j`` by a good-enough ball over its
+``[incoming weights; bias]``. Round ``L + 1``: train the output layer on top of all
+aggregated hidden layers and describe it by a convex ball or ellipsoid.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from gems_fl.fisher import diagonal_fisher, fisher_axes
+from gems_fl.models import MLP
+from gems_fl.neurons import neuron_radii
+from gems_fl.radius import search_radius
+from gems_fl.settings import Settings
+from gems_fl.spaces import Space
+from gems_fl.train import accuracy, train_until_converged
+
+Layer = tuple[np.ndarray, np.ndarray]  # (weight (out, in), bias (out,))
+
+
+def round_seed(seed: int, round_index: int) -> int:
+    """Seed of one node's training in one round."""
+    return seed + 1_000_003 * round_index
+
+
+def build_partial_mlp(
+    num_features: int, num_classes: int, settings: Settings, fixed: list[Layer], seed: int
+) -> MLP:
+    """An MLP whose first ``len(fixed)`` hidden layers are the given frozen layers.
+
+    The layers above take their configured widths and a fresh (seeded) initialisation,
+    since their input width is whatever the server's aggregation decided.
+    """
+    widths = [w.shape[0] for w, _ in fixed] + settings.hidden_widths[len(fixed):]
+    torch.manual_seed(seed)
+    model = MLP(num_features, widths, num_classes, settings.dropout)
+    for layer, (weight, bias) in zip(model.hidden, fixed):
+        layer.weight.data = torch.as_tensor(weight, dtype=torch.float32).clone()
+        layer.bias.data = torch.as_tensor(bias, dtype=torch.float32).clone()
+        layer.weight.requires_grad_(False)
+        layer.bias.requires_grad_(False)
+    return model
+
+
+def train_local_mlp(
+    x: np.ndarray, y: np.ndarray, num_classes: int, settings: Settings, fixed: list[Layer],
+    seed: int, *, output_only: bool = False,
+) -> MLP:
+    """Build the round's model and train it (Adam, until training accuracy converges)."""
+    model = build_partial_mlp(x.shape[1], num_classes, settings, fixed, seed)
+    if output_only:
+        for layer in model.hidden:
+            layer.requires_grad_(False)
+    train_until_converged(
+        model, x, y, lr=settings.local_lr, batch_size=settings.batch_size,
+        max_epochs=settings.local_max_epochs, patience=settings.local_patience, seed=seed,
+    )
+    return model
+
+
+@torch.no_grad()
+def layer_inputs(model: MLP, x: np.ndarray, layer_index: int) -> np.ndarray:
+    """Inputs of hidden layer ``layer_index`` (0-based) on ``x``, dropout off."""
+    model.eval()
+    return model.features(torch.as_tensor(x, dtype=torch.float32), upto=layer_index).double().numpy()
+
+
+@dataclass
+class NeuronSpaces:
+    """Layer ``j``'s neurons as balls: rows ``[weight | bias]`` and one radius each."""
+
+    weight: np.ndarray
+    bias: np.ndarray
+    radius: np.ndarray
+    val_accuracy: float
+
+
+def hidden_layer_spaces(
+    x_tr: np.ndarray, y_tr: np.ndarray, x_val: np.ndarray, y_val: np.ndarray,
+    num_classes: int, settings: Settings, fixed: list[Layer], seed: int,
+) -> NeuronSpaces:
+    """Round ``len(fixed) + 1``: train, then per-neuron radii of the next hidden layer."""
+    model = train_local_mlp(x_tr, y_tr, num_classes, settings, fixed, seed)
+    j = len(fixed)
+    z = layer_inputs(model, x_val, j)
+    layer = model.hidden[j]
+    weight = layer.weight.detach().double().numpy()
+    bias = layer.bias.detach().double().numpy()
+    radii = neuron_radii(
+        weight, bias, z, eps=settings.eps_neuron, num_directions=settings.num_directions,
+        r_max=settings.r_max, delta=settings.neuron_delta, seed=seed,
+        criterion=settings.neuron_criterion,
+    ).radii
+    return NeuronSpaces(weight, bias, np.asarray(radii, dtype=np.float64),
+                        accuracy(model, x_val, y_val))
+
+
+def output_layer_space(
+    x_tr: np.ndarray, y_tr: np.ndarray, x_val: np.ndarray, y_val: np.ndarray,
+    num_classes: int, settings: Settings, fixed: list[Layer], seed: int,
+) -> tuple[Space, float]:
+    """Final round: train the output layer on frozen hidden layers; its convex space."""
+    model = train_local_mlp(x_tr, y_tr, num_classes, settings, fixed, seed, output_only=True)
+    feats = layer_inputs(model, x_val, len(fixed))
+    center = np.concatenate([model.output.weight.detach().double().numpy(),
+                             model.output.bias.detach().double().numpy()[:, None]], axis=1)
+    axes = None
+    if settings.space == "ellipsoid":
+        axes = fisher_axes(diagonal_fisher(center, feats), settings.ellipsoid_c)
+    search = search_radius(
+        center, feats, y_val, eps=settings.eps, num_directions=settings.num_directions,
+        r_max=settings.r_max, delta=settings.delta, seed=seed, axes=axes,
+    )
+    return Space(center.reshape(-1), search.radius, axes), accuracy(model, x_val, y_val)

@@ -1,0 +1,211 @@
+"""The layer-wise GEMS Flower strategy for MLPs: one round per hidden layer, then one.
+
+Round ``j <= L``: every active node gets the settings and the aggregated layers
+``1..j-1``; it replies one ball per neuron of its layer ``j``. The server clusters all
+neurons of all nodes (k-means, ``clusters`` = m_eps), merges groups whose balls share a
+verified point (:func:`gems_fl.layer_merge.merge_layer`) and keeps the rest, which fixes
+the aggregated width ``H'_j``. Round ``L + 1``: the output layer on top of the
+aggregated hidden layers comes back as a convex ball or ellipsoid and is intersected as
+in the convex protocol. A node whose reply is rejected in some round takes no part in
+later rounds.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from logging import INFO, WARNING
+from typing import Any
+
+import numpy as np
+from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
+from flwr.common.logger import log
+from flwr.serverapp import Grid
+from flwr.serverapp.strategy import Strategy
+
+from gems_fl import wire
+from gems_fl.intersect import find_intersection
+from gems_fl.layer_merge import merge_layer
+from gems_fl.settings import Settings
+from gems_fl.strategy import ConvexOutcome, NodeReply, NotEnoughRepliesError
+
+Layer = tuple[np.ndarray, np.ndarray]
+
+
+def content_bytes(content: RecordDict) -> int:
+    """Bytes of a message's records, counted as Flower's ``count_bytes`` does.
+
+    ConfigRecords are counted here (keys plus 8 bytes per number, 1 per bool, the
+    length of strings) because flwr 1.42's ``ConfigRecord.count_bytes`` raises on an
+    empty string value such as ``data-dir=""``.
+    """
+    total = 0
+    for record in content.values():
+        if isinstance(record, ConfigRecord):
+            total += sum(len(k) + _config_value_bytes(v) for k, v in record.items())
+        else:
+            total += record.count_bytes()
+    return int(total)
+
+
+def _config_value_bytes(value: Any) -> int:
+    if isinstance(value, list):
+        return sum(_config_value_bytes(v) for v in value)
+    if isinstance(value, bool):
+        return 1
+    if isinstance(value, (str, bytes)):
+        return len(value)
+    return 8
+
+
+@dataclass
+class LayerRound:
+    """What one round did."""
+
+    round: int
+    layer: int | None  # hidden layer index (1-based); None for the output round
+    nodes: list[int]
+    width: int | None = None
+    merge: dict[str, Any] = field(default_factory=dict)
+    bytes_sent: int = 0
+    bytes_received: int = 0
+    wall_s: float = 0.0
+    rejected: list[dict[str, object]] = field(default_factory=list)
+
+
+class LayerwiseGEMS(Strategy):
+    """GEMS for MLPs: per-neuron spaces, k-means intersection, one round per layer."""
+
+    def __init__(self, settings: Settings, num_features: int, num_classes: int) -> None:
+        self.settings = settings
+        self.num_features = num_features
+        self.num_classes = num_classes
+        self.widths = settings.hidden_widths
+        self.layers: list[Layer] = []
+        self.rounds: list[LayerRound] = []
+        self.excluded: dict[int, str] = {}
+        self.outcome: ConvexOutcome | None = None
+        self.first_layer_centers: list[np.ndarray] = []
+        self._t0 = 0.0
+
+    @property
+    def num_rounds(self) -> int:
+        """Hidden layers plus the output layer."""
+        return len(self.widths) + 1
+
+    def summary(self) -> None:
+        """Log the strategy's settings."""
+        s = self.settings
+        log(INFO, "\t├── MLP hidden widths %s, %d rounds", self.widths, self.num_rounds)
+        log(INFO, "\t├── neurons: eps_j=%s (%s), m_eps=%d clusters", s.eps_neuron,
+            s.neuron_criterion, s.clusters)
+        log(INFO, "\t└── output layer: %s, eps=%s", s.space, s.eps)
+
+    def configure_train(
+        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
+    ) -> Iterable[Message]:
+        """Settings plus the aggregated layers so far, to every node still taking part."""
+        self._t0 = time.perf_counter()
+        nodes = [n for n in sorted(grid.get_node_ids()) if n not in self.excluded]
+        layer = server_round if server_round <= len(self.widths) else None
+        self.rounds.append(LayerRound(server_round, layer, nodes))
+        content = wire.encode_layer_round(self.settings.to_config(), server_round, self.layers)
+        self.rounds[-1].bytes_sent = content_bytes(content) * len(nodes)
+        return [Message(content=content, message_type=MessageType.TRAIN, dst_node_id=n,
+                        group_id=str(server_round)) for n in nodes]
+
+    def aggregate_train(
+        self, server_round: int, replies: Iterable[Message]
+    ) -> tuple[ArrayRecord | None, MetricRecord | None]:
+        """Merge one hidden layer, or intersect the output layer in the last round."""
+        record = self.rounds[-1]
+        replies = list(replies)
+        record.bytes_received = sum(content_bytes(r.content) for r in replies if not r.has_error())
+        if record.layer is not None:
+            self._merge_hidden(record, replies)
+        else:
+            self._intersect_output(record, replies)
+        record.wall_s = time.perf_counter() - self._t0
+        arrays = {}
+        for i, (w, b) in enumerate(self.layers):
+            arrays[f"hidden.{i}.weight"], arrays[f"hidden.{i}.bias"] = w, b
+        return wire.array_record(arrays), MetricRecord({"width": int(record.width or 0)})
+
+    def _accept(self, record: LayerRound, replies: list[Message], decode) -> list[tuple[int, Any]]:  # noqa: ANN001
+        accepted, seen = [], set()
+        for reply in replies:
+            node = reply.metadata.src_node_id
+            seen.add(node)
+            try:
+                if reply.has_error():
+                    raise wire.ReplyError(f"client error {reply.error.code}: {reply.error.reason}")
+                accepted.append((node, decode(reply.content)))
+            except wire.ReplyError as exc:
+                self._reject(record, node, str(exc))
+        for node in record.nodes:
+            if node not in seen:
+                self._reject(record, node, "no reply")
+        if len(accepted) < self.settings.min_replies:
+            raise NotEnoughRepliesError(
+                f"round {record.round}: only {len(accepted)} valid replies; "
+                f"min-replies={self.settings.min_replies}")
+        # Canonical order: independent of random node ids and arrival order.
+        accepted.sort(key=lambda item: _content_key(item[1]))
+        return accepted
+
+    def _reject(self, record: LayerRound, node: int, reason: str) -> None:
+        log(WARNING, "Round %d: rejected reply from node %d: %s; it takes no part in "
+            "later rounds", record.round, node, reason)
+        record.rejected.append({"node_id": node, "reason": reason})
+        self.excluded[node] = f"round {record.round}: {reason}"
+
+    def _merge_hidden(self, record: LayerRound, replies: list[Message]) -> None:
+        j = record.layer - 1
+        fan_in = self.num_features if j == 0 else self.layers[-1][0].shape[0]
+        accepted = self._accept(
+            record, replies, lambda c: wire.decode_neuron_reply(c, self.widths[j], fan_in))
+        node_neurons = [(centers, radii) for _, (centers, radii, _) in accepted]
+        if j == 0:
+            self.first_layer_centers = [centers for centers, _ in node_neurons]
+        merged = merge_layer(node_neurons, num_clusters=self.settings.clusters,
+                             seed=self.settings.seed)
+        self.layers.append((merged.weights[:, :-1].copy(), merged.weights[:, -1].copy()))
+        record.width = merged.width
+        record.merge = merged.to_dict()
+        log(INFO, "Layer %d: %d nodes x %d neurons -> width %d (%d merged groups, %d kept "
+            "alone)", record.layer, len(accepted), self.widths[j], merged.width,
+            merged.num_intersected_groups, merged.num_kept_alone)
+
+    def _intersect_output(self, record: LayerRound, replies: list[Message]) -> None:
+        fan_in = self.layers[-1][0].shape[0]
+        shapes = {"weight": (self.num_classes, fan_in), "bias": (self.num_classes,)}
+        accepted = self._accept(
+            record, replies, lambda c: wire.decode_reply(c, shapes, self.settings.space))
+        nodes = [NodeReply(node, space, metrics) for node, (space, metrics) in accepted]
+        result = find_intersection([n.space for n in nodes], fallback=self.settings.no_intersection,
+                                   seed=self.settings.seed)
+        self.outcome = ConvexOutcome(accepted=nodes, rejected=record.rejected, intersection=result)
+        record.width = self.num_classes
+        log(INFO if result.found else WARNING, "Output layer: intersection %s (%s)",
+            "found" if result.found else "NOT found", result.method)
+
+    def configure_evaluate(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
+                           grid: Grid) -> Iterable[Message]:
+        """Evaluation happens on the server."""
+        return []
+
+    def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]) -> MetricRecord | None:
+        """Nothing to aggregate."""
+        return None
+
+    def round_reports(self) -> list[dict[str, Any]]:
+        """JSON-friendly per-round records."""
+        return [r.__dict__.copy() for r in self.rounds]
+
+
+def _content_key(decoded: Any) -> str:
+    first = decoded[0]
+    array = first.center if hasattr(first, "center") else first
+    return hashlib.sha256(np.ascontiguousarray(array).tobytes()).hexdigest()

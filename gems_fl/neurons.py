@@ -1,0 +1,467 @@
+"""Good-enough radius search for every hidden neuron of one layer (paper section 3.2).
+
+Hidden layer ``j`` computes ``relu(Z W^T + b)`` on its inputs ``Z`` (``N`` validation
+samples, ``d_in`` features). Neuron ``h`` owns the parameter vector ``w_h = [W_h ; b_h]``
+of length ``D = d_in + 1``. A perturbed neuron ``w_h + r u`` (``u`` a unit direction) is
+*good enough* (``Q_neuron = 1``) when its outputs on the ``N`` inputs stay close to the
+original ones::
+
+    dev(r, u) = norm(relu(a + r s) - relu(a)) / denom <= eps_j
+    a = Za w_h,   s = Za u,   Za = [Z, 1]
+
+with ``denom = sqrt(N)`` for ``criterion="rms"`` (root-mean-square deviation, the
+default; see DESIGN.md section 3) and ``denom = N`` for ``criterion="paper"`` (the
+paper's eq. 3 and the authors' code, whose tolerance grows with ``sqrt(N)``: the paper
+criterion at ``eps`` is exactly the rms criterion at ``eps * sqrt(N)``).
+
+Why one bisection per neuron is exact per direction: for ``r >= 0`` every term
+``|relu(a_n + r s_n) - relu(a_n)|`` is nondecreasing in ``r``, so ``dev(., u)`` is
+monotone and the set of good radii along ``u`` is an interval ``[0, r*(u)]``. A neuron
+passes at ``r`` iff all its ``p`` directions pass, which is again an interval, so the
+bisection (test ``r_max`` first, then halve ``[lower, upper]`` down to width ``delta``)
+returns the largest tested radius below the sampled critical radius.
+
+How the work is batched
+-----------------------
+* Directions: ``p`` independent unit directions per neuron, ``(H, p, D)``, drawn once
+  per search from ``torch.Generator().manual_seed(seed)`` (:func:`neuron_directions`
+  returns exactly these). The search never normalises them: it keeps the raw Gaussian
+  draws ``g`` and folds ``1 / ||g||`` into the radius (``r u = (r / ||g||) g``).
+* One matrix product ``S = G @ Za^T`` of shape ``(H p, N)`` (the transpose of
+  ``Za @ U^T``) gives every slope ``s`` of every neuron along every direction; row
+  ``h p + k`` only involves neuron ``h``'s own direction ``k``. ``a = Z W^T + b`` is
+  computed once.
+* With ``c = min(a, 0)`` and ``m = -relu(a)`` (precomputed), the output change is
+  ``relu(a + r s) - relu(a) = max(r s + c, m)``: per element one fused multiply-add, one
+  max and a square-sum (``addcmul``, ``maximum``, ``vector_norm``), all in place on a
+  ``(neurons, chunk, N)`` buffer small enough to stay in cache.
+* Each bisection step tests every undecided neuron at its own midpoint. A neuron fails
+  as soon as one direction fails, so each step first re-tests every neuron's *witness*
+  (the direction with the largest deviation at its previous test), then evaluates the
+  remaining neurons chunk by chunk over directions, dropping neurons as soon as they
+  fail. A pass is always certified by evaluating all ``p`` directions.
+
+Floating point
+--------------
+The default ``dtype=torch.float32`` halves the cost of the matrix product and of the
+per-step passes compared with float64. Every pass/fail decision is taken on the float32
+deviations, upcast to float64 and compared with ``eps`` (so no rounding of ``eps`` to
+float32). The returned radius is one that the search itself tested and passed with that
+arithmetic; ``max_deviation_at_radius`` are those very numbers (``<= eps``).
+:func:`neuron_deviations` runs the same kernel (same dtype, same direction handling:
+directions are normalised internally by ``1 / ||u||`` folded into the radius), so
+``neuron_deviations(..., neuron_directions(..., normalize=False), radii)`` re-checks the
+guarantee with the search's arithmetic. Re-evaluating in float64 can differ by float32
+rounding (relative ~1e-6); pass ``dtype=torch.float64`` to search in float64 instead.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+CRITERIA = ("rms", "paper")
+
+# Rows (neuron-direction pairs) per call to the random generator. It fixes the random
+# stream (so the search and :func:`neuron_directions` agree for any ``chunk``) and
+# bounds the memory of the raw draws: each block is multiplied and dropped.
+_DRAW_BLOCK = 4096
+
+# Default size of the ``(neurons, chunk, N)`` work buffer, in bytes.
+_CHUNK_BYTES = 2 << 20
+
+
+@dataclass(frozen=True)
+class NeuronRadii:
+    """Outcome of one per-neuron radius search for a layer of ``H`` neurons.
+
+    Attributes
+    ----------
+    radii : (H,) float64
+        Per neuron, the largest radius that was tested and at which all ``p`` sampled
+        directions kept ``dev <= eps`` (``r_max`` when saturated, 0 when only the
+        center passes; the center always passes since its deviation is 0).
+    max_deviation_at_radius : (H,) float64
+        The largest deviation over the ``p`` directions at the returned radius, as the
+        search computed it (0 for a zero radius). Always ``<= eps``.
+    saturated : (H,) bool
+        ``radii == r_max`` (the first test, at ``r_max``, passed).
+    steps : int
+        Radii tested per non-saturated neuron (the test at ``r_max`` included); 1 when
+        every neuron saturated.
+    evaluations : int
+        Neuron-direction deviations evaluated in total (at most ``steps * H * p``; less
+        because a failing neuron stops at its first failing direction).
+    criterion : str
+        ``"rms"`` or ``"paper"``.
+    dtype : str
+        Arithmetic of the search (``"float32"`` or ``"float64"``).
+    """
+
+    radii: np.ndarray
+    max_deviation_at_radius: np.ndarray
+    saturated: np.ndarray
+    steps: int
+    evaluations: int
+    criterion: str
+    dtype: str
+
+
+def _deviation_denominator(num_samples: int, criterion: str) -> float:
+    if criterion == "rms":
+        return math.sqrt(num_samples)
+    if criterion == "paper":
+        return float(num_samples)
+    raise ValueError(f"criterion must be one of {CRITERIA}, got {criterion!r}")
+
+
+def _check_dtype(dtype: torch.dtype) -> torch.dtype:
+    if dtype not in (torch.float32, torch.float64):
+        raise ValueError(f"dtype must be torch.float32 or torch.float64, got {dtype!r}")
+    return dtype
+
+
+def _as_array(name: str, value, ndim: int) -> np.ndarray:
+    if isinstance(value, torch.Tensor):
+        value = value.detach().cpu().numpy()
+    arr = np.asarray(value, dtype=np.float64)
+    if arr.ndim != ndim:
+        raise ValueError(f"{name} must be {ndim}-dimensional, got shape {arr.shape}")
+    if not np.all(np.isfinite(arr)):
+        raise ValueError(f"{name} contains NaN or infinite values")
+    return arr
+
+
+def _check_layer(weight, bias, inputs) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    w = _as_array("W", weight, 2)
+    b = _as_array("b", bias, 1)
+    z = _as_array("Z", inputs, 2)
+    if w.shape[0] == 0:
+        raise ValueError("W has no neurons (shape (0, d_in))")
+    if b.shape[0] != w.shape[0]:
+        raise ValueError(f"b has shape {b.shape}; expected ({w.shape[0]},) for W of shape {w.shape}")
+    if z.shape[1] != w.shape[1]:
+        raise ValueError(
+            f"Z has shape {z.shape}; expected (N, {w.shape[1]}) to match W of shape {w.shape} "
+            "(Z holds the layer's inputs, W is (neurons, inputs))"
+        )
+    if z.shape[0] == 0:
+        raise ValueError("Z is empty: the neuron criterion needs validation inputs")
+    return w, b, z
+
+
+def _draw_blocks(num_rows: int, dim: int, seed: int):
+    """The search's random stream: float32 Gaussian rows in blocks of ``_DRAW_BLOCK``.
+
+    Yields ``(start, stop, block)``; ``block`` is a reused buffer (filling fresh memory
+    costs more in page faults than drawing the numbers), valid until the next one.
+    """
+    gen = torch.Generator().manual_seed(int(seed))
+    buf = torch.empty(min(_DRAW_BLOCK, num_rows) * dim, dtype=torch.float32)
+    for start in range(0, num_rows, _DRAW_BLOCK):
+        stop = min(start + _DRAW_BLOCK, num_rows)
+        yield start, stop, buf[: (stop - start) * dim].view(stop - start, dim).normal_(generator=gen)
+
+
+def neuron_directions(
+    num_neurons: int, num_directions: int, dim: int, seed: int, *, normalize: bool = True
+) -> torch.Tensor:
+    """The ``(H, p, dim)`` directions that :func:`neuron_radii` draws for ``seed``.
+
+    ``normalize=True`` gives float64 unit vectors; ``normalize=False`` gives the raw
+    float32 Gaussian draws the search multiplies (it normalises through the radius).
+    Both describe the same directions.
+    """
+    rows = num_neurons * num_directions
+    out = torch.empty(rows, dim, dtype=torch.float64 if normalize else torch.float32)
+    for start, stop, g in _draw_blocks(rows, dim, seed):
+        out[start:stop] = g
+    if normalize:
+        out /= torch.linalg.vector_norm(out, dim=1, keepdim=True)
+    return out.reshape(num_neurons, num_directions, dim)
+
+
+class _Layer:
+    """Everything one layer's deviation kernel needs, in the kernel's dtype.
+
+    ``slopes``: ``(H, p, N)`` with ``slopes[h, k] = Za g_hk`` for the (unnormalised)
+    direction ``g_hk``; ``inv_norm``: ``(H, p)`` float64 ``1 / ||g_hk||``;
+    ``shift = min(a, 0)`` and ``floor = -relu(a)``, ``(H, N)``.
+    """
+
+    def __init__(self, w: np.ndarray, b: np.ndarray, z: np.ndarray, dtype: torch.dtype):
+        self.dtype = dtype
+        self.num_samples = z.shape[0]
+        a = torch.as_tensor(z @ w.T + b).T  # (H, N), float64
+        self.shift = a.clamp(max=0.0).to(dtype).contiguous()
+        self.floor = (-a.clamp(min=0.0)).to(dtype).contiguous()
+        za = np.concatenate([z, np.ones((z.shape[0], 1))], axis=1)
+        self.za_t = torch.as_tensor(za.T, dtype=dtype).contiguous()  # (D, N)
+
+    def set_directions(self, blocks, num_neurons: int, num_directions: int) -> None:
+        rows = num_neurons * num_directions
+        slopes = torch.empty(rows, self.num_samples, dtype=self.dtype)
+        inv_norm = torch.empty(rows, dtype=torch.float64)
+        for start, stop, g in blocks:
+            g = g.to(self.dtype)
+            inv_norm[start:stop] = 1.0 / torch.linalg.vector_norm(g, dim=1, dtype=torch.float64)
+            torch.mm(g, self.za_t, out=slopes[start:stop])
+        if not torch.all(torch.isfinite(inv_norm)):
+            raise ValueError("a direction has zero norm")
+        self.slopes = slopes.view(num_neurons, num_directions, self.num_samples)
+        self.inv_norm = inv_norm.view(num_neurons, num_directions)
+
+
+def _default_chunk(num_neurons: int, num_samples: int, dtype: torch.dtype) -> int:
+    per_direction = num_neurons * num_samples * torch.finfo(dtype).bits // 8
+    return max(1, _CHUNK_BYTES // max(per_direction, 1))
+
+
+def _norms(slopes, scale, shift, floor, buf) -> torch.Tensor:
+    """``||max(scale * slopes + shift, floor)||`` over the last axis.
+
+    ``slopes`` ``(B, c, N)``, ``scale`` ``(B, c, 1)``, ``shift``/``floor`` ``(B, 1, N)``;
+    returns ``(B, c)``. ``buf`` is reused as the work area.
+    """
+    out = buf[: slopes.numel()].view(slopes.shape)
+    torch.addcmul(shift, slopes, scale, out=out)  # r s + min(a, 0)
+    torch.maximum(out, floor, out=out)  # = relu(a + r s) - relu(a)
+    return torch.linalg.vector_norm(out, dim=2)
+
+
+class _Evaluator:
+    """Deviations of subsets of neurons at per-neuron radii, chunked over directions."""
+
+    def __init__(self, layer: _Layer, criterion: str, chunk: int):
+        self.layer = layer
+        self.denom = _deviation_denominator(layer.num_samples, criterion)
+        num_neurons, num_directions, num_samples = layer.slopes.shape
+        self.chunk = max(1, min(int(chunk), num_directions))
+        self.buf = torch.empty(num_neurons * self.chunk * num_samples, dtype=layer.dtype)
+        self.evaluations = 0
+
+    def _scale(self, neurons: torch.Tensor, radii: torch.Tensor, cols) -> torch.Tensor:
+        inv = self.layer.inv_norm[neurons, cols] if cols is not None else self.layer.inv_norm[neurons]
+        return (radii.view(-1, *([1] * (inv.dim() - 1))) * inv).to(self.layer.dtype)
+
+    def witness(self, neurons: torch.Tensor, radii: torch.Tensor, directions: torch.Tensor):
+        """Deviation ``(B,)`` float64 of neuron ``neurons[i]`` along ``directions[i]``."""
+        lay = self.layer
+        slopes = lay.slopes[neurons, directions].unsqueeze(1)  # (B, 1, N)
+        scale = self._scale(neurons, radii, directions).view(-1, 1, 1)
+        norms = _norms(slopes, scale, lay.shift[neurons].unsqueeze(1),
+                       lay.floor[neurons].unsqueeze(1), self.buf)
+        self.evaluations += len(neurons)
+        return norms.view(-1).to(torch.float64) / self.denom
+
+    def full(self, neurons: torch.Tensor, radii: torch.Tensor, eps: float | None):
+        """Max deviation over all directions and its argmax, per neuron ``(B,)``.
+
+        With ``eps`` set, a neuron stops being evaluated at the first chunk where it
+        exceeds ``eps`` (its max is then over the chunks seen, and already > eps).
+        """
+        lay = self.layer
+        num_neurons, num_directions, _ = lay.slopes.shape
+        count = len(neurons)
+        everyone = count == num_neurons and bool(torch.all(neurons == torch.arange(num_neurons)))
+        best = torch.zeros(count, dtype=torch.float64)
+        arg = torch.zeros(count, dtype=torch.long)
+        scale_all = self._scale(neurons, radii, None).unsqueeze(2)  # (B, p, 1)
+        shift_all = lay.shift[neurons].unsqueeze(1)
+        floor_all = lay.floor[neurons].unsqueeze(1)
+        live = torch.arange(count)
+        for start in range(0, num_directions, self.chunk):
+            stop = min(start + self.chunk, num_directions)
+            if everyone and len(live) == count:  # views, no copies
+                slopes = lay.slopes[:, start:stop]
+                scale, shift, floor = scale_all[:, start:stop], shift_all, floor_all
+            else:
+                rows = neurons[live]
+                slopes = lay.slopes[rows, start:stop]
+                scale = scale_all[live, start:stop]
+                shift, floor = shift_all[live], floor_all[live]
+            dev = _norms(slopes, scale, shift, floor, self.buf).to(torch.float64) / self.denom
+            self.evaluations += dev.numel()
+            cmax, carg = dev.max(dim=1)
+            better = cmax > best[live]
+            best[live[better]] = cmax[better]
+            arg[live[better]] = carg[better] + start
+            if eps is not None:
+                live = live[best[live] <= eps]
+                if len(live) == 0:
+                    break
+        return best, arg
+
+    def all_deviations(self, radii: torch.Tensor) -> torch.Tensor:
+        """``(H, p)`` float64 deviations of every neuron along every direction."""
+        lay = self.layer
+        num_neurons, num_directions, _ = lay.slopes.shape
+        out = torch.empty(num_neurons, num_directions, dtype=torch.float64)
+        scale_all = self._scale(torch.arange(num_neurons), radii, None).unsqueeze(2)
+        shift, floor = lay.shift.unsqueeze(1), lay.floor.unsqueeze(1)
+        for start in range(0, num_directions, self.chunk):
+            stop = min(start + self.chunk, num_directions)
+            norms = _norms(lay.slopes[:, start:stop], scale_all[:, start:stop], shift, floor, self.buf)
+            out[:, start:stop] = norms.to(torch.float64) / self.denom
+        return out
+
+
+def neuron_deviations(
+    W,
+    b,
+    Z,
+    directions,
+    radii,
+    criterion: str = "rms",
+    *,
+    dtype: torch.dtype = torch.float64,
+    chunk: int | None = None,
+) -> np.ndarray:
+    """Deviation of every neuron along each of its directions at its radius: ``(H, p)``.
+
+    Entry ``[h, k]`` is ``norm(relu(Za (w_h + radii[h] u)) - relu(Za w_h)) / denom`` with
+    ``u = directions[h, k] / ||directions[h, k]||`` (directions need not be unit; they
+    are normalised like the search does, through the radius), ``w_h = [W_h; b_h]`` and
+    ``denom = sqrt(N)`` (``"rms"``) or ``N`` (``"paper"``). Computed with the same
+    kernel as :func:`neuron_radii`; ``dtype=torch.float32`` reproduces its arithmetic.
+
+    Parameters
+    ----------
+    W : (H, d_in) incoming weights; b : (H,) biases; Z : (N, d_in) layer inputs.
+    directions : (H, p, d_in + 1) directions over ``[W_h ; b_h]``.
+    radii : (H,) nonnegative radius per neuron, or a scalar for all.
+    """
+    w, bias, z = _check_layer(W, b, Z)
+    _deviation_denominator(1, criterion)
+    dtype = _check_dtype(dtype)
+    num_neurons, dim = w.shape[0], w.shape[1] + 1
+    if isinstance(directions, torch.Tensor):
+        dirs = directions.detach().cpu()
+    else:
+        dirs = torch.as_tensor(np.asarray(directions))
+    if dirs.dim() != 3 or dirs.shape[0] != num_neurons or dirs.shape[2] != dim or dirs.shape[1] == 0:
+        raise ValueError(
+            f"directions has shape {tuple(dirs.shape)}; expected (H, p, d_in + 1) = "
+            f"({num_neurons}, p >= 1, {dim})"
+        )
+    if not torch.all(torch.isfinite(dirs)):
+        raise ValueError("directions contain NaN or infinite values")
+    r = np.broadcast_to(np.asarray(radii, dtype=np.float64), (num_neurons,))
+    if not np.all(np.isfinite(r)) or np.any(r < 0):
+        raise ValueError(f"radii must be finite and >= 0 with shape ({num_neurons},) or scalar")
+    num_directions = dirs.shape[1]
+    flat = dirs.reshape(-1, dim)
+    blocks = (
+        (s, min(s + _DRAW_BLOCK, len(flat)), flat[s : s + _DRAW_BLOCK])
+        for s in range(0, len(flat), _DRAW_BLOCK)
+    )
+    layer = _Layer(w, bias, z, dtype)
+    layer.set_directions(blocks, num_neurons, num_directions)
+    chunk = _default_chunk(num_neurons, z.shape[0], dtype) if chunk is None else _check_chunk(chunk)
+    ev = _Evaluator(layer, criterion, chunk)
+    return ev.all_deviations(torch.as_tensor(r.copy())).numpy()
+
+
+def _check_chunk(chunk) -> int:
+    if int(chunk) != chunk or chunk < 1:
+        raise ValueError(f"chunk must be a positive integer, got {chunk!r}")
+    return int(chunk)
+
+
+def neuron_radii(
+    W,
+    b,
+    Z,
+    *,
+    eps: float,
+    num_directions: int,
+    r_max: float,
+    delta: float,
+    seed: int,
+    criterion: str = "rms",
+    chunk: int | None = None,
+    dtype: torch.dtype = torch.float32,
+) -> NeuronRadii:
+    """Good-enough radius of every neuron of a ReLU layer (batched bisection).
+
+    For each neuron ``h`` with parameters ``w_h = [W_h ; b_h]``: the largest tested
+    radius ``R_h`` such that all ``p`` sampled unit directions ``u`` give
+    ``dev(w_h + R_h u) <= eps`` (see the module docstring for ``dev``). Bisection over
+    ``[0, r_max]`` down to width ``delta``; ``r_max`` is tested first (a pass returns
+    ``r_max``). Every step tests all undecided neurons at once, each at its own midpoint.
+
+    Parameters
+    ----------
+    W : (H, d_in) incoming weights of the layer's neurons.
+    b : (H,) biases.
+    Z : (N, d_in) the layer's inputs on the node's validation data (the outputs of
+        layer ``j - 1``, or the raw features for the first hidden layer).
+    eps : tolerance ``eps_j > 0`` on the output deviation.
+    num_directions : ``p``, directions per neuron (independent across neurons).
+    r_max, delta : bisection range and stopping width (both > 0).
+    seed : seeds the directions (see :func:`neuron_directions`).
+    criterion : ``"rms"`` (default) or ``"paper"``.
+    chunk : directions per block of the ``(H, chunk, N)`` work buffer; default keeps it
+        near 2 MiB. Does not change the result.
+    dtype : arithmetic of the search; float32 (default) or float64.
+    """
+    w, bias, z = _check_layer(W, b, Z)
+    denom = _deviation_denominator(z.shape[0], criterion)
+    del denom
+    dtype = _check_dtype(dtype)
+    if not (math.isfinite(eps) and eps > 0):
+        raise ValueError(f"eps must be a finite number > 0, got {eps!r}")
+    if int(num_directions) != num_directions or num_directions < 1:
+        raise ValueError(f"num_directions must be a positive integer, got {num_directions!r}")
+    if not (math.isfinite(r_max) and r_max > 0):
+        raise ValueError(f"r_max must be a finite number > 0, got {r_max!r}")
+    if not (math.isfinite(delta) and delta > 0):
+        raise ValueError(f"delta must be a finite number > 0, got {delta!r}")
+    chunk = _default_chunk(w.shape[0], z.shape[0], dtype) if chunk is None else _check_chunk(chunk)
+    num_neurons, dim, p = w.shape[0], w.shape[1] + 1, int(num_directions)
+    eps, r_max, delta = float(eps), float(r_max), float(delta)
+
+    layer = _Layer(w, bias, z, dtype)
+    layer.set_directions(_draw_blocks(num_neurons * p, dim, seed), num_neurons, p)
+    ev = _Evaluator(layer, criterion, chunk)
+
+    lower = torch.zeros(num_neurons, dtype=torch.float64)
+    upper = torch.full((num_neurons,), r_max, dtype=torch.float64)
+    dev_at_lower = torch.zeros(num_neurons, dtype=torch.float64)
+    witness = torch.zeros(num_neurons, dtype=torch.long)
+    active = torch.arange(num_neurons)
+    steps = 0
+    saturated = torch.zeros(num_neurons, dtype=torch.bool)
+    while len(active):
+        radii = upper[active].clone() if steps == 0 else 0.5 * (lower[active] + upper[active])
+        steps += 1
+        # A neuron fails as soon as one direction fails: try the likeliest one first.
+        fails = ev.witness(active, radii, witness[active]) > eps
+        rest = ~fails
+        passes = torch.zeros(len(active), dtype=torch.bool)
+        if rest.any():
+            best, arg = ev.full(active[rest], radii[rest], eps)
+            ok = best <= eps
+            idx = rest.nonzero().view(-1)
+            passes[idx[ok]] = True
+            witness[active[rest]] = arg
+            dev_at_lower[active[idx[ok]]] = best[ok]
+        lower[active[passes]] = radii[passes]
+        upper[active[~passes]] = radii[~passes]
+        if steps == 1:
+            saturated[active[passes]] = True
+            active = active[~passes]
+        active = active[(upper[active] - lower[active]) > delta]
+
+    return NeuronRadii(
+        radii=lower.numpy().copy(),
+        max_deviation_at_radius=dev_at_lower.numpy().copy(),
+        saturated=saturated.numpy().copy(),
+        steps=steps,
+        evaluations=ev.evaluations,
+        criterion=criterion,
+        dtype=str(dtype).removeprefix("torch."),
+    )

@@ -1,0 +1,89 @@
+"""The layer-wise (MLP) protocol through the real ServerApp/ClientApp code."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from flwr.app import Message
+
+from gems_fl import wire
+from gems_fl.baselines import NN_ROW_NAMES
+from tests.helpers import ROOT, run_in_process
+
+MLP_FAST = {"model": "mlp", "hidden": "12,8", "num-directions": 20, "clusters": 6,
+            "eps-neuron": 0.5}
+
+
+def test_two_hidden_layers_one_round_per_layer_plus_output(tmp_path):
+    seen: list[tuple[int, tuple]] = []
+
+    def hook(reply: Message) -> Message:
+        content = reply.content
+        if wire.NEURONS_KEY in content:
+            seen.append((int(reply.metadata.group_id), content[wire.NEURONS_KEY]["weight"].numpy().shape))
+        else:
+            seen.append((int(reply.metadata.group_id), content[wire.CENTER_KEY]["weight"].numpy().shape))
+        return reply
+
+    results = run_in_process(3, tmp_path, reply_hook=hook, **MLP_FAST)
+    rounds = results["rounds"]
+    assert [r["round"] for r in rounds] == [1, 2, 3]
+    assert [r["layer"] for r in rounds] == [1, 2, None]
+    widths = results["hidden_widths"]
+    assert widths == [rounds[0]["width"], rounds[1]["width"]]
+    # Every client built its layers on the server's widths: fan-in of round j+1 == H'_j.
+    assert {shape for rnd, shape in seen if rnd == 1} == {(12, 64)}
+    assert {shape for rnd, shape in seen if rnd == 2} == {(8, widths[0])}
+    assert {shape for rnd, shape in seen if rnd == 3} == {(10, widths[1])}
+    for r in rounds:
+        assert r["bytes_sent"] > 0 and r["bytes_received"] > 0 and r["wall_s"] > 0
+    # Round 2 sends the aggregated first layer down: more bytes than round 1's settings.
+    assert rounds[1]["bytes_sent"] > rounds[0]["bytes_sent"]
+    assert list(results["rows"]) == list(NN_ROW_NAMES)
+    assert results["rows"]["GEMS"]["hidden_widths"] == widths
+    assert results["local_models_match_sent_layers"] is True
+    assert results["rows"]["Ensemble"]["parameters"] == 3 * results["rows"]["Local"]["parameters"]
+
+
+def test_node_rejected_in_a_round_takes_no_part_later(tmp_path):
+    def hook(reply: Message) -> Message:
+        if reply.metadata.src_node_id == 1001 and reply.metadata.group_id == "1":
+            radius = reply.content[wire.NEURONS_KEY]["radius"].numpy().copy()
+            radius[0] = np.nan
+            from flwr.app import Array
+
+            reply.content[wire.NEURONS_KEY]["radius"] = Array(radius)
+        return reply
+
+    results = run_in_process(3, tmp_path, reply_hook=hook, **MLP_FAST)
+    first, second, final = results["rounds"]
+    assert [r["node_id"] for r in first["rejected"]] == [1001]
+    assert 1001 not in second["nodes"] and 1001 not in final["nodes"]
+    assert "1001" in results["excluded_nodes"]
+    assert len(results["nodes"]) == 2
+
+
+def test_layerwise_run_is_deterministic(tmp_path):
+    a = run_in_process(2, tmp_path / "a", **{**MLP_FAST, "hidden": "10"})
+    b = run_in_process(2, tmp_path / "b", **{**MLP_FAST, "hidden": "10"})
+    assert a["rows"] == b["rows"] and a["hidden_widths"] == b["hidden_widths"]
+
+
+@pytest.mark.slow
+def test_two_hidden_layer_flwr_simulation(tmp_path):
+    cfg = " ".join(f"{k}={v!r}" if isinstance(v, str) else f"{k}={v}" for k, v in MLP_FAST.items())
+    proc = subprocess.run(
+        [sys.executable, "-m", "gems_fl.cli", "run", str(ROOT), "--nodes", "3",
+         "--run-config", cfg, "--output-dir", str(tmp_path)],
+        capture_output=True, text=True, timeout=900, check=False,
+    )
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    (path,) = tmp_path.glob("run-*/results.json")
+    results = json.loads(path.read_text())
+    assert [r["layer"] for r in results["rounds"]] == [1, 2, None]
+    assert results["local_models_match_sent_layers"] is True
+    assert "Ensemble" in proc.stdout
