@@ -17,7 +17,12 @@ MODEL_FILE = "gems_model.npz"
 def format_table(results: dict[str, Any]) -> Table:
     """A rich table of test accuracy per row (skipped rows show the reason)."""
     meta = results["dataset"]
-    title = (f"GEMS ({results['settings']['space']}, eps={results['settings']['eps']}) on "
+    cfg = results["settings"]
+    model = "logistic"
+    if cfg.get("model") == "mlp":
+        model = (f"MLP hidden {cfg['hidden']} -> aggregated {results.get('hidden_widths')}, "
+                 f"eps_j={cfg['eps-neuron']}, m_eps={cfg['clusters']}")
+    title = (f"GEMS {model}, output {cfg['space']} eps={cfg['eps']}, on "
              f"{meta['name']}, {meta['num_nodes']} nodes")
     table = Table(title=title)
     table.add_column("Row")
@@ -32,6 +37,8 @@ def format_table(results: dict[str, Any]) -> Table:
             inter = results["intersection"]
             note = ("h_G verified inside every space" if inter["found"]
                     else f"NO INTERSECTION: fallback '{inter['method']}'")
+        if "parameters" in row and name in ("Ensemble", "GEMS"):
+            note = f"{note}; {row['parameters']} parameters".lstrip("; ")
         table.add_row(name, "-" if acc is None else f"{acc:.4f}", note)
     return table
 
@@ -47,6 +54,14 @@ def markdown_table(results: dict[str, Any]) -> str:
     radii = ", ".join(f"{n['radius']:.4g}" for n in results["nodes"])
     lines.append("")
     lines.append(f"Intersection {found}; node radii: {radii}.")
+    for r in results.get("rounds", []):
+        if r["layer"] is not None:
+            merge = r["merge"]
+            lines.append(f"Layer {r['layer']}: width {r['width']} ({merge['num_intersected_groups']} "
+                         f"merged groups, {merge['num_kept_alone']} kept alone); "
+                         f"{r['bytes_sent']} bytes down, {r['bytes_received']} up.")
+        else:
+            lines.append(f"Output round: {r['bytes_sent']} bytes down, {r['bytes_received']} up.")
     return "\n".join(lines)
 
 
