@@ -7,11 +7,13 @@ Prints a table and writes benchmarks/out/neuron_radius.json. The layer is the hi
 layer of a 784-100-10 ReLU MLP trained for one epoch (Adam, lr 1e-3, batch 32) on 10000
 Fashion-MNIST training images; Z is the first N = 1000 validation images (random
 uniform data when /usr/share/datasets/fashion-mnist is missing). The authors' values:
-p = 500 directions per neuron, delta = 1.0, r_max = 4000; eps = 0.1.
+p = 500 directions per neuron, delta = 1.0, r_max = 4000; eps = 0.1. Cases run in
+interleaved rounds; the table shows medians and every run.
 
 The "bare matmul floor" is one [Z, 1] @ U^T of shape (1000 x 785) @ (785 x 50000) in
 float32, the product the search performs once (it computes the transpose U @ [Z,1]^T,
-timed too). "draws" is the time to draw the 50000 x 785 Gaussian directions alone.
+timed too). "draws" is the time to draw the 50000 x 785 Gaussian directions alone, and
+"bisection only" the search after its product (both are parts of the search's time).
 """
 
 from __future__ import annotations
@@ -29,7 +31,9 @@ import torch
 from rich.console import Console
 from rich.table import Table
 
+from gems_fl import neurons
 from gems_fl.neurons import neuron_directions, neuron_radii
+from gems_fl.train import single_thread
 
 OUT = Path(__file__).resolve().parent / "out"
 FASHION = Path("/usr/share/datasets/fashion-mnist")
@@ -37,13 +41,18 @@ H, N, P = 100, 1000, 500
 SEARCH = dict(num_directions=P, r_max=4000.0, delta=1.0, seed=1)
 
 
-def _median_time(fn, repeats: int) -> tuple[float, list[float]]:
-    times = []
+def _interleaved_times(cases: dict, repeats: int) -> dict[str, list[float]]:
+    """Wall times of every case, in rounds (one run of each case per round), so that a
+    change of machine load during the benchmark hits every case alike."""
+    for fn in cases.values():
+        fn()  # warm-up
+    times: dict[str, list[float]] = {name: [] for name in cases}
     for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times), times
+        for name, fn in cases.items():
+            t0 = time.perf_counter()
+            fn()
+            times[name].append(time.perf_counter() - t0)
+    return times
 
 
 def _layer() -> tuple[np.ndarray, np.ndarray, np.ndarray, str]:
@@ -82,20 +91,32 @@ def run(repeats: int, eps: float, with_float64: bool) -> dict:
     u_t = u.T.contiguous()
     za_t = za.T.contiguous()
 
+    def draws():
+        for _ in neurons._draw_blocks(H * P, 785, seed=1):
+            pass
+
+    # The bisection alone, on a layer whose product is done (private API: a breakdown).
+    layer = neurons._Layer(w, b, z, torch.float32)
+    layer.set_directions(neurons._draw_blocks(H * P, 785, seed=1), H, P)
+
+    def bisection(criterion: str):
+        with single_thread():
+            neurons._bisect(neurons._Evaluator(layer, criterion, None), eps, 4000.0, 1.0)
+
     cases = {
-        "draws (50000 x 785 Gaussians)": lambda: neuron_directions(H, P, 785, seed=1, normalize=False),
+        "draws (50000 x 785 Gaussians, as the search does)": draws,
         "bare matmul [Z,1] @ U^T (floor)": lambda: za @ u_t,
         "bare matmul U @ [Z,1]^T (search's layout)": lambda: u @ za_t,
         f"search rms eps={eps} (target)": lambda: neuron_radii(w, b, z, eps=eps, **SEARCH),
         f"search paper eps={eps}": lambda: neuron_radii(w, b, z, eps=eps, criterion="paper", **SEARCH),
+        "  of which bisection only, rms": lambda: bisection("rms"),
+        "  of which bisection only, paper": lambda: bisection("paper"),
     }
     if with_float64:
         cases[f"search rms eps={eps} float64"] = lambda: neuron_radii(
             w, b, z, eps=eps, dtype=torch.float64, **SEARCH)
-    seconds, all_times = {}, {}
-    for name, fn in cases.items():
-        fn()  # warm-up
-        seconds[name], all_times[name] = _median_time(fn, repeats)
+    all_times = _interleaved_times(cases, repeats)
+    seconds = {name: statistics.median(ts) for name, ts in all_times.items()}
 
     results = {}
     for crit in ("rms", "paper"):

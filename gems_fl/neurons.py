@@ -37,14 +37,23 @@ How the work is batched
   ``(neurons, chunk, N)`` buffer small enough to stay in cache.
 * Each bisection step tests every undecided neuron at its own midpoint. A neuron fails
   as soon as one direction fails, so each step first re-tests every neuron's *witness*
-  (the direction with the largest deviation at its previous test), then evaluates the
-  remaining neurons chunk by chunk over directions, dropping neurons as soon as they
-  fail. A pass is always certified by evaluating all ``p`` directions.
+  (the direction that deviated most the last time its directions were evaluated, which
+  made it fail if it failed), then evaluates the remaining neurons block by block over
+  directions, dropping each neuron at its first failing block. A pass is always
+  certified on all ``p`` directions. Most tests of a bisection from ``r_max`` down to a
+  small radius fail, so most steps cost one direction per neuron.
+
+Threads
+-------
+The matrix product runs on torch's intra-op threads. The bisection is a stream of
+small ops on cache-sized blocks; it runs on one thread (``train.single_thread``): a
+second thread gains little there, and when the cores were shared with other processes
+OpenMP's barriers made it 8-40x slower on a 2-core machine.
 
 Floating point
 --------------
-The default ``dtype=torch.float32`` halves the cost of the matrix product and of the
-per-step passes compared with float64. Every pass/fail decision is taken on the float32
+The default ``dtype=torch.float32`` roughly halves the cost of the matrix product (the
+dominant cost) and of the per-step passes compared with float64. Every pass/fail decision is taken on the float32
 deviations, upcast to float64 and compared with ``eps`` (so no rounding of ``eps`` to
 float32). The returned radius is one that the search itself tested and passed with that
 arithmetic; ``max_deviation_at_radius`` are those very numbers (``<= eps``).
@@ -63,11 +72,13 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from gems_fl.train import single_thread
+
 CRITERIA = ("rms", "paper")
 
 # Rows (neuron-direction pairs) per call to the random generator. It fixes the random
-# stream (so the search and :func:`neuron_directions` agree for any ``chunk``) and
-# bounds the memory of the raw draws: each block is multiplied and dropped.
+# stream (the search and :func:`neuron_directions` draw the same blocks) and bounds the
+# memory of the raw draws: each block is multiplied, then its buffer is refilled.
 _DRAW_BLOCK = 4096
 
 # Default size of the ``(neurons, chunk, N)`` work buffer, in bytes.
@@ -93,8 +104,9 @@ class NeuronRadii:
         Radii tested per non-saturated neuron (the test at ``r_max`` included); 1 when
         every neuron saturated.
     evaluations : int
-        Neuron-direction deviations evaluated in total (at most ``steps * H * p``; less
-        because a failing neuron stops at its first failing direction).
+        Neuron-direction deviations evaluated in total, witnesses included (at most
+        ``steps * H * (p + 1)``; far fewer in practice because a failing neuron stops at
+        its first failing block of directions).
     criterion : str
         ``"rms"`` or ``"paper"``.
     dtype : str
@@ -175,6 +187,10 @@ def neuron_directions(
     float32 Gaussian draws the search multiplies (it normalises through the radius).
     Both describe the same directions.
     """
+    for name, value in (("num_neurons", num_neurons), ("num_directions", num_directions),
+                        ("dim", dim)):
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+            raise ValueError(f"{name} must be a positive integer, got {value!r}")
     rows = num_neurons * num_directions
     out = torch.empty(rows, dim, dtype=torch.float64 if normalize else torch.float32)
     for start, stop, g in _draw_blocks(rows, dim, seed):
@@ -199,7 +215,7 @@ class _Layer:
         self.shift = a.clamp(max=0.0).to(dtype).contiguous()
         self.floor = (-a.clamp(min=0.0)).to(dtype).contiguous()
         za = np.concatenate([z, np.ones((z.shape[0], 1))], axis=1)
-        self.za_t = torch.as_tensor(za.T, dtype=dtype).contiguous()  # (D, N)
+        self.za = torch.as_tensor(za, dtype=dtype)  # (N, D)
 
     def set_directions(self, blocks, num_neurons: int, num_directions: int) -> None:
         rows = num_neurons * num_directions
@@ -207,104 +223,127 @@ class _Layer:
         inv_norm = torch.empty(rows, dtype=torch.float64)
         for start, stop, g in blocks:
             g = g.to(self.dtype)
-            inv_norm[start:stop] = 1.0 / torch.linalg.vector_norm(g, dim=1, dtype=torch.float64)
-            torch.mm(g, self.za_t, out=slopes[start:stop])
+            inv_norm[start:stop] = 1.0 / torch.linalg.vector_norm(g, dim=1).to(torch.float64)
+            torch.mm(g, self.za.T, out=slopes[start:stop])  # (rows, D) @ (D, N)
         if not torch.all(torch.isfinite(inv_norm)):
             raise ValueError("a direction has zero norm")
         self.slopes = slopes.view(num_neurons, num_directions, self.num_samples)
         self.inv_norm = inv_norm.view(num_neurons, num_directions)
 
 
-def _default_chunk(num_neurons: int, num_samples: int, dtype: torch.dtype) -> int:
-    per_direction = num_neurons * num_samples * torch.finfo(dtype).bits // 8
-    return max(1, _CHUNK_BYTES // max(per_direction, 1))
-
-
-def _norms(slopes, scale, shift, floor, buf) -> torch.Tensor:
+def _norms(slopes, scale, shift, floor, out) -> torch.Tensor:
     """``||max(scale * slopes + shift, floor)||`` over the last axis.
 
     ``slopes`` ``(B, c, N)``, ``scale`` ``(B, c, 1)``, ``shift``/``floor`` ``(B, 1, N)``;
-    returns ``(B, c)``. ``buf`` is reused as the work area.
+    returns ``(B, c)``. ``out`` (same shape as ``slopes``) is the work area.
     """
-    out = buf[: slopes.numel()].view(slopes.shape)
     torch.addcmul(shift, slopes, scale, out=out)  # r s + min(a, 0)
     torch.maximum(out, floor, out=out)  # = relu(a + r s) - relu(a)
     return torch.linalg.vector_norm(out, dim=2)
 
 
 class _Evaluator:
-    """Deviations of subsets of neurons at per-neuron radii, chunked over directions."""
+    """Deviations of subsets of neurons at per-neuron radii, chunked over directions.
 
-    def __init__(self, layer: _Layer, criterion: str, chunk: int):
+    ``chunk=None`` sizes each block of directions so that the ``(neurons, chunk, N)``
+    work buffer holds about ``_CHUNK_BYTES`` for the neurons still being evaluated.
+    """
+
+    def __init__(self, layer: _Layer, criterion: str, chunk: int | None):
         self.layer = layer
         self.denom = _deviation_denominator(layer.num_samples, criterion)
-        num_neurons, num_directions, num_samples = layer.slopes.shape
-        self.chunk = max(1, min(int(chunk), num_directions))
-        self.buf = torch.empty(num_neurons * self.chunk * num_samples, dtype=layer.dtype)
+        self.chunk = chunk
+        self.itemsize = torch.finfo(layer.dtype).bits // 8
+        self.buf = torch.empty(0, dtype=layer.dtype)
         self.evaluations = 0
 
-    def _scale(self, neurons: torch.Tensor, radii: torch.Tensor, cols) -> torch.Tensor:
-        inv = self.layer.inv_norm[neurons, cols] if cols is not None else self.layer.inv_norm[neurons]
-        return (radii.view(-1, *([1] * (inv.dim() - 1))) * inv).to(self.layer.dtype)
+    def _span(self, num_neurons: int) -> int:
+        if self.chunk is not None:
+            return self.chunk
+        return max(1, _CHUNK_BYTES // (num_neurons * self.layer.num_samples * self.itemsize))
+
+    def _work(self, shape) -> torch.Tensor:
+        numel = math.prod(shape)
+        if self.buf.numel() < numel:
+            self.buf = torch.empty(numel, dtype=self.layer.dtype)
+        return self.buf[:numel].view(shape)
+
+    def _scale(self, neurons: torch.Tensor, radii: torch.Tensor, cols=None) -> torch.Tensor:
+        """``r_h / ||g_hk||`` in the kernel dtype: the radius along the raw direction."""
+        if cols is None:
+            return (radii.view(-1, 1) * self.layer.inv_norm[neurons]).to(self.layer.dtype)
+        return (radii * self.layer.inv_norm[neurons, cols]).to(self.layer.dtype)
 
     def witness(self, neurons: torch.Tensor, radii: torch.Tensor, directions: torch.Tensor):
         """Deviation ``(B,)`` float64 of neuron ``neurons[i]`` along ``directions[i]``."""
         lay = self.layer
-        slopes = lay.slopes[neurons, directions].unsqueeze(1)  # (B, 1, N)
+        slopes = lay.slopes[neurons, directions].unsqueeze(1)  # (B, 1, N) copy
         scale = self._scale(neurons, radii, directions).view(-1, 1, 1)
         norms = _norms(slopes, scale, lay.shift[neurons].unsqueeze(1),
-                       lay.floor[neurons].unsqueeze(1), self.buf)
+                       lay.floor[neurons].unsqueeze(1), self._work(slopes.shape))
         self.evaluations += len(neurons)
         return norms.view(-1).to(torch.float64) / self.denom
 
     def full(self, neurons: torch.Tensor, radii: torch.Tensor, eps: float | None):
         """Max deviation over all directions and its argmax, per neuron ``(B,)``.
 
-        With ``eps`` set, a neuron stops being evaluated at the first chunk where it
-        exceeds ``eps`` (its max is then over the chunks seen, and already > eps).
+        With ``eps`` set, a neuron stops being evaluated after the first block of
+        directions where it exceeds ``eps`` (its max is then over the blocks seen,
+        already > eps). A neuron whose max is ``<= eps`` was evaluated on every
+        direction.
         """
         lay = self.layer
-        num_neurons, num_directions, _ = lay.slopes.shape
+        num_neurons, num_directions, num_samples = lay.slopes.shape
         count = len(neurons)
         everyone = count == num_neurons and bool(torch.all(neurons == torch.arange(num_neurons)))
         best = torch.zeros(count, dtype=torch.float64)
         arg = torch.zeros(count, dtype=torch.long)
-        scale_all = self._scale(neurons, radii, None).unsqueeze(2)  # (B, p, 1)
-        shift_all = lay.shift[neurons].unsqueeze(1)
+        scale_all = self._scale(neurons, radii).unsqueeze(2)  # (B, p, 1)
+        shift_all = lay.shift[neurons].unsqueeze(1)  # (B, 1, N)
         floor_all = lay.floor[neurons].unsqueeze(1)
-        live = torch.arange(count)
-        for start in range(0, num_directions, self.chunk):
-            stop = min(start + self.chunk, num_directions)
-            if everyone and len(live) == count:  # views, no copies
+        live = torch.arange(count)  # positions in `neurons` still evaluated
+        rows, scale, shift, floor = neurons, scale_all, shift_all, floor_all
+        views = everyone  # all neurons live: slice the slopes instead of copying
+        start = 0
+        while start < num_directions:
+            stop = min(start + self._span(len(live)), num_directions)
+            if views:
                 slopes = lay.slopes[:, start:stop]
-                scale, shift, floor = scale_all[:, start:stop], shift_all, floor_all
             else:
-                rows = neurons[live]
                 slopes = lay.slopes[rows, start:stop]
-                scale = scale_all[live, start:stop]
-                shift, floor = shift_all[live], floor_all[live]
-            dev = _norms(slopes, scale, shift, floor, self.buf).to(torch.float64) / self.denom
-            self.evaluations += dev.numel()
-            cmax, carg = dev.max(dim=1)
+            norms = _norms(slopes, scale[:, start:stop], shift, floor,
+                           self._work((len(live), stop - start, num_samples)))
+            self.evaluations += norms.numel()
+            # Division by denom is monotone, so the max commutes with it.
+            cmax, carg = norms.max(dim=1)
+            cmax = cmax.to(torch.float64) / self.denom
             better = cmax > best[live]
             best[live[better]] = cmax[better]
             arg[live[better]] = carg[better] + start
+            start = stop
             if eps is not None:
-                live = live[best[live] <= eps]
-                if len(live) == 0:
-                    break
+                keep = best[live] <= eps
+                if not bool(keep.all()):
+                    live = live[keep]
+                    if len(live) == 0:
+                        break
+                    rows, scale = neurons[live], scale_all[live]
+                    shift, floor = shift_all[live], floor_all[live]
+                    views = False
         return best, arg
 
     def all_deviations(self, radii: torch.Tensor) -> torch.Tensor:
         """``(H, p)`` float64 deviations of every neuron along every direction."""
         lay = self.layer
-        num_neurons, num_directions, _ = lay.slopes.shape
+        num_neurons, num_directions, num_samples = lay.slopes.shape
         out = torch.empty(num_neurons, num_directions, dtype=torch.float64)
-        scale_all = self._scale(torch.arange(num_neurons), radii, None).unsqueeze(2)
+        scale_all = self._scale(torch.arange(num_neurons), radii).unsqueeze(2)
         shift, floor = lay.shift.unsqueeze(1), lay.floor.unsqueeze(1)
-        for start in range(0, num_directions, self.chunk):
-            stop = min(start + self.chunk, num_directions)
-            norms = _norms(lay.slopes[:, start:stop], scale_all[:, start:stop], shift, floor, self.buf)
+        span = self._span(num_neurons)
+        for start in range(0, num_directions, span):
+            stop = min(start + span, num_directions)
+            norms = _norms(lay.slopes[:, start:stop], scale_all[:, start:stop], shift, floor,
+                           self._work((num_neurons, stop - start, num_samples)))
             out[:, start:stop] = norms.to(torch.float64) / self.denom
         return out
 
@@ -349,9 +388,12 @@ def neuron_deviations(
         )
     if not torch.all(torch.isfinite(dirs)):
         raise ValueError("directions contain NaN or infinite values")
-    r = np.broadcast_to(np.asarray(radii, dtype=np.float64), (num_neurons,))
-    if not np.all(np.isfinite(r)) or np.any(r < 0):
-        raise ValueError(f"radii must be finite and >= 0 with shape ({num_neurons},) or scalar")
+    r = np.asarray(radii, dtype=np.float64)
+    if r.shape not in ((), (num_neurons,)) or not np.all(np.isfinite(r)) or np.any(r < 0):
+        raise ValueError(
+            f"radii must be finite and >= 0, a scalar or shape ({num_neurons},); got shape {r.shape}"
+        )
+    r = np.broadcast_to(r, (num_neurons,))
     num_directions = dirs.shape[1]
     flat = dirs.reshape(-1, dim)
     blocks = (
@@ -360,15 +402,51 @@ def neuron_deviations(
     )
     layer = _Layer(w, bias, z, dtype)
     layer.set_directions(blocks, num_neurons, num_directions)
-    chunk = _default_chunk(num_neurons, z.shape[0], dtype) if chunk is None else _check_chunk(chunk)
-    ev = _Evaluator(layer, criterion, chunk)
-    return ev.all_deviations(torch.as_tensor(r.copy())).numpy()
+    ev = _Evaluator(layer, criterion, None if chunk is None else _check_chunk(chunk))
+    with single_thread():
+        return ev.all_deviations(torch.as_tensor(r.copy())).numpy()
 
 
 def _check_chunk(chunk) -> int:
-    if int(chunk) != chunk or chunk < 1:
-        raise ValueError(f"chunk must be a positive integer, got {chunk!r}")
+    if isinstance(chunk, bool) or not isinstance(chunk, (int, np.integer)) or chunk < 1:
+        raise ValueError(f"chunk must be a positive integer or None, got {chunk!r}")
     return int(chunk)
+
+
+def _bisect(ev: _Evaluator, eps: float, r_max: float, delta: float):
+    """Per-neuron bisection, all undecided neurons tested together at each step.
+
+    Returns ``(lower, dev_at_lower, saturated, steps)``: the largest radius tested and
+    passed per neuron, the max deviation measured there, whether it was ``r_max``.
+    """
+    num_neurons = ev.layer.slopes.shape[0]
+    lower = torch.zeros(num_neurons, dtype=torch.float64)
+    upper = torch.full((num_neurons,), r_max, dtype=torch.float64)
+    dev_at_lower = torch.zeros(num_neurons, dtype=torch.float64)  # the center: 0
+    witness = torch.zeros(num_neurons, dtype=torch.long)
+    saturated = torch.zeros(num_neurons, dtype=torch.bool)
+    active = torch.arange(num_neurons)
+    steps = 0
+    while len(active):
+        # Same arithmetic as the scalar loop of radius.search_radius.
+        radii = upper[active].clone() if steps == 0 else 0.5 * (lower[active] + upper[active])
+        steps += 1
+        # A neuron fails as soon as one direction fails: try the likeliest one first,
+        # the direction that deviated most at the neuron's previous test.
+        passes = ev.witness(active, radii, witness[active]) <= eps
+        maybe = passes.nonzero().view(-1)
+        if len(maybe):
+            best, arg = ev.full(active[maybe], radii[maybe], eps)
+            ok = best <= eps
+            passes[maybe[~ok]] = False
+            witness[active[maybe]] = arg
+            dev_at_lower[active[maybe[ok]]] = best[ok]
+        lower[active[passes]] = radii[passes]
+        upper[active[~passes]] = radii[~passes]
+        if steps == 1:
+            saturated[active[passes]] = True
+        active = active[(upper[active] - lower[active]) > delta]
+    return lower, dev_at_lower, saturated, steps
 
 
 def neuron_radii(
@@ -404,62 +482,38 @@ def neuron_radii(
     r_max, delta : bisection range and stopping width (both > 0).
     seed : seeds the directions (see :func:`neuron_directions`).
     criterion : ``"rms"`` (default) or ``"paper"``.
-    chunk : directions per block of the ``(H, chunk, N)`` work buffer; default keeps it
-        near 2 MiB. Does not change the result.
+    chunk : directions per block of the ``(neurons, chunk, N)`` work buffer; the
+        default keeps it near 2 MiB. Does not change the radii.
     dtype : arithmetic of the search; float32 (default) or float64.
+
+    Memory: the slopes ``(H p, N)`` in ``dtype`` (200 MB in float32 for H = 100,
+    p = 500, N = 1000) plus a block of raw draws and the work buffer.
     """
     w, bias, z = _check_layer(W, b, Z)
-    denom = _deviation_denominator(z.shape[0], criterion)
-    del denom
+    _deviation_denominator(z.shape[0], criterion)
     dtype = _check_dtype(dtype)
     if not (math.isfinite(eps) and eps > 0):
         raise ValueError(f"eps must be a finite number > 0, got {eps!r}")
-    if int(num_directions) != num_directions or num_directions < 1:
+    if (isinstance(num_directions, bool) or not isinstance(num_directions, (int, np.integer))
+            or num_directions < 1):
         raise ValueError(f"num_directions must be a positive integer, got {num_directions!r}")
     if not (math.isfinite(r_max) and r_max > 0):
         raise ValueError(f"r_max must be a finite number > 0, got {r_max!r}")
     if not (math.isfinite(delta) and delta > 0):
         raise ValueError(f"delta must be a finite number > 0, got {delta!r}")
-    chunk = _default_chunk(w.shape[0], z.shape[0], dtype) if chunk is None else _check_chunk(chunk)
+    chunk = None if chunk is None else _check_chunk(chunk)
     num_neurons, dim, p = w.shape[0], w.shape[1] + 1, int(num_directions)
     eps, r_max, delta = float(eps), float(r_max), float(delta)
 
     layer = _Layer(w, bias, z, dtype)
     layer.set_directions(_draw_blocks(num_neurons * p, dim, seed), num_neurons, p)
     ev = _Evaluator(layer, criterion, chunk)
-
-    lower = torch.zeros(num_neurons, dtype=torch.float64)
-    upper = torch.full((num_neurons,), r_max, dtype=torch.float64)
-    dev_at_lower = torch.zeros(num_neurons, dtype=torch.float64)
-    witness = torch.zeros(num_neurons, dtype=torch.long)
-    active = torch.arange(num_neurons)
-    steps = 0
-    saturated = torch.zeros(num_neurons, dtype=torch.bool)
-    while len(active):
-        radii = upper[active].clone() if steps == 0 else 0.5 * (lower[active] + upper[active])
-        steps += 1
-        # A neuron fails as soon as one direction fails: try the likeliest one first.
-        fails = ev.witness(active, radii, witness[active]) > eps
-        rest = ~fails
-        passes = torch.zeros(len(active), dtype=torch.bool)
-        if rest.any():
-            best, arg = ev.full(active[rest], radii[rest], eps)
-            ok = best <= eps
-            idx = rest.nonzero().view(-1)
-            passes[idx[ok]] = True
-            witness[active[rest]] = arg
-            dev_at_lower[active[idx[ok]]] = best[ok]
-        lower[active[passes]] = radii[passes]
-        upper[active[~passes]] = radii[~passes]
-        if steps == 1:
-            saturated[active[passes]] = True
-            active = active[~passes]
-        active = active[(upper[active] - lower[active]) > delta]
-
+    with single_thread():  # a stream of small ops: see the module docstring
+        lower, dev_at_lower, saturated, steps = _bisect(ev, eps, r_max, delta)
     return NeuronRadii(
-        radii=lower.numpy().copy(),
-        max_deviation_at_radius=dev_at_lower.numpy().copy(),
-        saturated=saturated.numpy().copy(),
+        radii=lower.numpy(),
+        max_deviation_at_radius=dev_at_lower.numpy(),
+        saturated=saturated.numpy(),
         steps=steps,
         evaluations=ev.evaluations,
         criterion=criterion,

@@ -43,7 +43,7 @@ class Settings:
     ellipsoid_c: float = 0.1
     eps_neuron: float = 0.1
     neuron_criterion: str = "rms"
-    neuron_delta: float = 1.0
+    neuron_delta: float = 0.01
     clusters: int = 75
     seed: int = 0
     local_lr: float = 0.001
