@@ -50,3 +50,13 @@ def test_cli_rejects_an_unknown_setting(capsys):
     assert main(["run", "--run-config", "epsilon=0.5"]) == 2
     err = capsys.readouterr().err
     assert "unknown run setting(s) epsilon" in err and "eps" in err
+
+
+def test_readme_documents_every_setting():
+    import re
+
+    from tests.helpers import ROOT
+
+    rows = [line for line in (ROOT / "README.md").read_text().splitlines() if line.startswith("| `")]
+    documented = {key for line in rows for key in re.findall(r"`([a-z-]+)`", line.split("|")[1])}
+    assert set(app_defaults()) <= documented, sorted(set(app_defaults()) - documented)
