@@ -12,7 +12,6 @@ later rounds.
 
 from __future__ import annotations
 
-import hashlib
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -29,7 +28,7 @@ from gems_fl import wire
 from gems_fl.intersect import find_intersection
 from gems_fl.layer_merge import merge_layer
 from gems_fl.settings import Settings
-from gems_fl.strategy import ConvexOutcome, NodeReply, NotEnoughRepliesError
+from gems_fl.strategy import ConvexOutcome, NodeReply, NotEnoughRepliesError, validate_replies
 
 Layer = tuple[np.ndarray, np.ndarray]
 
@@ -134,32 +133,19 @@ class LayerwiseGEMS(Strategy):
         return wire.array_record(arrays), MetricRecord({"width": int(record.width or 0)})
 
     def _accept(self, record: LayerRound, replies: list[Message], decode) -> list[tuple[int, Any]]:  # noqa: ANN001
-        accepted, seen = [], set()
-        for reply in replies:
-            node = reply.metadata.src_node_id
-            seen.add(node)
-            try:
-                if reply.has_error():
-                    raise wire.ReplyError(f"client error {reply.error.code}: {reply.error.reason}")
-                accepted.append((node, decode(reply.content)))
-            except wire.ReplyError as exc:
-                self._reject(record, node, str(exc))
-        for node in record.nodes:
-            if node not in seen:
-                self._reject(record, node, "no reply")
+        accepted, rejected = validate_replies(replies, record.nodes, decode,
+                                              log_prefix=f"Round {record.round}: ")
+        for item in rejected:
+            record.rejected.append(item)
+            self.excluded[item["node_id"]] = f"round {record.round}: {item['reason']}"
+        if rejected:
+            log(WARNING, "Round %d: %d node(s) take no part in later rounds", record.round,
+                len(rejected))
         if len(accepted) < self.settings.min_replies:
             raise NotEnoughRepliesError(
                 f"round {record.round}: only {len(accepted)} valid replies; "
                 f"min-replies={self.settings.min_replies}")
-        # Canonical order: independent of random node ids and arrival order.
-        accepted.sort(key=lambda item: _content_key(item[1]))
         return accepted
-
-    def _reject(self, record: LayerRound, node: int, reason: str) -> None:
-        log(WARNING, "Round %d: rejected reply from node %d: %s; it takes no part in "
-            "later rounds", record.round, node, reason)
-        record.rejected.append({"node_id": node, "reason": reason})
-        self.excluded[node] = f"round {record.round}: {reason}"
 
     def _merge_hidden(self, record: LayerRound, replies: list[Message]) -> None:
         j = record.layer - 1
@@ -204,8 +190,3 @@ class LayerwiseGEMS(Strategy):
         """JSON-friendly per-round records."""
         return [r.__dict__.copy() for r in self.rounds]
 
-
-def _content_key(decoded: Any) -> str:
-    first = decoded[0]
-    array = first.center if hasattr(first, "center") else first
-    return hashlib.sha256(np.ascontiguousarray(array).tobytes()).hexdigest()

@@ -9,12 +9,13 @@ intersection report stay on the strategy (:attr:`GEMS.outcome`) for the results.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from logging import INFO, WARNING
+from typing import Any
 
 import numpy as np
-from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord
+from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
 from flwr.common.logger import log
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Strategy
@@ -46,6 +47,45 @@ class ConvexOutcome:
     accepted: list[NodeReply]
     rejected: list[dict[str, object]] = field(default_factory=list)
     intersection: IntersectionResult | None = None
+
+
+def validate_replies(
+    replies: Iterable[Message],
+    sent_to: Iterable[int],
+    decode: Callable[[RecordDict], tuple[Any, ...]],
+    log_prefix: str = "",
+) -> tuple[list[tuple[int, tuple[Any, ...]]], list[dict[str, object]]]:
+    """Decode every reply; reject the bad and the missing with a log line naming the node.
+
+    ``decode`` raises :class:`gems_fl.wire.ReplyError` for a bad reply; its result's
+    first item is a :class:`Space` or an array. Accepted replies come back as
+    ``(node_id, decoded)`` in a canonical order (a hash of that first item), not by
+    random node id or arrival, so the aggregate and every number stay reproducible.
+    """
+    accepted: list[tuple[int, tuple[Any, ...]]] = []
+    rejected: list[dict[str, object]] = []
+    seen: set[int] = set()
+    for reply in replies:
+        node_id = reply.metadata.src_node_id
+        seen.add(node_id)
+        try:
+            if reply.has_error():
+                raise wire.ReplyError(f"client error {reply.error.code}: {reply.error.reason}")
+            accepted.append((node_id, decode(reply.content)))
+        except wire.ReplyError as exc:
+            log(WARNING, "%sRejected reply from node %d: %s", log_prefix, node_id, exc)
+            rejected.append({"node_id": node_id, "reason": str(exc)})
+    for node_id in sent_to:
+        if node_id not in seen:
+            log(WARNING, "%sNo reply from node %d (timed out or lost)", log_prefix, node_id)
+            rejected.append({"node_id": node_id, "reason": "no reply"})
+    accepted.sort(key=lambda item: _canonical_key(item[1][0]))
+    return accepted, rejected
+
+
+def _canonical_key(first: Any) -> str:
+    array = first.center if isinstance(first, Space) else np.asarray(first)
+    return hashlib.sha256(np.ascontiguousarray(array).tobytes()).hexdigest()
 
 
 class GEMS(Strategy):
@@ -126,32 +166,10 @@ class GEMS(Strategy):
         return wire.array_record(state), metrics
 
     def _validate(self, replies: Iterable[Message]) -> tuple[list[NodeReply], list[dict[str, object]]]:
-        accepted: list[NodeReply] = []
-        rejected: list[dict[str, object]] = []
-        seen: set[int] = set()
-        for reply in replies:
-            node_id = reply.metadata.src_node_id
-            seen.add(node_id)
-            if reply.has_error():
-                reason = f"client error {reply.error.code}: {reply.error.reason}"
-            else:
-                try:
-                    space, metrics = wire.decode_reply(reply.content, self.shapes, self.settings.space)
-                except wire.ReplyError as exc:
-                    reason = str(exc)
-                else:
-                    accepted.append(NodeReply(node_id, space, metrics))
-                    continue
-            log(WARNING, "Rejected reply from node %d: %s", node_id, reason)
-            rejected.append({"node_id": node_id, "reason": reason})
-        for node_id in self._sent_to:
-            if node_id not in seen:
-                log(WARNING, "No reply from node %d (timed out or lost)", node_id)
-                rejected.append({"node_id": node_id, "reason": "no reply"})
-        # A canonical order (by content, not by random node id or arrival) keeps the
-        # intersection, and so every number, reproducible for a given seed.
-        accepted.sort(key=lambda r: hashlib.sha256(r.space.center.tobytes()).hexdigest())
-        return accepted, rejected
+        decoded, rejected = validate_replies(
+            replies, self._sent_to,
+            lambda content: wire.decode_reply(content, self.shapes, self.settings.space))
+        return [NodeReply(node, space, metrics) for node, (space, metrics) in decoded], rejected
 
     def configure_evaluate(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid

@@ -9,7 +9,6 @@ import torch
 from gems_fl.fisher import diagonal_fisher, fisher_axes
 from gems_fl.models import load_vector, build_model
 from gems_fl.radius import perturbed_accuracies, sample_directions, search_radius
-from gems_fl.train import accuracy
 
 
 def _one_at_a_time(center, x, y, directions, radius):
