@@ -39,6 +39,8 @@ class ServerData:
     public_y: np.ndarray
     num_classes: int
     node_parts: list = field(default_factory=list)  # (x_tr, y_tr, x_val, y_val) per node
+    pool_x: np.ndarray | None = None  # the whole public pool (fine-tuning study)
+    pool_y: np.ndarray | None = None
 
 
 def draw_public_sample(

@@ -112,7 +112,7 @@ def _layer_round_reply(
 
 def handle_train(msg: Message, context: Context) -> Message:
     """Flower ``train`` handler: data -> local model -> good-enough space -> reply."""
-    settings = Settings.from_run_config(wire.decode_config(msg.content))
+    settings = Settings.from_run_config(wire.decode_config(msg.content)).for_node(context.node_config)
     partition_id = int(context.node_config["partition-id"])
     num_partitions = int(context.node_config["num-partitions"])
     data_dir = str(context.node_config.get("data-dir", settings.data_dir)) or None

@@ -20,10 +20,16 @@ from gems_fl.baselines import (
     evaluate_rows,
     skipped_rows,
 )
-from gems_fl.baselines_nn import evaluate_nn_rows, first_layer_matches, reproduce_local_models
+from gems_fl.baselines_nn import (
+    average_models,
+    evaluate_nn_rows,
+    first_layer_matches,
+    reproduce_local_models,
+)
+from gems_fl.fine_tuning import fine_tuning_curve
 from gems_fl.layerwise import LayerwiseGEMS
 from gems_fl.data import DATASET_SHAPES, load_dataset, node_data, parse_division
-from gems_fl.models import MLP, param_shapes, vector_to_state
+from gems_fl.models import MLP, build_model, model_from_vector, param_shapes, vector_to_state
 from gems_fl.results import print_results, write_results
 from gems_fl.settings import Settings, SettingsError
 from gems_fl.strategy import GEMS
@@ -41,6 +47,21 @@ def wait_for_nodes(grid: Grid, minimum: int, timeout: float = NODE_WAIT_S) -> li
         time.sleep(1.0)
 
 
+def pooled_in_canonical_order(parts: list[tuple]) -> tuple[np.ndarray, np.ndarray]:
+    """All nodes' training rows pooled, in an order that does not depend on the division.
+
+    Global is "trained on all the nodes' data". Sorting the pool by a fixed projection of
+    each row makes it the same model for every K whose nodes hold the same samples, as
+    in the paper's tables, instead of one that changes with the partitions' order. Rows
+    that tie are identical, so their relative order cannot change the training.
+    """
+    x = np.concatenate([p[0] for p in parts])
+    y = np.concatenate([p[1] for p in parts])
+    direction = np.random.default_rng(20_240_611).standard_normal(x.shape[1])
+    order = np.lexsort((y, x.astype(np.float64) @ direction))
+    return x[order], y[order]
+
+
 def load_server_data(
     settings: Settings, division: list[list[int]]
 ) -> tuple[ServerData, dict[str, Any], list[str]]:
@@ -55,11 +76,12 @@ def load_server_data(
                      f"{len(splits.public_y)} samples no node uses; using all of them")
         size = len(splits.public_y)
     public_x, public_y = draw_public_sample(splits.public_x, splits.public_y, size, settings.seed)
+    train_x, train_y = pooled_in_canonical_order(parts)
     data = ServerData(
-        train_x=np.concatenate([p[0] for p in parts]), train_y=np.concatenate([p[1] for p in parts]),
+        train_x=train_x, train_y=train_y,
         test_x=splits.test_x, test_y=splits.test_y,
         public_x=public_x, public_y=public_y, num_classes=splits.num_classes,
-        node_parts=parts,
+        node_parts=parts, pool_x=splits.public_x, pool_y=splits.public_y,
     )
     meta = {
         "name": settings.dataset, "num_nodes": num_nodes, "label_division": division,
@@ -139,14 +161,28 @@ def run_server(grid: Grid, context: Context) -> dict[str, Any]:
             extra["local_models_match_sent_layers"] = first_layer_matches(
                 local_models, strategy.first_layer_centers)
             rows = evaluate_nn_rows(local_models, gems_model, server_data, settings)
+            if settings.tune_sizes:
+                extra["fine_tuning"] = fine_tuning_curve(
+                    gems_model, local_models, average_models(local_models),
+                    lambda: MLP(num_features, settings.hidden_widths, num_classes, settings.dropout),
+                    (server_data.pool_x, server_data.pool_y),
+                    (server_data.test_x, server_data.test_y), settings)
         else:
             rows = skipped_rows(skip_reason, NN_ROW_NAMES)
     else:
         model_state = vector_to_state(inter.point, num_features, num_classes)
         if server_data is not None:
             log(INFO, "Evaluating Global, Local, Averaged, GEMS, GEMS tuned and Raw on the test set")
-            rows = evaluate_rows([r.space.center for r in outcome.accepted], inter.point,
-                                 server_data, settings)
+            centers = [r.space.center for r in outcome.accepted]
+            rows = evaluate_rows(centers, inter.point, server_data, settings)
+            if settings.tune_sizes:
+                as_model = lambda v: model_from_vector(v, num_features, num_classes)  # noqa: E731
+                extra["fine_tuning"] = fine_tuning_curve(
+                    as_model(inter.point), [as_model(c) for c in centers],
+                    as_model(np.mean(centers, axis=0)),
+                    lambda: build_model(settings.model, num_features, num_classes),
+                    (server_data.pool_x, server_data.pool_y),
+                    (server_data.test_x, server_data.test_y), settings)
         else:
             rows = skipped_rows(skip_reason)
     for reply in outcome.accepted:

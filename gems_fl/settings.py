@@ -8,7 +8,7 @@ the key, instead of failing minutes later inside a client.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, fields, replace
 from typing import Any, Mapping
 
 from gems_fl.models import parse_hidden
@@ -19,6 +19,7 @@ DATASETS = ("digits", "fashion-mnist", "mnist")
 MODELS = ("logistic", "mlp")
 NEURON_CRITERIA = ("rms", "paper")
 TUNE_LAYERS = ("last", "all")
+NODE_OVERRIDES = ("eps",)  # run settings a node's own --node-config may override
 
 
 class SettingsError(ValueError):
@@ -54,6 +55,7 @@ class Settings:
     tune_epochs: int = 5
     tune_lr: float = 0.001
     tune_layers: str = "last"
+    tune_curve: str = ""
     min_replies: int = 2
     no_intersection: str = "min-penalty"
     evaluate_on_server: bool = True
@@ -103,6 +105,7 @@ class Settings:
         if self.tune_epochs < 0:
             raise SettingsError(f"tune-epochs={self.tune_epochs} must be >= 0")
         _positive("tune-lr", self.tune_lr)
+        self.tune_sizes  # noqa: B018 - validates tune-curve
         _positive("min-replies", self.min_replies)
         if not self.output_dir:
             raise SettingsError("output-dir must name a folder, e.g. 'gems-results'")
@@ -122,10 +125,37 @@ class Settings:
             kwargs[field.name] = _coerce(key, run_config[key], field.default)
         return cls(**kwargs)
 
+    def for_node(self, node_config: Mapping[str, Any]) -> "Settings":
+        """These settings with the node's own overrides (keys in ``NODE_OVERRIDES``).
+
+        A node may choose its own target accuracy: ``--node-config "eps=0.6"`` (the
+        paper's intersection analysis gives each node a different eps).
+        """
+        kwargs = {key.replace("-", "_"): _coerce(key, node_config[key], getattr(self, key.replace("-", "_")))
+                  for key in NODE_OVERRIDES if key in node_config}
+        return replace(self, **kwargs) if kwargs else self
+
     @property
     def hidden_widths(self) -> list[int]:
         """Configured hidden widths of the MLP (``hidden`` parsed)."""
         return parse_hidden(self.hidden)
+
+    @property
+    def tune_sizes(self) -> list[int]:
+        """Public sample sizes of the fine-tuning study (``tune-curve`` parsed)."""
+        text = self.tune_curve.strip()
+        if not text:
+            return []
+        try:
+            sizes = [int(part) for part in text.split(",")]
+        except ValueError:
+            raise SettingsError(
+                f"tune-curve={self.tune_curve!r} must be comma-separated sample sizes, "
+                "e.g. '100,200,500', or empty to skip the fine-tuning study"
+            ) from None
+        if any(n <= 0 for n in sizes):
+            raise SettingsError(f"tune-curve={self.tune_curve!r}: every size must be > 0")
+        return sizes
 
     def to_config(self) -> dict[str, Any]:
         """Settings as a flat ``{key: value}`` dict with ``pyproject.toml`` keys."""

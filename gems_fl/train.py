@@ -10,6 +10,8 @@ import numpy as np
 import torch
 from torch import nn
 
+from gems_fl.train_cache import cached_training
+
 LOSS_TOL = 1e-3
 
 
@@ -70,6 +72,7 @@ def _run_epochs(
     max_epochs: int,
     patience: int | None,
     seed: int,
+    proximal_mu: float = 0.0,
 ) -> TrainReport:
     if len(y) == 0:
         raise ValueError("cannot train on an empty set")
@@ -79,6 +82,7 @@ def _run_epochs(
     if not trainable:
         raise ValueError("the model has no trainable parameters")
     opt = torch.optim.Adam(trainable, lr=lr)
+    anchor = [p.detach().clone() for p in trainable] if proximal_mu > 0 else None
     loss_fn = nn.CrossEntropyLoss()
     report = TrainReport(stopped_by="max-epochs")
     best_acc, best_loss, since_best = -1.0, float("inf"), 0
@@ -90,6 +94,9 @@ def _run_epochs(
             idx = order[start : start + batch_size]
             opt.zero_grad(set_to_none=True)
             loss = loss_fn(model(xt[idx]), yt[idx])
+            if anchor is not None:  # FedProx: (mu / 2) * ||w - w_round_start||^2
+                loss = loss + proximal_mu / 2 * sum(
+                    (p - a).pow(2).sum() for p, a in zip(trainable, anchor))
             loss.backward()
             opt.step()
             total += float(loss.detach()) * len(idx)
@@ -126,9 +133,11 @@ def train_until_converged(
     Converged means: for ``patience`` epochs in a row, neither did the training
     accuracy reach a new best nor did the epoch's mean loss fall more than
     ``LOSS_TOL`` below its best. Shuffling uses a generator seeded with ``seed``.
+    With ``GEMS_FL_TRAIN_CACHE`` set, a repeated identical call is served from disk
+    (see :mod:`gems_fl.train_cache`).
     """
-    return _run_epochs(
-        model, x, y, lr=lr, batch_size=batch_size, max_epochs=max_epochs,
+    return cached_training(
+        _run_epochs, model, x, y, lr=lr, batch_size=batch_size, max_epochs=max_epochs,
         patience=patience, seed=seed,
     )
 
@@ -142,11 +151,16 @@ def fine_tune(
     lr: float,
     batch_size: int,
     seed: int,
+    proximal_mu: float = 0.0,
 ) -> TrainReport:
-    """Update every weight of ``model`` for exactly ``epochs`` epochs (no early stop)."""
+    """Update the trainable weights of ``model`` for exactly ``epochs`` epochs.
+
+    No early stop. ``proximal_mu > 0`` adds FedProx's proximal term, which pulls the
+    weights towards where they were when the call started.
+    """
     if epochs == 0:
         return TrainReport(stopped_by="no-epochs")
     return _run_epochs(
         model, x, y, lr=lr, batch_size=batch_size, max_epochs=epochs,
-        patience=None, seed=seed,
+        patience=None, seed=seed, proximal_mu=proximal_mu,
     )

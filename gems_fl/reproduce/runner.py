@@ -1,0 +1,148 @@
+"""Run the trials of a plan: in worker processes, with a progress bar, resumable.
+
+Each trial runs the real apps in-process (see :mod:`gems_fl.inprocess`): GEMS trials
+call :func:`gems_fl.server.run_server` with a ClientApp whose train handler is
+:func:`gems_fl.client.handle_train`, exactly what ``server_app.py`` and
+``client_app.py`` register; FedAvg/FedProx trials use :mod:`gems_fl.fedavg`. A trial's
+outcome is written to ``trials/<name>.json`` as soon as it finishes, so an interrupted
+reproduction resumes where it stopped, and a finished trial is never run twice.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import multiprocessing
+import os
+import time
+from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+from pathlib import Path
+
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from gems_fl.reproduce.plan import Trial
+from gems_fl.train_cache import ENV_VAR as CACHE_ENV_VAR
+
+
+def _gems_client_app():  # noqa: ANN202 - flwr.clientapp.ClientApp
+    from flwr.clientapp import ClientApp
+
+    from gems_fl.client import handle_train
+
+    app = ClientApp()
+    app.train()(handle_train)  # what client_app.py registers
+    return app
+
+
+def _compact_gems(results: dict, exchanges: list[dict]) -> dict:
+    rows = {name: {k: v for k, v in row.items() if k in ("accuracy", "parameters", "hidden_widths",
+                                                         "skipped")}
+            for name, row in results["rows"].items()}
+    rounds = [e for e in exchanges if e["nodes"] > 0]
+    return {
+        "rows": rows,
+        "intersection_found": bool(results["intersection"]["found"]),
+        "hidden_widths": results.get("hidden_widths"),
+        "fine_tuning": results.get("fine_tuning"),
+        "bytes_per_round": rounds,
+        "radii": [n["radius"] for n in results["nodes"]],
+        "notes": results["notes"],
+        "seconds": results["timing_s"]["total"],
+    }
+
+
+def execute(trial: Trial, work_dir: str) -> dict:
+    """Run one trial and return its compact outcome (runs inside a worker process)."""
+    from flwr.app import Context, RecordDict
+
+    from gems_fl.fedavg import run_federated
+    from gems_fl.inprocess import InProcessGrid
+    from gems_fl.server import run_server
+
+    t0 = time.perf_counter()
+    log_path = Path(work_dir) / "logs" / f"{trial.name}.log"
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with log_path.open("w") as log, contextlib.redirect_stdout(log), contextlib.redirect_stderr(log):
+        handler = logging.StreamHandler(log)
+        flwr_logger = logging.getLogger("flwr")
+        saved = flwr_logger.handlers[:]
+        flwr_logger.handlers = [handler]
+        try:
+            if trial.kind == "gems":
+                cfg = {**trial.run_config, "output-dir": str(Path(work_dir) / "runs" / trial.name)}
+                grid = InProcessGrid(_gems_client_app(), trial.num_nodes, cfg,
+                                     node_configs=trial.node_configs)
+                ctx = Context(run_id=1, node_id=1, node_config={}, state=RecordDict(),
+                              run_config=cfg)
+                outcome = _compact_gems(run_server(grid, ctx), grid.exchanges)
+            else:
+                curve = run_federated(trial.run_config, trial.num_nodes, trial.kind,
+                                      trial.federated["rounds"], trial.federated["local_epochs"],
+                                      trial.federated["proximal_mu"])
+                outcome = curve.to_dict()
+        finally:
+            flwr_logger.handlers = saved
+    return {"kind": trial.kind, "labels": trial.labels, "studies": sorted(trial.studies),
+            "run_config": trial.run_config, "num_nodes": trial.num_nodes,
+            "node_configs": trial.node_configs, "federated": trial.federated,
+            "outcome": outcome, "wall_s": time.perf_counter() - t0}
+
+
+def _next_trial(queue: list[Trial], running) -> Trial | None:  # noqa: ANN001
+    """Pop the first queued trial whose seed no running trial has.
+
+    Two trials of one seed share their expensive trainings through the cache; run at the
+    same time, both would compute them. None means: wait for a running trial to finish.
+    """
+    busy = {t.seed for t in running}
+    for i, trial in enumerate(queue):
+        if trial.seed not in busy:
+            return queue.pop(i)
+    return None if busy else queue.pop(0)
+
+
+def run_trials(trials: list[Trial], work_dir: Path, jobs: int) -> list[dict]:
+    """Run every trial not yet on disk (``jobs`` at a time); return all outcomes in order."""
+    work_dir.mkdir(parents=True, exist_ok=True)
+    (work_dir / "trials").mkdir(exist_ok=True)
+    os.environ[CACHE_ENV_VAR] = str(work_dir / "cache")  # inherited by the workers
+    done: dict[str, dict] = {}
+    for trial in trials:
+        path = work_dir / "trials" / f"{trial.name}.json"
+        if path.exists():
+            stored = json.loads(path.read_text())
+            stored["studies"] = sorted(set(stored["studies"]) | trial.studies)
+            stored["labels"] = {**stored["labels"], **trial.labels}
+            done[trial.name] = stored
+    todo = [t for t in trials if t.name not in done]
+    columns = (TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+               TimeElapsedColumn(), TextColumn("{task.fields[last]}"))
+    with Progress(*columns) as progress:
+        task = progress.add_task("trials", total=len(trials), completed=len(done), last="")
+        ctx = multiprocessing.get_context("spawn")
+        with ProcessPoolExecutor(max_workers=max(1, jobs), mp_context=ctx) as pool:
+            pending = {}
+            queue = list(todo)
+            while queue or pending:
+                while queue and len(pending) < max(1, jobs):
+                    trial = _next_trial(queue, pending.values())
+                    if trial is None:
+                        break
+                    pending[pool.submit(execute, trial, str(work_dir))] = trial
+                finished, _ = wait(pending, return_when=FIRST_COMPLETED)
+                for future in finished:
+                    trial = pending.pop(future)
+                    try:
+                        record = future.result()
+                    except Exception as exc:
+                        raise RuntimeError(
+                            f"trial {trial.name} ({trial.kind}, {trial.labels}) failed: {exc}; "
+                            f"its log is {work_dir / 'logs' / (trial.name + '.log')}") from exc
+                    (work_dir / "trials" / f"{trial.name}.json").write_text(json.dumps(record))
+                    done[trial.name] = record
+                    line = f"{trial.kind} {trial.labels} {record['wall_s']:.1f}s"
+                    progress.update(task, advance=1, last=line)
+                    if not progress.console.is_terminal:  # a log file still shows progress
+                        progress.console.print(f"[{len(done)}/{len(trials)}] {line}")
+    return [done[t.name] for t in trials]

@@ -1,0 +1,234 @@
+"""The reproduction harness: plan, training cache, fine-tuning curve, FedAvg/FedProx,
+byte counting, per-node eps, and the whole `gems-fl reproduce --quick`."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import numpy as np
+import pytest
+import torch
+
+from gems_fl import train as train_module
+from gems_fl.data import load_dataset, node_data, parse_division
+from gems_fl.fedavg import FederatedCurve, rounds_to_reach, run_federated
+from gems_fl.fine_tuning import CURVE_ROWS, nested_samples
+from gems_fl.layerwise import content_bytes
+from gems_fl.models import build_model
+from gems_fl.reproduce import Options, expected_files
+from gems_fl.reproduce.plan import build_plan
+from gems_fl.reproduce.report import mean_std
+from gems_fl.settings import Settings, SettingsError
+from gems_fl.train import train_until_converged
+from gems_fl.train_cache import ENV_VAR
+from tests.helpers import FAST, app_defaults, run_in_process
+
+
+# --- plan -----------------------------------------------------------------------------
+
+def test_plan_shares_trials_between_studies():
+    options = Options(seeds=(0, 1))
+    plan = build_plan(options)
+    keys = [t.key for t in plan]
+    assert len(keys) == len(set(keys))
+    # The fine-tuning study runs no trial of its own: it rides on K=5 trials of 1 and 2.
+    ft = [t for t in plan if 3 in t.studies]
+    assert ft and all(t.studies & {1, 2} for t in ft)
+    assert all(t.run_config.get("tune-curve") for t in ft)
+    only = build_plan(Options(seeds=(0, 1), studies=(1,)))
+    assert len(only) == 3 * 2 * 2  # K x {ellipsoid, ball} x seeds
+    assert not any(t.run_config.get("tune-curve") for t in only)
+
+
+def test_plan_keys_ignore_spelled_out_defaults():
+    options = Options(seeds=(0,), studies=(2, 4),
+                      size_grid=((Settings().clusters, Settings().eps_neuron), (20, 0.3)))
+    plan = build_plan(options)
+    default_point = [t for t in plan if 4 in t.studies and 2 in t.studies]
+    assert len(default_point) == 1, "the grid's default point must reuse study 2's K=5 trial"
+
+
+def test_plan_puts_seeds_of_one_configuration_next_to_each_other():
+    plan = build_plan(Options(seeds=(0, 1, 2), studies=(1,)))
+    seeds = [t.seed for t in plan]
+    assert seeds[:3] == [0, 1, 2] and seeds[3:6] == [0, 1, 2]
+
+
+def test_plan_intersection_grid_gives_each_node_its_eps():
+    plan = build_plan(Options(seeds=(0,), studies=(5,), intersection_eps=(0.2, 0.7)))
+    assert sorted((t.node_configs[0]["eps"], t.node_configs[1]["eps"]) for t in plan) == [
+        (0.2, 0.2), (0.2, 0.7), (0.7, 0.2), (0.7, 0.7)]
+    assert all(t.num_nodes == 2 for t in plan)
+
+
+def test_mean_std_format():
+    assert mean_std([0.5, 0.7]) == "0.6000 (0.1000)"
+    assert mean_std([None]) == "n/a"
+
+
+# --- training cache -------------------------------------------------------------------
+
+def _train(seed: int = 0):
+    rng = np.random.default_rng(0)
+    x = rng.random((120, 6)).astype(np.float32)
+    y = rng.integers(0, 3, 120)
+    torch.manual_seed(seed)
+    model = build_model("logistic", 6, 3)
+    report = train_until_converged(model, x, y, lr=0.01, batch_size=16, max_epochs=8,
+                                   patience=2, seed=seed)
+    return model, report
+
+
+def test_training_cache_returns_identical_weights_and_skips_training(tmp_path, monkeypatch):
+    monkeypatch.delenv(ENV_VAR, raising=False)
+    plain, plain_report = _train()
+    monkeypatch.setenv(ENV_VAR, str(tmp_path))
+    calls = []
+    original = train_module._run_epochs
+    monkeypatch.setattr(train_module, "_run_epochs",
+                        lambda *a, **k: calls.append(1) or original(*a, **k))
+    first, _ = _train()
+    second, second_report = _train()
+    assert len(calls) == 1, "the repeated call must come from the cache"
+    for a, b, c in zip(plain.parameters(), first.parameters(), second.parameters()):
+        assert torch.equal(a, b) and torch.equal(b, c)
+    assert second_report.epochs == plain_report.epochs
+    _train(seed=1)
+    assert len(calls) == 2, "another seed is another computation"
+
+
+def test_training_cache_recomputes_a_damaged_entry(tmp_path, monkeypatch):
+    monkeypatch.setenv(ENV_VAR, str(tmp_path))
+    reference, _ = _train()
+    (entry,) = list(tmp_path.glob("*.pt"))
+    entry.write_bytes(b"not a torch file")
+    again, _ = _train()
+    assert all(torch.equal(a, b) for a, b in zip(reference.parameters(), again.parameters()))
+
+
+# --- fine-tuning curve ----------------------------------------------------------------
+
+def test_nested_samples_are_prefixes_of_one_permutation():
+    x = np.arange(50, dtype=float)[:, None]
+    y = np.arange(50)
+    samples = nested_samples(x, y, [5, 20], seed=3)
+    assert set(samples[5][1]) <= set(samples[20][1])
+    assert len(set(samples[20][1])) == 20
+    with pytest.raises(ValueError, match="public pool holds 50"):
+        nested_samples(x, y, [60], seed=0)
+
+
+def test_tune_curve_setting_is_validated():
+    assert Settings(tune_curve="100, 200").tune_sizes == [100, 200]
+    assert Settings().tune_sizes == []
+    with pytest.raises(SettingsError, match="tune-curve"):
+        Settings(tune_curve="100,abc")
+    with pytest.raises(SettingsError, match="> 0"):
+        Settings(tune_curve="0,100")
+
+
+@pytest.mark.parametrize("model", ["logistic", "mlp"])
+def test_server_writes_the_fine_tuning_curve(tmp_path, model):
+    results = run_in_process(3, tmp_path, model=model, hidden="8", **{"tune-curve": "20,60"})
+    curve = results["fine_tuning"]
+    assert curve["sizes"] == [20, 60]
+    assert set(curve["accuracy"]) == set(CURVE_ROWS)
+    for row in CURVE_ROWS:
+        assert len(curve["accuracy"][row]) == 2
+        assert all(0.0 <= a <= 1.0 for a in curve["accuracy"][row])
+    assert "fine_tuning" not in run_in_process(2, tmp_path / "off", space="ball")
+
+
+# --- per-node settings and byte counting ------------------------------------------------
+
+def test_a_node_can_set_its_own_eps(tmp_path):
+    base = run_in_process(2, tmp_path / "a", space="ball", eps=0.3)
+    mixed = run_in_process(2, tmp_path / "b", space="ball", eps=0.3,
+                           node_configs=[{}, {"eps": 0.9}])
+    # Replies are in canonical order, not partition order: match nodes by their data.
+    radius = lambda res: {n["num_train"]: n["radius"] for n in res["nodes"]}  # noqa: E731
+    splits = load_dataset("digits", seed=0)
+    division = parse_division("paper", 2, splits.num_classes)
+    first, second = (len(node_data(splits, division, k, 0)[1]) for k in (0, 1))
+    assert first != second
+    assert radius(mixed)[first] == radius(base)[first]  # node 0 kept the run's eps
+    assert radius(mixed)[second] < radius(base)[second]  # node 1 asked for 0.9
+    with pytest.raises(SettingsError, match="eps"):
+        Settings().for_node({"eps": "high"})
+
+
+def test_in_process_grid_counts_the_bytes_of_the_real_records(tmp_path):
+    sent, received = [], []
+
+    def hook(reply):
+        received.append(content_bytes(reply.content))
+        return reply
+
+    results, grid = run_in_process(3, tmp_path, reply_hook=hook, return_grid=True, space="ball")
+    rounds = [e for e in grid.exchanges if e["nodes"]]
+    assert len(rounds) == 1 and rounds[0]["nodes"] == 3
+    assert rounds[0]["up"] == sum(received) > 0
+    assert rounds[0]["down"] > 0
+    assert results["status"] == "completed"
+
+
+# --- FedAvg / FedProx -----------------------------------------------------------------
+
+def test_fedavg_and_fedprox_learn_and_count_bytes():
+    cfg = {**app_defaults(), **FAST}
+    fedavg = run_federated(cfg, 3, "fedavg", num_rounds=3, local_epochs=5)
+    assert fedavg.rounds == [1, 2, 3]
+    assert fedavg.accuracy[-1] > 0.3, "three rounds of five epochs must learn something"
+    # Each round sends the model to 3 nodes and gets 3 models back: equal per round.
+    per_round = np.diff([0, *fedavg.bytes_total])
+    assert len(set(per_round.tolist())) == 1 and per_round[0] > 3 * 2 * 64 * 10 * 4
+    prox = run_federated(cfg, 3, "fedprox", num_rounds=3, local_epochs=5, proximal_mu=1.0)
+    assert prox.accuracy != fedavg.accuracy, "the proximal term must change training"
+    again = run_federated(cfg, 3, "fedavg", num_rounds=3, local_epochs=5)
+    assert again.accuracy == fedavg.accuracy, "same seed and config, same result"
+    with pytest.raises(ValueError, match="fedsgd"):
+        run_federated(cfg, 3, "fedsgd", num_rounds=1)
+
+
+def test_rounds_to_reach():
+    curve = FederatedCurve("fedavg", [1, 2, 3], [0.2, 0.5, 0.7], [10, 20, 30], [10, 20, 30])
+    assert rounds_to_reach(curve, 0.5) == (2, 40)
+    assert rounds_to_reach(curve, 0.9) is None
+
+
+# --- the whole command ----------------------------------------------------------------
+
+@pytest.mark.slow
+def test_reproduce_quick_writes_every_table_and_plot_with_every_row(tmp_path):
+    from gems_fl.cli import main
+
+    out = tmp_path / "repro"
+    assert main(["reproduce", "--quick", "--out", str(out)]) == 0
+    options = Options.quick_preset()
+    for name in expected_files(options):
+        assert (out / name).is_file() and (out / name).stat().st_size > 0, name
+    for png in out.glob("*.png"):
+        assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    text = (out / "README.md").read_text()
+    for k in options.ks:
+        assert re.search(rf"^\| {k} \|", (out / "study1_convex.md").read_text(), re.M)
+        assert re.search(rf"^\| {k} \|", (out / "study2_nn.md").read_text(), re.M)
+    assert "n/a" not in (out / "study1_convex.md").read_text()
+    assert "n/a" not in (out / "study2_nn.md").read_text()
+    fine = json.loads((out / "study3_fine_tuning.json").read_text())
+    for model in ("logistic", "mlp"):
+        assert fine[model]["sizes"] == list(options.tune_sizes)
+        assert set(CURVE_ROWS) <= set(fine[model])
+    sizes = json.loads((out / "study4_model_size.json").read_text())
+    assert len(sizes["grid"]) == len(options.size_grid) and sizes["ensemble"]
+    inter = json.loads((out / "study5_intersection.json").read_text())
+    assert len(inter["cells"]) == len(options.intersection_eps) ** 2
+    fed = json.loads((out / "study6_federated.json").read_text())
+    for model in ("logistic", "mlp"):
+        assert {"gems", "fedavg", "fedprox"} <= set(fed[model])
+        assert len(fed[model]["fedavg"]["accuracy_mean"]) == options.fed_rounds
+        assert fed[model]["gems"]["bytes_total"] > 0
+    assert "FedAvg" in text and "rounds" in text
+    # A second invocation reuses every stored trial.
+    assert main(["reproduce", "--quick", "--out", str(out)]) == 0
