@@ -250,8 +250,9 @@ class Report:
         ax.set_xlabel("eps, node 1")
         ax.set_ylabel("eps, node 2")
         ax.set_title("Intersection analysis (K=2, balls)")
+        ax.margins(0.12)
         if (~ok).any():
-            ax.legend(loc="lower left", fontsize=7)
+            ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.14), fontsize=7, frameon=False)
         self._save_plot(fig, "study5_intersection.png")
 
     # Study 6 -------------------------------------------------------------------
