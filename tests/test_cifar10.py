@@ -227,3 +227,15 @@ def test_short_gems_run_on_cifar10(tiny, tmp_path):
     assert len(results["nodes"]) == 5
     assert results["rows"]["GEMS"]["accuracy"] is not None
     assert len(list(tiny["cache"].glob("cifar10-*.npz"))) == 1  # server and five nodes shared it
+
+
+def test_prepare_fills_the_cache_that_a_run_then_reads(tiny, monkeypatch, capsys):
+    from gems_fl.data import prepare
+
+    prepare.main(["cifar10", "--data-dir", str(tiny["dir"]), "--vgg16-weights", tiny["options"].vgg16_weights,
+                  "--feature-cache-dir", str(tiny["cache"])])
+    assert "cifar10: 512 features" in capsys.readouterr().out
+    clear_dataset_cache()
+    monkeypatch.setattr(cifar10, "extract_features", lambda *a, **k: (_ for _ in ()).throw(AssertionError))
+    splits = load_dataset("cifar10", seed=3, data_dir=tiny["dir"], features=tiny["options"])
+    assert splits.num_features == 512
