@@ -20,7 +20,6 @@ folders are split in the same proportions (:func:`cifar10_split_sizes`).
 from __future__ import annotations
 
 import importlib
-import logging
 import pickle
 from pathlib import Path
 
@@ -29,8 +28,6 @@ import torch
 
 from gems_fl.data.feature_cache import cached, extract_features, file_digest, fingerprint, resolve_cache_dir
 from gems_fl.data.vgg16 import IMAGENET_MEAN, IMAGENET_STD, load_vgg16_features, weights_fingerprint
-
-logger = logging.getLogger(__name__)
 
 NUM_CLASSES = 10
 TRAIN_FILES = tuple(f"data_batch_{i}" for i in range(1, 6))

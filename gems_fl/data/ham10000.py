@@ -27,7 +27,6 @@ Pipeline (appendix B.1), all seeded by the run's ``seed``:
 from __future__ import annotations
 
 import csv
-import logging
 from pathlib import Path
 
 import numpy as np
@@ -36,8 +35,6 @@ from torch import nn
 
 from gems_fl.data.augment import augment
 from gems_fl.data.feature_cache import cached, extract_features, file_digest, fingerprint, resolve_cache_dir
-
-logger = logging.getLogger(__name__)
 
 DIAGNOSES = ("akiec", "bcc", "bkl", "df", "mel", "nv", "vasc")
 NUM_CLASSES = len(DIAGNOSES)
