@@ -15,7 +15,7 @@ import torch
 from flwr.app import Context, Message, RecordDict
 
 from gems_fl import wire
-from gems_fl.data import load_dataset, node_data, parse_division
+from gems_fl.data import FeatureOptions, load_dataset, node_data, parse_division
 from gems_fl.client_nn import hidden_layer_spaces, output_layer_space, round_seed
 from gems_fl.fisher import diagonal_fisher, fisher_axes
 from gems_fl.models import build_model, model_to_vector, vector_to_state
@@ -116,7 +116,8 @@ def handle_train(msg: Message, context: Context) -> Message:
     partition_id = int(context.node_config["partition-id"])
     num_partitions = int(context.node_config["num-partitions"])
     data_dir = str(context.node_config.get("data-dir", settings.data_dir)) or None
-    splits = load_dataset(settings.dataset, seed=settings.seed, data_dir=data_dir)
+    splits = load_dataset(settings.dataset, seed=settings.seed, data_dir=data_dir,
+                          features=FeatureOptions.from_settings(settings))
     division = parse_division(settings.label_division, num_partitions, splits.num_classes)
     x_tr, y_tr, x_val, y_val = node_data(splits, division, partition_id, settings.seed)
     if settings.model == "mlp":

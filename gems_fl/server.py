@@ -28,7 +28,7 @@ from gems_fl.baselines_nn import (
 )
 from gems_fl.fine_tuning import fine_tuning_curve
 from gems_fl.layerwise import LayerwiseGEMS
-from gems_fl.data import DATASET_SHAPES, load_dataset, node_data, parse_division
+from gems_fl.data import DATASET_SHAPES, FeatureOptions, load_dataset, node_data, parse_division
 from gems_fl.models import MLP, build_model, model_from_vector, param_shapes, vector_to_state
 from gems_fl.results import print_results, write_results
 from gems_fl.settings import Settings, SettingsError
@@ -66,7 +66,8 @@ def load_server_data(
     settings: Settings, division: list[list[int]]
 ) -> tuple[ServerData, dict[str, Any], list[str]]:
     """What a simulation's server holds: pooled train (Global), test, public sample."""
-    splits = load_dataset(settings.dataset, seed=settings.seed, data_dir=settings.data_dir or None)
+    splits = load_dataset(settings.dataset, seed=settings.seed, data_dir=settings.data_dir or None,
+                          features=FeatureOptions.from_settings(settings))
     num_nodes = len(division)
     parts = [node_data(splits, division, k, settings.seed) for k in range(num_nodes)]
     notes = []

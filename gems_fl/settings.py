@@ -15,7 +15,10 @@ from gems_fl.models import parse_hidden
 from gems_fl.intersect import FALLBACKS as NO_INTERSECTION_FALLBACKS
 from gems_fl.spaces import SPACE_KINDS
 
-DATASETS = ("digits", "fashion-mnist", "mnist")
+DATASETS = ("digits", "fashion-mnist", "mnist", "cifar10", "ham10000")
+# What `hidden = "auto"` means per dataset (the paper: 100 for CIFAR-10, 50 otherwise).
+AUTO_HIDDEN = {"cifar10": "100"}
+AUTO_HIDDEN_DEFAULT = "50"
 MODELS = ("logistic", "mlp")
 NEURON_CRITERIA = ("rms", "paper")
 TUNE_LAYERS = ("last", "all")
@@ -34,7 +37,7 @@ class Settings:
     data_dir: str = ""
     label_division: str = "paper"
     model: str = "logistic"
-    hidden: str = "50"
+    hidden: str = "auto"
     dropout: float = 0.5
     space: str = "ellipsoid"
     eps: float = 0.4
@@ -60,9 +63,21 @@ class Settings:
     no_intersection: str = "min-penalty"
     evaluate_on_server: bool = True
     output_dir: str = "gems-results"
+    vgg16_weights: str = ""
+    feature_cache_dir: str = ""
+    ham10000_per_class: int = 2000
+    ham10000_cnn_epochs: int = 10
 
     def __post_init__(self) -> None:
         _choice("dataset", self.dataset, DATASETS)
+        if self.hidden.strip().lower() == "auto":
+            object.__setattr__(self, "hidden", AUTO_HIDDEN.get(self.dataset, AUTO_HIDDEN_DEFAULT))
+        if self.ham10000_per_class < 4:
+            raise SettingsError(
+                f"ham10000-per-class={self.ham10000_per_class} must be >= 4: every class needs "
+                "an image in each of train, public, val and test"
+            )
+        _positive("ham10000-cnn-epochs", self.ham10000_cnn_epochs)
         _choice("model", self.model, MODELS)
         _choice("space", self.space, SPACE_KINDS)
         _choice("no-intersection", self.no_intersection, NO_INTERSECTION_FALLBACKS)

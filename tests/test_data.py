@@ -361,8 +361,10 @@ def test_parse_division_paper():
 def test_parse_division_paper_errors():
     with pytest.raises(ValueError, match=r"label-division.*4 nodes.*\[2, 3, 5\].*classes-per-node:N"):
         parse_division("paper", 4, 10)
-    with pytest.raises(ValueError, match="label-division.*10 classes"):
-        parse_division("paper", 2, 7)
+    with pytest.raises(ValueError, match="label-division.*7 or 10 classes.*has 6"):
+        parse_division("paper", 2, 6)
+    with pytest.raises(ValueError, match=r"label-division.*4 nodes and 7 classes.*\[2, 3, 5\]"):
+        parse_division("paper", 4, 7)
 
 
 def test_parse_division_classes_per_node():

@@ -58,5 +58,5 @@ def test_readme_documents_every_setting():
     from tests.helpers import ROOT
 
     rows = [line for line in (ROOT / "README.md").read_text().splitlines() if line.startswith("| `")]
-    documented = {key for line in rows for key in re.findall(r"`([a-z-]+)`", line.split("|")[1])}
+    documented = {key for line in rows for key in re.findall(r"`([a-z0-9-]+)`", line.split("|")[1])}
     assert set(app_defaults()) <= documented, sorted(set(app_defaults()) - documented)

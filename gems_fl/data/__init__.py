@@ -13,6 +13,7 @@ from gems_fl.data.datasets import (
     DATASET_SHAPES,
     DEFAULT_FASHION_MNIST_DIR,
     DatasetSplits,
+    FeatureOptions,
     clear_dataset_cache,
     load_dataset,
 )
@@ -33,6 +34,7 @@ __all__ = [
     "DATASET_SHAPES",
     "DEFAULT_FASHION_MNIST_DIR",
     "DatasetSplits",
+    "FeatureOptions",
     "LabelDivisionPartitioner",
     "PAPER_DIVISIONS",
     "check_division",

@@ -18,12 +18,17 @@ import numpy as np
 
 from gems_fl.data.idx import read_idx
 
-DATASET_NAMES = ("digits", "fashion-mnist", "mnist")
+DATASET_NAMES = ("digits", "fashion-mnist", "mnist", "cifar10", "ham10000")
 
 # (num_features, num_classes) of each dataset, known without its files: a server that
-# holds no data still checks every reply's shapes against the model.
-DATASET_SHAPES = {"digits": (64, 10), "fashion-mnist": (784, 10), "mnist": (784, 10)}
+# holds no data still checks every reply's shapes against the model. CIFAR-10 and
+# HAM10000 are represented by 512 extracted features (see cifar10.py, ham10000.py).
+DATASET_SHAPES = {
+    "digits": (64, 10), "fashion-mnist": (784, 10), "mnist": (784, 10),
+    "cifar10": (512, 10), "ham10000": (512, 7),
+}
 DEFAULT_FASHION_MNIST_DIR = "/usr/share/datasets/fashion-mnist"
+# Classes of the IDX datasets and digits; every dataset's count is DATASET_SHAPES[name][1].
 NUM_CLASSES = 10
 
 IDX_FILES = {
@@ -62,12 +67,41 @@ _DIGITS_PARTS = (50, 5, 5)
 _DIGITS_WHOLE = 70
 
 
+@dataclass(frozen=True)
+class FeatureOptions:
+    """How CIFAR-10 and HAM10000 are turned into features (ignored by the other datasets).
+
+    Attributes
+    ----------
+    vgg16_weights : str
+        Local VGG-16 state dict file for CIFAR-10; empty: fetch torchvision's ImageNet
+        weights (needs torchvision and internet).
+    feature_cache_dir : str
+        Folder of the feature cache; empty: ``~/.cache/gems-fl/features``.
+    ham10000_per_class : int
+        Images per class after HAM10000's balancing (the paper: 2000).
+    ham10000_cnn_epochs : int
+        Training epochs of HAM10000's feature CNN.
+    """
+
+    vgg16_weights: str = ""
+    feature_cache_dir: str = ""
+    ham10000_per_class: int = 2000
+    ham10000_cnn_epochs: int = 10
+
+    @classmethod
+    def from_settings(cls, settings: object) -> "FeatureOptions":
+        """Take the fields of the same names from a ``gems_fl.settings.Settings``."""
+        return cls(**{name: getattr(settings, name) for name in cls.__dataclass_fields__})
+
+
 @dataclass
 class DatasetSplits:
     """All splits of one dataset.
 
-    Features are float32 in ``[0, 1]`` with shape ``(n, num_features)``;
-    labels are int64 with shape ``(n,)``.
+    Features are float32 with shape ``(n, num_features)``: pixels in ``[0, 1]`` for
+    digits and the IDX datasets, non-negative extracted features for CIFAR-10 and
+    HAM10000; labels are int64 with shape ``(n,)``.
 
     Attributes
     ----------
@@ -254,10 +288,44 @@ def _load_digits_raw() -> tuple[np.ndarray, np.ndarray]:
     return _readonly(x, y)
 
 
+@functools.lru_cache(maxsize=2)
+def _cifar10_features(data_dir: str, weights: str, cache_dir: str) -> tuple[np.ndarray, ...]:
+    from gems_fl.data.cifar10 import cifar10_features
+
+    return _readonly(*cifar10_features(data_dir, weights, cache_dir))
+
+
+@functools.lru_cache(maxsize=2)
+def _ham10000_features(data_dir: str, seed: int, options: FeatureOptions) -> dict[str, tuple[np.ndarray, ...]]:
+    from gems_fl.data.ham10000 import ham10000_splits
+
+    parts = ham10000_splits(data_dir, seed, options.ham10000_per_class,
+                            options.ham10000_cnn_epochs, options.feature_cache_dir)
+    return {name: _readonly(x, y) for name, (x, y) in parts.items()}
+
+
 def clear_dataset_cache() -> None:
     """Forget every cached raw dataset (e.g. after files on disk have changed)."""
     _load_idx_dataset.cache_clear()
     _load_digits_raw.cache_clear()
+    _cifar10_features.cache_clear()
+    _ham10000_features.cache_clear()
+
+
+def _feature_splits(name: str, parts: dict[str, tuple[np.ndarray, np.ndarray]]) -> DatasetSplits:
+    """``DatasetSplits`` holding fresh copies of ``parts`` (keys train, val, test, public)."""
+    kwargs = {}
+    for split, (x, y) in parts.items():
+        kwargs[f"{split}_x"] = np.array(x, dtype=np.float32)
+        kwargs[f"{split}_y"] = np.array(y, dtype=np.int64)
+    return DatasetSplits(**kwargs, name=name, num_classes=DATASET_SHAPES[name][1])
+
+
+def _split_cifar10(data_dir: str, seed: int, options: FeatureOptions) -> DatasetSplits:
+    from gems_fl.data.cifar10 import split_cifar10
+
+    arrays = _cifar10_features(data_dir, options.vgg16_weights, options.feature_cache_dir)
+    return _feature_splits("cifar10", split_cifar10(*arrays, seed=seed))
 
 
 def _split_digits(seed: int) -> DatasetSplits:
@@ -321,21 +389,32 @@ def _split_idx(name: str, data_dir: str, seed: int) -> DatasetSplits:
     )
 
 
+def _how_to_get(name: str) -> str:
+    if name == "cifar10":
+        from gems_fl.data.cifar10 import HOW_TO_GET
+        return HOW_TO_GET
+    if name == "ham10000":
+        from gems_fl.data.ham10000 import HOW_TO_GET
+        return HOW_TO_GET
+    return _HOW_TO_GET[name]
+
+
 def _resolve_data_dir(name: str, data_dir: str | os.PathLike | None) -> str:
-    """Return the absolute data folder for an IDX dataset, applying defaults."""
+    """Return the absolute data folder of a file-based dataset, applying defaults."""
     if data_dir is None or (isinstance(data_dir, str) and not data_dir.strip()):
         if name == "fashion-mnist":
             data_dir = DEFAULT_FASHION_MNIST_DIR
         else:
             raise ValueError(
-                f"Dataset {name!r} needs data_dir: pass the folder holding its four IDX files "
-                "(e.g. via the run setting `data-dir`). " + _HOW_TO_GET[name]
+                f"Dataset {name!r} needs data_dir: pass the folder holding its files "
+                "(e.g. via the run setting `data-dir`). " + _how_to_get(name)
             )
     return os.path.abspath(os.fspath(data_dir))
 
 
 def load_dataset(
-    name: str, *, seed: int, data_dir: str | os.PathLike | None = None
+    name: str, *, seed: int, data_dir: str | os.PathLike | None = None,
+    features: FeatureOptions | None = None,
 ) -> DatasetSplits:
     """Load a dataset and split it into train / val / test / public, reproducibly.
 
@@ -352,7 +431,13 @@ def load_dataset(
         ``.gz``; the torchvision layout ``<data_dir>/MNIST/raw`` or
         ``<data_dir>/FashionMNIST/raw`` is also searched). Defaults to
         ``/usr/share/datasets/fashion-mnist`` for Fashion-MNIST; required for
-        MNIST; ignored for digits.
+        MNIST; ignored for digits. For ``"cifar10"`` the folder holding
+        ``cifar-10-batches-py`` (or the batch files themselves), for
+        ``"ham10000"`` the folder with ``HAM10000_metadata.csv`` and the JPEG
+        folders; required for both.
+    features : FeatureOptions, optional
+        Weights, cache folder and HAM10000 settings of the feature extraction of
+        ``"cifar10"`` and ``"ham10000"`` (defaults: ``FeatureOptions()``).
 
     Returns
     -------
@@ -361,7 +446,10 @@ def load_dataset(
         set is shuffled and split 50:5:5 into train, val and public (50000 /
         5000 / 5000 for 60000 images) and half the official test set (5000)
         is the test split. Digits is split 50:5:5:10 (train, val, test,
-        public), stratified by label.
+        public), stratified by label. CIFAR-10: 45000 train and 5000 public from
+        the official training batches, 5000 val and 5000 test from the test
+        batch (see ``gems_fl.data.cifar10``). HAM10000: 70/10/10/10 per class
+        (train, public, val, test) after balancing (see ``gems_fl.data.ham10000``).
 
     Raises
     ------
@@ -376,4 +464,10 @@ def load_dataset(
     seed = _check_seed(seed)
     if canonical == "digits":
         return _split_digits(seed)
-    return _split_idx(canonical, _resolve_data_dir(canonical, data_dir), seed)
+    folder = _resolve_data_dir(canonical, data_dir)
+    options = features if features is not None else FeatureOptions()
+    if canonical == "cifar10":
+        return _split_cifar10(folder, seed, options)
+    if canonical == "ham10000":
+        return _feature_splits("ham10000", _ham10000_features(folder, seed, options))
+    return _split_idx(canonical, folder, seed)

@@ -20,6 +20,19 @@ PAPER_DIVISIONS: dict[int, list[list[int]]] = {
     5: [[0, 1], [2, 3], [4, 5], [6, 7], [8, 9]],
 }
 PAPER_NUM_CLASSES = 10
+# HAM10000 (7 classes): for K=5, labels 0-4 each on its own node and labels 5 and 6
+# shared by all five nodes (their samples are split evenly, no sample twice).
+HAM10000_PAPER_DIVISIONS: dict[int, list[list[int]]] = {
+    2: [[0, 1, 2, 3], [4, 5, 6]],
+    3: [[0, 1], [2, 3], [4, 5, 6]],
+    5: [[0, 5, 6], [1, 5, 6], [2, 5, 6], [3, 5, 6], [4, 5, 6]],
+}
+# The appendix table per number of classes: 10 (MNIST, CIFAR-10, and here Fashion-MNIST
+# and digits) and 7 (HAM10000).
+PAPER_DIVISIONS_BY_CLASSES: dict[int, dict[int, list[list[int]]]] = {
+    PAPER_NUM_CLASSES: PAPER_DIVISIONS,
+    7: HAM10000_PAPER_DIVISIONS,
+}
 
 _ACCEPTED = (
     "Accepted: 'paper' (the GEMS paper's table, K in {ks}), 'iid' (every node holds every "
@@ -54,19 +67,21 @@ def _check_seed(seed: object) -> int:
 
 
 def _paper_division(spec: str, num_nodes: int, num_classes: int) -> list[list[int]]:
-    """Return the paper's division for ``num_nodes`` nodes."""
-    if num_classes != PAPER_NUM_CLASSES:
+    """Return the paper's division for ``num_nodes`` nodes and ``num_classes`` classes."""
+    table = PAPER_DIVISIONS_BY_CLASSES.get(num_classes)
+    if table is None:
         raise _division_error(
-            spec, f"the paper's table is for {PAPER_NUM_CLASSES} classes, but the dataset has "
-            f"{num_classes}; use 'classes-per-node:N' or an explicit division instead."
-        )
-    if num_nodes not in PAPER_DIVISIONS:
-        raise _division_error(
-            spec, f"the paper's table has no division for {num_nodes} nodes (available for "
-            f"K in {sorted(PAPER_DIVISIONS)}); use 'classes-per-node:N' or an explicit "
+            spec, f"the paper's table is for {' or '.join(map(str, sorted(PAPER_DIVISIONS_BY_CLASSES)))} "
+            f"classes, but the dataset has {num_classes}; use 'classes-per-node:N' or an explicit "
             "division instead."
         )
-    return [list(group) for group in PAPER_DIVISIONS[num_nodes]]
+    if num_nodes not in table:
+        raise _division_error(
+            spec, f"the paper's table has no division for {num_nodes} nodes and {num_classes} "
+            f"classes (available for K in {sorted(table)}); use 'classes-per-node:N' or an "
+            "explicit division instead."
+        )
+    return [list(group) for group in table[num_nodes]]
 
 
 def _classes_per_node(spec: str, value: str, num_nodes: int, num_classes: int) -> list[list[int]]:

@@ -12,6 +12,8 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
+from gems_fl.settings import Settings  # noqa: E402
+
 CONVEX_COLUMNS = ("Global", "Local", "Averaged", "GEMS (ellipsoid)", "GEMS (ball)",
                   "GEMS tuned (ellipsoid)", "GEMS tuned (ball)", "Raw")
 NN_COLUMNS = ("Global", "Local", "Averaged", "Ensemble", "GEMS", "GEMS tuned", "Raw")
@@ -187,7 +189,7 @@ class Report:
             ensemble += recs
         if ensemble:
             ens_acc = [_acc(r, "Ensemble") for r in ensemble[: _seeds(ensemble)]]
-            hidden = self.meta["defaults"]["hidden"]
+            hidden = sum(Settings.from_run_config(ensemble[0]["run_config"]).hidden_widths)
             nodes = ensemble[0]["num_nodes"]
             ens_params = ensemble[0]["outcome"]["rows"]["Ensemble"].get("parameters")
             payload["ensemble"] = {"accuracy": ens_acc, "hidden_neurons": nodes * int(hidden),
