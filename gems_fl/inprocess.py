@@ -12,7 +12,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import Callable, Iterable
 
-from flwr.app import Context, Error, Message, RecordDict
+from flwr.app import Context, Error, Message, MessageType, RecordDict
 from flwr.clientapp import ClientApp
 from flwr.common.constant import SUPERLINK_NODE_ID
 from flwr.serverapp import Grid
@@ -33,7 +33,11 @@ class InProcessGrid(Grid):
     run_config : dict
         The run config every node's Context sees.
     reply_hook : callable, optional
-        Applied to each reply before the server sees it (tests use it to corrupt one).
+        Applied to each ``train`` reply before the server sees it (tests use it to
+        corrupt one); the replies to the server's identity ``query`` pass untouched.
+    node_configs : list of dict, optional
+        One node config per node (e.g. ``data-path`` and ``node-name``, as a
+        SuperNode's ``--node-config``) instead of ``partition-id``/``num-partitions``.
     """
 
     def __init__(
@@ -44,6 +48,7 @@ class InProcessGrid(Grid):
         *,
         run_id: int = 1,
         reply_hook: ReplyHook | None = None,
+        node_configs: list[dict] | None = None,
     ) -> None:
         self._app = client_app
         self._run_id = run_id
@@ -51,7 +56,8 @@ class InProcessGrid(Grid):
         self._contexts = {
             1000 + k: Context(
                 run_id=run_id, node_id=1000 + k,
-                node_config={"partition-id": k, "num-partitions": num_nodes},
+                node_config=(dict(node_configs[k]) if node_configs is not None
+                             else {"partition-id": k, "num-partitions": num_nodes}),
                 state=RecordDict(), run_config=dict(run_config),
             )
             for k in range(num_nodes)
@@ -93,7 +99,9 @@ class InProcessGrid(Grid):
             reply = self._app(msg, self._contexts[msg.metadata.dst_node_id])
         except Exception as exc:  # noqa: BLE001 - becomes an error reply, as in Flower
             reply = Message(Error(code=0, reason=f"{type(exc).__name__}: {exc}"), reply_to=msg)
-        return self._hook(reply) if self._hook else reply
+        if self._hook and msg.metadata.message_type == MessageType.TRAIN:
+            return self._hook(reply)
+        return reply
 
     def pull_messages(self, message_ids: Iterable[str]) -> Iterable[Message]:
         return [self._replies.pop(mid) for mid in message_ids if mid in self._replies]

@@ -58,6 +58,7 @@ class Settings:
     no_intersection: str = "min-penalty"
     evaluate_on_server: bool = True
     output_dir: str = "gems-results"
+    round_timeout: float = 1800.0
 
     def __post_init__(self) -> None:
         _choice("dataset", self.dataset, DATASETS)
@@ -104,6 +105,7 @@ class Settings:
             raise SettingsError(f"tune-epochs={self.tune_epochs} must be >= 0")
         _positive("tune-lr", self.tune_lr)
         _positive("min-replies", self.min_replies)
+        _positive("round-timeout", self.round_timeout)
         if not self.output_dir:
             raise SettingsError("output-dir must name a folder, e.g. 'gems-results'")
 

@@ -21,9 +21,11 @@ def app_defaults() -> dict:
         return tomllib.load(f)["tool"]["flwr"]["app"]["config"]
 
 
-def run_in_process(num_nodes: int, tmp_path: Path, reply_hook=None, **overrides) -> dict:
+def run_in_process(num_nodes: int, tmp_path: Path, reply_hook=None, node_configs=None,
+                   **overrides) -> dict:
     """One GEMS run through the real apps over an in-process Grid; returns results."""
     cfg = {**app_defaults(), **FAST, "output-dir": str(tmp_path), **overrides}
-    grid = InProcessGrid(client_app, num_nodes, cfg, reply_hook=reply_hook)
+    grid = InProcessGrid(client_app, num_nodes, cfg, reply_hook=reply_hook,
+                         node_configs=node_configs)
     ctx = Context(run_id=1, node_id=1, node_config={}, state=RecordDict(), run_config=cfg)
     return run_server(grid, ctx)
