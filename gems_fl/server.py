@@ -107,7 +107,16 @@ def run_server(grid: Grid, context: Context) -> dict[str, Any]:
         raise NotEnoughRepliesError(
             f"only {len(roster.participants)} of {len(node_ids)} nodes have data that fits the "
             f"run; min-replies={settings.min_replies}. Rejected: {reasons}")
-    division = parse_division(settings.label_division, len(node_ids), num_classes)
+    # The label division only describes partition nodes (and the server's own copy of
+    # their data); nodes with their own data-path ignore it.
+    num_nodes = len(roster.participants)
+    if settings.evaluate_on_server:
+        division = parse_division(settings.label_division, num_nodes, num_classes)
+    else:
+        try:
+            division = parse_division(settings.label_division, num_nodes, num_classes)
+        except ValueError:
+            division = None
     notes: list[str] = []
     server_data = None
     if settings.evaluate_on_server:
@@ -115,7 +124,7 @@ def run_server(grid: Grid, context: Context) -> dict[str, Any]:
             "sample)", settings.dataset)
         server_data, meta, notes = load_server_data(settings, division)
     else:
-        meta = {"name": settings.dataset, "num_nodes": len(node_ids), "label_division": division,
+        meta = {"name": settings.dataset, "num_nodes": num_nodes, "label_division": division,
                 "num_features": num_features, "num_classes": num_classes}
     for note in notes:
         log(WARNING, note)
