@@ -54,6 +54,27 @@ def make_certs(folder: Path, *names: str) -> Certs:
     return Certs(folder / "ca.crt", folder / "server.crt", folder / "server.key")
 
 
+def make_node_key(path: Path) -> Path:
+    """An EC (SECP384R1) key pair for SuperNode authentication, in OpenSSH format.
+
+    Writes ``path`` (private, for ``--auth-supernode-private-key``) and ``path.pub``
+    (for ``flwr supernode register``); the same as
+    ``ssh-keygen -t ecdsa -b 384 -N "" -f path``. Returns the public key's path.
+    """
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+
+    key = ec.generate_private_key(ec.SECP384R1())
+    path.write_bytes(key.private_bytes(serialization.Encoding.PEM,
+                                       serialization.PrivateFormat.OpenSSH,
+                                       serialization.NoEncryption()))
+    path.chmod(0o600)
+    public = path.with_name(path.name + ".pub")
+    public.write_bytes(key.public_key().public_bytes(serialization.Encoding.OpenSSH,
+                                                     serialization.PublicFormat.OpenSSH))
+    return public
+
+
 def _stop_group(process: subprocess.Popen | None) -> None:
     """SIGTERM, then SIGKILL, the process group led by ``process`` (started by us)."""
     if process is None or process.poll() is not None:
@@ -101,6 +122,7 @@ class TlsFederation:
 
     workdir: Path
     certs: Certs | None = None
+    supernode_auth: bool = False
     nodes: list[SuperNode] = field(default_factory=list)
 
     def __post_init__(self) -> None:
@@ -143,7 +165,8 @@ class TlsFederation:
             ["flower-superlink", "--ssl-ca-certfile", str(self.certs.ca),
              "--ssl-certfile", str(self.certs.cert), "--ssl-keyfile", str(self.certs.key),
              "--host", "127.0.0.1", "--port", str(self.port),
-             "--disable-runtime-dependency-installation"], self.superlink_log)
+             "--disable-runtime-dependency-installation",
+             *(["--enable-supernode-auth"] if self.supernode_auth else [])], self.superlink_log)
         deadline = time.monotonic() + START_TIMEOUT_S
         while time.monotonic() < deadline:
             if self.superlink.poll() is not None:
@@ -159,6 +182,10 @@ class TlsFederation:
             time.sleep(0.3)
         raise RunFailed(f"flower-superlink did not answer on https://{self.address} in "
                         f"{START_TIMEOUT_S:.0f}s")
+
+    def register(self, public_key: Path, name: str) -> subprocess.CompletedProcess[str]:
+        """``flwr supernode register`` a SuperNode's public key (SuperNode auth)."""
+        return self.flwr("supernode", "register", str(public_key), CONNECTION, "--name", name)
 
     def add_node(self, node_config: dict[str, Any], *, ca: Path | None = None,
                  wait: bool = True, extra_args: tuple[str, ...] = ()) -> SuperNode:

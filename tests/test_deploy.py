@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from gems_fl.data import load_dataset, node_data, parse_division
-from gems_fl.federation import TlsFederation, make_certs
+from gems_fl.federation import TlsFederation, make_certs, make_node_key
 from tests.helpers import FAST, ROOT, run_in_process
 
 pytestmark = pytest.mark.slow
@@ -165,3 +165,27 @@ def test_killed_node_mid_round_the_run_completes_and_names_it(sites, tmp_path):
     assert "No reply from node" in run.output or "Rejected reply from node" in run.output
     # identify round + the train round that waits at most round-timeout, + start/finish
     assert elapsed < 2 * timeout + 60, f"run took {elapsed:.0f}s"
+
+
+def test_supernode_auth_only_registered_keys_join(sites, tmp_path):
+    """flwr 1.42 offers SuperNode authentication on a self-hosted SuperLink: use it."""
+    with TlsFederation(tmp_path / "fed", supernode_auth=True) as fed:
+        registered = make_node_key(tmp_path / "site-0.key")
+        unregistered = make_node_key(tmp_path / "stranger.key")
+        reg = fed.register(registered, "site-0")
+        assert reg.returncode == 0 and "registered successfully" in reg.stdout, reg.stdout + reg.stderr
+        good = fed.add_node(sites[0], extra_args=(
+            "--auth-supernode-private-key", str(tmp_path / "site-0.key")))
+        retry = ("--max-retries", "2", "--max-wait-time", "15")
+        stranger = fed.add_node({**sites[1], "node-name": "stranger"}, wait=False, extra_args=(
+            "--auth-supernode-private-key", str(tmp_path / "stranger.key"), *retry))
+        keyless = fed.add_node({**sites[2], "node-name": "keyless"}, wait=False, extra_args=retry)
+        for node in (stranger, keyless):
+            node.process.wait(timeout=90)
+            assert node.process.returncode != 0
+            assert "SuperNode ID:" not in node.log(), node.log()[-3000:]
+        assert "must be registered" in keyless.log(), keyless.log()[-3000:]
+        assert good.process.poll() is None
+        listed = fed.flwr("supernode", "ls", "--format", "json")
+        assert listed.returncode == 0, listed.stderr
+        assert good.log().split("SuperNode ID: ")[1].split()[0] in listed.stdout
