@@ -24,25 +24,16 @@ import tempfile
 import time
 from pathlib import Path
 
-import numpy as np
-
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from gems_fl.data import load_dataset, node_data, parse_division  # noqa: E402
 from gems_fl.federation import TlsFederation  # noqa: E402
+from gems_fl.nodes import write_partition_files  # noqa: E402
 
 
 def _sites(folder: Path, num_nodes: int, seed: int) -> list[dict]:
-    splits = load_dataset("digits", seed=seed)
-    division = parse_division("paper", num_nodes, splits.num_classes)
-    configs = []
-    for k in range(num_nodes):
-        x_tr, y_tr, x_val, y_val = node_data(splits, division, k, seed)
-        path = folder / f"site-{k}.npz"
-        np.savez(path, x_train=x_tr, y_train=y_tr, x_val=x_val, y_val=y_val)
-        configs.append({"data-path": str(path), "node-name": f"site-{k}"})
-    return configs
+    return [{"data-path": str(path), "node-name": path.stem}
+            for path in write_partition_files(folder, num_nodes, seed=seed)]
 
 
 def _rows(kind: str, results: dict, run_wall: float) -> list[dict]:

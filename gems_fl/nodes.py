@@ -195,3 +195,23 @@ def cast_node_arrays(data: NodeData) -> NodeData:
     data.y_train = np.asarray(data.y_train).astype(np.int64)
     data.y_val = np.asarray(data.y_val).astype(np.int64)
     return data
+
+
+def write_partition_files(folder: str | Path, num_nodes: int, *, dataset: str = "digits",
+                          label_division: str = "paper", seed: int = 0,
+                          data_dir: str | None = None) -> list[Path]:
+    """Write each partition of ``dataset`` as ``site-<k>.npz`` (demo node data files).
+
+    The files hold exactly what partition node ``k`` trains on in a simulation with
+    the same ``label-division`` and ``seed``.
+    """
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    splits = load_dataset(dataset, seed=seed, data_dir=data_dir)
+    division = parse_division(label_division, num_nodes, splits.num_classes)
+    paths = []
+    for k in range(num_nodes):
+        x_tr, y_tr, x_val, y_val = node_data(splits, division, k, seed)
+        paths.append(folder / f"site-{k}.npz")
+        np.savez(paths[-1], x_train=x_tr, y_train=y_tr, x_val=x_val, y_val=y_val)
+    return paths

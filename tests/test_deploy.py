@@ -15,8 +15,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from gems_fl.data import load_dataset, node_data, parse_division
 from gems_fl.federation import TlsFederation, make_certs, make_node_key
+from gems_fl.nodes import write_partition_files
 from tests.helpers import FAST, ROOT, run_in_process
 
 pytestmark = pytest.mark.slow
@@ -38,12 +38,8 @@ def _write_site(path: Path, arrays) -> Path:
 @pytest.fixture(scope="module")
 def sites(tmp_path_factory) -> list[dict]:
     """One .npz per node: the digits partitions of the paper's K=3 division."""
-    folder = tmp_path_factory.mktemp("sites")
-    splits = load_dataset("digits", seed=0)
-    division = parse_division("paper", NUM_NODES, splits.num_classes)
-    return [{"data-path": str(_write_site(folder / f"site-{k}.npz",
-                                          node_data(splits, division, k, 0))),
-             "node-name": f"site-{k}"} for k in range(NUM_NODES)]
+    paths = write_partition_files(tmp_path_factory.mktemp("sites"), NUM_NODES)
+    return [{"data-path": str(p), "node-name": p.stem} for p in paths]
 
 
 @pytest.fixture(scope="module")
