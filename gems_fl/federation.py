@@ -76,8 +76,18 @@ def make_node_key(path: Path) -> Path:
 
 
 def _stop_group(process: subprocess.Popen | None) -> None:
-    """SIGTERM, then SIGKILL, the process group led by ``process`` (started by us)."""
-    if process is None or process.poll() is not None:
+    """SIGTERM, then SIGKILL, the process group led by ``process`` (started by us).
+
+    If the leader has already exited, what is left of its group (e.g. a SuperNode's
+    SuperExec) gets SIGKILL.
+    """
+    if process is None:
+        return
+    if process.poll() is not None:
+        try:
+            os.killpg(process.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
         return
     for sig, wait in ((signal.SIGTERM, 10.0), (signal.SIGKILL, 5.0)):
         try:
@@ -198,7 +208,7 @@ class TlsFederation:
         config = " ".join(f"{k}={json.dumps(v) if isinstance(v, str) else v}"
                           for k, v in node_config.items())
         name = str(node_config.get("node-name", f"node-{len(self.nodes)}"))
-        log_path = self.workdir / f"supernode-{name}.log"
+        log_path = self.workdir / f"supernode-{len(self.nodes)}-{name}.log"
         process = self._spawn(
             ["flower-supernode", "--root-certificates", str(ca or self.certs.ca),
              "--superlink", self.address, "--port", str(_free_port()),

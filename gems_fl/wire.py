@@ -1,6 +1,16 @@
 """What crosses the network, and the checks on what comes back.
 
-Server -> client (message type ``train``)::
+Server -> client (message type ``query``, before round 1)::
+
+    "config":  ConfigRecord  every run setting
+
+Client -> server (the answer; :func:`decode_identity` checks it)::
+
+    "identity": ConfigRecord node-name, data-source
+    "metrics":  MetricRecord num-features, num-classes, num-train-examples,
+                             num-val-examples
+
+Server -> client (message type ``train``, TTL ``round-timeout``)::
 
     "config":  ConfigRecord  every run setting (Settings.to_config())
 

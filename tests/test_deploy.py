@@ -136,31 +136,55 @@ def test_supernode_with_the_wrong_ca_cannot_join(federation, tmp_path):
     assert node.process.returncode != 0
 
 
-def test_killed_node_mid_round_the_run_completes_and_names_it(sites, tmp_path):
+def _run_killing(fed: TlsFederation, victim, out: Path, **overrides):
+    """``flwr run`` while a thread kills ``victim`` as soon as its train message arrives."""
+
+    def kill_when_training_starts() -> None:
+        fed.wait_for_log(victim, "Receiving: train message", 300)
+        fed.kill_node(victim)
+
+    killer = threading.Thread(target=kill_when_training_starts, daemon=True)
+    killer.start()
+    t0 = time.monotonic()
+    run = fed.run(ROOT, {**FAST, "output-dir": str(out), "evaluate-on-server": False,
+                         "space": "ball", **overrides}, timeout=400)
+    elapsed = time.monotonic() - t0
+    killer.join(timeout=5)
+    assert victim.process.poll() is not None, "the node was not killed during the run"
+    return run, elapsed
+
+
+def _node_id(node) -> int:
+    return int(node.log().split("SuperNode ID: ")[1].split()[0])
+
+
+def test_killed_node_mid_round_the_run_completes_or_stops_clearly(sites, tmp_path):
     timeout = 20.0
+    # identify round + the train round, each waiting at most round-timeout, + start/end
+    bound = 2 * timeout + 60
     with TlsFederation(tmp_path / "fed") as fed:
         nodes = [fed.add_node(config) for config in sites]
-        victim = nodes[2]
+        run, elapsed = _run_killing(fed, nodes[2], tmp_path / "a",
+                                    **{"round-timeout": timeout, "min-replies": 2})
+        assert run.status == "finished:completed", run.output[-4000:]
+        assert elapsed < bound, f"run took {elapsed:.0f}s"
+        results = run.results
+        assert sorted(n["name"] for n in results["nodes"]) == ["site-0", "site-1"]
+        (missing,) = results["rejected"]
+        assert missing["node_name"] == "site-2" and missing["node_id"] == _node_id(nodes[2])
+        assert "Round 1: Replies from 2 of 3 nodes" in run.output
 
-        def kill_when_training_starts() -> None:
-            fed.wait_for_log(victim, "Receiving: train message", 300)
-            fed.kill_node(victim)
-
-        killer = threading.Thread(target=kill_when_training_starts, daemon=True)
-        killer.start()
-        t0 = time.monotonic()
-        out = _run(fed, tmp_path, **{"round-timeout": timeout, "min-replies": 2,
-                                     "evaluate-on-server": False, "space": "ball"})
-        elapsed = time.monotonic() - t0
-        killer.join(timeout=5)
-        assert victim.process.poll() is not None, "the node was not killed during the run"
-    results, run = out["results"], out["run"]
-    assert sorted(n["name"] for n in results["nodes"]) == ["site-0", "site-1"]
-    (missing,) = results["rejected"]
-    assert missing["node_name"] == "site-2"
-    assert "No reply from node" in run.output or "Rejected reply from node" in run.output
-    # identify round + the train round that waits at most round-timeout, + start/finish
-    assert elapsed < 2 * timeout + 60, f"run took {elapsed:.0f}s"
+        # Restarted, site-2 gets a new Flower node id but keeps its name. With
+        # min-replies=3 losing it again must stop the run with a clear message.
+        restarted = fed.add_node(sites[2])
+        assert _node_id(restarted) != _node_id(nodes[2])
+        run, elapsed = _run_killing(fed, restarted, tmp_path / "b",
+                                    **{"round-timeout": timeout, "min-replies": 3})
+        assert run.status == "finished:failed", run.output[-4000:]
+        assert elapsed < bound + timeout, f"run took {elapsed:.0f}s"
+        assert "only 2 valid replies from 3 nodes; min-replies=3" in run.output, run.output[-4000:]
+        assert f"{_node_id(restarted)} ('site-2')" in run.output
+        assert not list((tmp_path / "b").glob("run-*/results.json"))
 
 
 def test_supernode_auth_only_registered_keys_join(sites, tmp_path):
