@@ -110,13 +110,12 @@ def run_server(grid: Grid, context: Context) -> dict[str, Any]:
     # The label division only describes partition nodes (and the server's own copy of
     # their data); nodes with their own data-path ignore it.
     num_nodes = len(roster.participants)
-    if settings.evaluate_on_server:
+    try:
         division = parse_division(settings.label_division, num_nodes, num_classes)
-    else:
-        try:
-            division = parse_division(settings.label_division, num_nodes, num_classes)
-        except ValueError:
-            division = None
+    except ValueError:
+        if settings.evaluate_on_server:
+            raise
+        division = None
     notes: list[str] = []
     server_data = None
     if settings.evaluate_on_server:
