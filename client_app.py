@@ -3,7 +3,7 @@
 from flwr.app import Context, Message
 from flwr.clientapp import ClientApp
 
-from gems_fl.client import handle_train
+from gems_fl.client import handle_query, handle_train
 
 app = ClientApp()
 
@@ -12,3 +12,9 @@ app = ClientApp()
 def train(msg: Message, context: Context) -> Message:
     """Train locally and reply with this node's good-enough model space."""
     return handle_train(msg, context)
+
+
+@app.query()
+def query(msg: Message, context: Context) -> Message:
+    """Say who this node is and what data it holds (checked against the run)."""
+    return handle_query(msg, context)

@@ -15,9 +15,9 @@ import torch
 from flwr.app import Context, Message, RecordDict
 
 from gems_fl import wire
-from gems_fl.data import FeatureOptions, load_dataset, node_data, parse_division
 from gems_fl.client_nn import hidden_layer_spaces, output_layer_space, round_seed
 from gems_fl.fisher import diagonal_fisher, fisher_axes
+from gems_fl.nodes import cast_node_arrays, load_node_data, node_seed  # noqa: F401
 from gems_fl.models import build_model, model_to_vector, vector_to_state
 from gems_fl.radius import RadiusResult, search_radius
 from gems_fl.settings import Settings
@@ -37,11 +37,6 @@ class LocalSpace:
     num_train: int
     num_val: int
     val_accuracy: float
-
-
-def node_seed(seed: int, partition_id: int) -> int:
-    """Per-node seed: different nodes initialise differently, reproducibly."""
-    return seed * 10_007 + partition_id
 
 
 def build_local_space(
@@ -113,33 +108,37 @@ def _layer_round_reply(
 def handle_train(msg: Message, context: Context) -> Message:
     """Flower ``train`` handler: data -> local model -> good-enough space -> reply."""
     settings = Settings.from_run_config(wire.decode_config(msg.content)).for_node(context.node_config)
-    partition_id = int(context.node_config["partition-id"])
-    num_partitions = int(context.node_config["num-partitions"])
-    data_dir = str(context.node_config.get("data-dir", settings.data_dir)) or None
-    splits = load_dataset(settings.dataset, seed=settings.seed, data_dir=data_dir,
-                          features=FeatureOptions.from_settings(settings))
-    division = parse_division(settings.label_division, num_partitions, splits.num_classes)
-    x_tr, y_tr, x_val, y_val = node_data(splits, division, partition_id, settings.seed)
+    data = cast_node_arrays(load_node_data(settings, context.node_config))
     if settings.model == "mlp":
-        content = _layer_round_reply(msg, settings, splits.num_classes,
-                                     (x_tr, y_tr, x_val, y_val), node_seed(settings.seed, partition_id))
+        content = _layer_round_reply(msg, settings, data.num_classes, data.arrays, data.seed)
         return Message(content=content, reply_to=msg)
-    local = build_local_space(
-        x_tr, y_tr, x_val, y_val, splits.num_classes, settings,
-        seed=node_seed(settings.seed, partition_id),
-    )
+    local = build_local_space(*data.arrays, data.num_classes, settings, seed=data.seed)
     logger.info(
-        "node %s (partition %d): %d train / %d val, val acc %.3f, %s radius %.4f",
-        context.node_id, partition_id, local.num_train, local.num_val,
+        "node %s (%s): %d train / %d val, val acc %.3f, %s radius %.4f",
+        data.name, data.source, local.num_train, local.num_val,
         local.val_accuracy, settings.space, local.space.radius,
     )
-    shape = (splits.num_classes, splits.num_features)
+    num_classes, num_features = data.num_classes, data.num_features
     content = wire.encode_reply(
-        vector_to_state(local.space.center, shape[1], shape[0]),
-        None if local.space.axes is None else vector_to_state(local.space.axes, shape[1], shape[0]),
+        vector_to_state(local.space.center, num_features, num_classes),
+        None if local.space.axes is None else vector_to_state(local.space.axes, num_features, num_classes),
         radius=local.space.radius,
         num_train_examples=local.num_train,
         num_val_examples=local.num_val,
         local_val_accuracy=local.val_accuracy,
     )
     return Message(content=content, reply_to=msg)
+
+
+def handle_query(msg: Message, context: Context) -> Message:
+    """Flower ``query`` handler: say who this node is and what data it holds.
+
+    The server asks before the first round; a node whose data does not fit the run
+    (wrong number of features or classes, unreadable file) raises here, so Flower
+    returns an error reply that names the problem and the server leaves it out.
+    """
+    settings = Settings.from_run_config(wire.decode_config(msg.content))
+    data = load_node_data(settings, context.node_config)
+    return Message(content=wire.encode_identity(
+        data.name, data.source, num_features=data.num_features, num_classes=data.num_classes,
+        num_train=len(data.y_train), num_val=len(data.y_val)), reply_to=msg)

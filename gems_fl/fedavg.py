@@ -20,10 +20,10 @@ from flwr.clientapp import ClientApp
 from flwr.serverapp.strategy import FedAvg, FedProx
 from torch import nn
 
-from gems_fl.client import node_seed
-from gems_fl.data import load_dataset, node_data, parse_division
+from gems_fl.data import FeatureOptions, load_dataset
 from gems_fl.inprocess import InProcessGrid
 from gems_fl.models import MLP, build_model
+from gems_fl.nodes import cast_node_arrays, load_node_data
 from gems_fl.settings import Settings
 from gems_fl.train import accuracy, fine_tune
 
@@ -43,21 +43,17 @@ def make_model(settings: Settings, num_features: int, num_classes: int) -> nn.Mo
 def train(msg: Message, context: Context) -> Message:
     """Train the received model on this node's partition; reply with it and its size."""
     settings = Settings.from_run_config(context.run_config)
-    partition_id = int(context.node_config["partition-id"])
-    num_partitions = int(context.node_config["num-partitions"])
-    splits = load_dataset(settings.dataset, seed=settings.seed, data_dir=settings.data_dir or None)
-    division = parse_division(settings.label_division, num_partitions, splits.num_classes)
-    x_tr, y_tr, _, _ = node_data(splits, division, partition_id, settings.seed)
+    data = cast_node_arrays(load_node_data(settings, context.node_config))
     config = msg.content["config"]
-    model = make_model(settings, splits.num_features, splits.num_classes)
+    model = make_model(settings, data.num_features, data.num_classes)
     model.load_state_dict(msg.content["arrays"].to_torch_state_dict())
     round_index = int(config["server-round"])
-    fine_tune(model, x_tr, y_tr, epochs=int(config["local-epochs"]), lr=settings.local_lr,
-              batch_size=settings.batch_size,
-              seed=node_seed(settings.seed, partition_id) + 7919 * round_index,
+    fine_tune(model, data.x_train, data.y_train, epochs=int(config["local-epochs"]),
+              lr=settings.local_lr, batch_size=settings.batch_size,
+              seed=data.seed + 7919 * round_index,
               proximal_mu=float(config.get("proximal-mu", 0.0)))
     content = RecordDict({"arrays": ArrayRecord(model.state_dict()),
-                          "metrics": MetricRecord({"num-examples": len(y_tr)})})
+                          "metrics": MetricRecord({"num-examples": len(data.y_train)})})
     return Message(content=content, reply_to=msg)
 
 
@@ -93,7 +89,8 @@ def run_federated(
         raise ValueError("num_rounds and local_epochs must be >= 1")
     t0 = time.perf_counter()
     settings = Settings.from_run_config(run_config)
-    splits = load_dataset(settings.dataset, seed=settings.seed, data_dir=settings.data_dir or None)
+    splits = load_dataset(settings.dataset, seed=settings.seed, data_dir=settings.data_dir or None,
+                          features=FeatureOptions.from_settings(settings))
     torch.manual_seed(settings.seed)
     initial = make_model(settings, splits.num_features, splits.num_classes)
     common = dict(fraction_train=1.0, fraction_evaluate=0.0, min_train_nodes=num_nodes,

@@ -12,13 +12,13 @@ from __future__ import annotations
 import uuid
 from collections.abc import Callable, Iterable
 
-from flwr.app import Context, Error, Message, RecordDict
+from flwr.app import Context, Error, Message, MessageType, RecordDict
 from flwr.clientapp import ClientApp
 from flwr.common.constant import SUPERLINK_NODE_ID
 from flwr.serverapp import Grid
 from flwr.supercore.task_identity import TaskIdentity
 
-from gems_fl.layerwise import content_bytes
+from gems_fl.wire import content_bytes
 
 ReplyHook = Callable[[Message], Message]
 
@@ -35,17 +35,11 @@ class InProcessGrid(Grid):
     run_config : dict
         The run config every node's Context sees.
     reply_hook : callable, optional
-        Applied to each reply before the server sees it (tests use it to corrupt one).
+        Applied to each ``train`` reply before the server sees it (tests use it to
+        corrupt one); the replies to the server's identity ``query`` pass untouched.
     node_configs : list of dict, optional
-        Extra node config per node (e.g. a node's own ``eps``), merged over the
-        partition keys.
-
-    Attributes
-    ----------
-    exchanges : list of dict
-        One entry per ``send_and_receive`` call (one round): ``down`` and ``up``, the
-        bytes of the records sent to and received from the nodes, counted as Flower's
-        ``count_bytes`` does, and ``nodes``, the number of messages sent.
+        One node config per node (e.g. ``data-path`` and ``node-name``, as a
+        SuperNode's ``--node-config``) instead of ``partition-id``/``num-partitions``.
     """
 
     def __init__(
@@ -66,8 +60,8 @@ class InProcessGrid(Grid):
         self._contexts = {
             1000 + k: Context(
                 run_id=run_id, node_id=1000 + k,
-                node_config={"partition-id": k, "num-partitions": num_nodes,
-                             **(node_configs[k] if node_configs else {})},
+                node_config=(dict(node_configs[k]) if node_configs is not None
+                             else {"partition-id": k, "num-partitions": num_nodes}),
                 state=RecordDict(), run_config=dict(run_config),
             )
             for k in range(num_nodes)
@@ -104,6 +98,7 @@ class InProcessGrid(Grid):
             msg.metadata.__dict__["_run_id"] = self._run_id
             self._down += content_bytes(msg.content)
             self._sent += 1
+            self._type = msg.metadata.message_type
             ids.append(msg.metadata.message_id)
             self._replies[msg.metadata.message_id] = self._deliver(msg)
         return ids
@@ -113,7 +108,9 @@ class InProcessGrid(Grid):
             reply = self._app(msg, self._contexts[msg.metadata.dst_node_id])
         except Exception as exc:  # noqa: BLE001 - becomes an error reply, as in Flower
             reply = Message(Error(code=0, reason=f"{type(exc).__name__}: {exc}"), reply_to=msg)
-        return self._hook(reply) if self._hook else reply
+        if self._hook and msg.metadata.message_type == MessageType.TRAIN:
+            return self._hook(reply)
+        return reply
 
     def pull_messages(self, message_ids: Iterable[str]) -> Iterable[Message]:
         replies = [self._replies.pop(mid) for mid in message_ids if mid in self._replies]
@@ -122,6 +119,8 @@ class InProcessGrid(Grid):
 
     def send_and_receive(self, messages: Iterable[Message], *, timeout: float | None = None) -> Iterable[Message]:
         self._down = self._up = self._sent = 0
+        self._type = ""
         replies = self.pull_messages(self.push_messages(messages))
-        self.exchanges.append({"down": self._down, "up": self._up, "nodes": self._sent})
+        self.exchanges.append({"type": self._type, "down": self._down, "up": self._up,
+                               "nodes": self._sent})
         return replies

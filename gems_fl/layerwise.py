@@ -25,38 +25,19 @@ from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Strategy
 
 from gems_fl import wire
+from gems_fl.wire import content_bytes  # noqa: F401 - re-exported
 from gems_fl.intersect import find_intersection
 from gems_fl.layer_merge import merge_layer
 from gems_fl.settings import Settings
-from gems_fl.strategy import ConvexOutcome, NodeReply, NotEnoughRepliesError, validate_replies
+from gems_fl.strategy import (
+    ConvexOutcome,
+    NodeReply,
+    NotEnoughRepliesError,
+    select_nodes,
+    validate_replies,
+)
 
 Layer = tuple[np.ndarray, np.ndarray]
-
-
-def content_bytes(content: RecordDict) -> int:
-    """Bytes of a message's records, counted as Flower's ``count_bytes`` does.
-
-    ConfigRecords are counted here (keys plus 8 bytes per number, 1 per bool, the
-    length of strings) because flwr 1.42's ``ConfigRecord.count_bytes`` raises on an
-    empty string value such as ``data-dir=""``.
-    """
-    total = 0
-    for record in content.values():
-        if isinstance(record, ConfigRecord):
-            total += sum(len(k) + _config_value_bytes(v) for k, v in record.items())
-        else:
-            total += record.count_bytes()
-    return int(total)
-
-
-def _config_value_bytes(value: Any) -> int:
-    if isinstance(value, list):
-        return sum(_config_value_bytes(v) for v in value)
-    if isinstance(value, bool):
-        return 1
-    if isinstance(value, (str, bytes)):
-        return len(value)
-    return 8
 
 
 @dataclass
@@ -77,8 +58,12 @@ class LayerRound:
 class LayerwiseGEMS(Strategy):
     """GEMS for MLPs: per-neuron spaces, k-means intersection, one round per layer."""
 
-    def __init__(self, settings: Settings, num_features: int, num_classes: int) -> None:
+    def __init__(self, settings: Settings, num_features: int, num_classes: int,
+                 participants: list[int] | None = None,
+                 names: dict[int, str] | None = None) -> None:
         self.settings = settings
+        self.participants = participants
+        self.names = dict(names or {})
         self.num_features = num_features
         self.num_classes = num_classes
         self.widths = settings.hidden_widths
@@ -107,13 +92,20 @@ class LayerwiseGEMS(Strategy):
     ) -> Iterable[Message]:
         """Settings plus the aggregated layers so far, to every node still taking part."""
         self._t0 = time.perf_counter()
-        nodes = [n for n in sorted(grid.get_node_ids()) if n not in self.excluded]
+        connected, gone = select_nodes(grid, self.participants, self.names,
+                                       log_prefix=f"Round {server_round}: ")
+        nodes = [n for n in connected if n not in self.excluded]
         layer = server_round if server_round <= len(self.widths) else None
         self.rounds.append(LayerRound(server_round, layer, nodes))
+        for item in gone:
+            if item["node_id"] not in self.excluded:
+                self.rounds[-1].rejected.append(item)
+                self.excluded[item["node_id"]] = f"round {server_round}: {item['reason']}"
         content = wire.encode_layer_round(self.settings.to_config(), server_round, self.layers)
         self.rounds[-1].bytes_sent = content_bytes(content) * len(nodes)
         return [Message(content=content, message_type=MessageType.TRAIN, dst_node_id=n,
-                        group_id=str(server_round)) for n in nodes]
+                        group_id=str(server_round), ttl=self.settings.round_timeout)
+                for n in nodes]
 
     def aggregate_train(
         self, server_round: int, replies: Iterable[Message]
@@ -134,7 +126,8 @@ class LayerwiseGEMS(Strategy):
 
     def _accept(self, record: LayerRound, replies: list[Message], decode) -> list[tuple[int, Any]]:  # noqa: ANN001
         accepted, rejected = validate_replies(replies, record.nodes, decode,
-                                              log_prefix=f"Round {record.round}: ")
+                                              log_prefix=f"Round {record.round}: ",
+                                              names=self.names)
         for item in rejected:
             record.rejected.append(item)
             self.excluded[item["node_id"]] = f"round {record.round}: {item['reason']}"

@@ -55,13 +55,14 @@ def markdown_table(results: dict[str, Any]) -> str:
     lines.append("")
     lines.append(f"Intersection {found}; node radii: {radii}.")
     for r in results.get("rounds", []):
-        if r["layer"] is not None:
+        if r.get("layer") is not None:
             merge = r["merge"]
             lines.append(f"Layer {r['layer']}: width {r['width']} ({merge['num_intersected_groups']} "
                          f"merged groups, {merge['num_kept_alone']} kept alone); "
                          f"{r['bytes_sent']} bytes down, {r['bytes_received']} up.")
         else:
-            lines.append(f"Output round: {r['bytes_sent']} bytes down, {r['bytes_received']} up.")
+            label = "Output round" if "layer" in r else f"Round {r['round']}"
+            lines.append(f"{label}: {r['bytes_sent']} bytes down, {r.get('bytes_received', 0)} up.")
     return "\n".join(lines)
 
 
@@ -73,12 +74,14 @@ def print_results(results: dict[str, Any], console: Console | None = None) -> No
     for col in ("node", "train", "val", "val acc", "radius", "h_G inside", "miss"):
         nodes.add_column(col, justify="right")
     for n in results["nodes"]:
-        nodes.add_row(str(n["node_id"]), str(n["num_train"]), str(n["num_val"]),
+        label = f"{n['name']} ({n['node_id']})" if n.get("name") else str(n["node_id"])
+        nodes.add_row(label, str(n["num_train"]), str(n["num_val"]),
                       f"{n['local_val_accuracy']:.3f}", f"{n['radius']:.4g}",
                       "yes" if n["inside"] else "NO", f"{n['miss']:.3g}")
     console.print(nodes)
     for r in results["rejected"]:
-        console.print(f"[red]rejected[/red] node {r['node_id']}: {r['reason']}")
+        name = f" '{r['node_name']}'" if r.get("node_name") else ""
+        console.print(f"[red]rejected[/red] node{name} {r['node_id']}: {r['reason']}")
     for note in results.get("notes", []):
         console.print(f"[yellow]note[/yellow]: {note}")
 

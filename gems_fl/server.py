@@ -30,9 +30,10 @@ from gems_fl.fine_tuning import fine_tuning_curve
 from gems_fl.layerwise import LayerwiseGEMS
 from gems_fl.data import DATASET_SHAPES, FeatureOptions, load_dataset, node_data, parse_division
 from gems_fl.models import MLP, build_model, model_from_vector, param_shapes, vector_to_state
-from gems_fl.results import print_results, write_results
+from gems_fl.results import MODEL_FILE, RESULTS_FILE, print_results, write_results
+from gems_fl.roster import identify_nodes
 from gems_fl.settings import Settings, SettingsError
-from gems_fl.strategy import GEMS
+from gems_fl.strategy import GEMS, NotEnoughRepliesError
 
 NODE_WAIT_S = 60.0
 
@@ -123,7 +124,21 @@ def run_server(grid: Grid, context: Context) -> dict[str, Any]:
     if len(node_ids) < settings.min_replies:
         raise RuntimeError(f"only {len(node_ids)} nodes connected; min-replies={settings.min_replies}")
     num_features, num_classes = DATASET_SHAPES[settings.dataset]
-    division = parse_division(settings.label_division, len(node_ids), num_classes)
+    roster = identify_nodes(grid, node_ids, settings, num_features, num_classes)
+    if len(roster.participants) < settings.min_replies:
+        reasons = "; ".join(f"node {r['node_id']}: {r['reason']}" for r in roster.rejected)
+        raise NotEnoughRepliesError(
+            f"only {len(roster.participants)} of {len(node_ids)} nodes have data that fits the "
+            f"run; min-replies={settings.min_replies}. Rejected: {reasons}")
+    # The label division only describes partition nodes (and the server's own copy of
+    # their data); nodes with their own data-path ignore it.
+    num_nodes = len(roster.participants)
+    try:
+        division = parse_division(settings.label_division, num_nodes, num_classes)
+    except ValueError:
+        if settings.evaluate_on_server:
+            raise
+        division = None
     notes: list[str] = []
     server_data = None
     if settings.evaluate_on_server:
@@ -131,19 +146,22 @@ def run_server(grid: Grid, context: Context) -> dict[str, Any]:
             "sample)", settings.dataset)
         server_data, meta, notes = load_server_data(settings, division)
     else:
-        meta = {"name": settings.dataset, "num_nodes": len(node_ids), "label_division": division,
+        meta = {"name": settings.dataset, "num_nodes": num_nodes, "label_division": division,
                 "num_features": num_features, "num_classes": num_classes}
     for note in notes:
         log(WARNING, note)
 
     layerwise = settings.model == "mlp"
     if layerwise:
-        strategy = LayerwiseGEMS(settings, num_features, num_classes)
+        strategy = LayerwiseGEMS(settings, num_features, num_classes,
+                                 participants=roster.participants, names=roster.names)
     else:
-        strategy = GEMS(settings, param_shapes(num_features, num_classes))
+        strategy = GEMS(settings, param_shapes(num_features, num_classes),
+                        participants=roster.participants, names=roster.names)
     t_round = time.perf_counter()
     strategy.start(grid=grid, initial_arrays=ArrayRecord(),
-                   num_rounds=strategy.num_rounds if layerwise else 1)
+                   num_rounds=strategy.num_rounds if layerwise else 1,
+                   timeout=settings.round_timeout)
     round_s = time.perf_counter() - t_round
     outcome = strategy.outcome
     inter = outcome.intersection
@@ -153,6 +171,7 @@ def run_server(grid: Grid, context: Context) -> dict[str, Any]:
         gems_model = assemble_mlp(strategy.layers, inter.point, num_features, num_classes, settings)
         model_state = {k: v.detach().numpy() for k, v in gems_model.state_dict().items()}
         extra["rounds"] = strategy.round_reports()
+        round_rejections = [item for r in strategy.rounds for item in r.rejected]
         extra["excluded_nodes"] = {str(k): v for k, v in strategy.excluded.items()}
         extra["hidden_widths"] = [w.shape[0] for w, _ in strategy.layers]
         if server_data is not None:
@@ -186,6 +205,8 @@ def run_server(grid: Grid, context: Context) -> dict[str, Any]:
                     (server_data.test_x, server_data.test_y), settings)
         else:
             rows = skipped_rows(skip_reason)
+        extra["rounds"] = strategy.rounds
+        round_rejections = outcome.rejected
     for reply in outcome.accepted:
         if reply.space.radius == 0.0:
             notes.append(f"node {reply.node_id}: local validation accuracy "
@@ -199,20 +220,25 @@ def run_server(grid: Grid, context: Context) -> dict[str, Any]:
         "rows": rows,
         "intersection": inter.to_dict(),
         "nodes": [
-            {"node_id": int(r.node_id), "radius": r.space.radius,
+            {"node_id": int(r.node_id), "name": roster.names.get(r.node_id, ""),
+             "radius": r.space.radius,
              "local_val_accuracy": r.metrics["local-val-accuracy"],
              "num_train": int(r.metrics["num-train-examples"]),
              "num_val": int(r.metrics["num-val-examples"]),
              "inside": bool(inside), "miss": float(miss)}
             for r, inside, miss in zip(outcome.accepted, inter.inside, inter.miss)
         ],
-        "rejected": outcome.rejected,
+        "rejected": roster.rejected + round_rejections,
+        "participants": roster.nodes_json(),
+        "identify": roster.report,
         "notes": notes,
         "timing_s": {"round": round_s, "total": time.perf_counter() - t0},
         **extra,
     }
     folder = Path(settings.output_dir).expanduser().resolve() / f"run-{context.run_id}"
+    results["output"] = {"results": str(folder / RESULTS_FILE), "model": str(folder / MODEL_FILE)}
     path = write_results(results, folder, model_state)
     print_results(results)
-    log(INFO, "Results written to %s", path)
+    log(INFO, "Results written to %s (model: %s) on the machine running the ServerApp",
+        path, folder / MODEL_FILE)
     return results

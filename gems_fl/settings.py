@@ -67,6 +67,7 @@ class Settings:
     feature_cache_dir: str = ""
     ham10000_per_class: int = 2000
     ham10000_cnn_epochs: int = 10
+    round_timeout: float = 1800.0
 
     def __post_init__(self) -> None:
         _choice("dataset", self.dataset, DATASETS)
@@ -122,6 +123,7 @@ class Settings:
         _positive("tune-lr", self.tune_lr)
         self.tune_sizes  # noqa: B018 - validates tune-curve
         _positive("min-replies", self.min_replies)
+        _positive("round-timeout", self.round_timeout)
         if not self.output_dir:
             raise SettingsError("output-dir must name a folder, e.g. 'gems-results'")
 

@@ -9,7 +9,8 @@ intersection report stay on the strategy (:attr:`GEMS.outcome`) for the results.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable, Iterable
+import time
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from logging import INFO, WARNING
 from typing import Any
@@ -23,6 +24,7 @@ from flwr.serverapp.strategy import Strategy
 from gems_fl import wire
 from gems_fl.intersect import IntersectionResult, find_intersection
 from gems_fl.models import vector_to_state
+from gems_fl.wire import content_bytes
 from gems_fl.settings import Settings
 from gems_fl.spaces import Space
 
@@ -54,6 +56,7 @@ def validate_replies(
     sent_to: Iterable[int],
     decode: Callable[[RecordDict], tuple[Any, ...]],
     log_prefix: str = "",
+    names: Mapping[int, str] | None = None,
 ) -> tuple[list[tuple[int, tuple[Any, ...]]], list[dict[str, object]]]:
     """Decode every reply; reject the bad and the missing with a log line naming the node.
 
@@ -61,10 +64,14 @@ def validate_replies(
     first item is a :class:`Space` or an array. Accepted replies come back as
     ``(node_id, decoded)`` in a canonical order (a hash of that first item), not by
     random node id or arrival, so the aggregate and every number stay reproducible.
+    ``names`` maps node ids to the nodes' stable names (their node config's
+    ``node-name``) for the log lines and the rejection records.
     """
+    names = names or {}
     accepted: list[tuple[int, tuple[Any, ...]]] = []
     rejected: list[dict[str, object]] = []
     seen: set[int] = set()
+    sent_to = list(sent_to)
     for reply in replies:
         node_id = reply.metadata.src_node_id
         seen.add(node_id)
@@ -73,14 +80,50 @@ def validate_replies(
                 raise wire.ReplyError(f"client error {reply.error.code}: {reply.error.reason}")
             accepted.append((node_id, decode(reply.content)))
         except wire.ReplyError as exc:
-            log(WARNING, "%sRejected reply from node %d: %s", log_prefix, node_id, exc)
-            rejected.append({"node_id": node_id, "reason": str(exc)})
+            log(WARNING, "%sRejected reply from node %s: %s", log_prefix,
+                describe_node(node_id, names), exc)
+            rejected.append(_rejection(node_id, names, str(exc)))
     for node_id in sent_to:
         if node_id not in seen:
-            log(WARNING, "%sNo reply from node %d (timed out or lost)", log_prefix, node_id)
-            rejected.append({"node_id": node_id, "reason": "no reply"})
+            log(WARNING, "%sNo reply from node %s (timed out or lost)", log_prefix,
+                describe_node(node_id, names))
+            rejected.append(_rejection(node_id, names, "no reply"))
     accepted.sort(key=lambda item: _canonical_key(item[1][0]))
+    log(INFO, "%sReplies from %d of %d nodes: accepted %s; rejected or missing %s", log_prefix,
+        len(accepted), len(sent_to),
+        ", ".join(describe_node(n, names) for n, _ in accepted) or "none",
+        ", ".join(describe_node(int(r["node_id"]), names) for r in rejected) or "none")
     return accepted, rejected
+
+
+def describe_node(node_id: int, names: Mapping[int, str]) -> str:
+    """``123 ('site-a')`` if the node's name is known, else its id."""
+    return f"{node_id} ('{names[node_id]}')" if node_id in names else str(node_id)
+
+
+def _rejection(node_id: int, names: Mapping[int, str], reason: str) -> dict[str, object]:
+    entry: dict[str, object] = {"node_id": node_id, "reason": reason}
+    if node_id in names:
+        entry["node_name"] = names[node_id]
+    return entry
+
+
+def select_nodes(grid: Grid, participants: list[int] | None, names: Mapping[int, str],
+                 log_prefix: str = "") -> tuple[list[int], list[dict[str, object]]]:
+    """The participants still connected, and a rejection record for each one gone.
+
+    ``participants`` None means every connected node.
+    """
+    connected = sorted(grid.get_node_ids())
+    if participants is None:
+        return connected, []
+    now = set(connected)
+    gone = [n for n in participants if n not in now]
+    for node_id in gone:
+        log(WARNING, "%sNode %s disconnected before the round; it gets no message",
+            log_prefix, describe_node(node_id, names))
+    return ([n for n in participants if n in now],
+            [_rejection(n, names, "disconnected before the round") for n in gone])
 
 
 def _canonical_key(first: Any) -> str:
@@ -97,13 +140,26 @@ class GEMS(Strategy):
         Validated run settings; sent to every node in the train message.
     shapes : dict[str, tuple[int, ...]]
         ``state_dict`` shapes of the model every reply must match.
+
+    participants : list of int, optional
+        Node ids to send to (those that passed the server's identity check); None
+        sends to every connected node.
+    names : dict, optional
+        Node id -> stable node name, for logs and results.
     """
 
-    def __init__(self, settings: Settings, shapes: dict[str, tuple[int, ...]]) -> None:
+    def __init__(self, settings: Settings, shapes: dict[str, tuple[int, ...]],
+                 participants: list[int] | None = None,
+                 names: Mapping[int, str] | None = None) -> None:
         self.settings = settings
         self.shapes = shapes
+        self.participants = participants
+        self.names = dict(names or {})
         self.outcome: ConvexOutcome | None = None
+        self.rounds: list[dict[str, Any]] = []
         self._sent_to: list[int] = []
+        self._gone: list[dict[str, object]] = []
+        self._t0 = 0.0
 
     def summary(self) -> None:
         """Log the strategy's settings."""
@@ -116,12 +172,19 @@ class GEMS(Strategy):
     def configure_train(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
     ) -> Iterable[Message]:
-        """One train message per connected node, carrying the run settings."""
-        self._sent_to = sorted(grid.get_node_ids())
+        """One train message per participating node, carrying the run settings.
+
+        Each message lives ``round-timeout`` seconds (its TTL), so work for a slow or
+        dead node does not stay queued after the round gave up on it.
+        """
+        self._t0 = time.perf_counter()
+        self._sent_to, self._gone = select_nodes(grid, self.participants, self.names)
         content = wire.encode_config(self.settings.to_config())
+        self.rounds.append({"round": server_round, "nodes": list(self._sent_to),
+                            "bytes_sent": content_bytes(content) * len(self._sent_to)})
         return [
             Message(content=content, message_type=MessageType.TRAIN, dst_node_id=node_id,
-                    group_id=str(server_round))
+                    group_id=str(server_round), ttl=self.settings.round_timeout)
             for node_id in self._sent_to
         ]
 
@@ -129,8 +192,12 @@ class GEMS(Strategy):
         self, server_round: int, replies: Iterable[Message]
     ) -> tuple[ArrayRecord | None, MetricRecord | None]:
         """Validate replies, intersect the accepted spaces, return ``h_G``."""
+        replies = list(replies)
+        self.rounds[-1]["bytes_received"] = sum(
+            content_bytes(r.content) for r in replies if not r.has_error())
         accepted, rejected = self._validate(replies)
-        self.outcome = ConvexOutcome(accepted=accepted, rejected=rejected)
+        self.outcome = ConvexOutcome(accepted=accepted, rejected=self._gone + rejected)
+        self.rounds[-1]["wall_s"] = time.perf_counter() - self._t0
         if len(accepted) < self.settings.min_replies:
             raise NotEnoughRepliesError(
                 f"only {len(accepted)} valid repl{'y' if len(accepted) == 1 else 'ies'} "
@@ -168,7 +235,8 @@ class GEMS(Strategy):
     def _validate(self, replies: Iterable[Message]) -> tuple[list[NodeReply], list[dict[str, object]]]:
         decoded, rejected = validate_replies(
             replies, self._sent_to,
-            lambda content: wire.decode_reply(content, self.shapes, self.settings.space))
+            lambda content: wire.decode_reply(content, self.shapes, self.settings.space),
+            log_prefix=f"Round {len(self.rounds)}: ", names=self.names)
         return [NodeReply(node, space, metrics) for node, (space, metrics) in decoded], rejected
 
     def configure_evaluate(

@@ -1,6 +1,16 @@
 """What crosses the network, and the checks on what comes back.
 
-Server -> client (message type ``train``)::
+Server -> client (message type ``query``, before round 1)::
+
+    "config":  ConfigRecord  every run setting
+
+Client -> server (the answer; :func:`decode_identity` checks it)::
+
+    "identity": ConfigRecord node-name, data-source
+    "metrics":  MetricRecord num-features, num-classes, num-train-examples,
+                             num-val-examples
+
+Server -> client (message type ``train``, TTL ``round-timeout``)::
 
     "config":  ConfigRecord  every run setting (Settings.to_config())
 
@@ -211,3 +221,71 @@ def _read_metrics(content: RecordDict, keys: tuple[str, ...] = METRIC_KEYS) -> d
         if metrics[key] < 1 or not float(metrics[key]).is_integer():
             raise ReplyError(f"{key}={metrics[key]} must be a positive integer")
     return metrics
+
+
+IDENTITY_KEY = "identity"
+IDENTITY_METRIC_KEYS = ("num-features", "num-classes", "num-train-examples", "num-val-examples")
+
+
+def encode_identity(name: str, source: str, *, num_features: int, num_classes: int,
+                    num_train: int, num_val: int) -> RecordDict:
+    """A node's answer to the server's ``query`` (who it is, what data it holds)."""
+    return RecordDict({
+        IDENTITY_KEY: ConfigRecord({"node-name": name, "data-source": source}),
+        METRICS_KEY: MetricRecord({
+            "num-features": int(num_features), "num-classes": int(num_classes),
+            "num-train-examples": int(num_train), "num-val-examples": int(num_val),
+        }),
+    })
+
+
+def decode_identity(content: RecordDict) -> tuple[str, str, dict[str, int]]:
+    """Validate a ``query`` reply: ``(node name, data source, counts)``.
+
+    Raises
+    ------
+    ReplyError
+        Missing records or keys, an empty name, or counts that are not positive
+        integers.
+    """
+    record = content.config_records.get(IDENTITY_KEY)
+    if record is None or not isinstance(record.get("node-name"), str) or not record["node-name"]:
+        raise ReplyError(f"identity reply lacks a '{IDENTITY_KEY}' ConfigRecord with a non-empty "
+                         "'node-name'")
+    metrics = content.metric_records.get(METRICS_KEY)
+    if metrics is None or set(metrics.keys()) != set(IDENTITY_METRIC_KEYS):
+        raise ReplyError(f"identity reply '{METRICS_KEY}' must hold exactly "
+                         f"{', '.join(IDENTITY_METRIC_KEYS)}")
+    counts = {}
+    for key in IDENTITY_METRIC_KEYS:
+        value = metrics[key]
+        if isinstance(value, (list, bool)) or not float(value).is_integer() or value < 1:
+            raise ReplyError(f"identity reply: {key}={value!r} must be a positive integer")
+        counts[key] = int(value)
+    return str(record["node-name"]), str(record.get("data-source", "")), counts
+
+
+def content_bytes(content: RecordDict) -> int:
+    """Bytes of a message's records, counted as Flower's ``count_bytes`` does.
+
+    ConfigRecords are counted here (keys plus 8 bytes per number, 1 per bool, the
+    length of strings) because flwr 1.42's ``ConfigRecord.count_bytes`` raises on an
+    empty string value such as ``data-dir=""``.
+    """
+    total = 0
+    for record in content.values():
+        if isinstance(record, ConfigRecord):
+            total += sum(len(k) + _config_value_bytes(v) for k, v in record.items())
+        else:
+            total += record.count_bytes()
+    return int(total)
+
+
+def _config_value_bytes(value: Any) -> int:
+    if isinstance(value, list):
+        return sum(_config_value_bytes(v) for v in value)
+    if isinstance(value, bool):
+        return 1
+    if isinstance(value, (str, bytes)):
+        return len(value)
+    return 8

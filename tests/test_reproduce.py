@@ -145,7 +145,8 @@ def test_server_writes_the_fine_tuning_curve(tmp_path, model):
 def test_a_node_can_set_its_own_eps(tmp_path):
     base = run_in_process(2, tmp_path / "a", space="ball", eps=0.3)
     mixed = run_in_process(2, tmp_path / "b", space="ball", eps=0.3,
-                           node_configs=[{}, {"eps": 0.9}])
+                           node_configs=[{"partition-id": 0, "num-partitions": 2},
+                                         {"partition-id": 1, "num-partitions": 2, "eps": 0.9}])
     # Replies are in canonical order, not partition order: match nodes by their data.
     radius = lambda res: {n["num_train"]: n["radius"] for n in res["nodes"]}  # noqa: E731
     splits = load_dataset("digits", seed=0)
@@ -166,7 +167,7 @@ def test_in_process_grid_counts_the_bytes_of_the_real_records(tmp_path):
         return reply
 
     results, grid = run_in_process(3, tmp_path, reply_hook=hook, return_grid=True, space="ball")
-    rounds = [e for e in grid.exchanges if e["nodes"]]
+    rounds = [e for e in grid.exchanges if e["nodes"] and e["type"] == "train"]
     assert len(rounds) == 1 and rounds[0]["nodes"] == 3
     assert rounds[0]["up"] == sum(received) > 0
     assert rounds[0]["down"] > 0

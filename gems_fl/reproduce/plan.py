@@ -143,7 +143,9 @@ def build_plan(options: Options) -> list[Trial]:
         for eps1 in options.intersection_eps:
             for eps2 in options.intersection_eps:
                 add(5, "gems", {"model": "logistic", "space": "ball", "public-samples": 0}, 2,
-                    {"K": 2, "eps1": eps1, "eps2": eps2}, node_configs=[{"eps": eps1}, {"eps": eps2}])
+                    {"K": 2, "eps1": eps1, "eps2": eps2},
+                    node_configs=[{"partition-id": k, "num-partitions": 2, "eps": e}
+                                  for k, e in enumerate((eps1, eps2))])
     if 6 in wanted:
         for model, gems_cfg in (("logistic", {**convex, "space": "ellipsoid"}), ("mlp", mlp)):
             for strategy in ("fedavg", "fedprox"):

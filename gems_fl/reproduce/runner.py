@@ -39,13 +39,15 @@ def _compact_gems(results: dict, exchanges: list[dict]) -> dict:
     rows = {name: {k: v for k, v in row.items() if k in ("accuracy", "parameters", "hidden_widths",
                                                          "skipped")}
             for name, row in results["rows"].items()}
-    rounds = [e for e in exchanges if e["nodes"] > 0]
+    rounds = [e for e in exchanges if e["nodes"] > 0 and e["type"] == "train"]
+    other = [e for e in exchanges if e["nodes"] > 0 and e["type"] != "train"]
     return {
         "rows": rows,
         "intersection_found": bool(results["intersection"]["found"]),
         "hidden_widths": results.get("hidden_widths"),
         "fine_tuning": results.get("fine_tuning"),
         "bytes_per_round": rounds,
+        "bytes_other": other,  # the server's identity check before round 1
         "radii": [n["radius"] for n in results["nodes"]],
         "notes": results["notes"],
         "seconds": results["timing_s"]["total"],
