@@ -1,9 +1,9 @@
 """Run the trials of a plan: in worker processes, with a progress bar, resumable.
 
 Each trial runs the real apps in-process (see :mod:`gems_fl.inprocess`): GEMS trials
-call :func:`gems_fl.server.run_server` with a ClientApp whose train handler is
-:func:`gems_fl.client.handle_train`, exactly what ``server_app.py`` and
-``client_app.py`` register; FedAvg/FedProx trials use :mod:`gems_fl.fedavg`. A trial's
+load the project's own ``client_app.py`` and ``server_app.py``, the files ``flwr run``
+loads, and call the ServerApp's main function with an in-process Grid whose nodes run
+that ClientApp; FedAvg/FedProx trials use :mod:`gems_fl.fedavg`. A trial's
 outcome is written to ``trials/<name>.json`` as soon as it finishes, so an interrupted
 reproduction resumes where it stopped, and a finished trial is never run twice.
 """
@@ -11,6 +11,7 @@ reproduction resumes where it stopped, and a finished trial is never run twice.
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import json
 import logging
 import multiprocessing
@@ -25,14 +26,17 @@ from gems_fl.reproduce.plan import Trial
 from gems_fl.train_cache import ENV_VAR as CACHE_ENV_VAR
 
 
-def _gems_client_app():  # noqa: ANN202 - flwr.clientapp.ClientApp
-    from flwr.clientapp import ClientApp
-
-    from gems_fl.client import handle_train
-
-    app = ClientApp()
-    app.train()(handle_train)  # what client_app.py registers
-    return app
+def _app_module(name: str):  # noqa: ANN202 - a module
+    """The project's own ``client_app.py`` / ``server_app.py`` (what ``flwr run`` loads)."""
+    path = Path(__file__).resolve().parents[2] / f"{name}.py"
+    if not path.is_file():
+        raise FileNotFoundError(
+            f"{path} not found: run the reproduction from a source checkout of gems-fl "
+            "(pip install -e .), whose Flower apps it drives")
+    spec = importlib.util.spec_from_file_location(f"gems_fl_project_{name}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def _compact_gems(results: dict, exchanges: list[dict]) -> dict:
@@ -60,7 +64,7 @@ def execute(trial: Trial, work_dir: str) -> dict:
 
     from gems_fl.fedavg import run_federated
     from gems_fl.inprocess import InProcessGrid
-    from gems_fl.server import run_server
+    from gems_fl.results import RESULTS_FILE
 
     t0 = time.perf_counter()
     log_path = Path(work_dir) / "logs" / f"{trial.name}.log"
@@ -73,11 +77,13 @@ def execute(trial: Trial, work_dir: str) -> dict:
         try:
             if trial.kind == "gems":
                 cfg = {**trial.run_config, "output-dir": str(Path(work_dir) / "runs" / trial.name)}
-                grid = InProcessGrid(_gems_client_app(), trial.num_nodes, cfg,
+                grid = InProcessGrid(_app_module("client_app").app, trial.num_nodes, cfg,
                                      node_configs=trial.node_configs)
                 ctx = Context(run_id=1, node_id=1, node_config={}, state=RecordDict(),
                               run_config=cfg)
-                outcome = _compact_gems(run_server(grid, ctx), grid.exchanges)
+                _app_module("server_app").main(grid, ctx)  # server_app.py's @app.main()
+                written = Path(cfg["output-dir"]) / f"run-{ctx.run_id}" / RESULTS_FILE
+                outcome = _compact_gems(json.loads(written.read_text()), grid.exchanges)
             else:
                 curve = run_federated(trial.run_config, trial.num_nodes, trial.kind,
                                       trial.federated["rounds"], trial.federated["local_epochs"],
