@@ -49,11 +49,12 @@ def reproduce(options: Options, out: Path, jobs: int = 2, fresh: bool = False,
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
     trials = build_plan(options)
-    records = run_trials(trials, out, jobs)
+    records, ran = run_trials(trials, out, jobs)
     wall = time.perf_counter() - t0
     meta = {"options": {k: getattr(options, k) for k in options.__dataclass_fields__},
             "defaults": _defaults(), "trials": len(trials), "wall_s": wall,
             "trial_compute_s": sum(r["wall_s"] for r in records), "jobs": jobs,
+            "trials_run_now": ran,
             "command": command}
     report = Report(out, records, meta)
     studies = set(options.studies)
@@ -71,6 +72,10 @@ def reproduce(options: Options, out: Path, jobs: int = 2, fresh: bool = False,
         report.federated()
     header = (f"# GEMS reproduction on {options.dataset}\n\n"
               f"Command: `{command or 'gems-fl reproduce'}`\n\n"
+              f"{len(trials)} trials, seeds {list(options.seeds)}, {jobs} worker process(es). "
+              f"This invocation ran {ran} of them in {wall:.0f} s wall time; the others were "
+              f"already stored in {out / 'trials'} from an earlier invocation.\n"
+              if ran < len(trials) else
               f"{len(trials)} trials, seeds {list(options.seeds)}, {jobs} worker process(es); "
-              f"wall time {wall:.0f} s (this run; trials already on disk are not rerun).\n")
+              f"wall time {wall:.0f} s for all of them.\n")
     return report.write_summary(header)

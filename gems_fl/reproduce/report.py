@@ -9,14 +9,16 @@ from pathlib import Path
 import matplotlib
 
 matplotlib.use("Agg")
+import matplotlib.ticker  # noqa: E402
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
 from gems_fl.settings import Settings  # noqa: E402
 
 CONVEX_COLUMNS = ("Global", "Local", "Averaged", "GEMS (ellipsoid)", "GEMS (ball)",
-                  "GEMS tuned (ellipsoid)", "GEMS tuned (ball)", "Raw")
-NN_COLUMNS = ("Global", "Local", "Averaged", "Ensemble", "GEMS", "GEMS tuned", "Raw")
+                  "GEMS tuned (ellipsoid)", "GEMS tuned (ball)", "Raw", "Raw converged")
+NN_COLUMNS = ("Global", "Local", "Averaged", "Ensemble", "GEMS", "GEMS tuned", "Raw",
+              "Raw converged")
 CURVE_ROWS = ("GEMS tuned", "Local tuned", "Averaged tuned", "Raw")
 
 
@@ -88,6 +90,7 @@ class Report:
                 "GEMS tuned (ellipsoid)": [_acc(r, "GEMS tuned") for r in ell],
                 "GEMS tuned (ball)": [_acc(r, "GEMS tuned") for r in ball],
                 "Raw": [_acc(r, "Raw") for r in ell],
+                "Raw converged": [_acc(r, "Raw converged") for r in ell],
             }
             payload[str(k)] = {**cells, "seeds": _seeds(ell),
                                "intersection_found": [r["outcome"]["intersection_found"]
@@ -322,6 +325,7 @@ class Report:
                              f"round {reach['round']}" if reach else "not reached"])
             payload[model] = entry
             ax.set_xscale("log")
+            ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())  # no overlapping labels
             ax.set_xlabel("cumulative bytes sent + received")
             ax.set_ylabel("test accuracy")
             ax.set_ylim(0, 1)

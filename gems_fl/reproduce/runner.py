@@ -110,8 +110,11 @@ def _next_trial(queue: list[Trial], running) -> Trial | None:  # noqa: ANN001
     return None if busy else queue.pop(0)
 
 
-def run_trials(trials: list[Trial], work_dir: Path, jobs: int) -> list[dict]:
-    """Run every trial not yet on disk (``jobs`` at a time); return all outcomes in order."""
+def run_trials(trials: list[Trial], work_dir: Path, jobs: int) -> tuple[list[dict], int]:
+    """Run every trial not yet on disk (``jobs`` at a time).
+
+    Returns all outcomes in plan order and how many trials this call actually ran.
+    """
     work_dir.mkdir(parents=True, exist_ok=True)
     (work_dir / "trials").mkdir(exist_ok=True)
     os.environ[CACHE_ENV_VAR] = str(work_dir / "cache")  # inherited by the workers
@@ -153,4 +156,4 @@ def run_trials(trials: list[Trial], work_dir: Path, jobs: int) -> list[dict]:
                     progress.update(task, advance=1, last=line)
                     if not progress.console.is_terminal:  # a log file still shows progress
                         progress.console.print(f"[{len(done)}/{len(trials)}] {line}")
-    return [done[t.name] for t in trials]
+    return [done[t.name] for t in trials], len(todo)
