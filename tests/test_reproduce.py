@@ -233,3 +233,17 @@ def test_reproduce_quick_writes_every_table_and_plot_with_every_row(tmp_path):
     assert "FedAvg" in text and "rounds" in text
     # A second invocation reuses every stored trial.
     assert main(["reproduce", "--quick", "--out", str(out)]) == 0
+
+
+def test_tuning_pool_is_the_public_split_no_node_uses():
+    from gems_fl.server import load_server_data
+
+    settings = Settings(dataset="digits", seed=0)
+    data, meta, _ = load_server_data(settings, parse_division("paper", 5, 10))
+    splits = load_dataset("digits", seed=0)
+    np.testing.assert_array_equal(data.pool_x, splits.public_x)
+    np.testing.assert_array_equal(data.pool_y, splits.public_y)
+    # Nodes draw only from the train and validation splits, disjoint from public
+    # (test_data.test_digits_split_sizes_and_disjointness).
+    assert meta["node_train_total"] <= len(splits.train_y)
+    assert meta["node_val_total"] <= len(splits.val_y)
