@@ -276,7 +276,7 @@ def test_mnist_missing_without_torchvision(tmp_path, monkeypatch):
         load_dataset("mnist", seed=0, data_dir=tmp_path)
     message = str(info.value)
     assert "train-images-idx3-ubyte" in message and str(tmp_path) in message
-    assert "MNIST" in message and "data-dir" in message and "torchvision is not installed" in message
+    assert "MNIST" in message and "data-dir" in message and "torchvision is not importable" in message
 
 
 def _fake_torchvision(monkeypatch, mnist_class) -> None:

@@ -19,13 +19,13 @@ folders are split in the same proportions (:func:`cifar10_split_sizes`).
 
 from __future__ import annotations
 
-import importlib
 import pickle
 from pathlib import Path
 
 import numpy as np
 import torch
 
+from gems_fl.data.datasets import try_torchvision_download
 from gems_fl.data.feature_cache import cached, extract_features, file_digest, fingerprint, resolve_cache_dir
 from gems_fl.data.vgg16 import IMAGENET_MEAN, IMAGENET_STD, load_vgg16_features, weights_fingerprint
 
@@ -67,24 +67,12 @@ def _find_folder(data_dir: Path) -> Path | None:
     return None
 
 
-def _try_download(data_dir: Path) -> str:
-    try:
-        tv_datasets = importlib.import_module("torchvision.datasets")
-    except Exception:  # noqa: BLE001
-        return "torchvision is not importable, so no automatic download was attempted."
-    try:
-        tv_datasets.CIFAR10(root=str(data_dir), download=True)
-    except Exception as exc:  # noqa: BLE001 - any failure just means "not downloaded"
-        return f"An automatic download with torchvision failed: {exc!r}."
-    return "torchvision reported a successful download, but the files are still missing."
-
-
 def locate(data_dir: str | Path) -> Path:
     """Return the folder holding all six batch files, or raise naming the first missing one."""
     data_dir = Path(data_dir)
     folder = _find_folder(data_dir)
     if folder is None:
-        note = _try_download(data_dir)
+        note = try_torchvision_download(data_dir, "CIFAR10")
         folder = _find_folder(data_dir)
         if folder is None:
             tried = [d / name for d in (data_dir / SUBDIR, data_dir) for name in (*TRAIN_FILES, TEST_FILE)]

@@ -189,14 +189,17 @@ def _find_idx_files(name: str, data_dir: Path) -> dict[str, Path] | list[tuple[s
     return missing if missing else found
 
 
-def _try_torchvision_download(data_dir: Path) -> str:
-    """Try to download MNIST with torchvision into ``data_dir``; return a note for errors."""
+def try_torchvision_download(data_dir: Path, dataset: str = "MNIST") -> str:
+    """Try to download ``torchvision.datasets.<dataset>`` into ``data_dir``.
+
+    Returns a sentence for the error message when the files are still missing.
+    """
     try:
         tv_datasets = importlib.import_module("torchvision.datasets")
-    except ImportError:
-        return "torchvision is not installed, so no automatic download was attempted."
+    except Exception:  # noqa: BLE001 - ImportError, or a torchvision that fails to load
+        return "torchvision is not importable, so no automatic download was attempted."
     try:
-        tv_datasets.MNIST(root=str(data_dir), download=True)
+        getattr(tv_datasets, dataset)(root=str(data_dir), download=True)
     except Exception as exc:  # noqa: BLE001 - any failure just means "not downloaded"
         return f"An automatic download with torchvision failed: {exc!r}."
     return "torchvision reported a successful download, but the files are still missing."
@@ -254,7 +257,7 @@ def _load_idx_dataset(name: str, data_dir: str) -> tuple[np.ndarray, np.ndarray,
     folder = Path(data_dir)
     located = _find_idx_files(name, folder)
     if isinstance(located, list) and name == "mnist":
-        note = _try_torchvision_download(folder)
+        note = try_torchvision_download(folder)
         located = _find_idx_files(name, folder)
     else:
         note = ""
