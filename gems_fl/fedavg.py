@@ -2,8 +2,9 @@
 
 The server side is :class:`flwr.serverapp.strategy.FedAvg` / ``FedProx`` unchanged; the
 node side is :data:`fedavg_client_app`, which trains the received model for
-``local-epochs`` epochs on exactly the data a GEMS node with the same ``partition-id``
-trains on (same dataset, label division and seed), with the same Adam recipe, adding
+``local-epochs`` epochs on exactly the data a GEMS node with the same node config trains
+on (``gems_fl.nodes.load_node_data``: partition or own data file, and its seed), with the
+same Adam recipe (a fresh optimiser each round), adding
 FedProx's proximal term when the strategy sends ``proximal-mu``. Accuracy is measured on
 the server's test set after every round, next to the bytes of the records exchanged.
 """
