@@ -1,9 +1,9 @@
-"""Flower ClientApp for GEMS: thin glue, the work is in ``gems_fl.client``."""
+"""Flower ClientApp for GEMS: thin glue, the work is in ``gems_fl.protocol.node``."""
 
 from flwr.app import Context, Message
 from flwr.clientapp import ClientApp
 
-from gems_fl.client import handle_query, handle_train
+from gems_fl.protocol.node import handle_query, handle_train
 
 app = ClientApp()
 

@@ -1,4 +1,4 @@
-"""Benchmark: server-side merge of one hidden layer (gems_fl.layer_merge.merge_layer).
+"""Benchmark: server-side merge of one hidden layer (gems_fl.geometry.layer_merge.merge_layer).
 
     python benchmarks/layer_merge.py                 # default cases, 3 repeats
     python benchmarks/layer_merge.py --repeats 5 --dykstra-upto 10
@@ -37,7 +37,7 @@ import numpy as np
 from rich.console import Console
 from rich.table import Table
 
-from gems_fl.layer_merge import merge_layer
+from gems_fl.geometry.layer_merge import merge_layer
 
 OUT = Path(__file__).resolve().parent / "out"
 

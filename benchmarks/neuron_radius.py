@@ -31,9 +31,9 @@ import torch
 from rich.console import Console
 from rich.table import Table
 
-from gems_fl import neurons
-from gems_fl.neurons import neuron_directions, neuron_radii
-from gems_fl.train import single_thread
+from gems_fl.geometry import neurons
+from gems_fl.geometry.neurons import neuron_directions, neuron_radii
+from gems_fl.learning.threads import single_thread
 
 OUT = Path(__file__).resolve().parent / "out"
 FASHION = Path("/usr/share/datasets/fashion-mnist")

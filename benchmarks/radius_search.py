@@ -23,10 +23,10 @@ from rich.console import Console
 from rich.table import Table
 
 from gems_fl.data import load_dataset
-from gems_fl.fisher import diagonal_fisher, fisher_axes
-from gems_fl.models import build_model, model_to_vector
-from gems_fl.radius import augment, sample_directions, search_radius
-from gems_fl.train import train_until_converged
+from gems_fl.geometry.fisher import diagonal_fisher, fisher_axes
+from gems_fl.learning.models import build_model, model_to_vector
+from gems_fl.geometry.radius import augment, sample_directions, search_radius
+from gems_fl.learning.train import train_until_converged
 
 OUT = Path(__file__).resolve().parent / "out"
 ROOT = Path(__file__).resolve().parents[1]
@@ -74,7 +74,7 @@ def radius_benchmark(repeats: int, eps: float) -> dict:
 
 
 def e2e_benchmark() -> dict:
-    from gems_fl.launch import run_app
+    from gems_fl.running.launch import run_app
 
     out = {}
     for name, cfg in {

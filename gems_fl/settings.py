@@ -11,9 +11,9 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, fields, replace
 from typing import Any, Mapping
 
-from gems_fl.models import parse_hidden
-from gems_fl.intersect import FALLBACKS as NO_INTERSECTION_FALLBACKS
-from gems_fl.spaces import SPACE_KINDS
+from gems_fl.learning.models import parse_hidden
+from gems_fl.geometry.intersect import FALLBACKS as NO_INTERSECTION_FALLBACKS
+from gems_fl.geometry.spaces import SPACE_KINDS
 
 DATASETS = ("digits", "fashion-mnist", "mnist", "cifar10", "ham10000")
 # What `hidden = "auto"` means per dataset (the paper: 100 for CIFAR-10, 50 otherwise).

@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from gems_fl.data import load_dataset, node_data, parse_division
-from gems_fl.models import build_model, model_to_vector
-from gems_fl.train import train_until_converged
+from gems_fl.learning.models import build_model, model_to_vector
+from gems_fl.learning.train import train_until_converged
 
 
 @pytest.fixture(scope="session")

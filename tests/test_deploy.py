@@ -2,7 +2,7 @@
 
 Each SuperNode trains on its own data file (made from a digits partition so that an
 in-process simulation of the same data and seed can be compared number for number).
-Every process is started by :class:`gems_fl.federation.TlsFederation` and stopped by
+Every process is started by :class:`gems_fl.running.federation.TlsFederation` and stopped by
 its PID when the fixture or test ends, also on failure.
 """
 
@@ -15,8 +15,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from gems_fl.federation import TlsFederation, make_certs, make_node_key
-from gems_fl.nodes import write_partition_files
+from gems_fl.running.federation import TlsFederation, make_certs, make_node_key
+from gems_fl.data.nodes import write_partition_files
 from tests.helpers import FAST, ROOT, run_in_process
 
 pytestmark = pytest.mark.slow

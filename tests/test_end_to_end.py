@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from gems_fl.baselines import ROW_NAMES
+from gems_fl.evaluation.baselines import ROW_NAMES
 from tests.helpers import ROOT, run_in_process
 
 
@@ -41,7 +41,7 @@ def test_node_failing_q_gets_radius_zero_and_a_note(tmp_path):
 
 def _gems_fl(*args: str, tmp_path) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "gems_fl.cli", "run", str(ROOT), *args,
+        [sys.executable, "-m", "gems_fl.running.cli", "run", str(ROOT), *args,
          "--output-dir", str(tmp_path)],
         capture_output=True, text=True, timeout=900, check=False,
     )
@@ -74,7 +74,7 @@ def test_a_failed_flwr_run_is_reported_as_a_failure(tmp_path):
 
 
 def test_show_prints_every_row_of_a_results_file(tmp_path, capsys):
-    from gems_fl.cli import main
+    from gems_fl.running.cli import main
 
     run_in_process(2, tmp_path, space="ball")
     assert main(["show", str(tmp_path / "run-1" / "results.json"), "--markdown"]) == 0

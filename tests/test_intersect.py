@@ -1,4 +1,4 @@
-"""Tests for gems_fl.intersect: finding h_G in the intersection of the spaces."""
+"""Tests for gems_fl.geometry.intersect: finding h_G in the intersection of the spaces."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from gems_fl.intersect import IntersectionResult, find_intersection, membership_report
-from gems_fl.spaces import Space
+from gems_fl.geometry.intersect import IntersectionResult, find_intersection, membership_report
+from gems_fl.geometry.spaces import Space
 
 
 def _inside_np(space: Space, point: np.ndarray) -> bool:

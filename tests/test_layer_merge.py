@@ -1,4 +1,4 @@
-"""Tests for gems_fl.layer_merge: server-side aggregation of one hidden layer."""
+"""Tests for gems_fl.geometry.layer_merge: server-side aggregation of one hidden layer."""
 
 from __future__ import annotations
 
@@ -14,15 +14,15 @@ from sklearn.cluster import KMeans
 from sklearn.exceptions import ConvergenceWarning
 from threadpoolctl import threadpool_limits
 
-from gems_fl.intersect import find_intersection
-from gems_fl.layer_merge import (
+from gems_fl.geometry.intersect import find_intersection
+from gems_fl.geometry.layer_merge import (
     LayerMerge,
     _ball_dual,
     _squared_distances,
     _three_balls_meet,
     merge_layer,
 )
-from gems_fl.spaces import Space
+from gems_fl.geometry.spaces import Space
 
 
 def _nodes(*layers):

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 from flwr.app import Message
 
-from gems_fl import wire
-from gems_fl.baselines import NN_ROW_NAMES
+from gems_fl.protocol import wire
+from gems_fl.evaluation.baselines import NN_ROW_NAMES
 from tests.helpers import ROOT, run_in_process
 
 MLP_FAST = {"model": "mlp", "hidden": "12,8", "num-directions": 20, "clusters": 6,
@@ -77,7 +77,7 @@ def test_layerwise_run_is_deterministic(tmp_path):
 def test_two_hidden_layer_flwr_simulation(tmp_path):
     cfg = " ".join(f"{k}={v!r}" if isinstance(v, str) else f"{k}={v}" for k, v in MLP_FAST.items())
     proc = subprocess.run(
-        [sys.executable, "-m", "gems_fl.cli", "run", str(ROOT), "--nodes", "3",
+        [sys.executable, "-m", "gems_fl.running.cli", "run", str(ROOT), "--nodes", "3",
          "--run-config", cfg, "--output-dir", str(tmp_path)],
         capture_output=True, text=True, timeout=900, check=False,
     )

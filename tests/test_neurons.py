@@ -10,7 +10,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gems_fl.neurons import NeuronRadii, neuron_deviations, neuron_directions, neuron_radii
+from gems_fl.geometry.neurons import NeuronRadii, neuron_deviations, neuron_directions, neuron_radii
 
 N, D_IN, H = 200, 20, 8
 EPS = 0.1

@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 import torch
 
-from gems_fl.fisher import diagonal_fisher, fisher_axes
-from gems_fl.models import load_vector, build_model
-from gems_fl.radius import perturbed_accuracies, sample_directions, search_radius
+from gems_fl.geometry.fisher import diagonal_fisher, fisher_axes
+from gems_fl.learning.models import load_vector, build_model
+from gems_fl.geometry.radius import perturbed_accuracies, sample_directions, search_radius
 
 
 def _one_at_a_time(center, x, y, directions, radius):

@@ -6,7 +6,7 @@ from dataclasses import fields
 
 import pytest
 
-from gems_fl.cli import main
+from gems_fl.running.cli import main
 from gems_fl.settings import Settings, SettingsError
 from tests.helpers import app_defaults
 

@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from gems_fl.data.datasets import try_torchvision_download
+from gems_fl.data.download import try_torchvision_download
 from gems_fl.data.feature_cache import cached, extract_features, file_digest, fingerprint, resolve_cache_dir
 from gems_fl.data.vgg16 import IMAGENET_MEAN, IMAGENET_STD, load_vgg16_features, weights_fingerprint
 

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
+from gems_fl.data.download import try_torchvision_download
 from gems_fl.data.idx import read_idx
 
 DATASET_NAMES = ("digits", "fashion-mnist", "mnist", "cifar10", "ham10000")
@@ -187,22 +188,6 @@ def _find_idx_files(name: str, data_dir: Path) -> dict[str, Path] | list[tuple[s
         else:
             found[key] = hit
     return missing if missing else found
-
-
-def try_torchvision_download(data_dir: Path, dataset: str = "MNIST") -> str:
-    """Try to download ``torchvision.datasets.<dataset>`` into ``data_dir``.
-
-    Returns a sentence for the error message when the files are still missing.
-    """
-    try:
-        tv_datasets = importlib.import_module("torchvision.datasets")
-    except Exception:  # noqa: BLE001 - ImportError, or a torchvision that fails to load
-        return "torchvision is not importable, so no automatic download was attempted."
-    try:
-        getattr(tv_datasets, dataset)(root=str(data_dir), download=True)
-    except Exception as exc:  # noqa: BLE001 - any failure just means "not downloaded"
-        return f"An automatic download with torchvision failed: {exc!r}."
-    return "torchvision reported a successful download, but the files are still missing."
 
 
 def _missing_file_error(name: str, missing: list[tuple[str, list[Path]]], note: str) -> FileNotFoundError:

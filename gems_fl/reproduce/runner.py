@@ -1,9 +1,9 @@
 """Run the trials of a plan: in worker processes, with a progress bar, resumable.
 
-Each trial runs the real apps in-process (see :mod:`gems_fl.inprocess`): GEMS trials
+Each trial runs the real apps in-process (see :mod:`gems_fl.protocol.inprocess`): GEMS trials
 load the project's own ``client_app.py`` and ``server_app.py``, the files ``flwr run``
 loads, and call the ServerApp's main function with an in-process Grid whose nodes run
-that ClientApp; FedAvg/FedProx trials use :mod:`gems_fl.fedavg`. A trial's
+that ClientApp; FedAvg/FedProx trials use :mod:`gems_fl.evaluation.fedavg`. A trial's
 outcome is written to ``trials/<name>.json`` as soon as it finishes, so an interrupted
 reproduction resumes where it stopped, and a finished trial is never run twice.
 """
@@ -23,7 +23,7 @@ from pathlib import Path
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from gems_fl.reproduce.plan import Trial
-from gems_fl.train_cache import ENV_VAR as CACHE_ENV_VAR
+from gems_fl.learning.train_cache import ENV_VAR as CACHE_ENV_VAR
 
 
 def _app_module(name: str):  # noqa: ANN202 - a module
@@ -62,9 +62,9 @@ def execute(trial: Trial, work_dir: str) -> dict:
     """Run one trial and return its compact outcome (runs inside a worker process)."""
     from flwr.app import Context, RecordDict
 
-    from gems_fl.fedavg import run_federated
-    from gems_fl.inprocess import InProcessGrid
-    from gems_fl.results import RESULTS_FILE
+    from gems_fl.evaluation.fedavg import run_federated
+    from gems_fl.protocol.inprocess import InProcessGrid
+    from gems_fl.evaluation.results import RESULTS_FILE
 
     t0 = time.perf_counter()
     log_path = Path(work_dir) / "logs" / f"{trial.name}.log"

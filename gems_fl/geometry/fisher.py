@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from gems_fl.radius import augment
+from gems_fl.geometry.radius import augment
 
 
 def diagonal_fisher(center: np.ndarray, x: np.ndarray) -> np.ndarray:

@@ -33,8 +33,8 @@ from typing import Any
 import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, MetricRecord, RecordDict
 
-from gems_fl.models import state_to_vector
-from gems_fl.spaces import Space
+from gems_fl.learning.models import state_to_vector
+from gems_fl.geometry.spaces import Space
 
 CONFIG_KEY = "config"
 LAYERS_KEY = "layers"

@@ -25,8 +25,8 @@ from typing import Any
 import httpx
 import tomli_w
 
-from gems_fl.launch import RunFailed, _free_port, _run_status
-from gems_fl.results import RESULTS_FILE
+from gems_fl.running.launch import RunFailed, free_port, run_status
+from gems_fl.evaluation.results import RESULTS_FILE
 
 ROOT = Path(__file__).resolve().parents[1]
 MAKE_CERTS = ROOT / "deploy" / "make-certs.sh"
@@ -139,7 +139,7 @@ class TlsFederation:
         self.workdir.mkdir(parents=True, exist_ok=True)
         if self.certs is None:
             self.certs = make_certs(self.workdir / "certs", "127.0.0.1", "localhost")
-        self.port = _free_port()
+        self.port = free_port()
         self.address = f"127.0.0.1:{self.port}"
         self.home = self.workdir / "flwr-home"
         self.home.mkdir(exist_ok=True)
@@ -211,7 +211,7 @@ class TlsFederation:
         log_path = self.workdir / f"supernode-{len(self.nodes)}-{name}.log"
         process = self._spawn(
             ["flower-supernode", "--root-certificates", str(ca or self.certs.ca),
-             "--superlink", self.address, "--port", str(_free_port()),
+             "--superlink", self.address, "--port", str(free_port()),
              "--node-config", config, *extra_args], log_path)
         node = SuperNode(name, process, log_path)
         self.nodes.append(node)
@@ -267,7 +267,7 @@ class TlsFederation:
         if not match:
             raise RunFailed(f"`flwr run` did not start a run:\n{output[-3000:]}")
         run_id = int(match.group(1))
-        status = _run_status(self, run_id)
+        status = run_status(self, run_id)
         run = DeployedRun(run_id, status, output, wall)
         path = Path(run_config.get("output-dir", "")) / f"run-{run_id}" / RESULTS_FILE
         if status == "finished:completed" and path.is_file():

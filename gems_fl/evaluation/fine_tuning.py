@@ -26,7 +26,7 @@ from flwr.common.logger import log
 from torch import nn
 
 from gems_fl.settings import Settings
-from gems_fl.train import accuracy, fine_tune
+from gems_fl.learning.train import accuracy, fine_tune
 
 CURVE_ROWS = ("GEMS tuned", "Local tuned", "Averaged tuned", "Raw")
 

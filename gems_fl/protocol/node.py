@@ -2,7 +2,7 @@
 
 Plain functions on numpy arrays plus one Flower-facing handler, :func:`handle_train`,
 which ``client_app.py`` registers. Nothing but the reply built by
-:func:`gems_fl.wire.encode_reply` leaves the node.
+:func:`gems_fl.protocol.wire.encode_reply` leaves the node.
 """
 
 from __future__ import annotations
@@ -14,15 +14,15 @@ import numpy as np
 import torch
 from flwr.app import Context, Message, RecordDict
 
-from gems_fl import wire
-from gems_fl.client_nn import hidden_layer_spaces, output_layer_space, round_seed
-from gems_fl.fisher import diagonal_fisher, fisher_axes
-from gems_fl.nodes import cast_node_arrays, load_node_data, node_seed  # noqa: F401
-from gems_fl.models import build_model, model_to_vector, vector_to_state
-from gems_fl.radius import RadiusResult, search_radius
+from gems_fl.protocol import wire
+from gems_fl.protocol.node_layerwise import hidden_layer_spaces, output_layer_space, round_seed
+from gems_fl.geometry.fisher import diagonal_fisher, fisher_axes
+from gems_fl.data.nodes import cast_node_arrays, load_node_data
+from gems_fl.learning.models import build_model, model_to_vector, vector_to_state
+from gems_fl.geometry.radius import RadiusResult, search_radius
 from gems_fl.settings import Settings
-from gems_fl.spaces import Space
-from gems_fl.train import TrainReport, accuracy, train_until_converged
+from gems_fl.geometry.spaces import Space
+from gems_fl.learning.train import TrainReport, accuracy, train_until_converged
 
 logger = logging.getLogger(__name__)
 
@@ -84,7 +84,7 @@ def build_local_space(
 def _layer_round_reply(
     msg: Message, settings: Settings, num_classes: int, data: tuple, seed: int
 ) -> RecordDict:
-    """One round of the layer-wise protocol (see :mod:`gems_fl.client_nn`)."""
+    """One round of the layer-wise protocol (see :mod:`gems_fl.protocol.node_layerwise`)."""
     round_index = int(msg.content.config_records[wire.CONFIG_KEY][wire.ROUND_KEY])
     fixed = wire.decode_layers(msg.content)
     x_tr, y_tr, x_val, y_val = data

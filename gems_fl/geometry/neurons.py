@@ -46,7 +46,7 @@ How the work is batched
 Threads
 -------
 The matrix product runs on torch's intra-op threads. The bisection is a stream of
-small ops on cache-sized blocks; it runs on one thread (``train.single_thread``): a
+small ops on cache-sized blocks; callers run it on one thread (``learning.threads.single_thread``): a
 second thread gains little there, and when the cores were shared with other processes
 OpenMP's barriers made it 8-40x slower on a 2-core machine.
 
@@ -72,7 +72,6 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from gems_fl.train import single_thread
 
 CRITERIA = ("rms", "paper")
 
@@ -403,8 +402,7 @@ def neuron_deviations(
     layer = _Layer(w, bias, z, dtype)
     layer.set_directions(blocks, num_neurons, num_directions)
     ev = _Evaluator(layer, criterion, None if chunk is None else _check_chunk(chunk))
-    with single_thread():
-        return ev.all_deviations(torch.as_tensor(r.copy())).numpy()
+    return ev.all_deviations(torch.as_tensor(r.copy())).numpy()
 
 
 def _check_chunk(chunk) -> int:
@@ -508,8 +506,7 @@ def neuron_radii(
     layer = _Layer(w, bias, z, dtype)
     layer.set_directions(_draw_blocks(num_neurons * p, dim, seed), num_neurons, p)
     ev = _Evaluator(layer, criterion, chunk)
-    with single_thread():  # a stream of small ops: see the module docstring
-        lower, dev_at_lower, saturated, steps = _bisect(ev, eps, r_max, delta)
+    lower, dev_at_lower, saturated, steps = _bisect(ev, eps, r_max, delta)
     return NeuronRadii(
         radii=lower.numpy(),
         max_deviation_at_radius=dev_at_lower.numpy(),

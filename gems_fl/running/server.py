@@ -13,27 +13,27 @@ from flwr.app import ArrayRecord, Context
 from flwr.common.logger import log
 from flwr.serverapp import Grid
 
-from gems_fl.baselines import (
+from gems_fl.evaluation.baselines import (
     NN_ROW_NAMES,
     ServerData,
     draw_public_sample,
     evaluate_rows,
     skipped_rows,
 )
-from gems_fl.baselines_nn import (
+from gems_fl.evaluation.baselines_nn import (
     average_models,
     evaluate_nn_rows,
     first_layer_matches,
     reproduce_local_models,
 )
-from gems_fl.fine_tuning import fine_tuning_curve
-from gems_fl.layerwise import LayerwiseGEMS
+from gems_fl.evaluation.fine_tuning import fine_tuning_curve
+from gems_fl.protocol.layerwise import LayerwiseGEMS
 from gems_fl.data import DATASET_SHAPES, FeatureOptions, load_dataset, node_data, parse_division
-from gems_fl.models import MLP, build_model, model_from_vector, param_shapes, vector_to_state
-from gems_fl.results import MODEL_FILE, RESULTS_FILE, print_results, write_results
-from gems_fl.roster import identify_nodes
+from gems_fl.learning.models import MLP, build_model, model_from_vector, param_shapes, vector_to_state
+from gems_fl.evaluation.results import MODEL_FILE, RESULTS_FILE, print_results, write_results
+from gems_fl.protocol.roster import identify_nodes
 from gems_fl.settings import Settings, SettingsError
-from gems_fl.strategy import GEMS, NotEnoughRepliesError
+from gems_fl.protocol.strategy import GEMS, NotEnoughRepliesError
 
 NODE_WAIT_S = 60.0
 

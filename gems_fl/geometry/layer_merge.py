@@ -98,8 +98,8 @@ from sklearn.cluster import KMeans
 from sklearn.exceptions import ConvergenceWarning
 from threadpoolctl import threadpool_limits
 
-from gems_fl.intersect import find_intersection
-from gems_fl.spaces import Space
+from gems_fl.geometry.intersect import find_intersection
+from gems_fl.geometry.spaces import Space
 
 METHODS = ("dual", "dykstra")
 

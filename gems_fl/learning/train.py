@@ -2,15 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 from torch import nn
 
-from gems_fl.train_cache import cached_training
+from gems_fl.learning.threads import single_thread
+from gems_fl.learning.train_cache import cached_training
 
 LOSS_TOL = 1e-3
 
@@ -22,23 +21,6 @@ class TrainReport:
     epochs: int = 0
     train_accuracy: list[float] = field(default_factory=list)
     stopped_by: str = ""
-
-
-@contextmanager
-def single_thread() -> Iterator[None]:
-    """Run torch on one thread for the duration, then restore the previous count.
-
-    Mini-batch training of these small models is a stream of tiny ops: a second
-    intra-op thread buys nothing, and when the cores are shared (a simulation's
-    ServerApp beside its client workers, or a test run beside anything else) OpenMP's
-    spinning barriers made an epoch 30x slower on a 2-core machine.
-    """
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(previous)
 
 
 def _tensors(x: np.ndarray, y: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
@@ -134,7 +116,7 @@ def train_until_converged(
     accuracy reach a new best nor did the epoch's mean loss fall more than
     ``LOSS_TOL`` below its best. Shuffling uses a generator seeded with ``seed``.
     With ``GEMS_FL_TRAIN_CACHE`` set, a repeated identical call is served from disk
-    (see :mod:`gems_fl.train_cache`).
+    (see :mod:`gems_fl.learning.train_cache`).
     """
     return cached_training(
         _run_epochs, model, x, y, lr=lr, batch_size=batch_size, max_epochs=max_epochs,

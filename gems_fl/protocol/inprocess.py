@@ -18,7 +18,7 @@ from flwr.common.constant import SUPERLINK_NODE_ID
 from flwr.serverapp import Grid
 from flwr.supercore.task_identity import TaskIdentity
 
-from gems_fl.wire import content_bytes
+from gems_fl.protocol.wire import content_bytes
 
 ReplyHook = Callable[[Message], Message]
 

@@ -55,7 +55,7 @@ def main(argv: list[str] | None = None) -> int:
         return _show(args.path, args.markdown)
     if args.command == "reproduce":
         return _reproduce(args, argv)
-    from gems_fl.launch import RunFailed, run_app
+    from gems_fl.running.launch import RunFailed, run_app
 
     try:
         outcome = run_app(args.app, num_nodes=args.nodes, run_config=args.run_config,
@@ -109,7 +109,7 @@ def _show(path: str, markdown: bool) -> int:
     import json
     from pathlib import Path
 
-    from gems_fl.results import markdown_table, print_results
+    from gems_fl.evaluation.results import markdown_table, print_results
 
     try:
         results = json.loads(Path(path).read_text())

@@ -13,13 +13,14 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from gems_fl.fisher import diagonal_fisher, fisher_axes
-from gems_fl.models import MLP
-from gems_fl.neurons import neuron_radii
-from gems_fl.radius import search_radius
+from gems_fl.geometry.fisher import diagonal_fisher, fisher_axes
+from gems_fl.learning.models import MLP
+from gems_fl.geometry.neurons import neuron_radii
+from gems_fl.learning.threads import single_thread
+from gems_fl.geometry.radius import search_radius
 from gems_fl.settings import Settings
-from gems_fl.spaces import Space
-from gems_fl.train import accuracy, train_until_converged
+from gems_fl.geometry.spaces import Space
+from gems_fl.learning.train import accuracy, train_until_converged
 
 Layer = tuple[np.ndarray, np.ndarray]  # (weight (out, in), bias (out,))
 
@@ -92,11 +93,12 @@ def hidden_layer_spaces(
     layer = model.hidden[j]
     weight = layer.weight.detach().double().numpy()
     bias = layer.bias.detach().double().numpy()
-    radii = neuron_radii(
-        weight, bias, z, eps=settings.eps_neuron, num_directions=settings.num_directions,
-        r_max=settings.r_max, delta=settings.neuron_delta, seed=seed,
-        criterion=settings.neuron_criterion,
-    ).radii
+    with single_thread():  # a stream of small ops: see geometry.neurons
+        radii = neuron_radii(
+            weight, bias, z, eps=settings.eps_neuron, num_directions=settings.num_directions,
+            r_max=settings.r_max, delta=settings.neuron_delta, seed=seed,
+            criterion=settings.neuron_criterion,
+        ).radii
     return NeuronSpaces(weight, bias, np.asarray(radii, dtype=np.float64),
                         accuracy(model, x_val, y_val))
 

@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from gems_fl.spaces import Space
+from gems_fl.geometry.spaces import Space
 
 FALLBACKS = ("min-penalty", "mean")
 
@@ -139,7 +139,7 @@ def _validate(spaces: Sequence[Space]) -> list[Space]:
     for i, s in enumerate(spaces):
         if not isinstance(s, Space):
             raise TypeError(
-                f"spaces[{i}] is a {type(s).__name__}, expected gems_fl.spaces.Space"
+                f"spaces[{i}] is a {type(s).__name__}, expected gems_fl.geometry.spaces.Space"
             )
     shape0 = spaces[0].center.shape
     for i, s in enumerate(spaces):

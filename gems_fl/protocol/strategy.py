@@ -21,12 +21,12 @@ from flwr.common.logger import log
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Strategy
 
-from gems_fl import wire
-from gems_fl.intersect import IntersectionResult, find_intersection
-from gems_fl.models import vector_to_state
-from gems_fl.wire import content_bytes
+from gems_fl.protocol import wire
+from gems_fl.geometry.intersect import IntersectionResult, find_intersection
+from gems_fl.learning.models import vector_to_state
+from gems_fl.protocol.wire import content_bytes
 from gems_fl.settings import Settings
-from gems_fl.spaces import Space
+from gems_fl.geometry.spaces import Space
 
 
 class NotEnoughRepliesError(RuntimeError):
@@ -60,7 +60,7 @@ def validate_replies(
 ) -> tuple[list[tuple[int, tuple[Any, ...]]], list[dict[str, object]]]:
     """Decode every reply; reject the bad and the missing with a log line naming the node.
 
-    ``decode`` raises :class:`gems_fl.wire.ReplyError` for a bad reply; its result's
+    ``decode`` raises :class:`gems_fl.protocol.wire.ReplyError` for a bad reply; its result's
     first item is a :class:`Space` or an array. Accepted replies come back as
     ``(node_id, decoded)`` in a canonical order (a hash of that first item), not by
     random node id or arrival, so the aggregate and every number stay reproducible.

@@ -2,7 +2,7 @@
 
 The server sends each connected node a ``query`` message carrying the run settings;
 the node answers with its stable name (``node-name`` in its node config) and the shape
-of its data (:func:`gems_fl.client.handle_query`). A node whose data does not fit (a
+of its data (:func:`gems_fl.protocol.node.handle_query`). A node whose data does not fit (a
 wrong number of features or classes, an unreadable file) answers with an error that
 names the problem; it is logged with its node id, recorded in the results and left
 out of every round. The node names are used from then on in logs and results, since
@@ -21,9 +21,9 @@ from flwr.app import Message, MessageType
 from flwr.common.logger import log
 from flwr.serverapp import Grid
 
-from gems_fl import wire
+from gems_fl.protocol import wire
 from gems_fl.settings import Settings
-from gems_fl.strategy import validate_replies
+from gems_fl.protocol.strategy import validate_replies
 
 
 @dataclass

@@ -16,11 +16,11 @@ import numpy as np
 import torch
 from flwr.common.logger import log
 
-from gems_fl.client import node_seed
-from gems_fl.client_nn import round_seed, train_local_mlp
-from gems_fl.models import MLP, count_parameters
+from gems_fl.data.nodes import node_seed
+from gems_fl.protocol.node_layerwise import round_seed, train_local_mlp
+from gems_fl.learning.models import MLP, count_parameters
 from gems_fl.settings import Settings
-from gems_fl.train import accuracy, fine_tune, predict, train_until_converged
+from gems_fl.learning.train import accuracy, fine_tune, predict, train_until_converged
 
 
 def reproduce_local_models(settings: Settings, node_parts: list[tuple], num_classes: int) -> list[MLP]:

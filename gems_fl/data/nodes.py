@@ -21,12 +21,14 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping
 
 import numpy as np
 
 from gems_fl.data import DATASET_SHAPES, FeatureOptions, load_dataset, node_data, parse_division
-from gems_fl.settings import Settings
+
+if TYPE_CHECKING:  # settings sit above data; data only reads a few attributes
+    from gems_fl.settings import Settings
 
 NPZ_KEYS = ("x_train", "y_train", "x_val", "y_val")
 
@@ -85,7 +87,7 @@ def node_name(node_config: Mapping[str, Any]) -> str:
     )
 
 
-def load_node_data(settings: Settings, node_config: Mapping[str, Any]) -> NodeData:
+def load_node_data(settings: "Settings", node_config: Mapping[str, Any]) -> NodeData:
     """This node's data for the run, from ``data-path`` or ``partition-id``.
 
     Raises

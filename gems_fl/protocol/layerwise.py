@@ -3,7 +3,7 @@
 Round ``j <= L``: every active node gets the settings and the aggregated layers
 ``1..j-1``; it replies one ball per neuron of its layer ``j``. The server clusters all
 neurons of all nodes (k-means, ``clusters`` = m_eps), merges groups whose balls share a
-verified point (:func:`gems_fl.layer_merge.merge_layer`) and keeps the rest, which fixes
+verified point (:func:`gems_fl.geometry.layer_merge.merge_layer`) and keeps the rest, which fixes
 the aggregated width ``H'_j``. Round ``L + 1``: the output layer on top of the
 aggregated hidden layers comes back as a convex ball or ellipsoid and is intersected as
 in the convex protocol. A node whose reply is rejected in some round takes no part in
@@ -24,12 +24,12 @@ from flwr.common.logger import log
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Strategy
 
-from gems_fl import wire
-from gems_fl.wire import content_bytes  # noqa: F401 - re-exported
-from gems_fl.intersect import find_intersection
-from gems_fl.layer_merge import merge_layer
+from gems_fl.protocol import wire
+from gems_fl.protocol.wire import content_bytes  # noqa: F401 - re-exported
+from gems_fl.geometry.intersect import find_intersection
+from gems_fl.geometry.layer_merge import merge_layer
 from gems_fl.settings import Settings
-from gems_fl.strategy import (
+from gems_fl.protocol.strategy import (
     ConvexOutcome,
     NodeReply,
     NotEnoughRepliesError,

@@ -18,9 +18,9 @@ import numpy as np
 import torch
 from flwr.common.logger import log
 
-from gems_fl.models import build_model, model_from_vector
+from gems_fl.learning.models import build_model, model_from_vector
 from gems_fl.settings import Settings
-from gems_fl.train import accuracy, fine_tune, train_until_converged
+from gems_fl.learning.train import accuracy, fine_tune, train_until_converged
 
 ROW_NAMES = ("Global", "Local", "Averaged", "GEMS", "GEMS tuned", "Raw", "Raw converged")
 NN_ROW_NAMES = ("Global", "Local", "Averaged", "Ensemble", "GEMS", "GEMS tuned", "Raw",

@@ -1,4 +1,4 @@
-"""Optional on-disk memo of :func:`gems_fl.train.train_until_converged`.
+"""Optional on-disk memo of :func:`gems_fl.learning.train.train_until_converged`.
 
 Training is deterministic (one thread, seeded shuffling), so a call with the same
 starting weights, trainable set, data, recipe and seed always ends at the same weights.

@@ -3,7 +3,7 @@
 The server side is :class:`flwr.serverapp.strategy.FedAvg` / ``FedProx`` unchanged; the
 node side is :data:`fedavg_client_app`, which trains the received model for
 ``local-epochs`` epochs on exactly the data a GEMS node with the same node config trains
-on (``gems_fl.nodes.load_node_data``: partition or own data file, and its seed), with the
+on (``gems_fl.data.nodes.load_node_data``: partition or own data file, and its seed), with the
 same Adam recipe (a fresh optimiser each round), adding
 FedProx's proximal term when the strategy sends ``proximal-mu``. Accuracy is measured on
 the server's test set after every round, next to the bytes of the records exchanged.
@@ -22,11 +22,11 @@ from flwr.serverapp.strategy import FedAvg, FedProx
 from torch import nn
 
 from gems_fl.data import FeatureOptions, load_dataset
-from gems_fl.inprocess import InProcessGrid
-from gems_fl.models import MLP, build_model
-from gems_fl.nodes import cast_node_arrays, load_node_data
+from gems_fl.protocol.inprocess import InProcessGrid
+from gems_fl.learning.models import MLP, build_model
+from gems_fl.data.nodes import cast_node_arrays, load_node_data
 from gems_fl.settings import Settings
-from gems_fl.train import accuracy, fine_tune
+from gems_fl.learning.train import accuracy, fine_tune
 
 STRATEGIES = ("fedavg", "fedprox")
 

@@ -30,7 +30,7 @@ import httpx
 import tomli_w
 from flwr.common.config import parse_config_args
 
-from gems_fl.results import RESULTS_FILE
+from gems_fl.evaluation.results import RESULTS_FILE
 from gems_fl.settings import Settings
 
 SUPERLINK_START_TIMEOUT_S = 60.0
@@ -81,7 +81,7 @@ def resolve_overrides(app_dir: Path, run_config: str | None, output_dir: str | N
     return overrides
 
 
-def _free_port() -> int:
+def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
@@ -91,7 +91,7 @@ class LocalSuperLink:
     """A simulation SuperLink on a free loopback port, in its own process group."""
 
     def __init__(self, workdir: Path) -> None:
-        self.port = _free_port()
+        self.port = free_port()
         self.home = workdir / "flwr-home"
         self.home.mkdir(parents=True)
         self.log_path = workdir / "superlink.log"
@@ -199,7 +199,7 @@ def run_app(
             if not match:
                 raise RunFailed(f"`flwr run` did not start a run:\n{out[-3000:]}")
             run_id = int(match.group(1))
-            status = _run_status(link, run_id)
+            status = run_status(link, run_id)
             if status != "finished:completed":
                 raise RunFailed(f"run {run_id} ended with status '{status}'; SuperLink log "
                                 f"tail:\n{link.log_tail()}")
@@ -211,7 +211,7 @@ def run_app(
         shutil.rmtree(workdir, ignore_errors=True)
 
 
-def _run_status(link: LocalSuperLink, run_id: int, timeout: float = 30.0) -> str:
+def run_status(link: LocalSuperLink, run_id: int, timeout: float = 30.0) -> str:
     """Final status of ``run_id`` (the log stream can end a moment before the status)."""
     deadline = time.monotonic() + timeout
     status = "unknown"
