@@ -3,7 +3,7 @@
 from flwr.app import Context, Message
 from flwr.clientapp import ClientApp
 
-from gems_fl.protocol.node import handle_query, handle_train
+from gems_fl.protocol.node import handle_evaluate, handle_query, handle_train
 
 app = ClientApp()
 
@@ -18,3 +18,9 @@ def train(msg: Message, context: Context) -> Message:
 def query(msg: Message, context: Context) -> Message:
     """Say who this node is and what data it holds (checked against the run)."""
     return handle_query(msg, context)
+
+
+@app.evaluate()
+def evaluate(msg: Message, context: Context) -> Message:
+    """Score the server's models (h_G first) on this node's own data against its eps."""
+    return handle_evaluate(msg, context)

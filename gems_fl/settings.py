@@ -9,11 +9,18 @@ the key, instead of failing minutes later inside a client.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, fields, replace
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping
 
-from gems_fl.learning.models import parse_hidden
+from gems_fl.learning.models import build_model, parse_hidden
+from gems_fl.learning.recipe import TrainRecipe, TuneRecipe
 from gems_fl.geometry.intersect import FALLBACKS as NO_INTERSECTION_FALLBACKS
+from gems_fl.geometry.fisher import FLOORS as ELLIPSOID_FLOORS
+from gems_fl.geometry.gram_merge import POINTS as GRAM_POINTS
+from gems_fl.geometry.gram_merge import WEIGHTINGS as GRAM_WEIGHTINGS
 from gems_fl.geometry.spaces import SPACE_KINDS
+
+if TYPE_CHECKING:
+    from torch import nn
 
 DATASETS = ("digits", "fashion-mnist", "mnist", "cifar10", "ham10000")
 # What `hidden = "auto"` means per dataset (the paper: 100 for CIFAR-10, 50 otherwise).
@@ -68,6 +75,11 @@ class Settings:
     ham10000_per_class: int = 2000
     ham10000_cnn_epochs: int = 10
     round_timeout: float = 1800.0
+    gram_rank: int = 0
+    gram_ridge: float = 1e-6
+    gram_weighting: str = "samples"
+    gram_point: str = "closed-form"
+    ellipsoid_floor: str = "quantile"
 
     def __post_init__(self) -> None:
         _choice("dataset", self.dataset, DATASETS)
@@ -124,6 +136,14 @@ class Settings:
         self.tune_sizes  # noqa: B018 - validates tune-curve
         _positive("min-replies", self.min_replies)
         _positive("round-timeout", self.round_timeout)
+        if self.gram_rank < 0:
+            raise SettingsError(f"gram-rank={self.gram_rank} must be >= 0 (0 sends the full "
+                                "Gram matrix, r > 0 a rank-r factor)")
+        if self.gram_ridge < 0:
+            raise SettingsError(f"gram-ridge={self.gram_ridge} must be >= 0")
+        _choice("gram-weighting", self.gram_weighting, GRAM_WEIGHTINGS)
+        _choice("gram-point", self.gram_point, GRAM_POINTS)
+        _choice("ellipsoid-floor", self.ellipsoid_floor, ELLIPSOID_FLOORS)
         if not self.output_dir:
             raise SettingsError("output-dir must name a folder, e.g. 'gems-results'")
 
@@ -173,6 +193,22 @@ class Settings:
         if any(n <= 0 for n in sizes):
             raise SettingsError(f"tune-curve={self.tune_curve!r}: every size must be > 0")
         return sizes
+
+    @property
+    def local_recipe(self) -> TrainRecipe:
+        """How every model trained to convergence is trained (local, Global, Raw converged)."""
+        return TrainRecipe(lr=self.local_lr, batch_size=self.batch_size,
+                           max_epochs=self.local_max_epochs, patience=self.local_patience)
+
+    @property
+    def tune_recipe(self) -> TuneRecipe:
+        """How GEMS tuned, Raw and every model of the fine-tuning study are tuned."""
+        return TuneRecipe(epochs=self.tune_epochs, lr=self.tune_lr, batch_size=self.batch_size)
+
+    def new_model(self, num_features: int, num_classes: int) -> "nn.Module":
+        """A fresh model of the configured kind (``model``, ``hidden``, ``dropout``)."""
+        return build_model(self.model, num_features, num_classes, self.hidden_widths,
+                           self.dropout)
 
     def to_config(self) -> dict[str, Any]:
         """Settings as a flat ``{key: value}`` dict with ``pyproject.toml`` keys."""

@@ -35,7 +35,7 @@ def test_node_failing_q_gets_radius_zero_and_a_note(tmp_path):
     assert zero, "eps=1.0 should leave some node's own model failing Q"
     for node in zero:
         assert node["local_val_accuracy"] < 1.0
-        assert any(f"node {node['node_id']}" in note and "lower eps" in note
+        assert any(f"node {node['name']}" in note and "lower eps" in note
                    for note in results["notes"])
 
 

@@ -47,7 +47,8 @@ SHAPES = {"weight": (10, 64), "bias": (10,)}
 
 def _good_reply() -> RecordDict:
     return wire.encode_reply({"weight": np.zeros((10, 64)), "bias": np.zeros(10)}, None,
-                             radius=1.0, num_train_examples=10, num_val_examples=5,
+                             radius=1.0, certified_radius=0.5, eps=0.4,
+                             num_train_examples=10, num_val_examples=5,
                              local_val_accuracy=0.9)
 
 

@@ -120,11 +120,26 @@ def test_fisher_closed_form_matches_autograd(random_linear_problem):
     np.testing.assert_allclose(fisher, (expected / len(x)).numpy(), rtol=1e-10, atol=1e-12)
 
 
-def test_fisher_axes_formula():
+def test_fisher_axes_paper_formula_collapses_on_a_zero_entry():
     fisher = np.array([[0.0, 1.0, 4.0], [0.5, 2.0, 100.0]])
-    axes = fisher_axes(fisher, c=0.1)
+    axes = fisher_axes(fisher, c=0.1, floor="paper")
     assert axes[0] == 1.0  # zero Fisher: the longest axis
     assert np.all(axes[1:] == 0.1)  # min F = 0, so every other ratio is clipped at c
-    axes = fisher_axes(fisher + 1.0, c=0.1)
+    axes = fisher_axes(fisher + 1.0, c=0.1, floor="paper")
     np.testing.assert_allclose(axes, np.maximum(1.0 / (fisher.reshape(-1) + 1.0), 0.1))
     assert axes.min() >= 0.1 and axes.max() == 1.0
+
+
+def test_fisher_axes_quantile_floor_keeps_following_the_fisher_information():
+    fisher = np.array([[0.0, 0.0, 1.0, 2.0], [4.0, 8.0, 16.0, 1000.0]])
+    axes = fisher_axes(fisher, c=0.01)  # default: 5 % quantile of the nonzero entries
+    nonzero = fisher[fisher > 0]
+    f_ref = np.quantile(nonzero, 0.05)
+    flat = fisher.reshape(-1)
+    assert np.all(axes[flat <= f_ref] == 1.0)  # zeros and the smallest entries: longest
+    above = flat > f_ref
+    np.testing.assert_allclose(axes[above], np.maximum(f_ref / flat[above], 0.01))
+    # Not collapsed to c as the paper's formula is with a zero entry:
+    assert len(np.unique(axes)) > 3
+    with pytest.raises(ValueError, match="floor="):
+        fisher_axes(fisher, c=0.1, floor="median")

@@ -14,7 +14,7 @@ from gems_fl.learning import train as train_module
 from gems_fl.data import load_dataset, node_data, parse_division
 from gems_fl.evaluation.fedavg import FederatedCurve, rounds_to_reach, run_federated
 from gems_fl.evaluation.fine_tuning import CURVE_ROWS, nested_samples
-from gems_fl.protocol.layerwise import content_bytes
+from gems_fl.protocol.wire import content_bytes
 from gems_fl.learning.models import build_model
 from gems_fl.reproduce import Options, expected_files
 from gems_fl.reproduce.plan import build_plan
@@ -236,7 +236,7 @@ def test_reproduce_quick_writes_every_table_and_plot_with_every_row(tmp_path):
 
 
 def test_tuning_pool_is_the_public_split_no_node_uses():
-    from gems_fl.running.server import load_server_data
+    from gems_fl.evaluation.server_data import load_server_data
 
     settings = Settings(dataset="digits", seed=0)
     data, meta, _ = load_server_data(settings, parse_division("paper", 5, 10))

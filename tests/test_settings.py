@@ -21,7 +21,7 @@ def test_pyproject_config_and_settings_have_the_same_keys_and_defaults():
     "key, value, message",
     [
         ("eps", 1.5, "eps=1.5 must be in"),
-        ("space", "cube", "space='cube' is not one of ball, ellipsoid"),
+        ("space", "cube", "space='cube' is not one of ball, ellipsoid, gram"),
         ("dataset", "cifar", "dataset='cifar' is not one of"),
         ("num-directions", 0, "num-directions=0 must be > 0"),
         ("delta", 5000.0, "delta=5000.0 must be smaller than r-max"),

@@ -8,7 +8,6 @@ Raw decoded arrays are cached per process; every split is a fresh copy.
 from __future__ import annotations
 
 import functools
-import importlib
 import numbers
 import os
 from dataclasses import dataclass

@@ -49,6 +49,8 @@ class NodeData:
     x_val: np.ndarray
     y_val: np.ndarray
     num_classes: int
+    x_test: np.ndarray | None = None  # the node's own test split, where it holds one
+    y_test: np.ndarray | None = None
 
     @property
     def arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
@@ -197,6 +199,9 @@ def cast_node_arrays(data: NodeData) -> NodeData:
     data.x_val = np.ascontiguousarray(data.x_val, dtype=np.float32)
     data.y_train = np.asarray(data.y_train).astype(np.int64)
     data.y_val = np.asarray(data.y_val).astype(np.int64)
+    if data.y_test is not None:
+        data.x_test = np.ascontiguousarray(data.x_test, dtype=np.float32)
+        data.y_test = np.asarray(data.y_test).astype(np.int64)
     return data
 
 

@@ -1,7 +1,8 @@
 """Server-side baselines and the accuracy of every row on the test set.
 
 Rows: Global (trained on all nodes' training data pooled), Local (each node's own
-model), Averaged (parameter mean of the local models), GEMS (``h_G``), GEMS tuned
+model), Averaged (parameter mean of the local models), Ensemble (MLP only: the local
+models' majority vote), GEMS (``h_G``), GEMS tuned
 (``h_G`` fine-tuned on the public sample), Raw (a fresh model trained on the public
 sample with the very same recipe as the fine-tuning), and Raw converged (a fresh model
 trained on the public sample until its training accuracy stops improving: the stronger
@@ -11,100 +12,113 @@ bar). All of them need data that only a simulation's server holds.
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from logging import INFO
 
 import numpy as np
 import torch
 from flwr.common.logger import log
 
-from gems_fl.learning.models import build_model, model_from_vector
+from torch import nn
+
+from gems_fl.learning.models import count_parameters
+from gems_fl.learning.train import accuracy, predict
+from gems_fl.evaluation.server_data import ServerData
 from gems_fl.settings import Settings
-from gems_fl.learning.train import accuracy, fine_tune, train_until_converged
 
 ROW_NAMES = ("Global", "Local", "Averaged", "GEMS", "GEMS tuned", "Raw", "Raw converged")
 NN_ROW_NAMES = ("Global", "Local", "Averaged", "Ensemble", "GEMS", "GEMS tuned", "Raw",
-                "Raw converged")
+                "Raw converged")  # the MLP table adds the local models' majority vote
 
 
 @dataclass
-class ServerData:
-    """Data the server holds in a simulation (none of it is a node's)."""
+class Candidates:
+    """The models a run compares, whatever the model kind.
 
-    train_x: np.ndarray  # all nodes' training data pooled, for Global only
-    train_y: np.ndarray
-    test_x: np.ndarray
-    test_y: np.ndarray
-    public_x: np.ndarray  # drawn from data that no node used
-    public_y: np.ndarray
-    num_classes: int
-    node_parts: list = field(default_factory=list)  # (x_tr, y_tr, x_val, y_val) per node
-    pool_x: np.ndarray | None = None  # the whole public pool (fine-tuning study)
-    pool_y: np.ndarray | None = None
+    ``local`` maps each node's name to its local model; ``ensemble`` adds the majority
+    vote of the local models as a row (the MLP table's Ensemble).
+    """
+
+    gems: nn.Module
+    local: dict[str, nn.Module]
+    averaged: nn.Module
+    ensemble: bool = False
 
 
-def draw_public_sample(
-    x: np.ndarray, y: np.ndarray, size: int, seed: int
-) -> tuple[np.ndarray, np.ndarray]:
-    """``size`` rows drawn without replacement (seeded) from the public pool."""
-    if size > len(y):
-        raise ValueError(f"public sample of {size} requested but the pool holds {len(y)}")
-    idx = np.random.default_rng(seed).choice(len(y), size=size, replace=False)
-    return x[idx], y[idx]
+def _freeze_hidden(model: nn.Module) -> None:
+    for layer in getattr(model, "hidden", []):
+        layer.requires_grad_(False)
 
 
 def evaluate_rows(
-    centers: list[np.ndarray], h_g: np.ndarray, data: ServerData, settings: Settings
+    models: Candidates, data: ServerData, settings: Settings
 ) -> dict[str, dict[str, object]]:
-    """Test accuracy of every row; rows that cannot be computed say why."""
-    num_features = data.test_x.shape[1]
-    num_classes = data.num_classes
+    """Test accuracy (and parameter count) of every row; rows that cannot be computed
+    say why. One path for the logistic model and the MLP."""
+    num_features, num_classes = data.test_x.shape[1], data.num_classes
 
-    def test_acc(model: torch.nn.Module) -> float:
-        return accuracy(model, data.test_x, data.test_y)
+    def row(model: nn.Module, **extra: object) -> dict[str, object]:
+        return {"accuracy": accuracy(model, data.test_x, data.test_y),
+                "parameters": count_parameters(model), **extra}
 
-    def vector_acc(vector: np.ndarray) -> float:
-        return test_acc(model_from_vector(vector, num_features, num_classes))
-
-    recipe = dict(lr=settings.local_lr, batch_size=settings.batch_size,
-                  max_epochs=settings.local_max_epochs, patience=settings.local_patience)
     rows: dict[str, dict[str, object]] = {}
-
     log(INFO, "Global: training on all %d node training samples pooled", len(data.train_y))
     torch.manual_seed(settings.seed)
-    global_model = build_model(settings.model, num_features, num_classes)
-    report = train_until_converged(global_model, data.train_x, data.train_y,
-                                   seed=settings.seed, **recipe)
-    rows["Global"] = {"accuracy": test_acc(global_model), "epochs": report.epochs}
+    global_model = settings.new_model(num_features, num_classes)
+    report = settings.local_recipe.train(global_model, data.train_x, data.train_y, settings.seed)
+    rows["Global"] = row(global_model, epochs=report.epochs)
     log(INFO, "Global: %d epochs, test accuracy %.4f", report.epochs, rows["Global"]["accuracy"])
 
-    per_node = [vector_acc(c) for c in centers]
-    rows["Local"] = {"accuracy": float(np.mean(per_node)), "per_node": per_node}
-    rows["Averaged"] = {"accuracy": vector_acc(np.mean(centers, axis=0))}
-    rows["GEMS"] = {"accuracy": vector_acc(h_g)}
+    per_node = {name: accuracy(m, data.test_x, data.test_y) for name, m in models.local.items()}
+    first = next(iter(models.local.values()))
+    rows["Local"] = {"accuracy": float(np.mean(list(per_node.values()))), "per_node": per_node,
+                     "parameters": count_parameters(first)}
+    rows["Averaged"] = row(models.averaged)
+    if models.ensemble:
+        local = list(models.local.values())
+        votes = ensemble_predict(local, data.test_x, settings.seed)
+        rows["Ensemble"] = {"accuracy": float(np.mean(votes == data.test_y)),
+                            "parameters": sum(count_parameters(m) for m in local)}
+    hidden = getattr(models.gems, "hidden", None)
+    rows["GEMS"] = row(models.gems, **({"hidden_widths": [layer.out_features for layer in hidden]}
+                                       if hidden is not None else {}))
 
     if len(data.public_y) == 0 or settings.public_samples == 0:
         reason = "public-samples=0: no public sample to tune on"
         for name in ("GEMS tuned", "Raw", "Raw converged"):
             rows[name] = {"accuracy": None, "skipped": reason}
         return rows
-    tune = dict(epochs=settings.tune_epochs, lr=settings.tune_lr,
-                batch_size=settings.batch_size, seed=settings.seed)
-    log(INFO, "GEMS tuned and Raw: %d epochs on %d public samples; Raw converged: until "
-        "convergence", settings.tune_epochs, len(data.public_y))
-    tuned = model_from_vector(h_g, num_features, num_classes)
-    fine_tune(tuned, data.public_x, data.public_y, **tune)
-    rows["GEMS tuned"] = {"accuracy": test_acc(tuned)}
+    tune = settings.tune_recipe
+    log(INFO, "GEMS tuned (%s layer%s) and Raw: %d epochs on %d public samples; Raw "
+        "converged: until convergence", settings.tune_layers,
+        "" if settings.tune_layers == "last" else "s", tune.epochs, len(data.public_y))
+    tuned = copy.deepcopy(models.gems)
+    if settings.tune_layers == "last":
+        _freeze_hidden(tuned)
+    tune.tune(tuned, data.public_x, data.public_y, settings.seed)
+    rows["GEMS tuned"] = row(tuned, tuned_layers=settings.tune_layers)
 
     torch.manual_seed(settings.seed + 1)
-    raw = build_model(settings.model, num_features, num_classes)
+    raw = settings.new_model(num_features, num_classes)
     raw_converged = copy.deepcopy(raw)
-    fine_tune(raw, data.public_x, data.public_y, **tune)
-    rows["Raw"] = {"accuracy": test_acc(raw)}
-    report = train_until_converged(raw_converged, data.public_x, data.public_y,
-                                   seed=settings.seed, **recipe)
-    rows["Raw converged"] = {"accuracy": test_acc(raw_converged), "epochs": report.epochs}
+    tune.tune(raw, data.public_x, data.public_y, settings.seed)
+    rows["Raw"] = row(raw)
+    report = settings.local_recipe.train(raw_converged, data.public_x, data.public_y, settings.seed)
+    rows["Raw converged"] = row(raw_converged, epochs=report.epochs)
     return rows
+
+
+def ensemble_predict(models: list[nn.Module], x: np.ndarray, seed: int) -> np.ndarray:
+    """Majority vote of ``models``; ties broken uniformly at random (seeded)."""
+    votes = np.stack([predict(m, x) for m in models])  # (M, N)
+    num_classes = int(votes.max()) + 1
+    counts = np.zeros((x.shape[0], num_classes))
+    for vote in votes:
+        counts[np.arange(len(vote)), vote] += 1
+    rng = np.random.default_rng(seed)
+    noise = rng.random(counts.shape)  # only decides between classes with the top count
+    best = counts == counts.max(axis=1, keepdims=True)
+    return np.argmax(np.where(best, noise, -1.0), axis=1)
 
 
 def skipped_rows(reason: str, names: tuple[str, ...] = ROW_NAMES) -> dict[str, dict[str, object]]:

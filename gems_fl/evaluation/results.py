@@ -32,15 +32,33 @@ def format_table(results: dict[str, Any]) -> Table:
         acc = row.get("accuracy")
         note = row.get("skipped", "")
         if name == "Local" and acc is not None:
-            note = "per node: " + ", ".join(f"{a:.3f}" for a in row["per_node"])
+            per_node = row["per_node"]
+            items = per_node.items() if isinstance(per_node, dict) else enumerate(per_node)
+            note = "per node: " + ", ".join(f"{k} {a:.3f}" for k, a in items)
         if name == "GEMS" and acc is not None:
-            inter = results["intersection"]
-            note = ("h_G verified inside every space" if inter["found"]
-                    else f"NO INTERSECTION: fallback '{inter['method']}'")
+            note = gems_note(results)
         if "parameters" in row and name in ("Ensemble", "GEMS"):
             note = f"{note}; {row['parameters']} parameters".lstrip("; ")
         table.add_row(name, "-" if acc is None else f"{acc:.4f}", note)
     return table
+
+
+def gems_note(results: dict[str, Any]) -> str:
+    """What the membership checks and the nodes' own checks said about ``h_G``."""
+    inter = results["intersection"]
+    space = results["settings"].get("space")
+    if space == "gram":
+        where = (f"h_G ({inter['method']}) inside {sum(inter['inside'])} of "
+                 f"{len(inter['inside'])} Gram spaces")
+    elif inter["found"]:
+        where = "h_G inside every space (verified intersection)"
+    else:
+        where = f"NO INTERSECTION: fallback '{inter['method']}'"
+    ver = results.get("verification")
+    if ver:
+        answered = ver["answered"]
+        where += f"; good enough on {ver['good_enough']} of {answered} nodes (their own check)"
+    return where
 
 
 def markdown_table(results: dict[str, Any]) -> str:
@@ -70,15 +88,26 @@ def print_results(results: dict[str, Any], console: Console | None = None) -> No
     """Print the accuracy table, per-node spaces and rejections."""
     console = console or Console()
     console.print(format_table(results))
-    nodes = Table(title="Per-node good-enough spaces")
-    for col in ("node", "train", "val", "val acc", "radius", "h_G inside", "miss"):
+    nodes = Table(title="Per node: good-enough space, and h_G checked by the node on its own "
+                  "validation data")
+    for col in ("node", "train", "val", "eps", "local val acc", "radius", "certified",
+                "inside", "h_G val acc", "good enough"):
         nodes.add_column(col, justify="right")
     for n in results["nodes"]:
         label = f"{n['name']} ({n['node_id']})" if n.get("name") else str(n["node_id"])
-        nodes.add_row(label, str(n["num_train"]), str(n["num_val"]),
+        cert = n.get("certified_radius")
+        acc = n.get("h_g_val_accuracy")
+        good = n.get("good_enough")
+        nodes.add_row(label, str(n["num_train"]), str(n["num_val"]), f"{n.get('eps', '')}",
                       f"{n['local_val_accuracy']:.3f}", f"{n['radius']:.4g}",
-                      "yes" if n["inside"] else "NO", f"{n['miss']:.3g}")
+                      "inf" if cert is None else f"{cert:.3g}",
+                      "yes" if n["inside"] else f"miss {n['miss']:.3g}",
+                      "-" if acc is None else f"{acc:.3f}",
+                      "-" if good is None else ("yes" if good else "NO"))
     console.print(nodes)
+    for r in results.get("verification", {}).get("missing", []):
+        console.print(f"[red]no verification[/red] from node '{r['node_name']}' "
+                      f"{r['node_id']}: {r['reason']}")
     for r in results["rejected"]:
         name = f" '{r['node_name']}'" if r.get("node_name") else ""
         console.print(f"[red]rejected[/red] node{name} {r['node_id']}: {r['reason']}")

@@ -24,14 +24,28 @@ def diagonal_fisher(center: np.ndarray, x: np.ndarray) -> np.ndarray:
     return fisher.numpy()
 
 
-def fisher_axes(fisher: np.ndarray, c: float) -> np.ndarray:
-    """Relative axes ``max(min_j F_j / F_i, c)`` in ``[c, 1]``, flattened.
+FLOORS = ("quantile", "paper")
+FLOOR_QUANTILE = 0.05
 
-    Entries at the minimum (in particular zero Fisher: blank pixels, classes the node
-    never predicts) get the longest axis 1, the limit of the formula as ``F_i -> min F``.
+
+def fisher_axes(fisher: np.ndarray, c: float, floor: str = "quantile") -> np.ndarray:
+    """Relative ellipsoid axes in ``[c, 1]``, flattened: ``max(F_ref / F_i, c)``.
+
+    ``floor='paper'`` is appendix A's ``F_ref = min_j F_j``. When some Fisher entries
+    are 0 (blank pixels, classes the node never predicts) that minimum is 0 and every
+    other axis collapses to ``c``: the ellipsoid is then a ball of radius ``c R``.
+    ``floor='quantile'`` (the default) takes ``F_ref`` as the 5 % quantile of the
+    *nonzero* entries instead, so the axes keep following the Fisher information.
+    Entries at or below ``F_ref`` (zeros included) get the longest axis 1.
     """
+    if floor not in FLOORS:
+        raise ValueError(f"floor={floor!r}; choose one of {', '.join(FLOORS)}")
     f = np.asarray(fisher, dtype=np.float64).reshape(-1)
-    f_min = f.min()
+    if floor == "paper":
+        f_ref = f.min()
+    else:
+        nonzero = f[f > 0]
+        f_ref = float(np.quantile(nonzero, FLOOR_QUANTILE)) if nonzero.size else 0.0
     with np.errstate(divide="ignore", invalid="ignore"):
-        ratio = np.where(f <= f_min, 1.0, f_min / f)
+        ratio = np.where(f <= f_ref, 1.0, f_ref / f)
     return np.maximum(ratio, c)

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -86,6 +86,7 @@ class IntersectionResult:
     inside: list[bool]
     miss: list[float]
     iterations: int
+    details: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-friendly summary (plain Python types); ``point`` is omitted."""
@@ -96,6 +97,7 @@ class IntersectionResult:
             "inside": [bool(v) for v in self.inside],
             "miss": [float(v) for v in self.miss],
             "iterations": int(self.iterations),
+            **self.details,
         }
 
 

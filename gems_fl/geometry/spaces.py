@@ -12,7 +12,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-SPACE_KINDS = ("ball", "ellipsoid")
+SPACE_KINDS = ("ball", "ellipsoid", "gram")
+PAPER_SPACE_KINDS = ("ball", "ellipsoid")  # the paper's parameter-space spaces
 
 
 @dataclass(frozen=True)
@@ -78,4 +79,58 @@ class Space:
 
     def contains(self, w: np.ndarray, rtol: float = 1e-9, atol: float = 1e-12) -> bool:
         """Whether ``w`` lies in the space, up to floating-point tolerance."""
+        return self.distance(w) <= self.radius * (1.0 + rtol) + atol
+
+
+@dataclass(frozen=True)
+class GramSpace:
+    """A node's logit-space ellipsoid ``{W : tr((W - W_k) G_k (W - W_k)^T) <= radius^2}``.
+
+    ``W`` is a linear layer's augmented ``(C, n)`` matrix ``[weight | bias]`` (``n`` =
+    inputs + 1), flattened row-major like :class:`Space`'s center. ``G_k`` is the mean of
+    ``x~ x~^T`` over the node's training inputs, so the distance is the root-mean-square
+    change of the node's logits. ``certified_radius`` is the closed-form radius in the
+    node's validation-logit metric within which no model can drop below eps.
+    """
+
+    center: np.ndarray
+    gram: np.ndarray
+    radius: float
+    certified_radius: float = 0.0
+
+    def __post_init__(self) -> None:
+        gram = np.asarray(self.gram, dtype=np.float64)
+        if gram.ndim != 2 or gram.shape[0] != gram.shape[1]:
+            raise ValueError(f"gram has shape {gram.shape}; expected a square (n, n) matrix")
+        center = np.asarray(self.center, dtype=np.float64).reshape(-1)
+        if center.size % gram.shape[0]:
+            raise ValueError(f"center has {center.size} entries, not a multiple of n={gram.shape[0]}")
+        if not np.isfinite(self.radius) or self.radius < 0:
+            raise ValueError(f"radius must be finite and >= 0, got {self.radius!r}")
+        object.__setattr__(self, "center", center)
+        object.__setattr__(self, "gram", gram)
+        object.__setattr__(self, "radius", float(self.radius))
+        object.__setattr__(self, "certified_radius", float(self.certified_radius))
+
+    kind = "gram"
+    axes = None
+
+    @property
+    def dim(self) -> int:
+        return int(self.center.shape[0])
+
+    @property
+    def matrix(self) -> np.ndarray:
+        """The center as the ``(C, n)`` matrix."""
+        return self.center.reshape(-1, self.gram.shape[0])
+
+    def distance(self, w: np.ndarray) -> float:
+        """``sqrt(tr((W - W_k) G_k (W - W_k)^T))``: RMS change of the node's logits."""
+        diff = np.asarray(w, dtype=np.float64).reshape(self.matrix.shape) - self.matrix
+        return float(np.sqrt(max(0.0, float(np.sum((diff @ self.gram) * diff)))))
+
+    def penalty(self, w: np.ndarray) -> float:
+        return max(0.0, self.distance(w) - self.radius)
+
+    def contains(self, w: np.ndarray, rtol: float = 1e-9, atol: float = 1e-12) -> bool:
         return self.distance(w) <= self.radius * (1.0 + rtol) + atol

@@ -14,11 +14,23 @@ import torch
 from torch import nn
 
 
-def build_model(name: str, num_features: int, num_classes: int) -> nn.Module:
-    """Build the named model (``"logistic"``)."""
-    if name != "logistic":
-        raise ValueError(f"unknown model {name!r}; available: 'logistic'")
-    return nn.Linear(num_features, num_classes)
+MODELS = ("logistic", "mlp")
+
+
+def build_model(
+    name: str, num_features: int, num_classes: int, hidden: list[int] | tuple[int, ...] = (),
+    dropout: float = 0.5,
+) -> nn.Module:
+    """Build the named model: ``"logistic"`` (``nn.Linear``) or ``"mlp"`` (:class:`MLP`
+    with the given ``hidden`` widths, any depth, and ``dropout`` after each hidden layer).
+    """
+    if name == "logistic":
+        return nn.Linear(num_features, num_classes)
+    if name == "mlp":
+        if not hidden:
+            raise ValueError("model 'mlp' needs at least one hidden width, e.g. hidden=[50]")
+        return MLP(num_features, list(hidden), num_classes, dropout)
+    raise ValueError(f"unknown model {name!r}; available: {', '.join(map(repr, MODELS))}")
 
 
 def param_shapes(num_features: int, num_classes: int) -> dict[str, tuple[int, ...]]:

@@ -19,20 +19,20 @@ from logging import INFO, WARNING
 from typing import Any
 
 import numpy as np
-from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
+from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord
 from flwr.common.logger import log
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Strategy
 
 from gems_fl.protocol import wire
-from gems_fl.protocol.wire import content_bytes  # noqa: F401 - re-exported
-from gems_fl.geometry.intersect import find_intersection
+from gems_fl.protocol.wire import content_bytes
 from gems_fl.geometry.layer_merge import merge_layer
 from gems_fl.settings import Settings
 from gems_fl.protocol.strategy import (
     ConvexOutcome,
     NodeReply,
     NotEnoughRepliesError,
+    aggregate_layer_spaces,
     select_nodes,
     validate_replies,
 )
@@ -161,14 +161,13 @@ class LayerwiseGEMS(Strategy):
         fan_in = self.layers[-1][0].shape[0]
         shapes = {"weight": (self.num_classes, fan_in), "bias": (self.num_classes,)}
         accepted = self._accept(
-            record, replies, lambda c: wire.decode_reply(c, shapes, self.settings.space))
+            record, replies,
+            lambda c: wire.decode_reply(c, shapes, self.settings.space, self.settings.gram_rank))
         nodes = [NodeReply(node, space, metrics) for node, (space, metrics) in accepted]
-        result = find_intersection([n.space for n in nodes], fallback=self.settings.no_intersection,
-                                   seed=self.settings.seed)
+        log(INFO, "Output layer:")
+        result = aggregate_layer_spaces(nodes, self.settings, self.names)
         self.outcome = ConvexOutcome(accepted=nodes, rejected=record.rejected, intersection=result)
         record.width = self.num_classes
-        log(INFO if result.found else WARNING, "Output layer: intersection %s (%s)",
-            "found" if result.found else "NOT found", result.method)
 
     def configure_evaluate(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
                            grid: Grid) -> Iterable[Message]:

@@ -16,13 +16,13 @@ from flwr.app import Context, Message, RecordDict
 
 from gems_fl.protocol import wire
 from gems_fl.protocol.node_layerwise import hidden_layer_spaces, output_layer_space, round_seed
-from gems_fl.geometry.fisher import diagonal_fisher, fisher_axes
 from gems_fl.data.nodes import cast_node_arrays, load_node_data
-from gems_fl.learning.models import build_model, model_to_vector, vector_to_state
-from gems_fl.geometry.radius import RadiusResult, search_radius
+from gems_fl.learning.models import model_to_vector, vector_to_state
 from gems_fl.settings import Settings
-from gems_fl.geometry.spaces import Space
-from gems_fl.learning.train import TrainReport, accuracy, train_until_converged
+from gems_fl.geometry.spaces import GramSpace, Space
+from gems_fl.protocol.linear_space import LayerSpace, linear_layer_space
+from gems_fl.protocol.verify import score_models
+from gems_fl.learning.train import TrainReport, accuracy
 
 logger = logging.getLogger(__name__)
 
@@ -31,12 +31,15 @@ logger = logging.getLogger(__name__)
 class LocalSpace:
     """A node's trained model, its good-enough space and how they were obtained."""
 
-    space: Space
-    search: RadiusResult
+    layer: LayerSpace
     training: TrainReport
     num_train: int
     num_val: int
     val_accuracy: float
+
+    @property
+    def space(self) -> Space | GramSpace:
+        return self.layer.space
 
 
 def build_local_space(
@@ -48,36 +51,33 @@ def build_local_space(
     settings: Settings,
     seed: int,
 ) -> LocalSpace:
-    """Train the local model and find its good-enough ball or ellipsoid.
+    """Train the local model and find its good-enough space (``settings.space``).
 
     The radius is searched on the validation split with Q = accuracy >= ``eps``; a
     model that already fails Q at its center gets radius 0.
     """
     torch.manual_seed(seed)
     num_features = x_train.shape[1]
-    model = build_model(settings.model, num_features, num_classes)
-    report = train_until_converged(
-        model, x_train, y_train,
-        lr=settings.local_lr, batch_size=settings.batch_size,
-        max_epochs=settings.local_max_epochs, patience=settings.local_patience, seed=seed,
-    )
-    center = model_to_vector(model)
-    center_matrix = center.reshape(num_classes, num_features + 1)
-    axes = None
-    if settings.space == "ellipsoid":
-        axes = fisher_axes(diagonal_fisher(center_matrix, x_val), settings.ellipsoid_c)
-    search = search_radius(
-        center_matrix, x_val, y_val,
-        eps=settings.eps, num_directions=settings.num_directions,
-        r_max=settings.r_max, delta=settings.delta, seed=seed, axes=axes,
-    )
-    return LocalSpace(
-        space=Space(center, search.radius, axes),
-        search=search,
-        training=report,
-        num_train=len(y_train),
-        num_val=len(y_val),
-        val_accuracy=accuracy(model, x_val, y_val),
+    model = settings.new_model(num_features, num_classes)
+    report = settings.local_recipe.train(model, x_train, y_train, seed)
+    center = model_to_vector(model).reshape(num_classes, num_features + 1)
+    layer = linear_layer_space(center, x_train, x_val, y_val, settings, seed)
+    return LocalSpace(layer=layer, training=report, num_train=len(y_train), num_val=len(y_val),
+                      val_accuracy=accuracy(model, x_val, y_val))
+
+
+def encode_layer_space(layer: LayerSpace, num_inputs: int, num_classes: int, *, eps: float,
+                       num_train: int, num_val: int, val_accuracy: float) -> RecordDict:
+    """The reply for a linear layer's space (convex model or MLP output layer)."""
+    to_state = lambda v: vector_to_state(v, num_inputs, num_classes)  # noqa: E731
+    space = layer.space
+    return wire.encode_reply(
+        to_state(space.center), None if space.axes is None else to_state(space.axes),
+        radius=space.radius, certified_radius=layer.certified_radius, eps=eps,
+        num_train_examples=num_train, num_val_examples=num_val,
+        local_val_accuracy=val_accuracy,
+        gram=space.gram if isinstance(space, GramSpace) and layer.factor is None else None,
+        gram_factor=layer.factor,
     )
 
 
@@ -96,13 +96,9 @@ def _layer_round_reply(
         return wire.encode_neuron_reply(
             spaces.weight, spaces.bias, spaces.radius, num_train_examples=len(y_tr),
             num_val_examples=len(y_val), local_val_accuracy=spaces.val_accuracy)
-    space, val_acc = output_layer_space(x_tr, y_tr, x_val, y_val, num_classes, settings, fixed, seed)
-    fan_in = fixed[-1][0].shape[0]
-    to_state = lambda v: vector_to_state(v, fan_in, num_classes)  # noqa: E731
-    return wire.encode_reply(
-        to_state(space.center), None if space.axes is None else to_state(space.axes),
-        radius=space.radius, num_train_examples=len(y_tr), num_val_examples=len(y_val),
-        local_val_accuracy=val_acc)
+    layer, val_acc = output_layer_space(x_tr, y_tr, x_val, y_val, num_classes, settings, fixed, seed)
+    return encode_layer_space(layer, fixed[-1][0].shape[0], num_classes, eps=settings.eps,
+                              num_train=len(y_tr), num_val=len(y_val), val_accuracy=val_acc)
 
 
 def handle_train(msg: Message, context: Context) -> Message:
@@ -114,20 +110,23 @@ def handle_train(msg: Message, context: Context) -> Message:
         return Message(content=content, reply_to=msg)
     local = build_local_space(*data.arrays, data.num_classes, settings, seed=data.seed)
     logger.info(
-        "node %s (%s): %d train / %d val, val acc %.3f, %s radius %.4f",
+        "node %s (%s): %d train / %d val, val acc %.3f, %s radius %.4f (certified %.4g)",
         data.name, data.source, local.num_train, local.num_val,
-        local.val_accuracy, settings.space, local.space.radius,
+        local.val_accuracy, settings.space, local.space.radius, local.layer.certified_radius,
     )
-    num_classes, num_features = data.num_classes, data.num_features
-    content = wire.encode_reply(
-        vector_to_state(local.space.center, num_features, num_classes),
-        None if local.space.axes is None else vector_to_state(local.space.axes, num_features, num_classes),
-        radius=local.space.radius,
-        num_train_examples=local.num_train,
-        num_val_examples=local.num_val,
-        local_val_accuracy=local.val_accuracy,
-    )
+    content = encode_layer_space(local.layer, data.num_features, data.num_classes,
+                                 eps=settings.eps, num_train=local.num_train,
+                                 num_val=local.num_val, val_accuracy=local.val_accuracy)
     return Message(content=content, reply_to=msg)
+
+
+def handle_evaluate(msg: Message, context: Context) -> Message:
+    """Flower ``evaluate`` handler: score the server's models on this node's own data
+    (validation split, and its test split where it holds one) against its own eps."""
+    settings = Settings.from_run_config(wire.decode_config(msg.content)).for_node(context.node_config)
+    data = cast_node_arrays(load_node_data(settings, context.node_config))
+    return Message(content=score_models(msg.content, settings.eps, data.x_val, data.y_val,
+                                        data.x_test, data.y_test), reply_to=msg)
 
 
 def handle_query(msg: Message, context: Context) -> Message:

@@ -13,14 +13,12 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from gems_fl.geometry.fisher import diagonal_fisher, fisher_axes
-from gems_fl.learning.models import MLP
+from gems_fl.learning.models import MLP, build_model
 from gems_fl.geometry.neurons import neuron_radii
 from gems_fl.learning.threads import single_thread
-from gems_fl.geometry.radius import search_radius
+from gems_fl.protocol.linear_space import LayerSpace, linear_layer_space
 from gems_fl.settings import Settings
-from gems_fl.geometry.spaces import Space
-from gems_fl.learning.train import accuracy, train_until_converged
+from gems_fl.learning.train import accuracy
 
 Layer = tuple[np.ndarray, np.ndarray]  # (weight (out, in), bias (out,))
 
@@ -40,7 +38,7 @@ def build_partial_mlp(
     """
     widths = [w.shape[0] for w, _ in fixed] + settings.hidden_widths[len(fixed):]
     torch.manual_seed(seed)
-    model = MLP(num_features, widths, num_classes, settings.dropout)
+    model = build_model("mlp", num_features, num_classes, widths, settings.dropout)
     for layer, (weight, bias) in zip(model.hidden, fixed):
         layer.weight.data = torch.as_tensor(weight, dtype=torch.float32).clone()
         layer.bias.data = torch.as_tensor(bias, dtype=torch.float32).clone()
@@ -58,10 +56,7 @@ def train_local_mlp(
     if output_only:
         for layer in model.hidden:
             layer.requires_grad_(False)
-    train_until_converged(
-        model, x, y, lr=settings.local_lr, batch_size=settings.batch_size,
-        max_epochs=settings.local_max_epochs, patience=settings.local_patience, seed=seed,
-    )
+    settings.local_recipe.train(model, x, y, seed)
     return model
 
 
@@ -106,17 +101,14 @@ def hidden_layer_spaces(
 def output_layer_space(
     x_tr: np.ndarray, y_tr: np.ndarray, x_val: np.ndarray, y_val: np.ndarray,
     num_classes: int, settings: Settings, fixed: list[Layer], seed: int,
-) -> tuple[Space, float]:
-    """Final round: train the output layer on frozen hidden layers; its convex space."""
+) -> tuple[LayerSpace, float]:
+    """Final round: train the output layer on frozen hidden layers; its convex space
+    over the hidden features (training features for a Gram matrix, validation features
+    for the radius search)."""
     model = train_local_mlp(x_tr, y_tr, num_classes, settings, fixed, seed, output_only=True)
-    feats = layer_inputs(model, x_val, len(fixed))
     center = np.concatenate([model.output.weight.detach().double().numpy(),
                              model.output.bias.detach().double().numpy()[:, None]], axis=1)
-    axes = None
-    if settings.space == "ellipsoid":
-        axes = fisher_axes(diagonal_fisher(center, feats), settings.ellipsoid_c)
-    search = search_radius(
-        center, feats, y_val, eps=settings.eps, num_directions=settings.num_directions,
-        r_max=settings.r_max, delta=settings.delta, seed=seed, axes=axes,
-    )
-    return Space(center.reshape(-1), search.radius, axes), accuracy(model, x_val, y_val)
+    train_feats = layer_inputs(model, x_tr, len(fixed)) if settings.space == "gram" else None
+    layer = linear_layer_space(center, train_feats, layer_inputs(model, x_val, len(fixed)),
+                               y_val, settings, seed)
+    return layer, accuracy(model, x_val, y_val)

@@ -26,7 +26,8 @@ from gems_fl.geometry.intersect import IntersectionResult, find_intersection
 from gems_fl.learning.models import vector_to_state
 from gems_fl.protocol.wire import content_bytes
 from gems_fl.settings import Settings
-from gems_fl.geometry.spaces import Space
+from gems_fl.geometry.gram_merge import aggregate_gram
+from gems_fl.geometry.spaces import GramSpace, Space
 
 
 class NotEnoughRepliesError(RuntimeError):
@@ -38,7 +39,7 @@ class NodeReply:
     """One accepted reply."""
 
     node_id: int
-    space: Space
+    space: Space | GramSpace
     metrics: dict[str, float]
 
 
@@ -127,8 +128,44 @@ def select_nodes(grid: Grid, participants: list[int] | None, names: Mapping[int,
 
 
 def _canonical_key(first: Any) -> str:
-    array = first.center if isinstance(first, Space) else np.asarray(first)
+    array = first.center if isinstance(first, (Space, GramSpace)) else np.asarray(first)
     return hashlib.sha256(np.ascontiguousarray(array).tobytes()).hexdigest()
+
+
+def aggregate_layer_spaces(
+    nodes: list[NodeReply], settings: Settings, names: Mapping[int, str]
+) -> IntersectionResult:
+    """``h_G`` for the accepted spaces of one linear layer, with membership per node.
+
+    Gram spaces: the closed-form weighted center (:mod:`gems_fl.geometry.gram_merge`);
+    the paper's balls and ellipsoids: the verified intersection (Dykstra, then the
+    ``no-intersection`` fallback).
+    """
+    for reply in nodes:
+        if reply.space.radius == 0.0:
+            log(WARNING, "Node %s: its own model has validation accuracy %.3f < its eps=%s, "
+                "so its space is the single point of its model (radius 0); lower eps "
+                "to give it room.", describe_node(reply.node_id, names),
+                reply.metrics["local-val-accuracy"], reply.metrics.get("eps", settings.eps))
+    if settings.space == "gram":
+        result = aggregate_gram(
+            [r.space for r in nodes], [r.metrics["num-train-examples"] for r in nodes],
+            weighting=settings.gram_weighting, ridge=settings.gram_ridge, point=settings.gram_point)
+        log(INFO if result.found else WARNING, "Gram center (%s, weights by %s): h_G inside "
+            "%d of %d spaces%s", result.method, settings.gram_weighting, sum(result.inside),
+            len(nodes), "" if "spaces_share_a_point" not in result.details else
+            f"; the spaces {'share' if result.details['spaces_share_a_point'] else 'do not share'}"
+            f" a point (minimax scaled distance {result.details['minimax_scaled_distance']:.3g})")
+        return result
+    result = find_intersection([r.space for r in nodes], fallback=settings.no_intersection,
+                               seed=settings.seed)
+    if result.found:
+        log(INFO, "Intersection found (%s): h_G lies in all %d spaces", result.method, len(nodes))
+    else:
+        log(WARNING, "NO INTERSECTION of the %d spaces; fallback '%s' used; h_G misses "
+            "%d space(s), total miss %.4g", len(nodes), result.method,
+            sum(not i for i in result.inside), result.objective)
+    return result
 
 
 class GEMS(Strategy):
@@ -204,24 +241,8 @@ class GEMS(Strategy):
                 f"from {len(self._sent_to)} nodes; min-replies={self.settings.min_replies}. "
                 "See the rejection log lines above, or lower min-replies."
             )
-        for reply in accepted:
-            if reply.space.radius == 0.0:
-                log(WARNING, "Node %d: its own model has validation accuracy %.3f < eps=%s, "
-                    "so its space is the single point of its model (radius 0); lower eps "
-                    "to give it room.", reply.node_id, reply.metrics["local-val-accuracy"],
-                    self.settings.eps)
-        result = find_intersection(
-            [r.space for r in accepted], fallback=self.settings.no_intersection,
-            seed=self.settings.seed,
-        )
+        result = aggregate_layer_spaces(accepted, self.settings, self.names)
         self.outcome.intersection = result
-        if result.found:
-            log(INFO, "Intersection found (%s): h_G lies in all %d spaces", result.method,
-                len(accepted))
-        else:
-            log(WARNING, "NO INTERSECTION of the %d spaces; fallback '%s' used; h_G misses "
-                "%d space(s), total miss %.4g", len(accepted), result.method,
-                sum(not i for i in result.inside), result.objective)
         num_classes, num_features = self.shapes["weight"]
         state = vector_to_state(result.point, num_features, num_classes)
         metrics = MetricRecord({
@@ -235,7 +256,8 @@ class GEMS(Strategy):
     def _validate(self, replies: Iterable[Message]) -> tuple[list[NodeReply], list[dict[str, object]]]:
         decoded, rejected = validate_replies(
             replies, self._sent_to,
-            lambda content: wire.decode_reply(content, self.shapes, self.settings.space),
+            lambda content: wire.decode_reply(content, self.shapes, self.settings.space,
+                                              self.settings.gram_rank),
             log_prefix=f"Round {len(self.rounds)}: ", names=self.names)
         return [NodeReply(node, space, metrics) for node, (space, metrics) in decoded], rejected
 

@@ -18,7 +18,10 @@ Client -> server (the reply; nothing else leaves the client)::
 
     "center":  ArrayRecord   the local optimum as the model's state_dict (weight, bias)
     "axes":    ArrayRecord   relative ellipsoid axes, same keys and shapes (ellipsoid only)
-    "metrics": MetricRecord  radius, num-train-examples, num-val-examples,
+    "gram":    ArrayRecord   gram only: "triangle", the upper triangle of G (float32), or
+                             "factor", F with G = F F^T (gram-rank > 0)
+    "metrics": MetricRecord  radius, certified-radius (-1: infinite), eps (the node's
+                             own), num-train-examples, num-val-examples,
                              local-val-accuracy
 
 :func:`decode_reply` validates a reply against the server's model before any of it is
@@ -34,7 +37,8 @@ import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, MetricRecord, RecordDict
 
 from gems_fl.learning.models import state_to_vector
-from gems_fl.geometry.spaces import Space
+from gems_fl.geometry.gram import check_gram, from_factor, pack_triangle, unpack_triangle
+from gems_fl.geometry.spaces import GramSpace, Space
 
 CONFIG_KEY = "config"
 LAYERS_KEY = "layers"
@@ -44,7 +48,9 @@ NEURON_METRIC_KEYS = ("num-train-examples", "num-val-examples", "local-val-accur
 CENTER_KEY = "center"
 AXES_KEY = "axes"
 METRICS_KEY = "metrics"
-METRIC_KEYS = ("radius", "num-train-examples", "num-val-examples", "local-val-accuracy")
+METRIC_KEYS = ("radius", "certified-radius", "eps", "num-train-examples", "num-val-examples",
+               "local-val-accuracy")
+GRAM_KEY = "gram"
 
 
 class ReplyError(ValueError):
@@ -124,17 +130,31 @@ def encode_reply(
     axes: dict[str, np.ndarray] | None,
     *,
     radius: float,
+    certified_radius: float,
+    eps: float,
     num_train_examples: int,
     num_val_examples: int,
     local_val_accuracy: float,
+    gram: np.ndarray | None = None,
+    gram_factor: np.ndarray | None = None,
 ) -> RecordDict:
-    """A client's reply: its good-enough space and a few counts."""
+    """A node's reply: its good-enough space and a few counts.
+
+    A Gram space sends ``G`` as its upper triangle (float32) or, with ``gram_factor``,
+    as the rank-r factor ``F`` (``G = F F^T``) instead.
+    """
     records: dict[str, Any] = {CENTER_KEY: array_record(center)}
     if axes is not None:
         records[AXES_KEY] = array_record(axes)
+    if gram_factor is not None:
+        records[GRAM_KEY] = array_record({"factor": np.asarray(gram_factor, dtype=np.float32)})
+    elif gram is not None:
+        records[GRAM_KEY] = array_record({"triangle": pack_triangle(gram)})
     records[METRICS_KEY] = MetricRecord(
         {
             "radius": float(radius),
+            "certified-radius": float(certified_radius) if math.isfinite(certified_radius) else -1.0,
+            "eps": float(eps),
             "num-train-examples": int(num_train_examples),
             "num-val-examples": int(num_val_examples),
             "local-val-accuracy": float(local_val_accuracy),
@@ -149,24 +169,33 @@ def array_record(state: dict[str, np.ndarray]) -> ArrayRecord:
 
 
 def decode_reply(
-    content: RecordDict, shapes: dict[str, tuple[int, ...]], space_kind: str
-) -> tuple[Space, dict[str, float]]:
-    """Validate a reply and turn it into a :class:`Space` plus its metrics.
+    content: RecordDict, shapes: dict[str, tuple[int, ...]], space_kind: str, gram_rank: int = 0,
+) -> tuple[Space | GramSpace, dict[str, float]]:
+    """Validate a reply and turn it into a space plus its metrics.
 
     Raises
     ------
     ReplyError
         Missing or extra records/keys, a shape that does not match the model, a
-        non-finite value, a negative radius, or non-positive axes.
+        non-finite value, a negative radius, non-positive axes, or a Gram matrix that
+        is not symmetric positive semi-definite.
     """
-    expected = {CENTER_KEY, METRICS_KEY} | ({AXES_KEY} if space_kind == "ellipsoid" else set())
+    extra_key = {"ellipsoid": AXES_KEY, "gram": GRAM_KEY}.get(space_kind)
+    expected = {CENTER_KEY, METRICS_KEY} | ({extra_key} if extra_key else set())
     present = set(content.keys())
     if present != expected:
         missing, extra = sorted(expected - present), sorted(present - expected)
         raise ReplyError(f"reply records {sorted(present)}: missing {missing}, unexpected {extra}")
     center = _read_state(content, CENTER_KEY, shapes)
-    axes = _read_state(content, AXES_KEY, shapes) if space_kind == "ellipsoid" else None
     metrics = _read_metrics(content)
+    if space_kind == "gram":
+        n = int(shapes["weight"][1]) + 1
+        gram = _read_gram(content, n, gram_rank)
+        certified = metrics["certified-radius"]
+        space: Space | GramSpace = GramSpace(state_to_vector(center), gram, metrics["radius"],
+                                            math.inf if certified < 0 else certified)
+        return space, metrics
+    axes = _read_state(content, AXES_KEY, shapes) if space_kind == "ellipsoid" else None
     if axes is not None and np.any(state_to_vector(axes) <= 0):
         raise ReplyError("'axes' has entries <= 0; relative axes must be positive")
     space = Space(
@@ -175,6 +204,38 @@ def decode_reply(
         axes=None if axes is None else state_to_vector(axes),
     )
     return space, metrics
+
+
+def _read_gram(content: RecordDict, n: int, rank: int) -> np.ndarray:
+    """The Gram matrix of a reply, checked: finite, the right shape, symmetric, PSD."""
+    record = content.array_records.get(GRAM_KEY)
+    if record is None:
+        raise ReplyError(f"'{GRAM_KEY}' is not an ArrayRecord")
+    key = "factor" if rank > 0 else "triangle"
+    if set(record.keys()) != {key}:
+        raise ReplyError(f"'{GRAM_KEY}' holds {sorted(record.keys())}, expected ['{key}'] "
+                         f"(gram-rank={rank})")
+    try:
+        arr = np.asarray(record[key].numpy(), dtype=np.float64)
+    except Exception as exc:  # noqa: BLE001 - any decode failure is a bad reply
+        raise ReplyError(f"'{GRAM_KEY}.{key}' cannot be decoded: {exc}") from exc
+    if not np.all(np.isfinite(arr)):
+        raise ReplyError(f"'{GRAM_KEY}.{key}' contains NaN or infinite values")
+    try:
+        if rank > 0:
+            expected = (n, min(rank, n))
+            if arr.shape != expected:
+                raise ValueError(f"factor has shape {arr.shape}, expected {expected}")
+            gram = from_factor(arr)
+        else:
+            if arr.shape != (n * (n + 1) // 2,):
+                raise ValueError(f"triangle has shape {arr.shape}, expected ({n * (n + 1) // 2},) "
+                                 f"for a {n} x {n} matrix")
+            gram = unpack_triangle(arr, n)
+        check_gram(gram, n)
+    except ValueError as exc:
+        raise ReplyError(f"'{GRAM_KEY}': {exc}") from None
+    return gram
 
 
 def _read_state(content: RecordDict, key: str, shapes: dict[str, tuple[int, ...]]) -> dict[str, np.ndarray]:
@@ -215,6 +276,8 @@ def _read_metrics(content: RecordDict, keys: tuple[str, ...] = METRIC_KEYS) -> d
         metrics[key] = float(value)
     if metrics.get("radius", 0.0) < 0:
         raise ReplyError(f"radius={metrics['radius']} is negative")
+    if "eps" in metrics and not 0.0 <= metrics["eps"] <= 1.0:
+        raise ReplyError(f"eps={metrics['eps']} is outside [0, 1]")
     if not 0.0 <= metrics["local-val-accuracy"] <= 1.0:
         raise ReplyError(f"local-val-accuracy={metrics['local-val-accuracy']} is outside [0, 1]")
     for key in ("num-train-examples", "num-val-examples"):

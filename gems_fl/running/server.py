@@ -1,8 +1,15 @@
-"""The ServerApp's work: settings -> GEMS round -> baselines -> results on disk."""
+"""The ServerApp's run: settings -> identity round -> GEMS protocol -> verification on
+the nodes -> baselines -> results on disk.
+
+:func:`run_server` does the steps every run shares; :func:`run_convex` and
+:func:`run_layerwise` each run one protocol and hand back a :class:`ProtocolRun`,
+which :func:`finish` turns into the results (table, ``results.json``, the model).
+"""
 
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass, field
 from logging import INFO, WARNING
 from pathlib import Path
 from typing import Any
@@ -12,30 +19,23 @@ import torch
 from flwr.app import ArrayRecord, Context
 from flwr.common.logger import log
 from flwr.serverapp import Grid
+from torch import nn
 
-from gems_fl.evaluation.baselines import (
-    NN_ROW_NAMES,
-    ServerData,
-    draw_public_sample,
-    evaluate_rows,
-    skipped_rows,
-)
-from gems_fl.evaluation.baselines_nn import (
-    average_models,
-    evaluate_nn_rows,
-    first_layer_matches,
-    reproduce_local_models,
-)
+from gems_fl.data import DATASET_SHAPES, parse_division
+from gems_fl.evaluation.baselines import NN_ROW_NAMES, ROW_NAMES, Candidates, evaluate_rows, skipped_rows
 from gems_fl.evaluation.fine_tuning import fine_tuning_curve
-from gems_fl.protocol.layerwise import LayerwiseGEMS
-from gems_fl.data import DATASET_SHAPES, FeatureOptions, load_dataset, node_data, parse_division
-from gems_fl.learning.models import MLP, build_model, model_from_vector, param_shapes, vector_to_state
+from gems_fl.evaluation.local_models import average_models, first_layer_matches, reproduce_local_models
 from gems_fl.evaluation.results import MODEL_FILE, RESULTS_FILE, print_results, write_results
-from gems_fl.protocol.roster import identify_nodes
+from gems_fl.evaluation.server_data import ServerData, load_server_data
+from gems_fl.learning.models import MLP, build_model, model_from_vector, param_shapes, vector_to_state
+from gems_fl.protocol.layerwise import LayerwiseGEMS
+from gems_fl.protocol.roster import Roster, identify_nodes
+from gems_fl.protocol.strategy import GEMS, ConvexOutcome, NotEnoughRepliesError
+from gems_fl.protocol.verify import GEMS_KEY, Verification, verify_on_nodes
 from gems_fl.settings import Settings, SettingsError
-from gems_fl.protocol.strategy import GEMS, NotEnoughRepliesError
 
 NODE_WAIT_S = 60.0
+NO_SERVER_DATA = "evaluate-on-server=false: the server holds no training, test or public data"
 
 
 def wait_for_nodes(grid: Grid, minimum: int, timeout: float = NODE_WAIT_S) -> list[int]:
@@ -48,60 +48,28 @@ def wait_for_nodes(grid: Grid, minimum: int, timeout: float = NODE_WAIT_S) -> li
         time.sleep(1.0)
 
 
-def pooled_in_canonical_order(parts: list[tuple]) -> tuple[np.ndarray, np.ndarray]:
-    """All nodes' training rows pooled, in an order that does not depend on the division.
+@dataclass
+class ProtocolRun:
+    """What one protocol produced, in the same form for both model kinds."""
 
-    Global is "trained on all the nodes' data". Sorting the pool by a fixed projection of
-    each row makes it the same model for every K whose nodes hold the same samples, as
-    in the paper's tables, instead of one that changes with the partitions' order. Rows
-    that tie are identical, so their relative order cannot change the training.
-    """
-    x = np.concatenate([p[0] for p in parts])
-    y = np.concatenate([p[1] for p in parts])
-    direction = np.random.default_rng(20_240_611).standard_normal(x.shape[1])
-    order = np.lexsort((y, x.astype(np.float64) @ direction))
-    return x[order], y[order]
-
-
-def load_server_data(
-    settings: Settings, division: list[list[int]]
-) -> tuple[ServerData, dict[str, Any], list[str]]:
-    """What a simulation's server holds: pooled train (Global), test, public sample."""
-    splits = load_dataset(settings.dataset, seed=settings.seed, data_dir=settings.data_dir or None,
-                          features=FeatureOptions.from_settings(settings))
-    num_nodes = len(division)
-    parts = [node_data(splits, division, k, settings.seed) for k in range(num_nodes)]
-    notes = []
-    size = settings.public_samples
-    if size > len(splits.public_y):
-        notes.append(f"public-samples={size} but {settings.dataset}'s public pool holds "
-                     f"{len(splits.public_y)} samples no node uses; using all of them")
-        size = len(splits.public_y)
-    public_x, public_y = draw_public_sample(splits.public_x, splits.public_y, size, settings.seed)
-    train_x, train_y = pooled_in_canonical_order(parts)
-    data = ServerData(
-        train_x=train_x, train_y=train_y,
-        test_x=splits.test_x, test_y=splits.test_y,
-        public_x=public_x, public_y=public_y, num_classes=splits.num_classes,
-        node_parts=parts, pool_x=splits.public_x, pool_y=splits.public_y,
-    )
-    meta = {
-        "name": settings.dataset, "num_nodes": num_nodes, "label_division": division,
-        "num_features": splits.num_features, "num_classes": splits.num_classes,
-        "node_train_total": int(len(data.train_y)),
-        "node_val_total": int(sum(len(p[3]) for p in parts)),
-        "test": int(len(splits.test_y)), "public_pool": int(len(splits.public_y)),
-        "public_used": int(size),
-    }
-    return data, meta, notes
+    gems_model: nn.Module
+    model_state: dict[str, np.ndarray]
+    outcome: ConvexOutcome  # the accepted spaces of the last (linear) layer and h_G
+    rounds: list[dict[str, Any]]
+    rejected: list[dict[str, object]]
+    node_models: dict[str, dict[str, np.ndarray]] = field(default_factory=dict)
+    local_models: dict[str, nn.Module] | None = None  # Local rows, by node name
+    averaged: nn.Module | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
 
 
 def assemble_mlp(
     layers: list[tuple[np.ndarray, np.ndarray]], output: np.ndarray, num_features: int,
     num_classes: int, settings: Settings,
 ) -> MLP:
-    """The aggregated MLP: merged hidden layers and the intersected output layer."""
-    model = MLP(num_features, [w.shape[0] for w, _ in layers], num_classes, settings.dropout)
+    """The aggregated MLP: merged hidden layers and the aggregated output layer."""
+    model = build_model("mlp", num_features, num_classes, [w.shape[0] for w, _ in layers],
+                        settings.dropout)
     state = {}
     for i, (weight, bias) in enumerate(layers):
         state[f"hidden.{i}.weight"] = torch.as_tensor(weight, dtype=torch.float32)
@@ -113,8 +81,98 @@ def assemble_mlp(
     return model
 
 
+def run_convex(grid: Grid, settings: Settings, roster: Roster, num_features: int,
+               num_classes: int) -> ProtocolRun:
+    """The convex protocol: one round of spaces, ``h_G`` from them."""
+    strategy = GEMS(settings, param_shapes(num_features, num_classes),
+                    participants=roster.participants, names=roster.names)
+    strategy.start(grid=grid, initial_arrays=ArrayRecord(), num_rounds=1,
+                   timeout=settings.round_timeout)
+    outcome = strategy.outcome
+    point = outcome.intersection.point
+    centers = {roster.names.get(r.node_id, str(r.node_id)): r.space.center for r in outcome.accepted}
+    as_model = lambda v: model_from_vector(v, num_features, num_classes)  # noqa: E731
+    average = np.mean(list(centers.values()), axis=0)
+    node_models = {GEMS_KEY: vector_to_state(point, num_features, num_classes),
+                   "averaged": vector_to_state(average, num_features, num_classes)}
+    node_models.update({f"local.{name}": vector_to_state(c, num_features, num_classes)
+                        for name, c in centers.items()})
+    return ProtocolRun(
+        gems_model=as_model(point), model_state=vector_to_state(point, num_features, num_classes),
+        outcome=outcome, rounds=strategy.rounds, rejected=outcome.rejected,
+        node_models=node_models,
+        local_models={name: as_model(c) for name, c in centers.items()},
+        averaged=as_model(average),
+    )
+
+
+def run_layerwise(grid: Grid, settings: Settings, roster: Roster, num_features: int,
+                  num_classes: int) -> ProtocolRun:
+    """The layer-wise protocol: one round per hidden layer, then the output layer."""
+    strategy = LayerwiseGEMS(settings, num_features, num_classes,
+                             participants=roster.participants, names=roster.names)
+    strategy.start(grid=grid, initial_arrays=ArrayRecord(), num_rounds=strategy.num_rounds,
+                   timeout=settings.round_timeout)
+    outcome = strategy.outcome
+    model = assemble_mlp(strategy.layers, outcome.intersection.point, num_features,
+                         num_classes, settings)
+    state = {k: v.detach().numpy() for k, v in model.state_dict().items()}
+    return ProtocolRun(
+        gems_model=model, model_state=state, outcome=outcome, rounds=strategy.round_reports(),
+        rejected=[item for r in strategy.rounds for item in r.rejected],
+        node_models={GEMS_KEY: state},
+        extra={"excluded_nodes": {str(k): v for k, v in strategy.excluded.items()},
+               "hidden_widths": [w.shape[0] for w, _ in strategy.layers],
+               "first_layer_centers": strategy.first_layer_centers},
+    )
+
+
+def rebuild_local_mlps(run: ProtocolRun, data: ServerData, settings: Settings,
+                       roster: Roster, num_classes: int) -> None:
+    """The MLP's Local, Averaged and Ensemble rows need each node's whole local model,
+    which the protocol never sends: in simulation the server retrains them."""
+    log(INFO, "Retraining each node's local MLP on the server for the Local, Averaged and "
+        "Ensemble rows")
+    models = reproduce_local_models(settings, data.node_parts, num_classes)
+    by_partition = {int(src.rsplit(" of ", 1)[0].split()[-1]): roster.names[n]
+                    for n, src in roster.sources.items() if src.startswith("partition ")}
+    run.local_models = {by_partition.get(k, f"partition-{k}"): m for k, m in enumerate(models)}
+    run.averaged = average_models(models)
+    run.extra["local_models_match_sent_layers"] = first_layer_matches(
+        models, run.extra["first_layer_centers"])
+
+
+def node_table(run: ProtocolRun, roster: Roster, verification: Verification,
+               settings: Settings) -> list[dict[str, Any]]:
+    """One row per accepted node, sorted by name: its space, whether ``h_G`` is inside,
+    and what the node itself measured for ``h_G`` on its data."""
+    inter = run.outcome.intersection
+    details = inter.details
+    rows = []
+    for k, (reply, inside, miss) in enumerate(zip(run.outcome.accepted, inter.inside, inter.miss)):
+        check = verification.checks.get(reply.node_id)
+        cert = reply.metrics.get("certified-radius", -1.0)
+        rows.append({
+            "node_id": int(reply.node_id), "name": roster.names.get(reply.node_id, ""),
+            "eps": float(reply.metrics.get("eps", settings.eps)),
+            "radius": reply.space.radius,
+            "certified_radius": None if cert < 0 else float(cert),
+            "distance": float(details["distance"][k]) if "distance" in details
+            else float(reply.space.distance(inter.point)),
+            "local_val_accuracy": reply.metrics["local-val-accuracy"],
+            "num_train": int(reply.metrics["num-train-examples"]),
+            "num_val": int(reply.metrics["num-val-examples"]),
+            "inside": bool(inside), "miss": float(miss),
+            "h_g_val_accuracy": None if check is None else check.val.get(GEMS_KEY),
+            "h_g_test_accuracy": None if check is None else check.test.get(GEMS_KEY),
+            "good_enough": None if check is None else bool(check.good_enough),
+        })
+    return sorted(rows, key=lambda r: r["name"])
+
+
 def run_server(grid: Grid, context: Context) -> dict[str, Any]:
     """Run GEMS (convex, or layer-wise for ``model='mlp'``), write the results, return them."""
+    started = time.time()
     t0 = time.perf_counter()
     try:
         settings = Settings.from_run_config(context.run_config)
@@ -126,118 +184,96 @@ def run_server(grid: Grid, context: Context) -> dict[str, Any]:
     num_features, num_classes = DATASET_SHAPES[settings.dataset]
     roster = identify_nodes(grid, node_ids, settings, num_features, num_classes)
     if len(roster.participants) < settings.min_replies:
-        reasons = "; ".join(f"node {r['node_id']}: {r['reason']}" for r in roster.rejected)
+        reasons = "; ".join(f"node {r.get('node_name', r['node_id'])}: {r['reason']}"
+                            for r in roster.rejected)
         raise NotEnoughRepliesError(
             f"only {len(roster.participants)} of {len(node_ids)} nodes have data that fits the "
             f"run; min-replies={settings.min_replies}. Rejected: {reasons}")
-    # The label division only describes partition nodes (and the server's own copy of
-    # their data); nodes with their own data-path ignore it.
     num_nodes = len(roster.participants)
-    try:
-        division = parse_division(settings.label_division, num_nodes, num_classes)
-    except ValueError:
-        if settings.evaluate_on_server:
-            raise
-        division = None
+    meta: dict[str, Any] = {"name": settings.dataset, "num_nodes": num_nodes,
+                            "num_features": num_features, "num_classes": num_classes}
     notes: list[str] = []
     server_data = None
     if settings.evaluate_on_server:
+        # The label division describes the partition nodes, whose data the server copies.
+        division = parse_division(settings.label_division, num_nodes, num_classes)
         log(INFO, "Loading %s on the server (pooled train for Global, test set, public "
             "sample)", settings.dataset)
         server_data, meta, notes = load_server_data(settings, division)
-    else:
-        meta = {"name": settings.dataset, "num_nodes": num_nodes, "label_division": division,
-                "num_features": num_features, "num_classes": num_classes}
     for note in notes:
         log(WARNING, note)
+    timing = {"identify": float(roster.report.get("wall_s", 0.0))}
 
-    layerwise = settings.model == "mlp"
-    if layerwise:
-        strategy = LayerwiseGEMS(settings, num_features, num_classes,
-                                 participants=roster.participants, names=roster.names)
-    else:
-        strategy = GEMS(settings, param_shapes(num_features, num_classes),
-                        participants=roster.participants, names=roster.names)
     t_round = time.perf_counter()
-    strategy.start(grid=grid, initial_arrays=ArrayRecord(),
-                   num_rounds=strategy.num_rounds if layerwise else 1,
-                   timeout=settings.round_timeout)
-    round_s = time.perf_counter() - t_round
-    outcome = strategy.outcome
-    inter = outcome.intersection
-    extra: dict[str, Any] = {}
-    skip_reason = "evaluate-on-server=false: the server holds no training, test or public data"
+    protocol = run_layerwise if settings.model == "mlp" else run_convex
+    run = protocol(grid, settings, roster, num_features, num_classes)
+    timing["rounds"] = time.perf_counter() - t_round
+
+    t_verify = time.perf_counter()
+    accepted_ids = [r.node_id for r in run.outcome.accepted]
+    verification = verify_on_nodes(grid, accepted_ids, roster.names, settings.to_config(),
+                                   run.node_models, settings.round_timeout)
+    timing["verify"] = time.perf_counter() - t_verify
+    t_base = time.perf_counter()
+    rows = evaluate_baselines(run, server_data, settings, roster, num_features, num_classes)
+    timing["baselines"] = time.perf_counter() - t_base
+    return finish(context, settings, run, roster, verification, rows, meta, notes,
+                  timing=timing, started=started, t0=t0)
+
+
+def evaluate_baselines(run: ProtocolRun, data: ServerData | None, settings: Settings,
+                       roster: Roster, num_features: int, num_classes: int) -> dict[str, Any]:
+    """The results table's rows, on the server's test set (or skipped without data)."""
+    layerwise = settings.model == "mlp"
+    if data is None:
+        return skipped_rows(NO_SERVER_DATA, NN_ROW_NAMES if layerwise else ROW_NAMES)
     if layerwise:
-        gems_model = assemble_mlp(strategy.layers, inter.point, num_features, num_classes, settings)
-        model_state = {k: v.detach().numpy() for k, v in gems_model.state_dict().items()}
-        extra["rounds"] = strategy.round_reports()
-        round_rejections = [item for r in strategy.rounds for item in r.rejected]
-        extra["excluded_nodes"] = {str(k): v for k, v in strategy.excluded.items()}
-        extra["hidden_widths"] = [w.shape[0] for w, _ in strategy.layers]
-        if server_data is not None:
-            log(INFO, "Retraining each node's local MLP on the server for the Local, "
-                "Averaged and Ensemble rows")
-            local_models = reproduce_local_models(settings, server_data.node_parts, num_classes)
-            extra["local_models_match_sent_layers"] = first_layer_matches(
-                local_models, strategy.first_layer_centers)
-            rows = evaluate_nn_rows(local_models, gems_model, server_data, settings)
-            if settings.tune_sizes:
-                extra["fine_tuning"] = fine_tuning_curve(
-                    gems_model, local_models, average_models(local_models),
-                    lambda: MLP(num_features, settings.hidden_widths, num_classes, settings.dropout),
-                    (server_data.pool_x, server_data.pool_y),
-                    (server_data.test_x, server_data.test_y), settings)
-        else:
-            rows = skipped_rows(skip_reason, NN_ROW_NAMES)
-    else:
-        model_state = vector_to_state(inter.point, num_features, num_classes)
-        if server_data is not None:
-            log(INFO, "Evaluating Global, Local, Averaged, GEMS, GEMS tuned and Raw on the test set")
-            centers = [r.space.center for r in outcome.accepted]
-            rows = evaluate_rows(centers, inter.point, server_data, settings)
-            if settings.tune_sizes:
-                as_model = lambda v: model_from_vector(v, num_features, num_classes)  # noqa: E731
-                extra["fine_tuning"] = fine_tuning_curve(
-                    as_model(inter.point), [as_model(c) for c in centers],
-                    as_model(np.mean(centers, axis=0)),
-                    lambda: build_model(settings.model, num_features, num_classes),
-                    (server_data.pool_x, server_data.pool_y),
-                    (server_data.test_x, server_data.test_y), settings)
-        else:
-            rows = skipped_rows(skip_reason)
-        extra["rounds"] = strategy.rounds
-        round_rejections = outcome.rejected
-    for reply in outcome.accepted:
+        rebuild_local_mlps(run, data, settings, roster, num_classes)
+    log(INFO, "Evaluating Global, Local, Averaged, GEMS, GEMS tuned and Raw on the test set")
+    rows = evaluate_rows(Candidates(run.gems_model, run.local_models, run.averaged,
+                                    ensemble=layerwise), data, settings)
+    if settings.tune_sizes:
+        run.extra["fine_tuning"] = fine_tuning_curve(
+            run.gems_model, list(run.local_models.values()), run.averaged,
+            lambda: settings.new_model(num_features, num_classes),
+            (data.pool_x, data.pool_y), (data.test_x, data.test_y), settings)
+    return rows
+
+
+def finish(context: Context, settings: Settings, run: ProtocolRun, roster: Roster,
+           verification: Verification, rows: dict[str, Any], meta: dict[str, Any],
+           notes: list[str], *, timing: dict[str, float], started: float,
+           t0: float) -> dict[str, Any]:
+    """Assemble the results, print the tables, write ``results.json`` and the model."""
+    for reply in run.outcome.accepted:
         if reply.space.radius == 0.0:
-            notes.append(f"node {reply.node_id}: local validation accuracy "
-                         f"{reply.metrics['local-val-accuracy']:.3f} < eps={settings.eps}, "
-                         "radius 0; lower eps to give it room")
+            notes.append(f"node {roster.names.get(reply.node_id, reply.node_id)}: local "
+                         f"validation accuracy {reply.metrics['local-val-accuracy']:.3f} < its "
+                         f"eps={reply.metrics.get('eps', settings.eps)}, radius 0; lower eps "
+                         "to give it room")
+    run.extra.pop("first_layer_centers", None)
+    timing["total"] = time.perf_counter() - t0
     results = {
         "status": "completed",
         "run_id": int(context.run_id),
         "settings": settings.to_config(),
         "dataset": meta,
         "rows": rows,
-        "intersection": inter.to_dict(),
-        "nodes": [
-            {"node_id": int(r.node_id), "name": roster.names.get(r.node_id, ""),
-             "radius": r.space.radius,
-             "local_val_accuracy": r.metrics["local-val-accuracy"],
-             "num_train": int(r.metrics["num-train-examples"]),
-             "num_val": int(r.metrics["num-val-examples"]),
-             "inside": bool(inside), "miss": float(miss)}
-            for r, inside, miss in zip(outcome.accepted, inter.inside, inter.miss)
-        ],
-        "rejected": roster.rejected + round_rejections,
+        "intersection": run.outcome.intersection.to_dict(),
+        "nodes": node_table(run, roster, verification, settings),
+        "verification": verification.to_dict(),
+        "rejected": roster.rejected + run.rejected,
         "participants": roster.nodes_json(),
         "identify": roster.report,
         "notes": notes,
-        "timing_s": {"round": round_s, "total": time.perf_counter() - t0},
-        **extra,
+        "rounds": run.rounds,
+        "timing_s": timing,
+        "started_unix": started,
+        **run.extra,
     }
     folder = Path(settings.output_dir).expanduser().resolve() / f"run-{context.run_id}"
     results["output"] = {"results": str(folder / RESULTS_FILE), "model": str(folder / MODEL_FILE)}
-    path = write_results(results, folder, model_state)
+    path = write_results(results, folder, run.model_state)
     print_results(results)
     log(INFO, "Results written to %s (model: %s) on the machine running the ServerApp",
         path, folder / MODEL_FILE)

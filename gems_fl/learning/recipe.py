@@ -1,0 +1,47 @@
+"""Training recipes: the few numbers that say how a model is trained, in one object.
+
+``Settings`` builds one recipe per purpose (:attr:`Settings.local_recipe` for every
+model trained until convergence, :attr:`Settings.tune_recipe` for fine-tuning and Raw)
+and the code passes the recipe down instead of unpacking lr, batch, epochs and patience
+at every call site.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from torch import nn
+
+from gems_fl.learning.train import TrainReport, fine_tune, train_until_converged
+
+
+@dataclass(frozen=True)
+class TrainRecipe:
+    """Adam until the training accuracy converges (see ``train_until_converged``)."""
+
+    lr: float
+    batch_size: int
+    max_epochs: int
+    patience: int
+
+    def train(self, model: nn.Module, x: np.ndarray, y: np.ndarray, seed: int) -> TrainReport:
+        """Train ``model`` in place on ``(x, y)``."""
+        return train_until_converged(model, x, y, lr=self.lr, batch_size=self.batch_size,
+                                     max_epochs=self.max_epochs, patience=self.patience,
+                                     seed=seed)
+
+
+@dataclass(frozen=True)
+class TuneRecipe:
+    """Adam for exactly ``epochs`` epochs (see ``fine_tune``)."""
+
+    epochs: int
+    lr: float
+    batch_size: int
+
+    def tune(self, model: nn.Module, x: np.ndarray, y: np.ndarray, seed: int,
+             proximal_mu: float = 0.0) -> TrainReport:
+        """Fine-tune the trainable weights of ``model`` in place on ``(x, y)``."""
+        return fine_tune(model, x, y, epochs=self.epochs, lr=self.lr,
+                         batch_size=self.batch_size, seed=seed, proximal_mu=proximal_mu)

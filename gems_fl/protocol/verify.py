@@ -1,0 +1,207 @@
+"""The evaluate round: every node checks the aggregate on its own data.
+
+After ``h_G`` is chosen the server sends it, in one ``evaluate`` message per node, with
+any other models worth scoring on the nodes (Averaged, each node's Local model). Each
+node answers with the accuracy of every model on its validation split (and on its own
+test split where it holds one) and its ``eps``. ``h_G`` is *good enough* on a node when
+its validation accuracy there is >= that node's eps: that check, made by the node on
+its own data, is what the word means in the results.
+
+Server -> node (message type ``evaluate``, TTL ``round-timeout``)::
+
+    "config":       ConfigRecord  every run setting
+    "model.<key>":  ArrayRecord   one state_dict per model (key: gems, averaged,
+                                  local.<node name>)
+
+Node -> server::
+
+    "metrics": MetricRecord  eps, num-val-examples, num-test-examples,
+                             val.<key> and (with a test split) test.<key> per model
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from logging import INFO, WARNING
+from typing import Any
+
+import numpy as np
+import torch
+from flwr.app import ConfigRecord, Message, MessageType, MetricRecord, RecordDict
+from flwr.common.logger import log
+from flwr.serverapp import Grid
+from torch import nn
+
+from gems_fl.learning.models import MLP
+from gems_fl.learning.train import accuracy
+from gems_fl.protocol import wire
+
+MODEL_PREFIX = "model."
+GEMS_KEY = "gems"
+
+
+def state_to_model(state: Mapping[str, np.ndarray]) -> nn.Module:
+    """The model a state dict describes: logistic (``weight``, ``bias``) or an MLP
+    (``hidden.<i>.weight``/``bias`` and ``output.weight``/``bias``), widths read from it."""
+    if set(state) == {"weight", "bias"}:
+        weight = np.asarray(state["weight"])
+        model: nn.Module = nn.Linear(weight.shape[1], weight.shape[0])
+    else:
+        depth = sum(1 for k in state if k.startswith("hidden.") and k.endswith(".weight"))
+        expected = {f"hidden.{i}.{p}" for i in range(depth) for p in ("weight", "bias")}
+        expected |= {"output.weight", "output.bias"}
+        if depth == 0 or set(state) != expected:
+            raise ValueError(f"state dict keys {sorted(state)} describe neither the logistic "
+                             "model nor an MLP")
+        widths = [int(np.shape(state[f"hidden.{i}.weight"])[0]) for i in range(depth)]
+        num_features = int(np.shape(state["hidden.0.weight"])[1])
+        num_classes = int(np.shape(state["output.weight"])[0])
+        model = MLP(num_features, widths, num_classes, dropout=0.0)
+    model.load_state_dict({k: torch.as_tensor(np.asarray(v), dtype=torch.float32)
+                           for k, v in state.items()})
+    return model
+
+
+def encode_evaluate(config: dict[str, Any], models: Mapping[str, Mapping[str, np.ndarray]]) -> RecordDict:
+    """The server's evaluate instruction: settings and every model to score."""
+    records: dict[str, Any] = {wire.CONFIG_KEY: ConfigRecord(dict(config))}
+    for key, state in models.items():
+        records[MODEL_PREFIX + key] = wire.array_record(
+            {k: np.asarray(v, dtype=np.float32) for k, v in state.items()})
+    return RecordDict(records)
+
+
+def score_models(content: RecordDict, eps: float, x_val: np.ndarray, y_val: np.ndarray,
+                 x_test: np.ndarray | None = None, y_test: np.ndarray | None = None) -> RecordDict:
+    """Node side: the accuracy of every received model on this node's data."""
+    metrics: dict[str, float | int] = {
+        "eps": float(eps), "num-val-examples": int(len(y_val)),
+        "num-test-examples": 0 if y_test is None else int(len(y_test)),
+    }
+    for name, record in content.array_records.items():
+        if not name.startswith(MODEL_PREFIX):
+            continue
+        key = name[len(MODEL_PREFIX):]
+        model = state_to_model({k: record[k].numpy() for k in record.keys()})
+        metrics[f"val.{key}"] = accuracy(model, x_val, y_val)
+        if y_test is not None and len(y_test):
+            metrics[f"test.{key}"] = accuracy(model, x_test, y_test)
+    return RecordDict({wire.METRICS_KEY: MetricRecord(metrics)})
+
+
+@dataclass
+class NodeCheck:
+    """One node's verdict on the models it was sent."""
+
+    node_id: int
+    name: str
+    eps: float
+    num_val: int
+    num_test: int
+    val: dict[str, float] = field(default_factory=dict)
+    test: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def good_enough(self) -> bool:
+        """Whether ``h_G`` reaches this node's eps on its validation data."""
+        return self.val.get(GEMS_KEY, -1.0) >= self.eps
+
+
+@dataclass
+class Verification:
+    """The evaluate round's outcome: the nodes' checks and the nodes that did not answer."""
+
+    checks: dict[int, NodeCheck]
+    missing: list[dict[str, object]]
+    bytes_sent: int = 0
+    bytes_received: int = 0
+
+    def pooled(self, split: str) -> dict[str, float]:
+        """Per model, accuracy over all answering nodes' ``split`` samples pooled."""
+        totals: dict[str, float] = {}
+        counts: dict[str, int] = {}
+        for check in self.checks.values():
+            n = check.num_val if split == "val" else check.num_test
+            for key, acc in getattr(check, split).items():
+                totals[key] = totals.get(key, 0.0) + acc * n
+                counts[key] = counts.get(key, 0) + n
+        return {k: totals[k] / counts[k] for k in totals if counts[k] > 0}
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "answered": len(self.checks),
+            "good_enough": sum(c.good_enough for c in self.checks.values()),
+            "missing": self.missing,
+            "pooled_val": self.pooled("val"),
+            "pooled_test": self.pooled("test"),
+            "bytes_sent": self.bytes_sent,
+            "bytes_received": self.bytes_received,
+        }
+
+
+def _decode_check(node_id: int, name: str, content: RecordDict) -> NodeCheck:
+    record = content.metric_records.get(wire.METRICS_KEY)
+    if record is None:
+        raise wire.ReplyError(f"evaluate reply has no '{wire.METRICS_KEY}' MetricRecord")
+    values: dict[str, float] = {}
+    for key in record.keys():
+        value = record[key]
+        if isinstance(value, (list, bool)) or not math.isfinite(float(value)):
+            raise wire.ReplyError(f"evaluate metric '{key}'={value!r} is not a finite number")
+        values[key] = float(value)
+    for key in ("eps", "num-val-examples", "num-test-examples"):
+        if key not in values:
+            raise wire.ReplyError(f"evaluate reply lacks '{key}'")
+    check = NodeCheck(node_id, name, values["eps"], int(values["num-val-examples"]),
+                      int(values["num-test-examples"]))
+    for key, value in values.items():
+        split, _, model = key.partition(".")
+        if split in ("val", "test") and model:
+            if not 0.0 <= value <= 1.0:
+                raise wire.ReplyError(f"evaluate metric '{key}'={value} is outside [0, 1]")
+            getattr(check, split)[model] = value
+    if GEMS_KEY not in check.val:
+        raise wire.ReplyError(f"evaluate reply lacks 'val.{GEMS_KEY}'")
+    return check
+
+
+def verify_on_nodes(
+    grid: Grid, node_ids: list[int], names: Mapping[int, str], config: dict[str, Any],
+    models: Mapping[str, Mapping[str, np.ndarray]], timeout: float,
+) -> Verification:
+    """Send every model to every node; collect what each node measured on its own data.
+
+    A node that does not answer within ``timeout`` seconds (also each message's TTL),
+    or answers with an error or a malformed reply, is listed in ``missing`` with the
+    reason; the others are kept.
+    """
+    content = encode_evaluate(config, models)
+    messages = [Message(content=content, message_type=MessageType.EVALUATE, dst_node_id=n,
+                        group_id="verify", ttl=timeout) for n in node_ids]
+    replies = list(grid.send_and_receive(messages, timeout=timeout))
+    checks: dict[int, NodeCheck] = {}
+    missing: list[dict[str, object]] = []
+    received = 0
+    for reply in replies:
+        node_id = reply.metadata.src_node_id
+        name = names.get(node_id, str(node_id))
+        try:
+            if reply.has_error():
+                raise wire.ReplyError(f"client error {reply.error.code}: {reply.error.reason}")
+            received += wire.content_bytes(reply.content)
+            checks[node_id] = _decode_check(node_id, name, reply.content)
+        except wire.ReplyError as exc:
+            log(WARNING, "Verify: rejected the answer of node %s ('%s'): %s", node_id, name, exc)
+            missing.append({"node_id": node_id, "node_name": name, "reason": str(exc)})
+    for node_id in node_ids:
+        if node_id not in checks and all(m["node_id"] != node_id for m in missing):
+            name = names.get(node_id, str(node_id))
+            log(WARNING, "Verify: no answer from node %s ('%s') within %.0f s", node_id, name, timeout)
+            missing.append({"node_id": node_id, "node_name": name, "reason": "no answer"})
+    good = sum(c.good_enough for c in checks.values())
+    log(INFO, "Verify: h_G is good enough (val accuracy >= the node's eps) on %d of %d nodes "
+        "that answered; %d did not answer", good, len(checks), len(missing))
+    return Verification(checks, missing, bytes_sent=wire.content_bytes(content) * len(node_ids),
+                        bytes_received=received)
