@@ -37,6 +37,9 @@ class InProcessGrid(Grid):
     reply_hook : callable, optional
         Applied to each ``train`` reply before the server sees it (tests use it to
         corrupt one); the replies to the server's identity ``query`` pass untouched.
+    evaluate_hook : callable, optional
+        The same for ``evaluate`` replies; returning None drops the reply, as if the
+        node never answered.
     node_configs : list of dict, optional
         One node config per node (e.g. ``data-path`` and ``node-name``, as a
         SuperNode's ``--node-config``) instead of ``partition-id``/``num-partitions``.
@@ -51,12 +54,14 @@ class InProcessGrid(Grid):
         run_id: int = 1,
         reply_hook: ReplyHook | None = None,
         node_configs: list[dict] | None = None,
+        evaluate_hook: Callable[[Message], Message | None] | None = None,
     ) -> None:
         if node_configs is not None and len(node_configs) != num_nodes:
             raise ValueError(f"node_configs has {len(node_configs)} entries for {num_nodes} nodes")
         self._app = client_app
         self._run_id = run_id
         self._hook = reply_hook
+        self._evaluate_hook = evaluate_hook
         self._contexts = {
             1000 + k: Context(
                 run_id=run_id, node_id=1000 + k,
@@ -100,7 +105,9 @@ class InProcessGrid(Grid):
             self._sent += 1
             self._type = msg.metadata.message_type
             ids.append(msg.metadata.message_id)
-            self._replies[msg.metadata.message_id] = self._deliver(msg)
+            reply = self._deliver(msg)
+            if reply is not None:  # None: the node never answers (a test's hook said so)
+                self._replies[msg.metadata.message_id] = reply
         return ids
 
     def _deliver(self, msg: Message) -> Message:
@@ -110,6 +117,8 @@ class InProcessGrid(Grid):
             reply = Message(Error(code=0, reason=f"{type(exc).__name__}: {exc}"), reply_to=msg)
         if self._hook and msg.metadata.message_type == MessageType.TRAIN:
             return self._hook(reply)
+        if self._evaluate_hook and msg.metadata.message_type == MessageType.EVALUATE:
+            return self._evaluate_hook(reply)
         return reply
 
     def pull_messages(self, message_ids: Iterable[str]) -> Iterable[Message]:

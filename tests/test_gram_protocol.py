@@ -1,0 +1,185 @@
+"""Gram spaces through the real apps: replies, their validation, the closed-form h_G,
+and the evaluate round in which every node checks h_G on its own data."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from flwr.app import Array, Message
+
+from gems_fl.geometry.gram import gram_matrix, pack_triangle
+from gems_fl.protocol import wire
+from tests.helpers import run_in_process
+
+SHAPES = {"weight": (3, 4), "bias": (3,)}
+N = 5  # inputs + 1
+
+
+def _gram_reply(gram: np.ndarray | None = None) -> object:
+    rng = np.random.default_rng(0)
+    if gram is None:
+        gram = gram_matrix(rng.standard_normal((40, 4)))
+    return wire.encode_reply({"weight": rng.standard_normal((3, 4)), "bias": np.zeros(3)}, None,
+                             radius=2.0, certified_radius=0.5, eps=0.4, num_train_examples=40,
+                             num_val_examples=10, local_val_accuracy=0.9, gram=gram)
+
+
+def test_decode_accepts_a_gram_reply_and_rebuilds_the_matrix():
+    rng = np.random.default_rng(0)
+    gram = gram_matrix(rng.standard_normal((40, 4)))
+    space, metrics = wire.decode_reply(_gram_reply(gram), SHAPES, "gram")
+    assert space.kind == "gram" and space.radius == 2.0 and space.certified_radius == 0.5
+    np.testing.assert_allclose(space.gram, gram, rtol=1e-6, atol=1e-6)  # float32 on the wire
+    assert metrics["eps"] == 0.4
+
+
+def _set_triangle(content, values: np.ndarray) -> None:
+    content["gram"]["triangle"] = Array(np.ascontiguousarray(values, dtype=np.float32))
+
+
+def _not_psd(c):
+    g = np.eye(N)
+    g[0, 0] = -1.0
+    _set_triangle(c, pack_triangle(g))
+
+
+def _nan(c):
+    tri = pack_triangle(np.eye(N))
+    tri[2] = np.nan
+    _set_triangle(c, tri)
+
+
+def _wrong_shape(c):
+    _set_triangle(c, pack_triangle(np.eye(N + 1)))
+
+
+def _missing(c):
+    del c["gram"]
+
+
+def _not_symmetric_factor(c):
+    # A factor where a triangle is expected is the wrong record key.
+    c["gram"] = wire.array_record({"factor": np.ones((N, 2), dtype=np.float32)})
+
+
+BAD_GRAMS = {
+    "not-psd": (_not_psd, "positive semi-definite|PSD|eigenvalue"),
+    "nan": (_nan, "NaN"),
+    "wrong-shape": (_wrong_shape, "shape"),
+    "missing": (_missing, "missing \\['gram'\\]"),
+    "wrong-key": (_not_symmetric_factor, "expected \\['triangle'\\]"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(BAD_GRAMS))
+def test_bad_gram_replies_are_rejected_with_a_reason(name):
+    corrupt, reason = BAD_GRAMS[name]
+    content = _gram_reply()
+    corrupt(content)
+    with pytest.raises(wire.ReplyError, match=reason):
+        wire.decode_reply(content, SHAPES, "gram")
+
+
+def test_a_non_symmetric_full_matrix_is_rejected():
+    from gems_fl.geometry.gram import check_gram
+
+    g = np.eye(N)
+    g[0, 1] = 0.5
+    with pytest.raises(ValueError, match="symmetric"):
+        check_gram(g, N)
+
+
+def test_bad_gram_from_one_node_is_dropped_with_its_name_and_the_round_goes_on(tmp_path):
+    def hook(reply: Message) -> Message:
+        if reply.metadata.src_node_id == 1001:
+            _not_psd_full(reply.content)
+        return reply
+
+    results = run_in_process(4, tmp_path, reply_hook=hook, space="gram",
+                             **{"label-division": "classes-per-node:4"})
+    rejected = {r["node_id"]: r for r in results["rejected"]}
+    assert list(rejected) == [1001]
+    assert rejected[1001]["node_name"] == "partition-1"
+    assert "gram" in rejected[1001]["reason"]
+    assert sorted(n["node_id"] for n in results["nodes"]) == [1000, 1002, 1003]
+
+
+def _not_psd_full(content) -> None:
+    n = 65  # digits: 64 features + 1
+    g = np.eye(n)
+    g[5, 5] = -3.0
+    content["gram"]["triangle"] = Array(pack_triangle(g).astype(np.float32))
+
+
+def test_gram_run_reports_per_node_verification(tmp_path):
+    results = run_in_process(3, tmp_path, space="gram", **{"label-division": "classes-per-node:4"})
+    assert results["intersection"]["method"] == "closed-form"
+    nodes = results["nodes"]
+    assert [n["name"] for n in nodes] == sorted(n["name"] for n in nodes)
+    for node in nodes:
+        for key in ("eps", "radius", "certified_radius", "inside", "h_g_val_accuracy",
+                    "good_enough"):
+            assert key in node
+        assert node["good_enough"] == (node["h_g_val_accuracy"] >= node["eps"])
+    ver = results["verification"]
+    assert ver["answered"] == 3 and ver["missing"] == []
+    assert set(ver["pooled_val"]) >= {"gems", "averaged"}
+    saved = json.loads((tmp_path / "run-1" / "results.json").read_text())
+    assert saved["nodes"] == nodes
+
+
+def test_closed_form_center_is_what_h_g_is(tmp_path):
+    """h_G equals the weighted Gram center of the accepted replies (samples weighting)."""
+    from gems_fl.geometry.gram import gram_center
+
+    captured = []
+
+    def hook(reply: Message) -> Message:
+        captured.append(wire.decode_reply(reply.content, {"weight": (10, 64), "bias": (10,)},
+                                          "gram"))
+        return reply
+
+    results, grid = run_in_process(3, tmp_path, reply_hook=hook, space="gram",
+                                   return_grid=True, **{"label-division": "classes-per-node:4"})
+    spaces = [s for s, _ in captured]
+    weights = [m["num-train-examples"] for _, m in captured]
+    expected = gram_center([s.matrix for s in spaces], [s.gram for s in spaces], weights, 1e-6)
+    saved = np.load(tmp_path / "run-1" / "gems_model.npz")
+    got = np.concatenate([saved["weight"], saved["bias"][:, None]], axis=1)
+    np.testing.assert_allclose(got, expected, rtol=1e-9, atol=1e-9)
+
+
+def test_a_node_that_does_not_answer_the_evaluate_message_is_reported(tmp_path):
+    def drop(reply: Message):
+        return None if reply.metadata.src_node_id == 1002 else reply
+
+    results = run_in_process(3, tmp_path, space="gram", evaluate_hook=drop,
+                             **{"label-division": "classes-per-node:4", "round-timeout": 5.0})
+    missing = results["verification"]["missing"]
+    assert [m["node_name"] for m in missing] == ["partition-2"]
+    assert missing[0]["reason"] == "no answer"
+    by_name = {n["name"]: n for n in results["nodes"]}
+    assert by_name["partition-2"]["good_enough"] is None
+    assert by_name["partition-0"]["good_enough"] is not None
+
+
+def test_a_node_with_its_own_eps_is_reported_with_that_eps(tmp_path):
+    configs = [{"partition-id": k, "num-partitions": 3} for k in range(3)]
+    configs[1]["eps"] = 0.9
+    results = run_in_process(3, tmp_path, node_configs=configs, space="ball",
+                             **{"label-division": "classes-per-node:4"})
+    eps = {n["name"]: n["eps"] for n in results["nodes"]}
+    assert eps == {"partition-0": 0.4, "partition-1": 0.9, "partition-2": 0.4}
+    by_name = {n["name"]: n for n in results["nodes"]}
+    assert by_name["partition-1"]["good_enough"] == (by_name["partition-1"]["h_g_val_accuracy"] >= 0.9)
+
+
+def test_mlp_without_public_samples_completes(tmp_path):
+    results = run_in_process(3, tmp_path, model="mlp", space="gram",
+                             **{"public-samples": 0, "label-division": "classes-per-node:4"})
+    rows = results["rows"]
+    assert rows["GEMS tuned"]["accuracy"] is None and "public-samples=0" in rows["GEMS tuned"]["skipped"]
+    assert rows["GEMS"]["accuracy"] is not None and rows["Ensemble"]["accuracy"] is not None
+    assert results["verification"]["answered"] == 3
