@@ -12,6 +12,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from gems_fl.geometry._checks import check_scalar
+
 SPACE_KINDS = ("ball", "ellipsoid")
 
 
@@ -36,9 +38,7 @@ class Space:
     def __post_init__(self) -> None:
         center = np.asarray(self.center, dtype=np.float64).reshape(-1)
         object.__setattr__(self, "center", center)
-        if not np.isfinite(self.radius) or self.radius < 0:
-            raise ValueError(f"radius must be finite and >= 0, got {self.radius!r}")
-        object.__setattr__(self, "radius", float(self.radius))
+        object.__setattr__(self, "radius", check_scalar(self.radius, "radius", float, low=0))
         if self.axes is not None:
             axes = np.asarray(self.axes, dtype=np.float64).reshape(-1)
             if axes.shape != center.shape:
