@@ -11,11 +11,11 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, fields, replace
 from typing import Any, Mapping
 
+from gems_fl.data.datasets import DATASET_NAMES
 from gems_fl.learning.models import parse_hidden
 from gems_fl.geometry.intersect import FALLBACKS as NO_INTERSECTION_FALLBACKS
 from gems_fl.geometry.spaces import SPACE_KINDS
 
-DATASETS = ("digits", "fashion-mnist", "mnist", "cifar10", "ham10000")
 # What `hidden = "auto"` means per dataset (the paper: 100 for CIFAR-10, 50 otherwise).
 AUTO_HIDDEN = {"cifar10": "100"}
 AUTO_HIDDEN_DEFAULT = "50"
@@ -70,7 +70,7 @@ class Settings:
     round_timeout: float = 1800.0
 
     def __post_init__(self) -> None:
-        _choice("dataset", self.dataset, DATASETS)
+        _choice("dataset", self.dataset, DATASET_NAMES)
         if self.hidden.strip().lower() == "auto":
             object.__setattr__(self, "hidden", AUTO_HIDDEN.get(self.dataset, AUTO_HIDDEN_DEFAULT))
         if self.ham10000_per_class < 4:
