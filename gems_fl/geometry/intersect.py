@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from gems_fl.geometry._checks import check_option, check_scalar
-from gems_fl.geometry.spaces import Space
+from gems_fl.geometry.spaces import Space, within_radius
 
 FALLBACKS = ("min-penalty", "mean")
 
@@ -125,9 +125,9 @@ class _Stacked:
         return float(self.penalties(w).sum())
 
     def likely_inside(self, dist: np.ndarray) -> bool:
-        # Same test as Space.contains with its default tolerances; the authoritative
-        # check is verify(), this one only decides whether to run it.
-        return bool(np.all(dist <= self.radii * (1.0 + 1e-9) + 1e-12))
+        # Space.contains's test, for all spaces at once; the authoritative check is
+        # verify(), this one only decides whether to run it.
+        return bool(np.all(within_radius(dist, self.radii)))
 
     def verify(self, w: np.ndarray) -> bool:
         return all(s.contains(w) for s in self.spaces)

@@ -100,7 +100,7 @@ from threadpoolctl import threadpool_limits
 
 from gems_fl.geometry._checks import check_option, check_scalar
 from gems_fl.geometry.intersect import find_intersection
-from gems_fl.geometry.spaces import Space
+from gems_fl.geometry.spaces import Space, within_radius
 
 METHODS = ("dual", "dykstra")
 
@@ -109,8 +109,51 @@ _DUAL_MAX_ITER = 500
 
 
 @dataclass
-class LayerMerge:
-    """The aggregated hidden layer and how it was built.
+class MergeCounts:
+    """What the greedy pass of :func:`merge_layer` did, counted.
+
+    Attributes
+    ----------
+    intersection_calls : int
+        Calls to :func:`find_intersection`: candidate tests that no cheaper check
+        settled, plus merged points asked of it (see ``method``,
+        ``polish_max_iter``).
+    failed_calls : int
+        Of those, the ones that verified no common point (the candidate stays out).
+    pair_rejections : int
+        (group, candidate) pairs ruled out by the pairwise pre-check.
+    triple_rejections : int
+        (group, candidate) pairs ruled out by the three-ball pre-check.
+    contains_accepts : int
+        Candidates accepted because their ball already contained the group's point.
+    dual_rejections : int
+        Candidates discarded because the dual test proved them disjoint from the group.
+    dual_accepts : int
+        Candidates accepted on the dual test's weighted mean (or a radius-0 member's
+        center), verified with ``Space.contains``.
+    mean_points : int
+        Merged groups whose point is the mean of their centers (inside every ball).
+    power_points : int
+        Merged groups whose point is the power center from the dual test.
+    """
+
+    intersection_calls: int = 0
+    failed_calls: int = 0
+    pair_rejections: int = 0
+    triple_rejections: int = 0
+    contains_accepts: int = 0
+    dual_rejections: int = 0
+    dual_accepts: int = 0
+    mean_points: int = 0
+    power_points: int = 0
+
+
+_COUNT_NAMES = tuple(f.name for f in fields(MergeCounts))
+
+
+@dataclass(kw_only=True)
+class LayerMerge(MergeCounts):
+    """The aggregated hidden layer and how it was built, with :class:`MergeCounts`.
 
     Attributes
     ----------
@@ -138,27 +181,6 @@ class LayerMerge:
         ``min(num_clusters, N)``, the ``n_clusters`` given to k-means.
     num_inputs : int
         Total input neurons ``N`` over all nodes.
-    intersection_calls : int
-        Calls to :func:`find_intersection`: candidate tests that no cheaper check
-        settled, plus merged points asked of it (see ``method``,
-        ``polish_max_iter``).
-    failed_calls : int
-        Of those, the ones that verified no common point (the candidate stays out).
-    pair_rejections : int
-        (group, candidate) pairs ruled out by the pairwise pre-check.
-    triple_rejections : int
-        (group, candidate) pairs ruled out by the three-ball pre-check.
-    contains_accepts : int
-        Candidates accepted because their ball already contained the group's point.
-    dual_rejections : int
-        Candidates discarded because the dual test proved them disjoint from the group.
-    dual_accepts : int
-        Candidates accepted on the dual test's weighted mean (or a radius-0 member's
-        center), verified with ``Space.contains``.
-    mean_points : int
-        Merged groups whose point is the mean of their centers (inside every ball).
-    power_points : int
-        Merged groups whose point is the power center from the dual test.
     seconds : dict
         Wall time of the ``"kmeans"`` and ``"greedy"`` phases (not in :meth:`to_dict`,
         which is deterministic).
@@ -174,15 +196,6 @@ class LayerMerge:
     num_clusters: int
     num_clusters_used: int
     num_inputs: int
-    intersection_calls: int = 0
-    failed_calls: int = 0
-    pair_rejections: int = 0
-    triple_rejections: int = 0
-    contains_accepts: int = 0
-    dual_rejections: int = 0
-    dual_accepts: int = 0
-    mean_points: int = 0
-    power_points: int = 0
     seconds: dict[str, float] = field(default_factory=dict)
 
     @property
@@ -456,24 +469,6 @@ def _ball_dual(
 
 
 @dataclass
-class _Counts:
-    """The greedy pass's counters, named and ordered as in :class:`LayerMerge`."""
-
-    intersection_calls: int = 0
-    failed_calls: int = 0
-    pair_rejections: int = 0
-    triple_rejections: int = 0
-    contains_accepts: int = 0
-    dual_rejections: int = 0
-    dual_accepts: int = 0
-    mean_points: int = 0
-    power_points: int = 0
-
-
-_COUNT_NAMES = tuple(f.name for f in fields(_Counts))
-
-
-@dataclass
 class _Cluster:
     """One cluster's neurons, indexed locally ``0..n-1`` in (node, neuron) order.
 
@@ -549,7 +544,7 @@ class _Greedy:
     ) -> None:
         self.c, self.r, self.node = c, r, node
         self.options = options
-        self.counts = _Counts()
+        self.counts = MergeCounts()
         self._spaces: dict[int, Space] = {}
 
     def space(self, i: int) -> Space:
@@ -561,8 +556,8 @@ class _Greedy:
     def verified(self, members: list[int], w: np.ndarray) -> bool:
         """Whether ``w`` lies in every member's ball (:meth:`Space.contains`)."""
         dist = np.linalg.norm(self.c[members] - w[None, :], axis=1)
-        # Vectorised screen with Space.contains's tolerances; the loop is the proof.
-        if not np.all(dist <= self.r[members] * (1.0 + 1e-9) + 1e-12):
+        # Vectorised screen with Space.contains's test; the loop is the proof.
+        if not np.all(within_radius(dist, self.r[members])):
             return False
         return all(self.space(i).contains(w) for i in members)
 

@@ -16,6 +16,19 @@ from gems_fl.geometry._checks import check_scalar
 
 SPACE_KINDS = ("ball", "ellipsoid")
 
+# Tolerances of the membership test: relative to the radius, and absolute.
+CONTAINS_RTOL = 1e-9
+CONTAINS_ATOL = 1e-12
+
+
+def within_radius(distance, radius, rtol: float = CONTAINS_RTOL, atol: float = CONTAINS_ATOL):
+    """``distance <= radius`` up to floating-point tolerance (elementwise on arrays).
+
+    The one membership test: :meth:`Space.contains` and the vectorised screens over
+    many spaces at once use it, so that they agree to the bit.
+    """
+    return distance <= radius * (1.0 + rtol) + atol
+
 
 @dataclass(frozen=True)
 class Space:
@@ -76,6 +89,8 @@ class Space:
         """``max(0, distance(w) - radius)``: the paper's per-node intersection term."""
         return max(0.0, self.distance(w) - self.radius)
 
-    def contains(self, w: np.ndarray, rtol: float = 1e-9, atol: float = 1e-12) -> bool:
+    def contains(
+        self, w: np.ndarray, rtol: float = CONTAINS_RTOL, atol: float = CONTAINS_ATOL
+    ) -> bool:
         """Whether ``w`` lies in the space, up to floating-point tolerance."""
-        return self.distance(w) <= self.radius * (1.0 + rtol) + atol
+        return within_radius(self.distance(w), self.radius, rtol, atol)
