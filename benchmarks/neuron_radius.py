@@ -32,7 +32,7 @@ from rich.console import Console
 from rich.table import Table
 
 from gems_fl.geometry import neurons
-from gems_fl.geometry.neurons import neuron_directions, neuron_radii
+from gems_fl.geometry.neurons import NeuronSearch, neuron_directions, neuron_radii
 from gems_fl.learning.threads import single_thread
 
 OUT = Path(__file__).resolve().parent / "out"
@@ -107,20 +107,22 @@ def run(repeats: int, eps: float, with_float64: bool) -> dict:
         "draws (50000 x 785 Gaussians, as the search does)": draws,
         "bare matmul [Z,1] @ U^T (floor)": lambda: za @ u_t,
         "bare matmul U @ [Z,1]^T (search's layout)": lambda: u @ za_t,
-        f"search rms eps={eps} (target)": lambda: neuron_radii(w, b, z, eps=eps, **SEARCH),
-        f"search paper eps={eps}": lambda: neuron_radii(w, b, z, eps=eps, criterion="paper", **SEARCH),
+        f"search rms eps={eps} (target)": lambda: neuron_radii(
+            w, b, z, NeuronSearch(eps=eps, **SEARCH)),
+        f"search paper eps={eps}": lambda: neuron_radii(
+            w, b, z, NeuronSearch(eps=eps, criterion="paper", **SEARCH)),
         "  of which bisection only, rms": lambda: bisection("rms"),
         "  of which bisection only, paper": lambda: bisection("paper"),
     }
     if with_float64:
         cases[f"search rms eps={eps} float64"] = lambda: neuron_radii(
-            w, b, z, eps=eps, dtype=torch.float64, **SEARCH)
+            w, b, z, NeuronSearch(eps=eps, **SEARCH), dtype=torch.float64)
     all_times = _interleaved_times(cases, repeats)
     seconds = {name: statistics.median(ts) for name, ts in all_times.items()}
 
     results = {}
     for crit in ("rms", "paper"):
-        res = neuron_radii(w, b, z, eps=eps, criterion=crit, **SEARCH)
+        res = neuron_radii(w, b, z, NeuronSearch(eps=eps, criterion=crit, **SEARCH))
         results[crit] = {
             "radii_min_median_max": [float(np.min(res.radii)), float(np.median(res.radii)),
                                      float(np.max(res.radii))],

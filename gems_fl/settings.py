@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, fields, replace
 from typing import TYPE_CHECKING, Any, Mapping
 
+from gems_fl.data.datasets import DATASET_NAMES
 from gems_fl.learning.models import build_model, parse_hidden
 from gems_fl.learning.recipe import TrainRecipe, TuneRecipe
 from gems_fl.geometry.intersect import FALLBACKS as NO_INTERSECTION_FALLBACKS
@@ -22,7 +23,6 @@ from gems_fl.geometry.spaces import SPACE_KINDS
 if TYPE_CHECKING:
     from torch import nn
 
-DATASETS = ("digits", "fashion-mnist", "mnist", "cifar10", "ham10000")
 # What `hidden = "auto"` means per dataset (the paper: 100 for CIFAR-10, 50 otherwise).
 AUTO_HIDDEN = {"cifar10": "100"}
 AUTO_HIDDEN_DEFAULT = "50"
@@ -82,7 +82,7 @@ class Settings:
     ellipsoid_floor: str = "quantile"
 
     def __post_init__(self) -> None:
-        _choice("dataset", self.dataset, DATASETS)
+        _choice("dataset", self.dataset, DATASET_NAMES)
         if self.hidden.strip().lower() == "auto":
             object.__setattr__(self, "hidden", AUTO_HIDDEN.get(self.dataset, AUTO_HIDDEN_DEFAULT))
         if self.ham10000_per_class < 4:

@@ -6,9 +6,12 @@ import json
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 from gems_fl.evaluation.baselines import ROW_NAMES
+from gems_fl.learning.models import state_to_vector
+from gems_fl.protocol.wire import decode_reply
 from tests.helpers import ROOT, run_in_process
 
 
@@ -22,11 +25,36 @@ def test_same_seed_and_settings_give_the_same_numbers(tmp_path):
 
 
 def test_evaluate_on_server_off_skips_rows_and_says_why(tmp_path):
-    results = run_in_process(2, tmp_path, **{"evaluate-on-server": False, "space": "ball"})
+    sent = {}
+
+    def keep(reply):
+        sent[reply.metadata.src_node_id] = reply.content
+        return reply
+
+    results = run_in_process(2, tmp_path, reply_hook=keep,
+                             **{"evaluate-on-server": False, "space": "ball"})
     assert all(row["accuracy"] is None for row in results["rows"].values())
     assert all("evaluate-on-server=false" in row["skipped"] for row in results["rows"].values())
-    assert results["intersection"]["found"] in (True, False)
-    assert (tmp_path / "run-1" / "gems_model.npz").is_file()
+    # Digits, 2 nodes, seed 0: the mean of the two centers already lies in both balls,
+    # so h_G is the model average, found before any Dykstra sweep.
+    inter = results["intersection"]
+    assert inter["found"] and inter["method"] == "dykstra" and inter["iterations"] == 0
+    assert inter["inside"] == [True, True] and inter["miss"] == [0.0, 0.0]
+    assert inter["objective"] == 0.0 and results["notes"] == []
+    saved = np.load(tmp_path / "run-1" / "gems_model.npz")
+    h_g = state_to_vector(dict(saved))
+    shapes = {name: saved[name].shape for name in saved.files}
+    spaces = {node_id: decode_reply(content, shapes, "ball")[0]
+              for node_id, content in sent.items()}
+    np.testing.assert_allclose(h_g, np.mean([s.center for s in spaces.values()], axis=0),
+                               rtol=1e-12, atol=0)
+    # Membership reported per node is that of the saved model in the node's own ball.
+    assert sorted(node["node_id"] for node in results["nodes"]) == sorted(spaces)
+    for node, inside, miss in zip(results["nodes"], inter["inside"], inter["miss"]):
+        space = spaces[node["node_id"]]
+        assert node["radius"] == space.radius > 0
+        assert node["inside"] is inside is space.contains(h_g)
+        assert node["miss"] == miss == 0.0
 
 
 def test_node_failing_q_gets_radius_zero_and_a_note(tmp_path):

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import time
 
 import numpy as np
 import pytest
@@ -293,8 +292,9 @@ def test_to_dict_is_json_friendly_and_omits_point():
     assert json.loads(json.dumps(d)) == d
 
 
-def test_fast_for_logistic_regression_sized_models():
+def test_finds_a_point_for_logistic_regression_sized_models():
     # K=5 nodes, d=7850 (MNIST logistic regression); a tight node keeps the mean out.
+    # Its run time is measured by benchmarks/intersection.py, not asserted here.
     rng = np.random.default_rng(0)
     d = 7850
     x = rng.normal(size=d)
@@ -305,8 +305,6 @@ def test_fast_for_logistic_regression_sized_models():
         spaces.append(Space(center, np.linalg.norm((center - x) / axes) * 1.05, axes))
     mean = np.mean([s.center for s in spaces], axis=0)
     assert not all(s.contains(mean) for s in spaces)
-    start = time.perf_counter()
     res = find_intersection(spaces)
-    elapsed = time.perf_counter() - start
-    assert res.found
-    assert elapsed < 1.0
+    assert res.found and res.method == "dykstra" and res.iterations > 0
+    assert all(s.contains(res.point) for s in spaces)

@@ -10,7 +10,13 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gems_fl.geometry.neurons import NeuronRadii, neuron_deviations, neuron_directions, neuron_radii
+from gems_fl.geometry.neurons import (
+    NeuronRadii,
+    NeuronSearch,
+    neuron_deviations,
+    neuron_directions,
+    neuron_radii,
+)
 
 N, D_IN, H = 200, 20, 8
 EPS = 0.1
@@ -29,7 +35,7 @@ def layer():
 
 @pytest.fixture(scope="module")
 def result(layer):
-    return neuron_radii(*layer, eps=EPS, **SEARCH)
+    return neuron_radii(*layer, NeuronSearch(eps=EPS, **SEARCH))
 
 
 def _reference_deviation(w_h, b_h, z, u, radius, criterion="rms"):
@@ -129,7 +135,7 @@ def test_batched_search_equals_per_neuron_bisection(layer, dtype):
     w, b, z = layer
     kw = dict(eps=EPS, r_max=50.0, delta=1e-3)
     p, seed = 24, 3
-    res = neuron_radii(w, b, z, num_directions=p, seed=seed, dtype=dtype, **kw)
+    res = neuron_radii(w, b, z, NeuronSearch(num_directions=p, seed=seed, **kw), dtype=dtype)
     dirs = neuron_directions(H, p, D_IN + 1, seed)
     ref = [_reference_radius(w[h], b[h], z, dirs[h], **kw) for h in range(H)]
     np.testing.assert_array_equal(res.radii, ref)
@@ -139,9 +145,9 @@ def test_batched_search_equals_per_neuron_bisection(layer, dtype):
 def test_chunking_does_not_change_the_result(layer):
     w, b, z = layer
     kw = dict(eps=EPS, num_directions=50, r_max=100.0, delta=1e-3, seed=2)
-    base = neuron_radii(w, b, z, **kw)
+    base = neuron_radii(w, b, z, NeuronSearch(**kw))
     for chunk in (1, 7, 50, 1000):
-        other = neuron_radii(w, b, z, chunk=chunk, **kw)
+        other = neuron_radii(w, b, z, NeuronSearch(**kw), chunk=chunk)
         np.testing.assert_array_equal(other.radii, base.radii)
         np.testing.assert_array_equal(other.max_deviation_at_radius, base.max_deviation_at_radius)
     dirs = neuron_directions(H, 50, D_IN + 1, seed=2)
@@ -163,10 +169,10 @@ def test_paper_criterion_is_rms_with_sqrt_n_looser_tolerance(layer, result):
     dirs = neuron_directions(H, 10, D_IN + 1, seed=9)
     np.testing.assert_allclose(neuron_deviations(w, b, z, dirs, 1.5, "paper") * math.sqrt(N),
                                neuron_deviations(w, b, z, dirs, 1.5, "rms"), rtol=1e-12)
-    paper = neuron_radii(w, b, z, eps=EPS, criterion="paper", **SEARCH)
+    paper = neuron_radii(w, b, z, NeuronSearch(eps=EPS, criterion="paper", **SEARCH))
     assert paper.criterion == "paper"
     assert np.all(paper.radii > result.radii)  # N = 200 > 1
-    looser = neuron_radii(w, b, z, eps=EPS * math.sqrt(N), **SEARCH)
+    looser = neuron_radii(w, b, z, NeuronSearch(eps=EPS * math.sqrt(N), **SEARCH))
     np.testing.assert_array_equal(paper.radii, looser.radii)
 
 
@@ -174,10 +180,10 @@ def test_paper_criterion_is_rms_with_sqrt_n_looser_tolerance(layer, result):
 
 
 def test_deterministic_for_a_seed(layer, result):
-    again = neuron_radii(*layer, eps=EPS, **SEARCH)
+    again = neuron_radii(*layer, NeuronSearch(eps=EPS, **SEARCH))
     np.testing.assert_array_equal(again.radii, result.radii)
     np.testing.assert_array_equal(again.max_deviation_at_radius, result.max_deviation_at_radius)
-    other = neuron_radii(*layer, eps=EPS, **{**SEARCH, "seed": 2})
+    other = neuron_radii(*layer, NeuronSearch(eps=EPS, **{**SEARCH, "seed": 2}))
     assert not np.array_equal(other.radii, result.radii)
 
 
@@ -192,7 +198,7 @@ def test_directions_are_unit_independent_and_match_the_raw_draws():
 
 
 def test_saturation_returns_r_max(layer):
-    res = neuron_radii(*layer, eps=1e6, **SEARCH)
+    res = neuron_radii(*layer, NeuronSearch(eps=1e6, **SEARCH))
     assert np.all(res.radii == SEARCH["r_max"]) and res.saturated.all() and res.steps == 1
 
 
@@ -202,7 +208,8 @@ def test_mixed_saturation():
     z = rng.random((50, 3))
     w = np.array([[1.0, -1.0, 0.5], [0.0, 0.0, 0.0]])
     b = np.array([0.2, -1e4])
-    res = neuron_radii(w, b, z, eps=0.05, num_directions=64, r_max=10.0, delta=0.01, seed=0)
+    res = neuron_radii(w, b, z, NeuronSearch(eps=0.05, num_directions=64, r_max=10.0, delta=0.01,
+                                             seed=0))
     assert res.saturated.tolist() == [False, True]
     assert res.radii[1] == 10.0 and res.max_deviation_at_radius[1] == 0.0
     assert 0 < res.radii[0] < 10.0
@@ -212,7 +219,8 @@ def test_only_the_center_passes():
     rng = np.random.default_rng(2)
     z = rng.random((30, 4)) + 1.0
     w, b = rng.normal(size=(2, 4)), np.array([5.0, 5.0])  # active everywhere
-    res = neuron_radii(w, b, z, eps=1e-6, num_directions=16, r_max=10.0, delta=4.0, seed=0)
+    res = neuron_radii(w, b, z, NeuronSearch(eps=1e-6, num_directions=16, r_max=10.0, delta=4.0,
+                                             seed=0))
     # Tested 10, 5, 2.5 (width 2.5 <= 4): all fail; the center (radius 0) always passes.
     assert np.all(res.radii == 0.0) and np.all(res.max_deviation_at_radius == 0.0)
     assert res.steps == 3
@@ -233,29 +241,31 @@ def test_deviation_is_monotone_in_the_radius(seed, r1, dr):
 # --- validation ------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("change, message", [
-    (dict(W=np.zeros((3, 4, 1))), "W must be 2-dimensional"),
-    (dict(W=np.zeros((0, 5))), "no neurons"),
-    (dict(b=np.zeros(4)), r"b has shape \(4,\)"),
-    (dict(Z=np.zeros((10, 6))), r"Z has shape \(10, 6\)"),
-    (dict(Z=np.zeros((0, 5))), "Z is empty"),
-    (dict(Z=np.full((10, 5), np.nan)), "NaN"),
-    (dict(eps=0.0), "eps must be"),
-    (dict(eps=float("nan")), "eps must be"),
-    (dict(num_directions=0), "num_directions"),
-    (dict(num_directions=2.5), "num_directions"),
-    (dict(r_max=-1.0), "r_max"),
-    (dict(delta=0.0), "delta"),
-    (dict(criterion="l2"), "criterion must be one of"),
-    (dict(chunk=0), "chunk"),
-    (dict(dtype=torch.float16), "dtype"),
+@pytest.mark.parametrize("change, exc, message", [
+    (dict(W=np.zeros((3, 4, 1))), ValueError, "W must be 2-dimensional"),
+    (dict(W=np.zeros((0, 5))), ValueError, "no neurons"),
+    (dict(b=np.zeros(4)), ValueError, r"b has shape \(4,\)"),
+    (dict(Z=np.zeros((10, 6))), ValueError, r"Z has shape \(10, 6\)"),
+    (dict(Z=np.zeros((0, 5))), ValueError, "Z is empty"),
+    (dict(Z=np.full((10, 5), np.nan)), ValueError, "NaN"),
+    (dict(eps=0.0), ValueError, "eps must be"),
+    (dict(eps=float("nan")), ValueError, "eps must be"),
+    (dict(num_directions=0), ValueError, "num_directions"),
+    (dict(num_directions=2.5), TypeError, "num_directions"),
+    (dict(r_max=-1.0), ValueError, "r_max"),
+    (dict(delta=0.0), ValueError, "delta"),
+    (dict(criterion="l2"), ValueError, "criterion must be one of"),
+    (dict(chunk=0), ValueError, "chunk"),
+    (dict(dtype=torch.float16), ValueError, "dtype"),
 ])
-def test_validation(change, message):
+def test_validation(change, exc, message):
     args = dict(W=np.ones((3, 5)), b=np.zeros(3), Z=np.ones((10, 5)), eps=0.1,
                 num_directions=4, r_max=1.0, delta=0.1, seed=0)
     args.update(change)
-    with pytest.raises(ValueError, match=message):
-        neuron_radii(args.pop("W"), args.pop("b"), args.pop("Z"), **args)
+    layer = [args.pop(name) for name in ("W", "b", "Z")]
+    options = {name: args.pop(name) for name in ("chunk", "dtype") if name in args}
+    with pytest.raises(exc, match=message):
+        neuron_radii(*layer, NeuronSearch(**args), **options)
 
 
 def test_deviation_validation():

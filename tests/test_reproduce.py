@@ -12,13 +12,13 @@ import torch
 
 from gems_fl.learning import train as train_module
 from gems_fl.data import load_dataset, node_data, parse_division
-from gems_fl.evaluation.fedavg import FederatedCurve, rounds_to_reach, run_federated
+from gems_fl.evaluation.fedavg import FederatedCurve, run_federated
 from gems_fl.evaluation.fine_tuning import CURVE_ROWS, nested_samples
 from gems_fl.protocol.wire import content_bytes
 from gems_fl.learning.models import build_model
 from gems_fl.reproduce import Options, expected_files
 from gems_fl.reproduce.plan import build_plan
-from gems_fl.reproduce.report import mean_std
+from gems_fl.reproduce.report import mean_std, rounds_to_reach
 from gems_fl.settings import Settings, SettingsError
 from gems_fl.learning.train import train_until_converged
 from gems_fl.learning.train_cache import ENV_VAR
@@ -194,8 +194,8 @@ def test_fedavg_and_fedprox_learn_and_count_bytes():
 
 def test_rounds_to_reach():
     curve = FederatedCurve("fedavg", [1, 2, 3], [0.2, 0.5, 0.7], [10, 20, 30], [10, 20, 30])
-    assert rounds_to_reach(curve, 0.5) == (2, 40)
-    assert rounds_to_reach(curve, 0.9) is None
+    assert rounds_to_reach(curve.accuracy, curve.bytes_total, 0.5) == (2, 40)
+    assert rounds_to_reach(curve.accuracy, curve.bytes_total, 0.9) is None
 
 
 # --- the whole command ----------------------------------------------------------------

@@ -21,7 +21,6 @@ from torch import nn
 
 # torchvision's configuration "D" (VGG-16): channel counts, "M" = 2x2 max-pooling.
 VGG16_CONFIG = (64, 64, "M", 128, 128, "M", 256, 256, 256, "M", 512, 512, 512, "M", 512, 512, 512, "M")
-NUM_VGG16_FEATURES = 512
 # torchvision's ImageNet normalisation for its pretrained weights.
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)

@@ -14,7 +14,6 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-import numpy as np
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
@@ -122,18 +121,3 @@ def run_federated(
     curve.seconds = time.perf_counter() - t0
     return curve
 
-
-def rounds_to_reach(curve: FederatedCurve, target: float) -> tuple[int, int] | None:
-    """First (round, cumulative bytes) at which ``curve`` reaches ``target``, or None."""
-    for r, acc, total in zip(curve.rounds, curve.accuracy, curve.bytes_total):
-        if acc >= target:
-            return r, total
-    return None
-
-
-def mean_curve(curves: list[FederatedCurve]) -> dict[str, list[float]]:
-    """Per-round mean and std of accuracy, and mean cumulative bytes, over seeds."""
-    acc = np.array([c.accuracy for c in curves])
-    total = np.array([c.bytes_total for c in curves], dtype=np.float64)
-    return {"rounds": curves[0].rounds, "accuracy_mean": acc.mean(0).tolist(),
-            "accuracy_std": acc.std(0).tolist(), "bytes_total": total.mean(0).tolist()}

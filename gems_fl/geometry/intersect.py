@@ -23,7 +23,8 @@ from typing import Any
 
 import numpy as np
 
-from gems_fl.geometry.spaces import Space
+from gems_fl.geometry._checks import check_option, check_scalar
+from gems_fl.geometry.spaces import Space, within_radius
 
 FALLBACKS = ("min-penalty", "mean")
 
@@ -126,9 +127,9 @@ class _Stacked:
         return float(self.penalties(w).sum())
 
     def likely_inside(self, dist: np.ndarray) -> bool:
-        # Same test as Space.contains with its default tolerances; the authoritative
-        # check is verify(), this one only decides whether to run it.
-        return bool(np.all(dist <= self.radii * (1.0 + 1e-9) + 1e-12))
+        # Space.contains's test, for all spaces at once; the authoritative check is
+        # verify(), this one only decides whether to run it.
+        return bool(np.all(within_radius(dist, self.radii)))
 
     def verify(self, w: np.ndarray) -> bool:
         return all(s.contains(w) for s in self.spaces)
@@ -426,7 +427,8 @@ def find_intersection(
         If ``spaces`` is empty, the dimensions differ, a center is not finite, or an
         option is out of range.
     TypeError
-        If an element of ``spaces`` is not a :class:`Space`.
+        If an element of ``spaces`` is not a :class:`Space`, or an option is not of
+        its type (an int, a real number).
 
     Notes
     -----
@@ -440,12 +442,10 @@ def find_intersection(
     about 1.5 s on a laptop-class CPU), ``"mean"`` is immediate.
     """
     spaces = _validate(spaces)
-    if fallback not in FALLBACKS:
-        raise ValueError(f"fallback must be one of {FALLBACKS}, got {fallback!r}")
-    if not (isinstance(max_iter, (int, np.integer)) and max_iter >= 0):
-        raise ValueError(f"max_iter must be an int >= 0, got {max_iter!r}")
-    if not (0.0 <= shrink < 1.0):
-        raise ValueError(f"shrink must be in [0, 1), got {shrink!r}")
+    check_option(fallback, "fallback", FALLBACKS)
+    max_iter = check_scalar(max_iter, "max_iter", int, low=0)
+    shrink = check_scalar(shrink, "shrink", float, low=0, high=1, closed="left")
+    seed = check_scalar(seed, "seed", int)
 
     stacked = _Stacked(spaces)
     mean = stacked.centers.mean(axis=0)

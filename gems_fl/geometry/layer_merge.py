@@ -90,7 +90,7 @@ from __future__ import annotations
 import time
 import warnings
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 import numpy as np
@@ -98,8 +98,9 @@ from sklearn.cluster import KMeans
 from sklearn.exceptions import ConvergenceWarning
 from threadpoolctl import threadpool_limits
 
+from gems_fl.geometry._checks import check_option, check_scalar
 from gems_fl.geometry.intersect import find_intersection
-from gems_fl.geometry.spaces import Space
+from gems_fl.geometry.spaces import Space, within_radius
 
 METHODS = ("dual", "dykstra")
 
@@ -108,8 +109,51 @@ _DUAL_MAX_ITER = 500
 
 
 @dataclass
-class LayerMerge:
-    """The aggregated hidden layer and how it was built.
+class MergeCounts:
+    """What the greedy pass of :func:`merge_layer` did, counted.
+
+    Attributes
+    ----------
+    intersection_calls : int
+        Calls to :func:`find_intersection`: candidate tests that no cheaper check
+        settled, plus merged points asked of it (see ``method``,
+        ``polish_max_iter``).
+    failed_calls : int
+        Of those, the ones that verified no common point (the candidate stays out).
+    pair_rejections : int
+        (group, candidate) pairs ruled out by the pairwise pre-check.
+    triple_rejections : int
+        (group, candidate) pairs ruled out by the three-ball pre-check.
+    contains_accepts : int
+        Candidates accepted because their ball already contained the group's point.
+    dual_rejections : int
+        Candidates discarded because the dual test proved them disjoint from the group.
+    dual_accepts : int
+        Candidates accepted on the dual test's weighted mean (or a radius-0 member's
+        center), verified with ``Space.contains``.
+    mean_points : int
+        Merged groups whose point is the mean of their centers (inside every ball).
+    power_points : int
+        Merged groups whose point is the power center from the dual test.
+    """
+
+    intersection_calls: int = 0
+    failed_calls: int = 0
+    pair_rejections: int = 0
+    triple_rejections: int = 0
+    contains_accepts: int = 0
+    dual_rejections: int = 0
+    dual_accepts: int = 0
+    mean_points: int = 0
+    power_points: int = 0
+
+
+_COUNT_NAMES = tuple(f.name for f in fields(MergeCounts))
+
+
+@dataclass(kw_only=True)
+class LayerMerge(MergeCounts):
+    """The aggregated hidden layer and how it was built, with :class:`MergeCounts`.
 
     Attributes
     ----------
@@ -137,27 +181,6 @@ class LayerMerge:
         ``min(num_clusters, N)``, the ``n_clusters`` given to k-means.
     num_inputs : int
         Total input neurons ``N`` over all nodes.
-    intersection_calls : int
-        Calls to :func:`find_intersection`: candidate tests that no cheaper check
-        settled, plus merged points asked of it (see ``method``,
-        ``polish_max_iter``).
-    failed_calls : int
-        Of those, the ones that verified no common point (the candidate stays out).
-    pair_rejections : int
-        (group, candidate) pairs ruled out by the pairwise pre-check.
-    triple_rejections : int
-        (group, candidate) pairs ruled out by the three-ball pre-check.
-    contains_accepts : int
-        Candidates accepted because their ball already contained the group's point.
-    dual_rejections : int
-        Candidates discarded because the dual test proved them disjoint from the group.
-    dual_accepts : int
-        Candidates accepted on the dual test's weighted mean (or a radius-0 member's
-        center), verified with ``Space.contains``.
-    mean_points : int
-        Merged groups whose point is the mean of their centers (inside every ball).
-    power_points : int
-        Merged groups whose point is the power center from the dual test.
     seconds : dict
         Wall time of the ``"kmeans"`` and ``"greedy"`` phases (not in :meth:`to_dict`,
         which is deterministic).
@@ -173,15 +196,6 @@ class LayerMerge:
     num_clusters: int
     num_clusters_used: int
     num_inputs: int
-    intersection_calls: int = 0
-    failed_calls: int = 0
-    pair_rejections: int = 0
-    triple_rejections: int = 0
-    contains_accepts: int = 0
-    dual_rejections: int = 0
-    dual_accepts: int = 0
-    mean_points: int = 0
-    power_points: int = 0
     seconds: dict[str, float] = field(default_factory=dict)
 
     @property
@@ -203,17 +217,35 @@ class LayerMerge:
             "num_nonempty_clusters": int(self.num_nonempty_clusters),
             "num_clusters": int(self.num_clusters),
             "num_clusters_used": int(self.num_clusters_used),
-            "intersection_calls": int(self.intersection_calls),
-            "failed_calls": int(self.failed_calls),
-            "pair_rejections": int(self.pair_rejections),
-            "triple_rejections": int(self.triple_rejections),
-            "contains_accepts": int(self.contains_accepts),
-            "dual_rejections": int(self.dual_rejections),
-            "dual_accepts": int(self.dual_accepts),
-            "mean_points": int(self.mean_points),
-            "power_points": int(self.power_points),
+            **{name: int(getattr(self, name)) for name in _COUNT_NAMES},
         }
 
+
+@dataclass(frozen=True)
+class MergeOptions:
+    """The tuning options of :func:`merge_layer` (see its parameters), validated."""
+
+    max_iter: int = 2000
+    n_init: int = 1
+    shrink: float = 1e-3
+    polish_max_iter: int = 0
+    threads: int | None = 1
+    method: str = "dual"
+
+    def __post_init__(self) -> None:
+        checked = {
+            "max_iter": check_scalar(self.max_iter, "max_iter", int, low=1),
+            "n_init": check_scalar(self.n_init, "n_init", int, low=1),
+            "shrink": check_scalar(self.shrink, "shrink", float, low=0, high=1,
+                                   closed="left"),
+            "polish_max_iter": check_scalar(self.polish_max_iter, "polish_max_iter",
+                                            int, low=0),
+            "threads": None if self.threads is None
+            else check_scalar(self.threads, "threads", int, low=1),
+            "method": check_option(self.method, "method", METHODS),
+        }
+        for name, value in checked.items():
+            object.__setattr__(self, name, value)
 
 def _validate(
     node_neurons: Sequence[tuple[Any, Any]],
@@ -227,54 +259,56 @@ def _validate(
         )
     if len(node_neurons) == 0:
         raise ValueError("node_neurons is empty: pass one (centers, radii) per node")
-    centers_all, radii_all, nodes, idx = [], [], [], []
-    d = None
+    layers: list[tuple[np.ndarray, np.ndarray]] = []
     for k, item in enumerate(node_neurons):
-        try:
-            centers, radii = item
-        except (TypeError, ValueError):
-            raise TypeError(
-                f"node_neurons[{k}] must be a (centers, radii) pair"
-            ) from None
-        centers = np.asarray(centers, dtype=np.float64)
-        radii = np.asarray(radii, dtype=np.float64)
-        if centers.ndim != 2:
-            raise ValueError(
-                f"node {k}: centers must be 2-D (H_k, d) with one neuron "
-                f"[incoming weights; bias] per row, got shape {centers.shape}"
-            )
-        if radii.shape != (centers.shape[0],):
-            raise ValueError(
-                f"node {k}: radii has shape {radii.shape}, expected "
-                f"({centers.shape[0]},): one radius per neuron (row of centers)"
-            )
-        if d is None:
-            d = centers.shape[1]
-        elif centers.shape[1] != d:
-            raise ValueError(
-                f"node {k}: neurons have d={centers.shape[1]} parameters but node 0's "
-                f"have d={d}: every node must send the same layer (same input width)"
-            )
-        if not np.all(np.isfinite(centers)):
-            raise ValueError(f"node {k}: centers contain non-finite values")
-        if not np.all(np.isfinite(radii)):
-            raise ValueError(f"node {k}: radii contain non-finite values")
-        if np.any(radii < 0):
-            bad = int(np.flatnonzero(radii < 0)[0])
-            raise ValueError(
-                f"node {k}: radii must be >= 0, neuron {bad} has {radii[bad]!r}"
-            )
-        centers_all.append(centers)
-        radii_all.append(radii)
-        nodes.append(np.full(centers.shape[0], k, dtype=np.int64))
-        idx.append(np.arange(centers.shape[0], dtype=np.int64))
-    assert d is not None
-    if d == 0:
+        layers.append(_check_node(k, item, layers[0][0].shape[1] if layers else None))
+    if layers[0][0].shape[1] == 0:
         raise ValueError("neurons have d=0 parameters: expected d = d_in + 1 >= 1")
-    c = np.concatenate(centers_all, axis=0)
+    c = np.concatenate([centers for centers, _ in layers], axis=0)
     if c.shape[0] == 0:
         raise ValueError("no neurons: every node sent an empty layer")
-    return c, np.concatenate(radii_all), np.concatenate(nodes), np.concatenate(idx)
+    sizes = [centers.shape[0] for centers, _ in layers]
+    return (
+        c,
+        np.concatenate([radii for _, radii in layers]),
+        np.concatenate([np.full(h, k, dtype=np.int64) for k, h in enumerate(sizes)]),
+        np.concatenate([np.arange(h, dtype=np.int64) for h in sizes]),
+    )
+
+
+def _check_node(k: int, item: Any, d: int | None) -> tuple[np.ndarray, np.ndarray]:
+    """Node ``k``'s ``(centers, radii)`` as float64 arrays; ``d``: node 0's width."""
+    try:
+        centers, radii = item
+    except (TypeError, ValueError):
+        raise TypeError(f"node_neurons[{k}] must be a (centers, radii) pair") from None
+    centers = np.asarray(centers, dtype=np.float64)
+    radii = np.asarray(radii, dtype=np.float64)
+    if centers.ndim != 2:
+        raise ValueError(
+            f"node {k}: centers must be 2-D (H_k, d) with one neuron "
+            f"[incoming weights; bias] per row, got shape {centers.shape}"
+        )
+    if radii.shape != (centers.shape[0],):
+        raise ValueError(
+            f"node {k}: radii has shape {radii.shape}, expected "
+            f"({centers.shape[0]},): one radius per neuron (row of centers)"
+        )
+    if d is not None and centers.shape[1] != d:
+        raise ValueError(
+            f"node {k}: neurons have d={centers.shape[1]} parameters but node 0's "
+            f"have d={d}: every node must send the same layer (same input width)"
+        )
+    if not np.all(np.isfinite(centers)):
+        raise ValueError(f"node {k}: centers contain non-finite values")
+    if not np.all(np.isfinite(radii)):
+        raise ValueError(f"node {k}: radii contain non-finite values")
+    if np.any(radii < 0):
+        bad = int(np.flatnonzero(radii < 0)[0])
+        raise ValueError(
+            f"node {k}: radii must be >= 0, neuron {bad} has {radii[bad]!r}"
+        )
+    return centers, radii
 
 
 def _cluster(c: np.ndarray, m: int, seed: int, n_init: int) -> np.ndarray:
@@ -434,33 +468,84 @@ def _ball_dual(
     return ("point" if inside else "unknown"), lam, step
 
 
+@dataclass
+class _Cluster:
+    """One cluster's neurons, indexed locally ``0..n-1`` in (node, neuron) order.
+
+    ``members`` are the global indices; ``d2``/``err2`` the squared center distances
+    and their rounding bound (:func:`_squared_distances`); ``compatible`` the pairwise
+    pre-check ``||c_a - c_b|| <= r_a + r_b``, which never fails a true overlap.
+    """
+
+    members: np.ndarray
+    c: np.ndarray
+    r: np.ndarray
+    r2: np.ndarray
+    node: np.ndarray
+    d2: np.ndarray
+    err2: np.ndarray
+    compatible: np.ndarray
+
+    @classmethod
+    def of(
+        cls, c: np.ndarray, r: np.ndarray, node: np.ndarray, members: np.ndarray
+    ) -> _Cluster:
+        c, r, node = c[members], r[members], node[members]
+        d2, err2 = _squared_distances(c)
+        rr = r[:, None] + r[None, :]
+        return cls(members, c, r, r * r, node, d2, err2, d2 <= rr * rr + err2)
+
+    def global_indices(self, local: list[int]) -> list[int]:
+        return [int(self.members[i]) for i in local]
+
+    def triples_meet(self, prev: list[int], j: int, left: np.ndarray) -> np.ndarray:
+        """Per candidate in ``left``: meets ``j`` and every ``prev`` member as a triple."""
+        prev_ = np.array(prev)
+        d2, err2, r = self.d2, self.err2, self.r
+        e_pj = err2[np.ix_(prev_, [j])]
+        e_pl = err2[np.ix_(prev_, left)]
+        e_jl = err2[j, left][None, :]
+        return _three_balls_meet(
+            d2[np.ix_(prev_, [j])],
+            d2[np.ix_(prev_, left)],
+            d2[j, left][None, :],
+            r[prev_][:, None],
+            r[j],
+            r[left][None, :],
+            np.maximum(np.maximum(e_pj, e_pl), e_jl),
+        ).all(axis=0)
+
+
+@dataclass
+class _Group:
+    """A group being grown: local members, dual weights and a verified common point.
+
+    ``how`` says how the last member joined: ``"seed"``, ``"contains"``, ``"dual"`` or
+    ``"solve"`` (through :func:`find_intersection`, whose point it then is).
+    """
+
+    members: list[int]
+    lam: np.ndarray
+    point: np.ndarray
+    how: str
+
+
+def _node_blocks(node: np.ndarray, order: np.ndarray) -> list[np.ndarray]:
+    """``order`` (ascending local indices) split into runs of one node each."""
+    starts = np.flatnonzero(np.r_[True, node[order[1:]] != node[order[:-1]]])
+    return np.split(order, starts[1:])
+
+
 class _Greedy:
-    """State shared across clusters: the stacked neurons and counters."""
+    """The greedy pass over the clusters: stacked neurons, options and counters."""
 
     def __init__(
-        self,
-        c: np.ndarray,
-        r: np.ndarray,
-        node: np.ndarray,
-        max_iter: int,
-        shrink: float,
-        polish_max_iter: int,
-        method: str,
+        self, c: np.ndarray, r: np.ndarray, node: np.ndarray, options: MergeOptions
     ) -> None:
         self.c, self.r, self.node = c, r, node
-        self.method = method
-        self.max_iter, self.shrink = max_iter, shrink
-        self.polish_max_iter = polish_max_iter
+        self.options = options
+        self.counts = MergeCounts()
         self._spaces: dict[int, Space] = {}
-        self.calls = 0
-        self.failed_calls = 0
-        self.pair_rejections = 0
-        self.triple_rejections = 0
-        self.dual_rejections = 0
-        self.contains_accepts = 0
-        self.dual_accepts = 0
-        self.mean_points = 0
-        self.power_points = 0
 
     def space(self, i: int) -> Space:
         s = self._spaces.get(i)
@@ -471,176 +556,151 @@ class _Greedy:
     def verified(self, members: list[int], w: np.ndarray) -> bool:
         """Whether ``w`` lies in every member's ball (:meth:`Space.contains`)."""
         dist = np.linalg.norm(self.c[members] - w[None, :], axis=1)
-        # Vectorised screen with Space.contains's tolerances; the loop is the proof.
-        if not np.all(dist <= self.r[members] * (1.0 + 1e-9) + 1e-12):
+        # Vectorised screen with Space.contains's test; the loop is the proof.
+        if not np.all(within_radius(dist, self.r[members])):
             return False
         return all(self.space(i).contains(w) for i in members)
 
     def solve(self, members: list[int], max_iter: int) -> np.ndarray | None:
         """A verified common point of the members' balls, or None."""
-        self.calls += 1
+        self.counts.intersection_calls += 1
         res = find_intersection(
             [self.space(i) for i in members],
             max_iter=max_iter,
-            shrink=self.shrink,
+            shrink=self.options.shrink,
             fallback="mean",
         )
         if not res.found:
-            self.failed_calls += 1
+            self.counts.failed_calls += 1
         return res.point if res.found else None
 
     def cluster(self, members: np.ndarray) -> list[tuple[list[int], np.ndarray]]:
         """Greedy groups of one cluster's members (global indices, ascending)."""
-        n = len(members)
-        c, r, node = self.c[members], self.r[members], self.node[members]
-        r2 = r * r
-        # Squared distances from a Gram product of the centred centers, and a bound
-        # on their rounding error (dot products of length d: ~d ulps of the norms).
-        d2, err2 = _squared_distances(c)
-        # Pairwise pre-check ||c_a - c_b|| <= r_a + r_b, never failing a true overlap.
-        rr = r[:, None] + r[None, :]
-        compatible = d2 <= rr * rr + err2
-        assigned = np.zeros(n, dtype=bool)
-        out = []
-        for s in range(n):
-            if assigned[s]:
-                continue
-            assigned[s] = True
-            group = [s]
-            lam = np.ones(1)
-            point = c[s]
-            how = "seed"
-            # Candidates still worth a test: unassigned, from a node not in the group,
-            # overlapping every member pairwise and meeting every two as a triple.
-            others = ~assigned & (node != node[s])
-            viable = others & compatible[s]
-            self.pair_rejections += int(others.sum() - viable.sum())
-            order = np.flatnonzero(viable)  # ascending = (node, neuron) order
-            if order.size == 0:
-                out.append(([int(members[s])], c[s].copy()))
-                continue
-            starts = np.flatnonzero(np.r_[True, node[order[1:]] != node[order[:-1]]])
-            for block in np.split(order, starts[1:]):
-                block = block[viable[block]]
-                if block.size == 0:
-                    continue
-                if block.size > 1:
-                    # Nearest to the current common point first; stable on ties, so
-                    # the lower neuron index wins.
-                    dist = np.linalg.norm(c[block] - point[None, :], axis=1)
-                    block = block[np.argsort(dist, kind="stable")]
-                for j in block:
-                    j = int(j)
-                    joined = self.try_join(
-                        group, j, lam, point, members, c, r2, d2, err2
-                    )
-                    if joined is None:
-                        continue
-                    lam, point, how = joined
-                    # Later candidates: not j's node, overlapping j, and meeting j
-                    # with each earlier member as a triple.
-                    viable &= node != node[j]
-                    before = int(viable.sum())
-                    viable &= compatible[j]
-                    after = int(viable.sum())
-                    self.pair_rejections += before - after
-                    left = np.flatnonzero(viable)
-                    # Nodes before j's were visited already: no need to test them.
-                    left = left[node[left] > node[j]]
-                    if left.size:
-                        prev = np.array(group)
-                        e_pj = err2[np.ix_(prev, [j])]
-                        e_pl = err2[np.ix_(prev, left)]
-                        e_jl = err2[j, left][None, :]
-                        meet = _three_balls_meet(
-                            d2[np.ix_(prev, [j])],
-                            d2[np.ix_(prev, left)],
-                            d2[j, left][None, :],
-                            r[prev][:, None],
-                            r[j],
-                            r[left][None, :],
-                            np.maximum(np.maximum(e_pj, e_pl), e_jl),
-                        ).all(axis=0)
-                        viable[left] = meet
-                        self.triple_rejections += int(left.size - meet.sum())
-                    group.append(j)
+        cl = _Cluster.of(self.c, self.r, self.node, members)
+        assigned = np.zeros(len(members), dtype=bool)
+        return [
+            self.grow(cl, s, assigned) for s in range(len(members)) if not assigned[s]
+        ]
+
+    def grow(
+        self, cl: _Cluster, s: int, assigned: np.ndarray
+    ) -> tuple[list[int], np.ndarray]:
+        """The group seeded by local neuron ``s``: global members, merged neuron.
+
+        Each later node in turn offers its viable neurons, nearest to the group's
+        current point first; the first that joins ends the node's turn.
+        """
+        assigned[s] = True
+        group = _Group([s], np.ones(1), cl.c[s], "seed")
+        viable = self.candidates(cl, s, assigned)
+        for block in _node_blocks(cl.node, np.flatnonzero(viable)):
+            for j in self.nearest_first(cl, block[viable[block]], group.point):
+                if self.join(cl, group, j, viable):
                     assigned[j] = True
                     break
-            group_global = [int(members[i]) for i in group]
-            if len(group) >= 2:
-                point = self.polish(group, lam, point, how, members, c, r2, d2, err2)
-            out.append((group_global, np.array(point, copy=True)))
-        return out
+        point = self.polish(cl, group) if len(group.members) >= 2 else group.point
+        return cl.global_indices(group.members), np.array(point, copy=True)
+
+    def candidates(self, cl: _Cluster, s: int, assigned: np.ndarray) -> np.ndarray:
+        """Mask of the neurons worth a test for seed ``s``: unassigned, from another
+        node, overlapping ``s`` pairwise."""
+        others = ~assigned & (cl.node != cl.node[s])
+        viable = others & cl.compatible[s]
+        self.counts.pair_rejections += int(others.sum() - viable.sum())
+        return viable
+
+    @staticmethod
+    def nearest_first(cl: _Cluster, block: np.ndarray, point: np.ndarray) -> list[int]:
+        """``block`` by distance to ``point``; stable on ties (lower neuron first)."""
+        if block.size > 1:
+            dist = np.linalg.norm(cl.c[block] - point[None, :], axis=1)
+            block = block[np.argsort(dist, kind="stable")]
+        return [int(j) for j in block]
+
+    def join(
+        self, cl: _Cluster, group: _Group, j: int, viable: np.ndarray
+    ) -> bool:
+        """Add ``j`` to ``group`` if a common point is verified; narrow ``viable``."""
+        joined = self.try_join(cl, group, j)
+        if joined is None:
+            return False
+        group.lam, group.point, group.how = joined
+        self.narrow(cl, group.members, j, viable)
+        group.members.append(j)
+        return True
+
+    def narrow(
+        self, cl: _Cluster, prev: list[int], j: int, viable: np.ndarray
+    ) -> None:
+        """After ``j`` joined ``prev``: keep the candidates that are not of ``j``'s
+        node, overlap ``j`` and meet ``j`` with each earlier member as a triple."""
+        viable &= cl.node != cl.node[j]
+        before = int(viable.sum())
+        viable &= cl.compatible[j]
+        self.counts.pair_rejections += before - int(viable.sum())
+        left = np.flatnonzero(viable)
+        # Nodes before j's were visited already: no need to test them.
+        left = left[cl.node[left] > cl.node[j]]
+        if left.size:
+            meet = cl.triples_meet(prev, j, left)
+            viable[left] = meet
+            self.counts.triple_rejections += int(left.size - meet.sum())
 
     def try_join(
-        self,
-        group: list[int],
-        j: int,
-        lam: np.ndarray,
-        point: np.ndarray,
-        members: np.ndarray,
-        c: np.ndarray,
-        r2: np.ndarray,
-        d2: np.ndarray,
-        err2: np.ndarray,
+        self, cl: _Cluster, group: _Group, j: int
     ) -> tuple[np.ndarray, np.ndarray, str] | None:
         """``(dual weights, verified common point, how)`` of ``group + [j]``, or None.
 
-        Indices are local to the cluster. In order: the group's point may already be in
-        ``j``'s ball (``"contains"``); with ``method="dual"``, the dual test may prove
-        the balls disjoint (None) or give a weighted mean of the centers that
-        :meth:`Space.contains` verifies (``"dual"``); otherwise
+        In order: the group's point may already be in ``j``'s ball (``"contains"``);
+        with ``method="dual"``, :meth:`dual_test` may prove the balls disjoint (None)
+        or give a verified common point (``"dual"``); otherwise
         :func:`find_intersection` decides (``"solve"``).
         """
-        trial = group + [j]
-        trial_global = [int(members[i]) for i in trial]
-        new_lam = np.append(lam, 0.0)
-        if self.verified(trial_global[-1:], point):
-            self.contains_accepts += 1
-            return new_lam, point, "contains"
-        if self.method == "dykstra":
-            found = self.solve(trial_global, self.max_iter)
-            return None if found is None else (new_lam, found, "solve")
-        zero = [i for i in trial if r2[i] == 0.0]
+        trial = group.members + [j]
+        trial_global = cl.global_indices(trial)
+        lam = np.append(group.lam, 0.0)
+        if self.verified(trial_global[-1:], group.point):
+            self.counts.contains_accepts += 1
+            return lam, group.point, "contains"
+        if self.options.method == "dual":
+            verdict, lam, point = self.dual_test(cl, trial, trial_global, lam)
+            if verdict == "empty":
+                return None
+            if verdict == "point":
+                return lam, point, "dual"
+        found = self.solve(trial_global, self.options.max_iter)
+        return None if found is None else (lam, found, "solve")
+
+    def dual_test(
+        self, cl: _Cluster, trial: list[int], trial_global: list[int], lam: np.ndarray
+    ) -> tuple[str, np.ndarray, np.ndarray | None]:
+        """``(verdict, lam, point)``: ``"empty"`` (proven disjoint), ``"point"``
+        (``point`` verified in every ball) or ``"unknown"``."""
+        zero = [i for i in trial if cl.r2[i] == 0.0]
         if zero:
             # A radius-0 ball is its center: the only possible common point.
-            z = c[zero[0]]
+            z = cl.c[zero[0]]
             if self.verified(trial_global, z):
-                self.dual_accepts += 1
-                return new_lam, z.copy(), "dual"
-            found = self.solve(trial_global, self.max_iter)
-            return None if found is None else (new_lam, found, "solve")
+                self.counts.dual_accepts += 1
+                return "point", lam, z.copy()
+            return "unknown", lam, None
         rows = np.array(trial)
-        verdict, new_lam, _ = _ball_dual(
-            d2[rows][:, rows], r2[rows], new_lam, float(err2[rows][:, rows].max()),
+        verdict, lam, _ = _ball_dual(
+            cl.d2[rows][:, rows], cl.r2[rows], lam, float(cl.err2[rows][:, rows].max()),
             _DUAL_MAX_ITER,
         )
         if verdict == "empty":
-            self.dual_rejections += 1
-            return None
+            self.counts.dual_rejections += 1
+            return "empty", lam, None
         if verdict == "point":
-            w = new_lam @ c[trial]
+            w = lam @ cl.c[trial]
             if self.verified(trial_global, w):
-                self.dual_accepts += 1
-                return new_lam, w, "dual"
-        found = self.solve(trial_global, self.max_iter)
-        if found is None:
-            return None
-        return new_lam, found, "solve"
+                self.counts.dual_accepts += 1
+                return "point", lam, w
+        return "unknown", lam, None
 
-    def polish(
-        self,
-        group: list[int],
-        lam: np.ndarray,
-        point: np.ndarray,
-        how: str,
-        members: np.ndarray,
-        c: np.ndarray,
-        r2: np.ndarray,
-        d2: np.ndarray,
-        err2: np.ndarray,
-    ) -> np.ndarray:
-        """The merged neuron of a finished group (local indices), verified.
+    def polish(self, cl: _Cluster, group: _Group) -> np.ndarray:
+        """The merged neuron of a finished group, verified.
 
         1. The mean of the group's centers when it is inside every ball: model
            averaging, and exactly :func:`find_intersection`'s answer in that case
@@ -650,36 +710,46 @@ class _Greedy:
            member joined through that very call; otherwise computed with
            ``max_iter`` sweeps for ``method="dykstra"``, or ``polish_max_iter``
            sweeps (0: skipped) for ``method="dual"``.
-        3. (``method="dual"``) The power center from the dual test run to
-           convergence: the common point with the largest worst-case squared margin
-           ``min_k (r_k^2 - ||w - c_k||^2)``.
+        3. (``method="dual"``) The power center (:meth:`power_center`).
         4. Failing all (rounding at tangency, or budgets), the incremental point,
            verified when the last member joined.
         """
-        group_global = [int(members[i]) for i in group]
-        mean = c[group].mean(axis=0)
-        if self.verified(group_global, mean):
-            self.mean_points += 1
+        opts = self.options
+        members = cl.global_indices(group.members)
+        mean = cl.c[group.members].mean(axis=0)
+        if self.verified(members, mean):
+            self.counts.mean_points += 1
             return mean
-        if how == "solve":
-            return point
-        budget = self.max_iter if self.method == "dykstra" else self.polish_max_iter
+        if group.how == "solve":
+            return group.point
+        budget = opts.max_iter if opts.method == "dykstra" else opts.polish_max_iter
         if budget > 0:
-            found = self.solve(group_global, budget)
+            found = self.solve(members, budget)
             if found is not None:
                 return found
-        if self.method == "dual" and np.all(r2[group] > 0):
-            sub = np.ix_(group, group)
-            verdict, lam, _ = _ball_dual(
-                d2[sub], r2[group], lam, float(err2[sub].max()), _DUAL_MAX_ITER,
-                optimize=True,
-            )
-            if verdict == "point":
-                w = lam @ c[group]
-                if self.verified(group_global, w):
-                    self.power_points += 1
-                    return w
-        return point
+        if opts.method == "dual" and np.all(cl.r2[group.members] > 0):
+            power = self.power_center(cl, group, members)
+            if power is not None:
+                return power
+        return group.point
+
+    def power_center(
+        self, cl: _Cluster, group: _Group, members: list[int]
+    ) -> np.ndarray | None:
+        """The dual test run to convergence: the common point with the largest
+        worst-case squared margin ``min_k (r_k^2 - ||w - c_k||^2)``, if verified."""
+        local = group.members
+        sub = np.ix_(local, local)
+        verdict, lam, _ = _ball_dual(
+            cl.d2[sub], cl.r2[local], group.lam, float(cl.err2[sub].max()),
+            _DUAL_MAX_ITER, optimize=True,
+        )
+        if verdict == "point":
+            w = lam @ cl.c[local]
+            if self.verified(members, w):
+                self.counts.power_points += 1
+                return w
+        return None
 
 
 def merge_layer(
@@ -755,93 +825,49 @@ def merge_layer(
         across nodes, negative or non-finite radii, non-finite centers, no neurons at
         all, or an option out of range.
     TypeError
-        If ``node_neurons`` is not a sequence of pairs.
+        If ``node_neurons`` is not a sequence of pairs, or an option is not of its
+        type (an int, a real number).
     """
-    if isinstance(num_clusters, bool) or not isinstance(
-        num_clusters, (int, np.integer)
-    ):
-        raise TypeError(f"num_clusters must be an int, got {num_clusters!r}")
-    if num_clusters < 1:
-        raise ValueError(f"num_clusters (m_eps) must be >= 1, got {num_clusters}")
-    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
-        raise TypeError(f"seed must be an int, got {seed!r}")
-    if isinstance(max_iter, bool) or not isinstance(max_iter, (int, np.integer)):
-        raise TypeError(f"max_iter must be an int, got {max_iter!r}")
-    if max_iter < 1:
-        raise ValueError(f"max_iter must be >= 1, got {max_iter}")
-    if isinstance(n_init, bool) or not isinstance(n_init, (int, np.integer)):
-        raise TypeError(f"n_init must be an int, got {n_init!r}")
-    if n_init < 1:
-        raise ValueError(f"n_init must be >= 1, got {n_init}")
-    if not (0.0 <= shrink < 1.0):
-        raise ValueError(f"shrink must be in [0, 1), got {shrink!r}")
-    if isinstance(polish_max_iter, bool) or not isinstance(
-        polish_max_iter, (int, np.integer)
-    ):
-        raise TypeError(f"polish_max_iter must be an int, got {polish_max_iter!r}")
-    if polish_max_iter < 0:
-        raise ValueError(f"polish_max_iter must be >= 0, got {polish_max_iter}")
-    if threads is not None and (
-        isinstance(threads, bool)
-        or not isinstance(threads, (int, np.integer))
-        or threads < 1
-    ):
-        raise ValueError(f"threads must be None or an int >= 1, got {threads!r}")
-
-    if method not in METHODS:
-        raise ValueError(f"method must be one of {METHODS}, got {method!r}")
-
+    num_clusters = check_scalar(num_clusters, "num_clusters (m_eps)", int, low=1)
+    seed = check_scalar(seed, "seed", int)
+    options = MergeOptions(max_iter, n_init, shrink, polish_max_iter, threads, method)
     c, r, node, neuron = _validate(node_neurons)
-    n = c.shape[0]
-    m = min(int(num_clusters), n)
-    greedy = _Greedy(
-        c, r, node, int(max_iter), float(shrink), int(polish_max_iter), method
-    )
-    built: list[tuple[list[int], np.ndarray, int]] = []
-    visited = 0
-    seconds = {}
+    m = min(num_clusters, c.shape[0])
+    greedy = _Greedy(c, r, node, options)
     # k-means runs with ``threads`` BLAS/OpenMP threads (None: the libraries'
     # default). The greedy pass runs single-threaded: its products are tiny, and on a
     # shared machine waiting BLAS threads made them ~20x slower (measured).
     t0 = time.perf_counter()
-    with threadpool_limits(limits=threads):
-        labels = _cluster(c, m, int(seed), int(n_init))
+    with threadpool_limits(limits=options.threads):
+        labels = _cluster(c, m, seed, options.n_init)
     t1 = time.perf_counter()
     with threadpool_limits(limits=1):
-        # Every label that occurs, 0 included, in increasing order.
-        for label in np.unique(labels):
-            members = np.flatnonzero(labels == label)  # ascending (node, neuron)
-            visited += 1
-            for group, point in greedy.cluster(members):
-                built.append((group, point, int(label)))
+        # Every label that occurs, 0 included, in increasing order; members ascending
+        # in (node, neuron) order.
+        built = [
+            (group, point, int(label))
+            for label in np.unique(labels)
+            for group, point in greedy.cluster(np.flatnonzero(labels == label))
+        ]
         seconds = {"kmeans": t1 - t0, "greedy": time.perf_counter() - t1}
     # Order output neurons by their seed (the group's smallest (node, neuron) pair).
     built.sort(key=lambda t: t[0][0])
-
-    weights = (
-        np.stack([p for _, p, _ in built]) if built else np.empty((0, c.shape[1]))
-    )
     groups = [[(int(node[i]), int(neuron[i])) for i in g] for g, _, _ in built]
     sizes = [len(g) for g in groups]
+    visited = int(np.unique(labels).size)
     return LayerMerge(
-        weights=weights,
+        weights=(
+            np.stack([p for _, p, _ in built]) if built else np.empty((0, c.shape[1]))
+        ),
         groups=groups,
         group_clusters=[lab for _, _, lab in built],
         num_intersected_groups=sum(1 for s in sizes if s >= 2),
         num_kept_alone=sum(1 for s in sizes if s == 1),
         clusters_visited=visited,
-        num_nonempty_clusters=int(np.unique(labels).size),
-        num_clusters=int(num_clusters),
+        num_nonempty_clusters=visited,
+        num_clusters=num_clusters,
         num_clusters_used=m,
-        num_inputs=n,
-        intersection_calls=greedy.calls,
-        failed_calls=greedy.failed_calls,
-        pair_rejections=greedy.pair_rejections,
-        triple_rejections=greedy.triple_rejections,
-        contains_accepts=greedy.contains_accepts,
-        dual_rejections=greedy.dual_rejections,
-        dual_accepts=greedy.dual_accepts,
-        mean_points=greedy.mean_points,
-        power_points=greedy.power_points,
+        num_inputs=c.shape[0],
         seconds=seconds,
+        **asdict(greedy.counts),
     )

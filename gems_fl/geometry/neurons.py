@@ -10,9 +10,10 @@ original ones::
     a = Za w_h,   s = Za u,   Za = [Z, 1]
 
 with ``denom = sqrt(N)`` for ``criterion="rms"`` (root-mean-square deviation, the
-default; see DESIGN.md section 3) and ``denom = N`` for ``criterion="paper"`` (the
-paper's eq. 3 and the authors' code, whose tolerance grows with ``sqrt(N)``: the paper
-criterion at ``eps`` is exactly the rms criterion at ``eps * sqrt(N)``).
+default: a per-sample output change, so one ``eps_j`` means the same on nodes with
+different numbers of validation samples) and ``denom = N`` for ``criterion="paper"``
+(the paper's eq. 3 and the authors' code, whose tolerance grows with ``sqrt(N)``: the
+paper criterion at ``eps`` is exactly the rms criterion at ``eps * sqrt(N)``).
 
 Why one bisection per neuron is exact per direction: for ``r >= 0`` every term
 ``|relu(a_n + r s_n) - relu(a_n)|`` is nondecreasing in ``r``, so ``dev(., u)`` is
@@ -72,8 +73,10 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from gems_fl.geometry._checks import check_option, check_scalar
 
 CRITERIA = ("rms", "paper")
+DTYPES = (torch.float32, torch.float64)
 
 # Rows (neuron-direction pairs) per call to the random generator. It fixes the random
 # stream (the search and :func:`neuron_directions` draw the same blocks) and bounds the
@@ -82,6 +85,40 @@ _DRAW_BLOCK = 4096
 
 # Default size of the ``(neurons, chunk, N)`` work buffer, in bytes.
 _CHUNK_BYTES = 2 << 20
+
+
+@dataclass(frozen=True)
+class NeuronSearch:
+    """The settings of one per-neuron radius search (:func:`neuron_radii`), validated.
+
+    Attributes
+    ----------
+    eps : tolerance ``eps_j > 0`` on the output deviation.
+    num_directions : ``p``, directions per neuron (independent across neurons).
+    r_max, delta : bisection range ``[0, r_max]`` and stopping width (both > 0).
+    seed : seeds the directions (see :func:`neuron_directions`).
+    criterion : ``"rms"`` (default) or ``"paper"`` (see the module docstring).
+    """
+
+    eps: float
+    num_directions: int
+    r_max: float
+    delta: float
+    seed: int
+    criterion: str = "rms"
+
+    def __post_init__(self) -> None:
+        checked = {
+            "eps": check_scalar(self.eps, "eps", float, low=0, closed="neither"),
+            "num_directions": check_scalar(self.num_directions, "num_directions", int,
+                                           low=1),
+            "r_max": check_scalar(self.r_max, "r_max", float, low=0, closed="neither"),
+            "delta": check_scalar(self.delta, "delta", float, low=0, closed="neither"),
+            "seed": check_scalar(self.seed, "seed", int),
+            "criterion": check_option(self.criterion, "criterion", CRITERIA),
+        }
+        for name, value in checked.items():
+            object.__setattr__(self, name, value)
 
 
 @dataclass(frozen=True)
@@ -122,17 +159,12 @@ class NeuronRadii:
 
 
 def _deviation_denominator(num_samples: int, criterion: str) -> float:
-    if criterion == "rms":
-        return math.sqrt(num_samples)
-    if criterion == "paper":
-        return float(num_samples)
-    raise ValueError(f"criterion must be one of {CRITERIA}, got {criterion!r}")
+    """``sqrt(N)`` for ``"rms"``, ``N`` for ``"paper"`` (a checked criterion)."""
+    return math.sqrt(num_samples) if criterion == "rms" else float(num_samples)
 
 
-def _check_dtype(dtype: torch.dtype) -> torch.dtype:
-    if dtype not in (torch.float32, torch.float64):
-        raise ValueError(f"dtype must be torch.float32 or torch.float64, got {dtype!r}")
-    return dtype
+def _check_chunk(chunk: int | None) -> int | None:
+    return None if chunk is None else check_scalar(chunk, "chunk", int, low=1)
 
 
 def _as_array(name: str, value, ndim: int) -> np.ndarray:
@@ -188,8 +220,7 @@ def neuron_directions(
     """
     for name, value in (("num_neurons", num_neurons), ("num_directions", num_directions),
                         ("dim", dim)):
-        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
-            raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        check_scalar(value, name, int, low=1)
     rows = num_neurons * num_directions
     out = torch.empty(rows, dim, dtype=torch.float64 if normalize else torch.float32)
     for start, stop, g in _draw_blocks(rows, dim, seed):
@@ -373,8 +404,8 @@ def neuron_deviations(
     radii : (H,) nonnegative radius per neuron, or a scalar for all.
     """
     w, bias, z = _check_layer(W, b, Z)
-    _deviation_denominator(1, criterion)
-    dtype = _check_dtype(dtype)
+    check_option(criterion, "criterion", CRITERIA)
+    dtype = check_option(dtype, "dtype", DTYPES)
     num_neurons, dim = w.shape[0], w.shape[1] + 1
     if isinstance(directions, torch.Tensor):
         dirs = directions.detach().cpu()
@@ -401,14 +432,8 @@ def neuron_deviations(
     )
     layer = _Layer(w, bias, z, dtype)
     layer.set_directions(blocks, num_neurons, num_directions)
-    ev = _Evaluator(layer, criterion, None if chunk is None else _check_chunk(chunk))
+    ev = _Evaluator(layer, criterion, _check_chunk(chunk))
     return ev.all_deviations(torch.as_tensor(r.copy())).numpy()
-
-
-def _check_chunk(chunk) -> int:
-    if isinstance(chunk, bool) or not isinstance(chunk, (int, np.integer)) or chunk < 1:
-        raise ValueError(f"chunk must be a positive integer or None, got {chunk!r}")
-    return int(chunk)
 
 
 def _bisect(ev: _Evaluator, eps: float, r_max: float, delta: float):
@@ -451,13 +476,8 @@ def neuron_radii(
     W,
     b,
     Z,
+    search: NeuronSearch,
     *,
-    eps: float,
-    num_directions: int,
-    r_max: float,
-    delta: float,
-    seed: int,
-    criterion: str = "rms",
     chunk: int | None = None,
     dtype: torch.dtype = torch.float32,
 ) -> NeuronRadii:
@@ -475,11 +495,8 @@ def neuron_radii(
     b : (H,) biases.
     Z : (N, d_in) the layer's inputs on the node's validation data (the outputs of
         layer ``j - 1``, or the raw features for the first hidden layer).
-    eps : tolerance ``eps_j > 0`` on the output deviation.
-    num_directions : ``p``, directions per neuron (independent across neurons).
-    r_max, delta : bisection range and stopping width (both > 0).
-    seed : seeds the directions (see :func:`neuron_directions`).
-    criterion : ``"rms"`` (default) or ``"paper"``.
+    search : ``eps``, ``num_directions``, ``r_max``, ``delta``, ``seed`` and
+        ``criterion`` (see :class:`NeuronSearch`).
     chunk : directions per block of the ``(neurons, chunk, N)`` work buffer; the
         default keeps it near 2 MiB. Does not change the radii.
     dtype : arithmetic of the search; float32 (default) or float64.
@@ -488,31 +505,22 @@ def neuron_radii(
     p = 500, N = 1000) plus a block of raw draws and the work buffer.
     """
     w, bias, z = _check_layer(W, b, Z)
-    _deviation_denominator(z.shape[0], criterion)
-    dtype = _check_dtype(dtype)
-    if not (math.isfinite(eps) and eps > 0):
-        raise ValueError(f"eps must be a finite number > 0, got {eps!r}")
-    if (isinstance(num_directions, bool) or not isinstance(num_directions, (int, np.integer))
-            or num_directions < 1):
-        raise ValueError(f"num_directions must be a positive integer, got {num_directions!r}")
-    if not (math.isfinite(r_max) and r_max > 0):
-        raise ValueError(f"r_max must be a finite number > 0, got {r_max!r}")
-    if not (math.isfinite(delta) and delta > 0):
-        raise ValueError(f"delta must be a finite number > 0, got {delta!r}")
-    chunk = None if chunk is None else _check_chunk(chunk)
-    num_neurons, dim, p = w.shape[0], w.shape[1] + 1, int(num_directions)
-    eps, r_max, delta = float(eps), float(r_max), float(delta)
+    if not isinstance(search, NeuronSearch):
+        raise TypeError(f"search must be a NeuronSearch, got {type(search).__name__}")
+    dtype = check_option(dtype, "dtype", DTYPES)
+    chunk = _check_chunk(chunk)
+    num_neurons, dim, p = w.shape[0], w.shape[1] + 1, search.num_directions
 
     layer = _Layer(w, bias, z, dtype)
-    layer.set_directions(_draw_blocks(num_neurons * p, dim, seed), num_neurons, p)
-    ev = _Evaluator(layer, criterion, chunk)
-    lower, dev_at_lower, saturated, steps = _bisect(ev, eps, r_max, delta)
+    layer.set_directions(_draw_blocks(num_neurons * p, dim, search.seed), num_neurons, p)
+    ev = _Evaluator(layer, search.criterion, chunk)
+    lower, dev_at_lower, saturated, steps = _bisect(ev, search.eps, search.r_max, search.delta)
     return NeuronRadii(
         radii=lower.numpy(),
         max_deviation_at_radius=dev_at_lower.numpy(),
         saturated=saturated.numpy(),
         steps=steps,
         evaluations=ev.evaluations,
-        criterion=criterion,
+        criterion=search.criterion,
         dtype=str(dtype).removeprefix("torch."),
     )

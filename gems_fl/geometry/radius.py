@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from gems_fl.geometry._checks import check_scalar
 
 @dataclass(frozen=True)
 class RadiusResult:
@@ -155,6 +156,11 @@ def search_radius(
     seed : seeds the directions.
     axes : relative ellipsoid axes, shape ``(C * (F + 1),)``; ``None`` for a ball.
     """
+    eps = check_scalar(eps, "eps", float, low=0, high=1)
+    num_directions = check_scalar(num_directions, "num_directions", int, low=1)
+    r_max = check_scalar(r_max, "r_max", float, low=0, closed="neither")
+    delta = check_scalar(delta, "delta", float, low=0, closed="neither")
+    seed = check_scalar(seed, "seed", int)
     center = np.asarray(center, dtype=np.float64)
     if center.ndim != 2 or center.shape[1] != np.shape(x)[1] + 1:
         raise ValueError(

@@ -12,8 +12,23 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from gems_fl.geometry._checks import check_scalar
+
 SPACE_KINDS = ("ball", "ellipsoid", "gram")
 PAPER_SPACE_KINDS = ("ball", "ellipsoid")  # the paper's parameter-space spaces
+
+# Tolerances of the membership test: relative to the radius, and absolute.
+CONTAINS_RTOL = 1e-9
+CONTAINS_ATOL = 1e-12
+
+
+def within_radius(distance, radius, rtol: float = CONTAINS_RTOL, atol: float = CONTAINS_ATOL):
+    """``distance <= radius`` up to floating-point tolerance (elementwise on arrays).
+
+    The one membership test: :meth:`Space.contains` and the vectorised screens over
+    many spaces at once use it, so that they agree to the bit.
+    """
+    return distance <= radius * (1.0 + rtol) + atol
 
 
 @dataclass(frozen=True)
@@ -37,9 +52,7 @@ class Space:
     def __post_init__(self) -> None:
         center = np.asarray(self.center, dtype=np.float64).reshape(-1)
         object.__setattr__(self, "center", center)
-        if not np.isfinite(self.radius) or self.radius < 0:
-            raise ValueError(f"radius must be finite and >= 0, got {self.radius!r}")
-        object.__setattr__(self, "radius", float(self.radius))
+        object.__setattr__(self, "radius", check_scalar(self.radius, "radius", float, low=0))
         if self.axes is not None:
             axes = np.asarray(self.axes, dtype=np.float64).reshape(-1)
             if axes.shape != center.shape:
@@ -77,9 +90,11 @@ class Space:
         """``max(0, distance(w) - radius)``: the paper's per-node intersection term."""
         return max(0.0, self.distance(w) - self.radius)
 
-    def contains(self, w: np.ndarray, rtol: float = 1e-9, atol: float = 1e-12) -> bool:
+    def contains(
+        self, w: np.ndarray, rtol: float = CONTAINS_RTOL, atol: float = CONTAINS_ATOL
+    ) -> bool:
         """Whether ``w`` lies in the space, up to floating-point tolerance."""
-        return self.distance(w) <= self.radius * (1.0 + rtol) + atol
+        return bool(within_radius(self.distance(w), self.radius, rtol, atol))
 
 
 @dataclass(frozen=True)
@@ -132,5 +147,5 @@ class GramSpace:
     def penalty(self, w: np.ndarray) -> float:
         return max(0.0, self.distance(w) - self.radius)
 
-    def contains(self, w: np.ndarray, rtol: float = 1e-9, atol: float = 1e-12) -> bool:
-        return self.distance(w) <= self.radius * (1.0 + rtol) + atol
+    def contains(self, w: np.ndarray, rtol: float = CONTAINS_RTOL, atol: float = CONTAINS_ATOL) -> bool:
+        return bool(within_radius(self.distance(w), self.radius, rtol, atol))

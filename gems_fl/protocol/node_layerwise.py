@@ -14,7 +14,7 @@ import numpy as np
 import torch
 
 from gems_fl.learning.models import MLP, build_model
-from gems_fl.geometry.neurons import neuron_radii
+from gems_fl.geometry.neurons import NeuronSearch, neuron_radii
 from gems_fl.learning.threads import single_thread
 from gems_fl.protocol.linear_space import LayerSpace, linear_layer_space
 from gems_fl.settings import Settings
@@ -89,11 +89,12 @@ def hidden_layer_spaces(
     weight = layer.weight.detach().double().numpy()
     bias = layer.bias.detach().double().numpy()
     with single_thread():  # a stream of small ops: see geometry.neurons
-        radii = neuron_radii(
-            weight, bias, z, eps=settings.eps_neuron, num_directions=settings.num_directions,
+        search = NeuronSearch(
+            eps=settings.eps_neuron, num_directions=settings.num_directions,
             r_max=settings.r_max, delta=settings.neuron_delta, seed=seed,
             criterion=settings.neuron_criterion,
-        ).radii
+        )
+        radii = neuron_radii(weight, bias, z, search).radii
     return NeuronSpaces(weight, bias, np.asarray(radii, dtype=np.float64),
                         accuracy(model, x_val, y_val))
 

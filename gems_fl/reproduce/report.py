@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from collections import defaultdict
+from collections.abc import Sequence
 from pathlib import Path
 
 import matplotlib
@@ -28,6 +29,17 @@ def mean_std(values: list[float]) -> str:
     if not values:
         return "n/a"
     return f"{np.mean(values):.4f} ({np.std(values):.4f})"
+
+
+def rounds_to_reach(
+    accuracy: Sequence[float], bytes_total: Sequence[float], target: float
+) -> tuple[int, float] | None:
+    """First round (1-based) whose accuracy is ``>= target`` and the cumulative bytes
+    exchanged by its end, or None when no round reaches ``target``."""
+    for round_index, (acc, total) in enumerate(zip(accuracy, bytes_total), start=1):
+        if acc >= target:
+            return round_index, total
+    return None
 
 
 def markdown(header: list[str], rows: list[list[str]]) -> str:
@@ -302,9 +314,8 @@ class Report:
                 reach = None
                 if "gems" in entry:
                     target = float(np.mean(entry["gems"]["GEMS tuned"]))
-                    hit = np.nonzero(m >= target)[0]
-                    reach = None if not len(hit) else {"round": int(hit[0]) + 1,
-                                                       "bytes": float(total[hit[0]])}
+                    hit = rounds_to_reach(m, total, target)
+                    reach = None if hit is None else {"round": hit[0], "bytes": float(hit[1])}
                     name = "FedAvg" if strategy == "fedavg" else "FedProx"
                     if reach:
                         lines.append(f"- {model}: {name} reaches GEMS tuned's mean accuracy "
