@@ -68,6 +68,7 @@ class Settings:
     ham10000_per_class: int = 2000
     ham10000_cnn_epochs: int = 10
     round_timeout: float = 1800.0
+    allow_overlap: bool = False
 
     def __post_init__(self) -> None:
         _choice("dataset", self.dataset, DATASETS)
