@@ -139,6 +139,9 @@ def run_metadata(started_at: datetime | float | None = None) -> dict[str, Any]:
     except AttributeError:  # not Linux
         usable = os.cpu_count()
     git = git_commit()
+    if os.environ.get("GEMS_FL_GIT_COMMIT"):  # `gems-fl run` passes the checkout's commit
+        git = {"commit": os.environ["GEMS_FL_GIT_COMMIT"],
+               "dirty": os.environ.get("GEMS_FL_GIT_DIRTY") == "1"}
     return {
         "started_at": _iso(started_at) if started_at is not None else None,
         "finished_at": _iso(datetime.now(timezone.utc)),

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
+STARTED = re.compile(r"Successfully started run (\d+)")
 ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 ACCESS_LINE = re.compile(r'\[uvicorn\.access\]|"(GET|POST|PUT|DELETE|HEAD) /\S* HTTP/[\d.]+" \d{3}')
 LEVEL = re.compile(r"^(INFO|WARNING|ERROR|DEBUG|CRITICAL)\s*:\s?\s*(.*)$")
@@ -239,8 +240,13 @@ class RunLog:
         self.file = self.path.open("w", encoding="utf-8", errors="replace")
         self.progress = progress
         self.lines: list[str] = []
+        self.run_id: int | None = None
 
     def add(self, line: str) -> None:
+        if self.run_id is None:
+            match = STARTED.search(line)
+            if match:
+                self.run_id = int(match.group(1))
         self.file.write(line)
         self.file.flush()
         self.lines.append(line)
