@@ -320,7 +320,8 @@ class Launched:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP])
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP],
+                         ids=["SIGINT", "SIGTERM", "SIGHUP"])
 def test_a_signal_stops_everything_the_run_started(tmp_path, sig):
     out = tmp_path / "out"
     run = Launched(tmp_path, ["--nodes", "3", "--output-dir", str(out)])
