@@ -12,13 +12,15 @@ from dataclasses import asdict, dataclass, fields, replace
 from typing import TYPE_CHECKING, Any, Mapping
 
 from gems_fl.data.datasets import DATASET_NAMES
-from gems_fl.learning.models import build_model, parse_hidden
+from gems_fl.learning.widths import parse_hidden
 from gems_fl.learning.recipe import TrainRecipe, TuneRecipe
-from gems_fl.geometry.intersect import FALLBACKS as NO_INTERSECTION_FALLBACKS
-from gems_fl.geometry.fisher import FLOORS as ELLIPSOID_FLOORS
-from gems_fl.geometry.gram_merge import POINTS as GRAM_POINTS
-from gems_fl.geometry.gram_merge import WEIGHTINGS as GRAM_WEIGHTINGS
-from gems_fl.geometry.spaces import SPACE_KINDS
+from gems_fl.geometry.choices import (
+    ELLIPSOID_FLOORS,
+    GRAM_POINTS,
+    GRAM_WEIGHTINGS,
+    NO_INTERSECTION_FALLBACKS,
+    SPACE_KINDS,
+)
 
 if TYPE_CHECKING:
     from torch import nn
@@ -80,6 +82,7 @@ class Settings:
     gram_weighting: str = "samples"
     gram_point: str = "closed-form"
     ellipsoid_floor: str = "quantile"
+    allow_overlap: bool = False
 
     def __post_init__(self) -> None:
         _choice("dataset", self.dataset, DATASET_NAMES)
@@ -207,6 +210,8 @@ class Settings:
 
     def new_model(self, num_features: int, num_classes: int) -> "nn.Module":
         """A fresh model of the configured kind (``model``, ``hidden``, ``dropout``)."""
+        from gems_fl.learning.models import build_model
+
         return build_model(self.model, num_features, num_classes, self.hidden_widths,
                            self.dropout)
 

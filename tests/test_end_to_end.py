@@ -39,7 +39,8 @@ def test_evaluate_on_server_off_skips_rows_and_says_why(tmp_path):
     # so h_G is the model average, found before any Dykstra sweep.
     inter = results["intersection"]
     assert inter["found"] and inter["method"] == "dykstra" and inter["iterations"] == 0
-    assert inter["inside"] == [True, True] and inter["miss"] == [0.0, 0.0]
+    assert inter["inside"] == {"partition-0": True, "partition-1": True}
+    assert inter["miss"] == {"partition-0": 0.0, "partition-1": 0.0}
     assert inter["objective"] == 0.0 and results["notes"] == []
     saved = np.load(tmp_path / "run-1" / "gems_model.npz")
     h_g = state_to_vector(dict(saved))
@@ -50,7 +51,8 @@ def test_evaluate_on_server_off_skips_rows_and_says_why(tmp_path):
                                rtol=1e-12, atol=0)
     # Membership reported per node is that of the saved model in the node's own ball.
     assert sorted(node["node_id"] for node in results["nodes"]) == sorted(spaces)
-    for node, inside, miss in zip(results["nodes"], inter["inside"], inter["miss"]):
+    for node in results["nodes"]:
+        inside, miss = inter["inside"][node["name"]], inter["miss"][node["name"]]
         space = spaces[node["node_id"]]
         assert node["radius"] == space.radius > 0
         assert node["inside"] is inside is space.contains(h_g)

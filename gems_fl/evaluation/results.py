@@ -3,6 +3,13 @@
 from __future__ import annotations
 
 import json
+import os
+import platform
+import shutil
+import subprocess
+import time
+from datetime import datetime, timedelta, timezone
+from importlib import metadata
 from pathlib import Path
 from typing import Any
 
@@ -48,8 +55,9 @@ def gems_note(results: dict[str, Any]) -> str:
     inter = results["intersection"]
     space = results["settings"].get("space")
     if space == "gram":
-        where = (f"h_G ({inter['method']}) inside {sum(inter['inside'])} of "
-                 f"{len(inter['inside'])} Gram spaces")
+        inside = inter["inside"]
+        inside = list(inside.values()) if isinstance(inside, dict) else inside
+        where = f"h_G ({inter['method']}) inside {sum(inside)} of {len(inside)} Gram spaces"
     elif inter["found"]:
         where = "h_G inside every space (verified intersection)"
     else:
@@ -115,11 +123,140 @@ def print_results(results: dict[str, Any], console: Console | None = None) -> No
         console.print(f"[yellow]note[/yellow]: {note}")
 
 
-def write_results(results: dict[str, Any], folder: Path, h_g: dict[str, np.ndarray] | None) -> Path:
-    """Write ``results.json`` (and the aggregated model as ``.npz``) into ``folder``."""
-    folder.mkdir(parents=True, exist_ok=True)
-    path = folder / RESULTS_FILE
-    path.write_text(json.dumps(results, indent=2, sort_keys=False) + "\n")
-    if h_g is not None:
-        np.savez(folder / MODEL_FILE, **h_g)
-    return path
+PACKAGES = {"gems-fl": "gems-fl", "flwr": "flwr", "torch": "torch", "numpy": "numpy",
+            "scikit-learn": "scikit-learn"}
+
+
+def _version(dist: str) -> str | None:
+    try:
+        return metadata.version(dist)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def git_commit(path: Path | None = None) -> dict[str, Any] | None:
+    """``{"commit", "dirty"}`` of the checkout holding ``path`` (this package), else None."""
+    here = Path(path or __file__).resolve().parent
+    try:
+        head = subprocess.run(["git", "-C", str(here), "rev-parse", "HEAD"], capture_output=True,
+                              text=True, timeout=5, check=False)
+        if head.returncode != 0:
+            return None
+        status = subprocess.run(["git", "-C", str(here), "status", "--porcelain",
+                                 "--untracked-files=no"], capture_output=True, text=True,
+                                timeout=5, check=False)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return {"commit": head.stdout.strip(), "dirty": bool(status.stdout.strip())}
+
+
+def _iso(moment: datetime) -> str:
+    return moment.astimezone(timezone.utc).isoformat(timespec="seconds").replace("+00:00", "Z")
+
+
+def run_metadata(started_at: datetime | float | None = None) -> dict[str, Any]:
+    """When and with what a run ran: UTC start and end, versions, git commit, cores.
+
+    ``started_at`` is a ``datetime`` or a POSIX timestamp; ``None`` records no start.
+    """
+    if isinstance(started_at, (int, float)):
+        started_at = datetime.fromtimestamp(started_at, timezone.utc)
+    try:
+        usable = len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        usable = os.cpu_count()
+    git = git_commit()
+    if os.environ.get("GEMS_FL_GIT_COMMIT"):  # `gems-fl run` passes the checkout's commit
+        git = {"commit": os.environ["GEMS_FL_GIT_COMMIT"],
+               "dirty": os.environ.get("GEMS_FL_GIT_DIRTY") == "1"}
+    return {
+        "started_at": _iso(started_at) if started_at is not None else None,
+        "finished_at": _iso(datetime.now(timezone.utc)),
+        "versions": {"python": platform.python_version(),
+                     **{key: _version(dist) for key, dist in PACKAGES.items()}},
+        "git_commit": git["commit"] if git else None,
+        "git_dirty": git["dirty"] if git else None,
+        "cores": os.cpu_count(),
+        "usable_cores": usable,
+        "platform": platform.platform(),
+    }
+
+
+def _node_names(results: dict[str, Any]) -> list[str]:
+    """Name of each entry of ``results["nodes"]`` (its id where a name is missing)."""
+    return [str(n.get("name") or n["node_id"]) for n in results.get("nodes", [])]
+
+
+def _partition_names(results: dict[str, Any], count: int) -> list[str]:
+    """Names of partitions 0..count-1 (the order the server rebuilds local MLPs in)."""
+    by_partition = {}
+    for p in results.get("participants", []):
+        data = str(p.get("data", ""))
+        if data.startswith("partition "):
+            by_partition[int(data.split()[1])] = str(p.get("name") or p["node_id"])
+    return [by_partition.get(k, f"partition-{k}") for k in range(count)]
+
+
+def key_per_node(results: dict[str, Any]) -> dict[str, Any]:
+    """Per-node lists become ``{name: value}`` and node rows are sorted by name (in place).
+
+    The lists come in the order of ``results["nodes"]`` (the accepted replies), except the
+    layer-wise Local row, whose local MLPs the server rebuilds in partition order.
+    """
+    names = _node_names(results)
+    local = results.get("rows", {}).get("Local", {})
+    per_node = local.get("per_node")
+    if isinstance(per_node, list):
+        mlp = results.get("settings", {}).get("model") == "mlp"
+        keys = _partition_names(results, len(per_node)) if mlp else names
+        if len(keys) == len(per_node) and len(set(keys)) == len(keys):
+            local["per_node"] = dict(sorted(zip(keys, per_node)))
+    inter = results.get("intersection", {})
+    for key in ("inside", "miss"):
+        values = inter.get(key)
+        if isinstance(values, list) and len(values) == len(names) and len(set(names)) == len(names):
+            inter[key] = dict(sorted(zip(names, values)))
+    order = lambda n: (str(n.get("name") or ""), int(n.get("node_id", 0)))  # noqa: E731
+    for key in ("nodes", "participants"):
+        if isinstance(results.get(key), list):
+            results[key] = sorted(results[key], key=order)
+    return results
+
+
+def write_results(results: dict[str, Any], folder: Path, h_g: dict[str, np.ndarray] | None,
+                  started_at: datetime | float | None = None) -> Path:
+    """Write ``results.json`` (and the aggregated model as ``.npz``) into ``folder``, atomically.
+
+    Adds ``results["run"]`` (:func:`run_metadata`; the start defaults to now minus
+    ``timing_s.total``) and keys per-node lists by node name (:func:`key_per_node`), in
+    ``results`` itself. Everything is written into a hidden sibling folder first and
+    renamed to ``folder`` at the end, so an interrupted write leaves no folder that
+    looks complete. An existing ``folder`` is replaced file by file, ``results.json``
+    last.
+    """
+    if started_at is None:
+        total = results.get("timing_s", {}).get("total")
+        if isinstance(total, (int, float)):
+            started_at = datetime.now(timezone.utc) - timedelta(seconds=float(total))
+    key_per_node(results)
+    results["run"] = run_metadata(started_at)
+    folder = Path(folder)
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    text = json.dumps(results, indent=2, sort_keys=False) + "\n"
+    partial = folder.parent / f".{folder.name}.partial-{os.getpid()}-{time.monotonic_ns()}"
+    partial.mkdir()
+    try:
+        if h_g is not None:
+            np.savez(partial / MODEL_FILE, **h_g)
+        (partial / RESULTS_FILE).write_text(text)
+        try:
+            os.rename(partial, folder)  # fails if folder exists (and is not empty)
+        except OSError:
+            if not folder.is_dir():
+                raise
+            if h_g is not None:
+                os.replace(partial / MODEL_FILE, folder / MODEL_FILE)
+            os.replace(partial / RESULTS_FILE, folder / RESULTS_FILE)
+    finally:
+        shutil.rmtree(partial, ignore_errors=True)
+    return folder / RESULTS_FILE

@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from gems_fl.geometry.choices import ELLIPSOID_FLOORS as FLOORS
 from gems_fl.geometry.radius import augment
 
 
@@ -24,7 +25,6 @@ def diagonal_fisher(center: np.ndarray, x: np.ndarray) -> np.ndarray:
     return fisher.numpy()
 
 
-FLOORS = ("quantile", "paper")
 FLOOR_QUANTILE = 0.05
 
 

@@ -23,8 +23,8 @@ from gems_fl.geometry.gram import gram_center, minimax_gram_point
 from gems_fl.geometry.intersect import IntersectionResult
 from gems_fl.geometry.spaces import GramSpace
 
-WEIGHTINGS = ("samples", "radius")
-POINTS = ("closed-form", "shared")
+from gems_fl.geometry.choices import GRAM_POINTS as POINTS
+from gems_fl.geometry.choices import GRAM_WEIGHTINGS as WEIGHTINGS
 
 
 def merge_weights(spaces: Sequence[GramSpace], num_train: Sequence[float], weighting: str) -> np.ndarray:

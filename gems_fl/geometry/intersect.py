@@ -26,7 +26,7 @@ import numpy as np
 from gems_fl.geometry._checks import check_option, check_scalar
 from gems_fl.geometry.spaces import Space, within_radius
 
-FALLBACKS = ("min-penalty", "mean")
+from gems_fl.geometry.choices import NO_INTERSECTION_FALLBACKS as FALLBACKS
 
 # Relative margin by which the emptiness certificate must be negative to count.
 _CERTIFICATE_RTOL = 1e-9

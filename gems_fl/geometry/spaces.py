@@ -14,8 +14,7 @@ import numpy as np
 
 from gems_fl.geometry._checks import check_scalar
 
-SPACE_KINDS = ("ball", "ellipsoid", "gram")
-PAPER_SPACE_KINDS = ("ball", "ellipsoid")  # the paper's parameter-space spaces
+from gems_fl.geometry.choices import PAPER_SPACE_KINDS, SPACE_KINDS  # noqa: F401 - re-exported
 
 # Tolerances of the membership test: relative to the radius, and absolute.
 CONTAINS_RTOL = 1e-9

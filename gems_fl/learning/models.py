@@ -13,6 +13,8 @@ import numpy as np
 import torch
 from torch import nn
 
+from gems_fl.learning.widths import parse_hidden  # noqa: F401 - re-exported
+
 
 MODELS = ("logistic", "mlp")
 
@@ -67,17 +69,6 @@ def load_vector(model: nn.Module, vector: np.ndarray) -> nn.Module:
 def model_from_vector(vector: np.ndarray, num_features: int, num_classes: int) -> nn.Module:
     """A fresh logistic model holding ``vector``."""
     return load_vector(build_model("logistic", num_features, num_classes), vector)
-
-
-def parse_hidden(spec: str) -> list[int]:
-    """``"100,50"`` -> ``[100, 50]``: hidden layer widths of the MLP."""
-    try:
-        widths = [int(part) for part in str(spec).split(",") if part.strip()]
-    except ValueError:
-        raise ValueError(f"hidden={spec!r} must be comma-separated positive integers, e.g. '100,50'") from None
-    if not widths or any(w < 1 for w in widths):
-        raise ValueError(f"hidden={spec!r} must list at least one positive width, e.g. '50'")
-    return widths
 
 
 class MLP(nn.Module):

@@ -10,10 +10,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import numpy as np
-from torch import nn
+from typing import TYPE_CHECKING
 
-from gems_fl.learning.train import TrainReport, fine_tune, train_until_converged
+if TYPE_CHECKING:  # torch is imported when a recipe is used, not when settings are read
+    import numpy as np
+    from torch import nn
+
+    from gems_fl.learning.train import TrainReport
 
 
 @dataclass(frozen=True)
@@ -27,6 +30,8 @@ class TrainRecipe:
 
     def train(self, model: nn.Module, x: np.ndarray, y: np.ndarray, seed: int) -> TrainReport:
         """Train ``model`` in place on ``(x, y)``."""
+        from gems_fl.learning.train import train_until_converged
+
         return train_until_converged(model, x, y, lr=self.lr, batch_size=self.batch_size,
                                      max_epochs=self.max_epochs, patience=self.patience,
                                      seed=seed)
@@ -43,5 +48,7 @@ class TuneRecipe:
     def tune(self, model: nn.Module, x: np.ndarray, y: np.ndarray, seed: int,
              proximal_mu: float = 0.0) -> TrainReport:
         """Fine-tune the trainable weights of ``model`` in place on ``(x, y)``."""
+        from gems_fl.learning.train import fine_tune
+
         return fine_tune(model, x, y, epochs=self.epochs, lr=self.lr,
                          batch_size=self.batch_size, seed=seed, proximal_mu=proximal_mu)

@@ -4,19 +4,57 @@ from __future__ import annotations
 
 import argparse
 import sys
+import textwrap
+from dataclasses import fields
 
-from gems_fl.settings import SettingsError
+from gems_fl.settings import Settings, SettingsError
+
+
+def version_text() -> str:
+    """``gems-fl X (flwr Y, Python Z)``."""
+    import platform
+    from importlib import metadata
+
+    def version(dist: str) -> str:
+        try:
+            return metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            return "not installed"
+
+    return f"gems-fl {version('gems-fl')} (flwr {version('flwr')}, Python {platform.python_version()})"
+
+
+def settings_epilog(width: int = 100) -> str:
+    """Every run setting with its default and meaning (the README table's source)."""
+    import json
+
+    from gems_fl.running.settings_help import meaning
+
+    lines = ["run settings (--run-config \"key=value ...\"; quote text values: "
+             "\"dataset='fashion-mnist'\"):"]
+    for field in fields(Settings):
+        key = field.name.replace("_", "-")
+        default = json.dumps(field.default) if isinstance(field.default, (str, bool)) else field.default
+        text = meaning(key).replace("`", "")
+        lines.append(f"  {key} = {default}")
+        lines.extend(textwrap.wrap(text, width, initial_indent="      ", subsequent_indent="      "))
+    return "\n".join(lines)
 
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="gems-fl", description="GEMS on Flower.")
+    parser.add_argument("--version", action="version", version=version_text())
     sub = parser.add_subparsers(dest="command", required=True)
     run = sub.add_parser(
         "run",
         help="run the Flower simulation (flwr run) and check that it succeeded",
-        description="Start a private local SuperLink, `flwr run` the app as a simulation "
-        "with N SuperNodes, stream its logs, and exit non-zero unless the run completed "
-        "and wrote its results. The SuperLink is always stopped afterwards.",
+        description="Check the settings, data and output folder, start a private local "
+        "SuperLink, `flwr run` the app as a simulation with N SuperNodes, show its log and "
+        "phases, and exit non-zero unless the run completed and wrote its results. "
+        "Everything it starts is stopped at the end and on Ctrl-C, SIGTERM or SIGHUP "
+        "(exit 130, 143, 129). Exit 2: a setting or a preflight check failed, nothing started.",
+        epilog=settings_epilog(),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     run.add_argument("app", nargs="?", default=".", help="Flower app folder (default: .)")
     run.add_argument("--nodes", type=int, default=5, help="number of SuperNodes (default: 5)")
@@ -55,18 +93,31 @@ def main(argv: list[str] | None = None) -> int:
         return _show(args.path, args.markdown)
     if args.command == "reproduce":
         return _reproduce(args, argv)
-    from gems_fl.running.launch import RunFailed, run_app
+    return _run(args)
+
+
+def _run(args: argparse.Namespace) -> int:
+    from gems_fl.running.launch import RunFailed, RunInterrupted, run_app
 
     try:
         outcome = run_app(args.app, num_nodes=args.nodes, run_config=args.run_config,
-                          output_dir=args.output_dir)
+                          output_dir=args.output_dir, progress=True)
     except (SettingsError, ValueError, FileNotFoundError) as exc:
         print(f"gems-fl: error: {exc}", file=sys.stderr)
         return 2
+    except RunInterrupted as exc:
+        print(f"gems-fl: {exc}", file=sys.stderr)
+        return exc.exit_code
     except RunFailed as exc:
-        print(f"gems-fl: run failed: {exc}", file=sys.stderr)
+        sys.stdout.flush()
+        lines = [f"gems-fl: run failed: {exc}" + (":" if exc.errors else "")]
+        lines += exc.errors
+        if exc.log_path is not None:
+            lines.append(f"gems-fl: full log: {exc.log_path}")
+        print("\n".join(lines), file=sys.stderr)
         return 1
-    print(f"gems-fl: run {outcome.run_id} completed; results in {outcome.results_path}")
+    print(f"gems-fl: run {outcome.run_id} completed; results in {outcome.results_path}"
+          + (f" (log: {outcome.log_path})" if outcome.log_path else ""))
     return 0
 
 

@@ -28,7 +28,7 @@ import tomli_w
 from gems_fl.running.launch import RunFailed, free_port, run_status
 from gems_fl.evaluation.results import RESULTS_FILE
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 MAKE_CERTS = ROOT / "deploy" / "make-certs.sh"
 CONNECTION = "gems-tls"
 START_TIMEOUT_S = 60.0

@@ -32,6 +32,7 @@ from gems_fl.protocol.layerwise import LayerwiseGEMS
 from gems_fl.protocol.roster import Roster, identify_nodes
 from gems_fl.protocol.strategy import GEMS, ConvexOutcome, NotEnoughRepliesError
 from gems_fl.protocol.verify import GEMS_KEY, Verification, verify_on_nodes
+from gems_fl.running.preflight import preflight
 from gems_fl.settings import Settings, SettingsError
 
 NODE_WAIT_S = 60.0
@@ -170,6 +171,15 @@ def node_table(run: ProtocolRun, roster: Roster, verification: Verification,
     return sorted(rows, key=lambda r: r["name"])
 
 
+def keyed_by_name(report: dict[str, Any], names: list[str]) -> dict[str, Any]:
+    """The intersection report with every per-node list (in reply order) as ``{name: value}``."""
+    out = dict(report)
+    for key, value in report.items():
+        if isinstance(value, list) and len(value) == len(names) and key != "weights_order":
+            out[key] = dict(sorted(zip(names, value)))
+    return out
+
+
 def run_server(grid: Grid, context: Context) -> dict[str, Any]:
     """Run GEMS (convex, or layer-wise for ``model='mlp'``), write the results, return them."""
     started = time.time()
@@ -178,6 +188,7 @@ def run_server(grid: Grid, context: Context) -> dict[str, Any]:
         settings = Settings.from_run_config(context.run_config)
     except SettingsError as exc:
         raise SettingsError(f"invalid run setting: {exc}") from None
+    preflight(settings, check_data=settings.evaluate_on_server)
     node_ids = wait_for_nodes(grid, settings.min_replies)
     if len(node_ids) < settings.min_replies:
         raise RuntimeError(f"only {len(node_ids)} nodes connected; min-replies={settings.min_replies}")
@@ -252,6 +263,7 @@ def finish(context: Context, settings: Settings, run: ProtocolRun, roster: Roste
                          f"eps={reply.metrics.get('eps', settings.eps)}, radius 0; lower eps "
                          "to give it room")
     run.extra.pop("first_layer_centers", None)
+    names = [roster.names.get(r.node_id, str(r.node_id)) for r in run.outcome.accepted]
     timing["total"] = time.perf_counter() - t0
     results = {
         "status": "completed",
@@ -259,7 +271,7 @@ def finish(context: Context, settings: Settings, run: ProtocolRun, roster: Roste
         "settings": settings.to_config(),
         "dataset": meta,
         "rows": rows,
-        "intersection": run.outcome.intersection.to_dict(),
+        "intersection": keyed_by_name(run.outcome.intersection.to_dict(), names),
         "nodes": node_table(run, roster, verification, settings),
         "verification": verification.to_dict(),
         "rejected": roster.rejected + run.rejected,
@@ -273,7 +285,7 @@ def finish(context: Context, settings: Settings, run: ProtocolRun, roster: Roste
     }
     folder = Path(settings.output_dir).expanduser().resolve() / f"run-{context.run_id}"
     results["output"] = {"results": str(folder / RESULTS_FILE), "model": str(folder / MODEL_FILE)}
-    path = write_results(results, folder, run.model_state)
+    path = write_results(results, folder, run.model_state, started_at=started)
     print_results(results)
     log(INFO, "Results written to %s (model: %s) on the machine running the ServerApp",
         path, folder / MODEL_FILE)

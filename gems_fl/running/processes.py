@@ -1,0 +1,125 @@
+"""Find and stop every process a run started, however it detached.
+
+``gems-fl run`` starts the SuperLink in its own session; the SuperLink starts the
+SuperExec, which starts ``flwr-simulation``, which starts Ray, whose GCS, raylet and
+workers start sessions of their own and outlive their parents (re-parented to PID 1).
+Process groups and parent links therefore miss some of them. What they all keep is
+the environment they were started with: the launcher puts a unique marker variable
+into the SuperLink's environment, and :func:`marked_processes` finds every process
+whose ``/proc/<pid>/environ`` carries it.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+import uuid
+from pathlib import Path
+from typing import Callable
+
+MARKER_VARIABLE = "GEMS_FL_RUN_MARKER"
+
+
+def new_marker() -> str:
+    """A value for :data:`MARKER_VARIABLE` that no other run uses."""
+    return f"{os.getpid()}-{uuid.uuid4().hex}"
+
+
+def marked_processes(marker: str, variable: str = MARKER_VARIABLE) -> list[int]:
+    """PIDs (other than this process) whose environment has ``variable=marker``.
+
+    Zombies and processes of other users (unreadable environ) are skipped.
+    """
+    needle = f"{variable}={marker}".encode()
+    found = []
+    own = os.getpid()
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == own:
+            continue
+        try:
+            environ = (entry / "environ").read_bytes()
+        except OSError:
+            continue
+        if needle in environ.split(b"\0"):
+            found.append(int(entry.name))
+    return sorted(found)
+
+
+def process_name(pid: int) -> str:
+    """A short name for a process: its program (the script for Python), or ``ray::...``."""
+    try:
+        args = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return "?"
+    args = [a.decode(errors="replace") for a in args if a]
+    if not args:
+        return "?"
+    if args[0].startswith("ray::") or any("/ray/" in a for a in args[:2]):
+        return "ray"
+    first = os.path.basename(args[0])
+    if first.startswith("python") and len(args) > 1:
+        script = next((a for a in args[1:] if not a.startswith("-")), args[1])
+        first = os.path.basename(script)
+    return first
+
+
+def describe(names: dict[int, str]) -> str:
+    """``flower-superlink, flwr-simulation and 9 Ray processes``-style summary."""
+    ray = sum(1 for n in names.values() if n == "ray")
+    others = sorted({n for n in names.values() if n != "ray"})
+    parts = others + ([f"{ray} Ray process{'es' if ray != 1 else ''}"] if ray else [])
+    if not parts:
+        return "no process"
+    return ", ".join(parts[:-1]) + (" and " if len(parts) > 1 else "") + parts[-1]
+
+
+def _signal_all(pids: list[int], sig: int) -> None:
+    for pid in pids:
+        try:
+            os.kill(pid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
+def _signal_group(pgid: int | None, sig: int) -> None:
+    if pgid is None:
+        return
+    try:
+        os.killpg(pgid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def stop_marked(marker: str, groups: list[int | None] = (), grace: float = 5.0,
+                reap: Callable[[], object] = lambda: None) -> dict[int, str]:
+    """SIGTERM the process ``groups`` and every marked process; SIGKILL what is left.
+
+    ``reap`` is called while waiting, so the caller can ``poll()`` its own children
+    (they stay zombies otherwise). Returns ``{pid: name}`` of the marked processes
+    that were signalled.
+    """
+    seen: dict[int, str] = {}
+
+    def note(pids: list[int]) -> None:
+        for pid in pids:
+            if pid not in seen:
+                seen[pid] = process_name(pid)
+
+    for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 3.0)):
+        for group in groups:
+            _signal_group(group, sig)
+        pids = marked_processes(marker)
+        note(pids)
+        _signal_all(pids, sig)
+        deadline = time.monotonic() + wait
+        while time.monotonic() < deadline:
+            reap()
+            pids = marked_processes(marker)
+            if not pids:
+                return seen
+            note(pids)
+            _signal_all(pids, sig)  # ones that appeared since (a worker being started)
+            time.sleep(0.1)
+    reap()
+    return seen

@@ -1,0 +1,360 @@
+"""`gems-fl run` behaves: clean interrupts, errors before work, progress, complete results."""
+
+from __future__ import annotations
+
+import gzip
+import io
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from dataclasses import fields
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from gems_fl.data import write_idx
+from gems_fl.evaluation.results import RESULTS_FILE, write_results
+from gems_fl.running import launch
+from gems_fl.running.cli import main
+from gems_fl.running.launch import parse_run_config
+from gems_fl.running.preflight import PreflightError, preflight
+from gems_fl.running.processes import marked_processes
+from gems_fl.running.runlog import Progress, summarise_errors
+from gems_fl.running.settings_help import SETTINGS_HELP, meaning
+from gems_fl.settings import Settings
+from tests.helpers import ROOT, app_defaults, run_in_process
+
+FAST = "num-directions=30 local-max-epochs=15 public-samples=200"
+
+
+def write_mnist_like(folder: Path, *, gz: bool = False, bad_label: bool = False) -> Path:
+    """Four small IDX files (120 train, 20 test 28x28 images) that pass every header check."""
+    folder.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(0)
+    y_train = (np.arange(120) % 10).astype(np.uint8)
+    if bad_label:
+        y_train[5] = 12  # only the loader, on the nodes, reads label values
+    suffix = ".gz" if gz else ""
+    write_idx(folder / f"train-images-idx3-ubyte{suffix}",
+              rng.integers(0, 255, (120, 28, 28)).astype(np.uint8))
+    write_idx(folder / f"train-labels-idx1-ubyte{suffix}", y_train)
+    write_idx(folder / f"t10k-images-idx3-ubyte{suffix}",
+              rng.integers(0, 255, (20, 28, 28)).astype(np.uint8))
+    write_idx(folder / f"t10k-labels-idx1-ubyte{suffix}", (np.arange(20) % 10).astype(np.uint8))
+    return folder
+
+
+@pytest.fixture
+def no_processes(monkeypatch):
+    """Fail the test if `gems-fl run` gets as far as starting a SuperLink."""
+    def refuse(*args, **kwargs):
+        raise AssertionError("a process was started although a preflight check should fail")
+    monkeypatch.setattr(launch, "LocalSuperLink", refuse)
+
+
+def run_cli_fails(capsys, args: list[str]) -> str:
+    """Run `gems-fl run ARGS` in-process: exit 2 within 2 s, one line on stderr."""
+    t0 = time.perf_counter()
+    code = main(["run", str(ROOT), *args])
+    elapsed = time.perf_counter() - t0
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert elapsed < 2.0, f"{elapsed:.2f} s"
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err
+    return lines[0]
+
+
+# ---- preflight: one message naming the setting, exit 2, nothing started ----------------
+
+
+def test_preflight_more_label_groups_than_nodes(capsys, tmp_path, no_processes):
+    line = run_cli_fails(capsys, ["--nodes", "3", "--output-dir", str(tmp_path), "--run-config",
+                                  "label-division='0,1/2,3/4,5/6,7/8,9'"])
+    assert "label-division" in line and "5 group(s)" in line and "3 nodes" in line
+
+
+def test_preflight_paper_division_has_no_11_nodes(capsys, tmp_path, no_processes):
+    line = run_cli_fails(capsys, ["--nodes", "11", "--output-dir", str(tmp_path)])
+    assert "label-division" in line and "11 nodes" in line
+
+
+def test_preflight_fewer_nodes_than_min_replies(capsys, tmp_path, no_processes):
+    line = run_cli_fails(capsys, ["--nodes", "1", "--output-dir", str(tmp_path)])
+    assert "min-replies=2" in line and "--nodes 1" in line
+
+
+def test_preflight_fashion_mnist_with_an_empty_data_dir(capsys, tmp_path, no_processes):
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    line = run_cli_fails(capsys, ["--nodes", "5", "--output-dir", str(tmp_path / "out"),
+                                  "--run-config", f"dataset='fashion-mnist' data-dir='{empty}'"])
+    assert f"data-dir='{empty}'" in line and "train-images-idx3-ubyte" in line
+
+
+def test_preflight_truncated_gz(capsys, tmp_path, no_processes):
+    data = write_mnist_like(tmp_path / "data", gz=True)
+    path = data / "train-images-idx3-ubyte.gz"
+    path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+    line = run_cli_fails(capsys, ["--nodes", "2", "--output-dir", str(tmp_path / "out"),
+                                  "--run-config", f"dataset='mnist' data-dir='{data}'"])
+    assert "data-dir=" in line and "train-images-idx3-ubyte.gz" in line
+    assert "re-download" in line
+
+
+def test_preflight_idx_size_disagrees_with_header(tmp_path):
+    data = write_mnist_like(tmp_path / "data")
+    path = data / "t10k-labels-idx1-ubyte"
+    path.write_bytes(path.read_bytes()[:-3])
+    settings = Settings(dataset="mnist", data_dir=str(data), output_dir=str(tmp_path / "out"))
+    with pytest.raises(PreflightError, match="t10k-labels-idx1-ubyte holds 17 data bytes"):
+        preflight(settings, 2)
+
+
+def test_preflight_mnist_without_data_dir(capsys, tmp_path, no_processes):
+    line = run_cli_fails(capsys, ["--nodes", "2", "--output-dir", str(tmp_path),
+                                  "--run-config", "dataset='mnist'"])
+    assert "data-dir is empty" in line and "dataset='mnist'" in line
+
+
+@pytest.mark.parametrize("where", ["file", "below-file"])
+def test_preflight_output_dir_not_a_writable_folder(capsys, tmp_path, no_processes, where):
+    blocker = tmp_path / "taken"
+    blocker.write_text("not a folder")
+    target = blocker if where == "file" else blocker / "results"
+    line = run_cli_fails(capsys, ["--nodes", "2", "--output-dir", str(target)])
+    assert f"output-dir='{target}'" in line
+
+
+def test_preflight_overlapping_division_needs_allow_overlap(capsys, tmp_path, no_processes):
+    line = run_cli_fails(capsys, ["--nodes", "2", "--output-dir", str(tmp_path),
+                                  "--run-config", "label-division='0,1/1,2'"])
+    assert "label-division '0,1/1,2'" in line and "class 1" in line and "allow-overlap=true" in line
+    allowed = Settings(label_division="0,1/1,2", allow_overlap=True, output_dir=str(tmp_path))
+    preflight(allowed, 2)  # asked for: accepted
+    preflight(Settings(label_division="paper", output_dir=str(tmp_path)), 2)  # the paper's K=2 overlaps
+
+
+def test_preflight_passes_for_the_defaults_and_creates_nothing(tmp_path):
+    out = tmp_path / "a" / "b"
+    preflight(Settings(output_dir=str(out)), 5)
+    assert not out.exists() and list(tmp_path.iterdir()) == []
+
+
+def test_preflight_server_side_without_node_count(tmp_path):
+    preflight(Settings(dataset="mnist", evaluate_on_server=False, output_dir=str(tmp_path)),
+              check_data=False)
+    with pytest.raises(PreflightError, match="data-dir"):
+        preflight(Settings(dataset="mnist", output_dir=str(tmp_path)))
+
+
+# ---- --run-config values ----------------------------------------------------------------
+
+
+def test_unquoted_string_names_the_key_and_the_quoted_form(capsys, no_processes):
+    line = run_cli_fails(capsys, ["--run-config", "dataset=fashion-mnist"])
+    assert "dataset=fashion-mnist" in line and "\"dataset='fashion-mnist'\"" in line
+
+
+def test_run_config_parses_like_flwr():
+    assert parse_run_config("eps=0.5 dataset='fashion-mnist' evaluate-on-server=false seed=3") == {
+        "eps": 0.5, "dataset": "fashion-mnist", "evaluate-on-server": False, "seed": 3}
+    assert parse_run_config('label-division="0,1/2,3"') == {"label-division": "0,1/2,3"}
+    with pytest.raises(ValueError, match="'eps' is not key=value"):
+        parse_run_config("eps")
+
+
+# ---- version and help ----------------------------------------------------------------
+
+
+def test_version(capsys):
+    with pytest.raises(SystemExit) as info:
+        main(["--version"])
+    assert info.value.code == 0
+    assert re.match(r"gems-fl \d+\.\d+\.\d+ \(flwr \d", capsys.readouterr().out)
+
+
+def test_run_help_lists_every_setting_with_default_and_meaning(capsys):
+    with pytest.raises(SystemExit):
+        main(["run", "--help"])
+    out = capsys.readouterr().out
+    for key, default in app_defaults().items():
+        shown = json.dumps(default) if isinstance(default, (str, bool)) else str(default)
+        assert f"  {key} = {shown}\n" in out, key
+    assert "the appendix table" in out
+
+
+def test_settings_help_is_the_readme_table():
+    readme = (ROOT / "README.md").read_text()
+    rows = {}
+    for line in readme.splitlines():
+        if line.startswith("| `"):
+            cells = [c.strip() for c in line.strip().strip("|").split("|")]
+            keys = tuple(re.findall(r"`([a-z0-9-]+)`", cells[0]))
+            if keys and keys[0] in app_defaults():
+                rows[keys] = cells[2]
+    assert rows == SETTINGS_HELP
+    for f in fields(Settings):
+        assert meaning(f.name.replace("_", "-"))
+
+
+# ---- progress and error summary (from log lines) ----------------------------------------
+
+LOG = """\
+\x1b[92mINFO \x1b[0m:      Federation `@none/default` (2 simulated SuperNodes)
+\x1b[92mINFO \x1b[0m:      Identify: Replies from 2 of 2 nodes: accepted 11, 12; rejected or missing none
+\x1b[92mINFO \x1b[0m:      [ROUND 1/2]
+\x1b[92mINFO \x1b[0m:      Round 1: Replies from 1 of 2 nodes: accepted 11 ('site-a'); rejected or missing 12 ('site-b')
+\x1b[93mWARNING \x1b[0m:   Round 1: Rejected reply from node 12 ('site-b'): client error 2: <class 'ray.exceptions.RayTaskError(ClientAppException)'>:<'ray::ClientAppActor.run()
+Traceback (most recent call last):
+  File "x.py", line 1, in f
+ValueError: node data is broken
+Exception ClientAppException occurred. Message: node data is broken'>
+2026-11-26T05:56:48.948Z INFO [uvicorn.access] 127.0.0.1:32918 - "POST /v1/control/start-run HTTP/1.1" 200
+\x1b[91mERROR \x1b[0m:     Simulation raised an exception
+Traceback (most recent call last):
+  File "server.py", line 130, in run_server
+    raise NotEnoughRepliesError(
+gems_fl.protocol.strategy.NotEnoughRepliesError: only 1 of 2 nodes replied; min-replies=2. Rejected: node 12: client error 2: <class 'x'>
+  File "x.py", line 1, in f
+ValueError: node data is broken
+\x1b[91mERROR \x1b[0m:     Exit Code: 700
+"""
+
+
+def test_error_summary_server_then_each_node_error_once():
+    errors = [e.line() for e in summarise_errors(LOG.splitlines(True))]
+    assert errors == [
+        "  server: NotEnoughRepliesError: only 1 of 2 nodes replied; min-replies=2. (rejections below)",
+        "  1 node (site-b): node data is broken",
+    ]
+
+
+def test_progress_phases_as_plain_lines():
+    out = io.StringIO()
+    progress = Progress(stream=out, live=False)
+    for line in LOG.splitlines(True):
+        progress.feed(line)
+    text = out.getvalue()
+    assert "identity check: waiting for 2 nodes" in text
+    assert "identity check: 2 of 2 nodes replied" in text
+    assert "round 1/2: 1 of 2 nodes replied" in text
+
+
+# ---- results.json -----------------------------------------------------------------------
+
+
+def test_results_metadata_sorted_nodes_and_named_per_node_values(tmp_path):
+    results = run_in_process(3, tmp_path, **{"label-division": "paper"})
+    saved = json.loads((tmp_path / "run-1" / RESULTS_FILE).read_text())
+    run = saved["run"]
+    assert run["started_at"].endswith("Z") and run["finished_at"] >= run["started_at"]
+    assert set(run["versions"]) == {"gems-fl", "flwr", "torch", "numpy", "scikit-learn", "python"}
+    assert all(run["versions"].values())
+    assert run["cores"] >= 1 and "git_commit" in run
+    names = [n["name"] for n in saved["nodes"]]
+    assert names == sorted(names) == ["partition-0", "partition-1", "partition-2"]
+    assert sorted(saved["rows"]["Local"]["per_node"]) == names
+    assert sorted(saved["intersection"]["inside"]) == names
+    assert results["rows"]["Local"]["per_node"] == saved["rows"]["Local"]["per_node"]
+
+
+def test_interrupted_results_write_leaves_no_folder(tmp_path, monkeypatch):
+    def broken(*args, **kwargs):
+        raise KeyboardInterrupt
+    monkeypatch.setattr(np, "savez", broken)
+    with pytest.raises(KeyboardInterrupt):
+        write_results({"status": "completed"}, tmp_path / "run-7", {"w": np.zeros(2)})
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_results_rewrite_replaces_an_existing_folder(tmp_path):
+    write_results({"status": "old"}, tmp_path / "run-1", None)
+    path = write_results({"status": "new"}, tmp_path / "run-1", {"w": np.ones(2)})
+    assert json.loads(path.read_text())["status"] == "new"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run-1"]
+
+
+# ---- real processes ----------------------------------------------------------------------
+
+
+class Launched:
+    """`python -m gems_fl.running.cli run ...` with a marker of our own in its environment."""
+
+    def __init__(self, tmp_path: Path, args: list[str]) -> None:
+        self.marker = uuid.uuid4().hex
+        self.tmp = tmp_path / "tmp"
+        self.tmp.mkdir()
+        env = {**os.environ, "PYTHONPATH": str(ROOT), "TMPDIR": str(self.tmp),
+               "GEMS_FL_TEST_MARKER": self.marker}
+        self.proc = subprocess.Popen([sys.executable, "-m", "gems_fl.running.cli", "run", str(ROOT),
+                                      *args], env=env, cwd=ROOT, stdout=subprocess.PIPE,
+                                     stderr=subprocess.PIPE, text=True, start_new_session=True)
+        self.out: list[str] = []
+        self.err: list[str] = []
+        self.threads = [threading.Thread(target=self._read, args=(s, sink), daemon=True)
+                        for s, sink in ((self.proc.stdout, self.out), (self.proc.stderr, self.err))]
+        for t in self.threads:
+            t.start()
+
+    @staticmethod
+    def _read(stream, sink) -> None:  # noqa: ANN001
+        for line in stream:
+            sink.append(line)
+
+    def survivors(self) -> list[int]:
+        return marked_processes(self.marker, "GEMS_FL_TEST_MARKER")
+
+    def wait(self, timeout: float) -> int:
+        code = self.proc.wait(timeout=timeout)
+        for t in self.threads:
+            t.join(timeout=5)
+        return code
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP],
+                         ids=["SIGINT", "SIGTERM", "SIGHUP"])
+def test_a_signal_stops_everything_the_run_started(tmp_path, sig):
+    out = tmp_path / "out"
+    run = Launched(tmp_path, ["--nodes", "3", "--output-dir", str(out)])
+    t0 = time.monotonic()
+    deadline = t0 + 90
+    while not any("Successfully started run" in line for line in run.out):
+        assert run.proc.poll() is None, "".join(run.out + run.err)
+        assert time.monotonic() < deadline, "the run did not start"
+        time.sleep(0.2)
+    time.sleep(max(0.0, 5.0 - (time.monotonic() - t0)))
+    assert run.proc.poll() is None
+    assert len(run.survivors()) >= 3  # SuperLink, SuperExec, flwr, ...
+    os.kill(run.proc.pid, sig)
+    code = run.wait(timeout=60)
+    assert code == 128 + sig, "".join(run.err)
+    last = run.err[-1]
+    assert f"interrupted by {signal.Signals(sig).name}" in last and "stopped the SuperLink" in last
+    assert run.survivors() == []
+    assert [p.name for p in run.tmp.iterdir() if p.name.startswith(("gems-fl", "ray"))] == []
+    assert list(out.glob(f"run-*/{RESULTS_FILE}")) == [] and list(out.glob(".run-*")) == []
+
+
+@pytest.mark.slow
+def test_a_node_side_error_is_the_last_thing_printed(tmp_path):
+    data = write_mnist_like(tmp_path / "data", bad_label=True)
+    run = Launched(tmp_path, ["--nodes", "2", "--output-dir", str(tmp_path / "out"), "--run-config",
+                              f"dataset='mnist' data-dir='{data}' {FAST}"])
+    assert run.wait(timeout=400) == 1
+    err = [line.rstrip("\n") for line in run.err if line.strip()]
+    assert err[-1].startswith("gems-fl: full log: ")
+    assert Path(err[-1].removeprefix("gems-fl: full log: ")).is_file()
+    node_lines = [line for line in err if line.startswith("  2 nodes (")]
+    assert len(node_lines) == 1 and "expected labels in 0..9" in node_lines[0]
+    assert err[-2] == node_lines[0]
+    assert not any("uvicorn" in line or "HTTP/1.1" in line for line in err)
+    assert run.survivors() == []
