@@ -23,7 +23,7 @@ the radius search therefore work in the range of ``G_k`` (see
 components with a ridge term or, with ``ridge=0``, by the minimum-norm solution.
 
 Public boundary: numpy arrays in and out; torch float64 inside. Nothing here imports
-flwr or other gems_fl modules.
+flwr; from gems_fl only the shared interval kernel of the radius search.
 """
 
 from __future__ import annotations
@@ -35,6 +35,8 @@ from typing import NamedTuple
 
 import numpy as np
 import torch
+
+from gems_fl.geometry.radius import margin_intervals
 
 #: Default upper end of the radius bisection, in logit units (RMS of the L2 logit
 #: change). Trained softmax layers have logit margins of order 1 to 20; a change of
@@ -399,24 +401,6 @@ class GramRadiusResult:
     rank: int = 0
 
 
-def _correct_intervals(margin: torch.Tensor, slope: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Radii ``[lo, hi]`` (``r >= 0``) where ``margin + r * slope >= 0`` for every class.
-
-    margin : (N, 1, C) center logit of the label minus each class's logit.
-    slope : (N, k, C) its change per unit radius along each of ``k`` directions.
-    Returns ``lo, hi`` of shape ``(N, k)``; the sample is correct at ``r`` iff
-    ``lo <= r <= hi`` (an empty interval has ``lo > hi``). Ties count as correct.
-    """
-    inf = torch.tensor(math.inf, dtype=slope.dtype)
-    crossing = -margin / slope
-    upper = torch.where(slope < 0, crossing, inf)
-    lower = torch.where(slope > 0, crossing, torch.zeros((), dtype=slope.dtype))
-    never = (slope == 0) & (margin < 0)
-    hi = torch.where(never, -inf, upper).amin(dim=2)
-    lo = lower.amax(dim=2).clamp_min(0.0)
-    return lo, hi
-
-
 def search_gram_radius(
     center: np.ndarray,
     g: np.ndarray,
@@ -505,7 +489,7 @@ def search_gram_radius(
             hi[start:stop, :n_clean] = (1.0 / rate.clamp_min(0.0)).T
         if n_clean < num:
             slope = at_y[n_clean:] - slopes[n_clean:]
-            lo_o, hi_o = _correct_intervals(o_margin, slope)
+            lo_o, hi_o = margin_intervals(o_margin, slope)
             lo[start:stop, n_clean:], hi[start:stop, n_clean:] = lo_o.T, hi_o.T
 
     def min_count(radius: float) -> int:

@@ -78,12 +78,22 @@ def correct_intervals(
     idx = y.view(-1, 1)
     margin = z0.gather(1, idx) - z0  # (N, C): >= 0 means correct against class c
     slope = slopes.gather(2, idx.view(-1, 1, 1).expand(-1, slopes.shape[1], 1)) - slopes
-    margin = margin.unsqueeze(1)  # (N, 1, C) broadcast over directions
-    inf = torch.tensor(float("inf"), dtype=slopes.dtype)
+    return margin_intervals(margin.unsqueeze(1), slope)  # margin broadcast over directions
+
+
+def margin_intervals(margin: torch.Tensor, slope: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Radii ``[lo, hi]`` (``r >= 0``) where ``margin + r * slope >= 0`` for every class.
+
+    ``margin`` is ``(N, 1, C)`` (the label's logit minus each class's at the center),
+    ``slope`` ``(N, k, C)`` its change per unit radius along each of ``k`` directions.
+    Returns ``lo, hi`` of shape ``(N, k)``; the sample is correct at ``r`` iff
+    ``lo <= r <= hi`` (an empty interval has ``lo > hi``). Ties count as correct.
+    """
+    inf = torch.tensor(float("inf"), dtype=slope.dtype)
     # margin + r * slope >= 0: an upper bound where slope < 0, a lower bound where > 0.
     crossing = -margin / slope
     upper = torch.where(slope < 0, crossing, inf)
-    lower = torch.where(slope > 0, crossing, torch.zeros((), dtype=slopes.dtype))
+    lower = torch.where(slope > 0, crossing, torch.zeros((), dtype=slope.dtype))
     never = (slope == 0) & (margin < 0)
     hi = torch.where(never, -inf, upper).amin(dim=2)
     lo = lower.amax(dim=2).clamp_min(0.0)
