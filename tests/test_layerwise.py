@@ -87,3 +87,17 @@ def test_two_hidden_layer_flwr_simulation(tmp_path):
     assert [r["layer"] for r in results["rounds"]] == [1, 2, None]
     assert results["local_models_match_sent_layers"] is True
     assert "Ensemble" in proc.stdout
+
+
+def test_freeze_hidden_makes_the_hidden_layers_a_fixed_extractor():
+    import torch
+
+    from gems_fl.learning.models import MLP, freeze_hidden
+
+    model = MLP(4, [32], 3, dropout=0.5).train()
+    x = torch.randn(64, 4)
+    assert not torch.equal(model.features(x), model.features(x))  # dropout is on
+    freeze_hidden(model)
+    assert torch.equal(model.features(x), model.features(x))  # off after freezing
+    assert not any(p.requires_grad for p in model.hidden.parameters())
+    assert model.output.weight.requires_grad

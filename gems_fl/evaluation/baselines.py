@@ -21,7 +21,7 @@ from flwr.common.logger import log
 
 from torch import nn
 
-from gems_fl.learning.models import count_parameters
+from gems_fl.learning.models import count_parameters, freeze_hidden
 from gems_fl.learning.train import accuracy, predict
 from gems_fl.evaluation.server_data import ServerData
 from gems_fl.settings import Settings
@@ -43,11 +43,6 @@ class Candidates:
     local: dict[str, nn.Module]
     averaged: nn.Module
     ensemble: bool = False
-
-
-def _freeze_hidden(model: nn.Module) -> None:
-    for layer in getattr(model, "hidden", []):
-        layer.requires_grad_(False)
 
 
 def evaluate_rows(
@@ -94,7 +89,7 @@ def evaluate_rows(
         "" if settings.tune_layers == "last" else "s", tune.epochs, len(data.public_y))
     tuned = copy.deepcopy(models.gems)
     if settings.tune_layers == "last":
-        _freeze_hidden(tuned)
+        freeze_hidden(tuned)
     tune.tune(tuned, data.public_x, data.public_y, settings.seed)
     rows["GEMS tuned"] = row(tuned, tuned_layers=settings.tune_layers)
 

@@ -26,6 +26,7 @@ from flwr.common.logger import log
 from torch import nn
 
 from gems_fl.settings import Settings
+from gems_fl.learning.models import freeze_hidden
 from gems_fl.learning.train import accuracy, fine_tune
 
 CURVE_ROWS = ("GEMS tuned", "Local tuned", "Averaged tuned", "Raw")
@@ -40,11 +41,6 @@ def nested_samples(
                          f"pool holds {len(y)}; use sizes up to {len(y)}")
     order = np.random.default_rng(seed).permutation(len(y))
     return {n: (x[order[:n]], y[order[:n]]) for n in sizes}
-
-
-def _freeze_hidden(model: nn.Module) -> None:
-    for layer in getattr(model, "hidden", []):
-        layer.requires_grad_(False)
 
 
 def fine_tuning_curve(
@@ -65,7 +61,7 @@ def fine_tuning_curve(
     def tuned_accuracy(start: nn.Module, x: np.ndarray, y: np.ndarray, pretrained: bool) -> float:
         model = copy.deepcopy(start)
         if pretrained and settings.tune_layers == "last":
-            _freeze_hidden(model)
+            freeze_hidden(model)
         fine_tune(model, x, y, **recipe)
         return accuracy(model, *test)
 

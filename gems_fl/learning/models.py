@@ -85,16 +85,34 @@ class MLP(nn.Module):
         self.hidden = nn.ModuleList(nn.Linear(a, b) for a, b in zip(dims[:-1], dims[1:]))
         self.output = nn.Linear(dims[-1], num_classes)
         self.dropout = nn.Dropout(dropout)
+        self.feature_dropout = True  # off once the hidden layers are a frozen extractor
 
     def features(self, x: torch.Tensor, upto: int | None = None) -> torch.Tensor:
         """Activations after the first ``upto`` hidden layers (all when ``None``)."""
         layers = self.hidden if upto is None else self.hidden[:upto]
         for layer in layers:
-            x = self.dropout(torch.relu(layer(x)))
+            x = torch.relu(layer(x))
+            if self.feature_dropout:
+                x = self.dropout(x)
         return x
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.output(self.features(x))
+
+
+def freeze_hidden(model: nn.Module) -> nn.Module:
+    """Tune only the output layer: the hidden layers become a fixed feature extractor.
+
+    Their weights stop training and dropout after them is switched off, so the output
+    layer is tuned on the same features it is evaluated on (linear probing). With
+    dropout left on, tuning an output layer fitted to those exact features (a Gram
+    center) for 5 epochs took the MLP from 0.80 to 0.55 on Fashion-MNIST.
+    """
+    for layer in getattr(model, "hidden", []):
+        layer.requires_grad_(False)
+    if isinstance(model, MLP):
+        model.feature_dropout = False
+    return model
 
 
 def count_parameters(model: nn.Module) -> int:
