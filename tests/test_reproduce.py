@@ -12,7 +12,9 @@ import torch
 
 from gems_fl.learning import train as train_module
 from gems_fl.data import load_dataset, node_data, parse_division
-from gems_fl.evaluation.fedavg import FederatedCurve, rounds_to_reach, run_federated
+from gems_fl.evaluation import fedavg as fedavg_module
+from gems_fl.evaluation.fedavg import (FederatedCurve, choose_lr, rounds_to_reach, run_federated,
+                                       run_sgd)
 from gems_fl.evaluation.fine_tuning import CURVE_ROWS, nested_samples
 from gems_fl.protocol.wire import content_bytes
 from gems_fl.learning.models import build_model
@@ -190,6 +192,70 @@ def test_fedavg_and_fedprox_learn_and_count_bytes():
     assert again.accuracy == fedavg.accuracy, "same seed and config, same result"
     with pytest.raises(ValueError, match="fedsgd"):
         run_federated(cfg, 3, "fedsgd", num_rounds=1)
+
+
+SGD_CFG = {**app_defaults(), **FAST, "label-division": "0,1,2,3,4/5,6,7,8,9"}
+
+
+def test_sgd_local_training_changes_weights_and_differs_from_adam():
+    rng = np.random.default_rng(0)
+    x = rng.random((64, 6)).astype(np.float32)
+    y = rng.integers(0, 3, 64)
+    torch.manual_seed(0)
+    start = build_model("logistic", 6, 3)
+    trained = {}
+    for optimizer in ("sgd", "adam"):
+        model = build_model("logistic", 6, 3)
+        model.load_state_dict(start.state_dict())
+        train_module.fine_tune(model, x, y, epochs=2, lr=0.1, batch_size=16, seed=0,
+                               optimizer=optimizer)
+        trained[optimizer] = model.weight.detach().clone()
+        assert not torch.equal(trained[optimizer], start.weight)
+    assert not torch.equal(trained["sgd"], trained["adam"])
+    with pytest.raises(ValueError, match="optimizer"):
+        train_module.fine_tune(start, x, y, epochs=1, lr=0.1, batch_size=16, seed=0,
+                               optimizer="rmsprop")
+
+
+def test_fedavg_sgd_learns_is_deterministic_and_fedprox_term_still_acts():
+    sgd = run_federated(SGD_CFG, 2, "fedavg", num_rounds=2, optimizer="sgd", lr=0.1)
+    assert sgd.optimizer == "sgd" and sgd.lr == 0.1
+    assert sgd.accuracy[-1] > 0.3
+    adam = run_federated(SGD_CFG, 2, "fedavg", num_rounds=2)
+    assert adam.accuracy != sgd.accuracy and adam.lr is None
+    assert run_federated(SGD_CFG, 2, "fedavg", num_rounds=2, optimizer="sgd",
+                         lr=0.1).accuracy == sgd.accuracy
+    prox = run_federated(SGD_CFG, 2, "fedprox", num_rounds=2, proximal_mu=5.0,
+                         optimizer="sgd", lr=0.1)
+    assert prox.accuracy != sgd.accuracy, "the proximal term must change SGD training"
+    with pytest.raises(ValueError, match="lr"):
+        run_federated(SGD_CFG, 2, "fedavg", num_rounds=1, optimizer="sgd")
+
+
+def test_sgd_learning_rate_is_chosen_on_validation_never_on_test(monkeypatch):
+    grid = (0.001, 0.3)
+    choice = choose_lr(SGD_CFG, 2, "fedavg", grid=grid, rounds=2)
+    assert choice.lr in grid and list(choice.scores) == list(grid)
+    assert choice.lr == max(grid, key=choice.scores.get)
+    real = fedavg_module.load_dataset
+
+    def garbage_test(*args, **kwargs):
+        splits = real(*args, **kwargs)
+        rng = np.random.default_rng(1)
+        splits.test_x = rng.random(splits.test_x.shape).astype(splits.test_x.dtype)
+        splits.test_y = rng.permutation(splits.test_y)
+        return splits
+
+    monkeypatch.setattr(fedavg_module, "load_dataset", garbage_test)
+    again = choose_lr(SGD_CFG, 2, "fedavg", grid=grid, rounds=2)
+    assert again.lr == choice.lr and again.scores == choice.scores
+    # The patch does reach the test curve: the test set there is garbage.
+    assert run_federated(SGD_CFG, 2, "fedavg", 2, optimizer="sgd", lr=choice.lr).accuracy[-1] < 0.3
+    monkeypatch.undo()
+    tuned = run_sgd(SGD_CFG, 2, "fedavg", num_rounds=2, grid=grid, tune_rounds=2)
+    assert tuned.lr == choice.lr and tuned.tuning["lr"] == choice.lr
+    assert tuned.tuning["val_accuracy"] == list(choice.scores.values())
+    assert tuned.to_dict()["tuning"]["grid"] == list(grid)
 
 
 def test_rounds_to_reach():
