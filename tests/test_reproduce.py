@@ -39,8 +39,37 @@ def test_plan_shares_trials_between_studies():
     assert ft and all(t.studies & {1, 2} for t in ft)
     assert all(t.run_config.get("tune-curve") for t in ft)
     only = build_plan(Options(seeds=(0, 1), studies=(1,)))
-    assert len(only) == 3 * 2 * 2  # K x {ellipsoid, ball} x seeds
+    # (K=2 twice, K=3, K=5) x {ellipsoid, ball, gram} + gram ranks 5, 20, 50, 100 (the
+    # full rank is the K=5 gram trial), x seeds
+    assert len(only) == (4 * 3 + 4) * 2
     assert not any(t.run_config.get("tune-curve") for t in only)
+
+
+def test_plan_runs_gram_beside_ball_and_ellipsoid_with_both_k2_divisions():
+    options = Options(seeds=(0,), studies=(1, 2, 6))
+    assert options.setups() == [(2, "paper"), (2, "0,1,2,3,4/5,6,7,8,9"), (3, "paper"),
+                                (5, "paper")]
+    plan = build_plan(options)
+    for study, model in ((1, "logistic"), (2, "mlp")):
+        got = {(t.labels["K"], t.labels["division"], t.labels["space"]) for t in plan
+               if study in t.studies and t.kind == "gems" and not t.labels.get("gram_rank")}
+        assert got == {(k, d, s) for k, d in options.setups()
+                       for s in ("ellipsoid", "ball", "gram")}
+        split = [t for t in plan if study in t.studies and t.labels.get("division", "").startswith("0,")]
+        assert split and all(Settings.from_run_config(t.run_config).label_division
+                             == "0,1,2,3,4/5,6,7,8,9" and t.run_config["model"] == model
+                             for t in split)
+    ranks = {t.labels["gram_rank"]: t for t in plan if "gram_rank" in t.labels}
+    assert set(ranks) == {5, 20, 50, 100, 0}
+    assert Settings.from_run_config(ranks[20].run_config).gram_rank == 20
+    assert 6 in ranks[0].studies, "the full-rank point is the K=5 gram trial study 6 uses"
+    sgd = [t for t in plan if t.kind != "gems" and t.federated.get("optimizer") == "sgd"]
+    assert {(t.kind, t.labels["model"]) for t in sgd} == {
+        (s, m) for s in ("fedavg", "fedprox") for m in ("logistic", "mlp")}
+    assert all(t.federated["lr_grid"] == [0.01, 0.03, 0.1, 0.3] for t in sgd)
+    adam = [t for t in plan if t.kind != "gems" and "optimizer" not in t.federated]
+    assert len(adam) == 4 and all(t.labels["optimizer"] == "adam" for t in adam)
+    assert "study1_gram_rank.png" in expected_files(options)
 
 
 def test_plan_keys_ignore_spelled_out_defaults():
@@ -291,12 +320,36 @@ def test_reproduce_quick_writes_every_table_and_plot_with_every_row(tmp_path):
     assert len(sizes["grid"]) == len(options.size_grid) and sizes["ensemble"]
     inter = json.loads((out / "study5_intersection.json").read_text())
     assert len(inter["cells"]) == len(options.intersection_eps) ** 2
+    convex = json.loads((out / "study1_convex.json").read_text())
+    nn = json.loads((out / "study2_nn.json").read_text())
+    assert len(convex) == len(nn) == len(options.setups())
+    for table, spaces in ((convex, options.spaces), (nn, options.nn_spaces)):
+        for row in table.values():
+            assert set(row["spaces"]) == set(spaces)
+            for cell in row["spaces"].values():
+                assert all(0 <= g <= a == row["K"] for g, a in
+                           zip(cell["good_enough"], cell["answered"]))
+    assert "h_G good enough (nodes)" in (out / "study1_convex.md").read_text()
+    assert "GEMS untuned (gram)" in (out / "study2_nn.md").read_text()
+    ranks = json.loads((out / "study1_gram_rank.json").read_text())["ranks"]
+    assert [r["gram_rank"] for r in ranks] == sorted(options.gram_ranks, key=lambda r: (r == 0, r))
+    assert all(min(r["bytes_up_per_node"]) > 0 for r in ranks)
+    assert ranks[0]["bytes_up_per_node"][0] < ranks[-1]["bytes_up_per_node"][0]
     fed = json.loads((out / "study6_federated.json").read_text())
     for model in ("logistic", "mlp"):
-        assert {"gems", "fedavg", "fedprox"} <= set(fed[model])
+        assert {"gems", "gems_gram", "fedavg", "fedprox", "fedavg-sgd", "fedprox-sgd"} <= set(fed[model])
         assert len(fed[model]["fedavg"]["accuracy_mean"]) == options.fed_rounds
         assert fed[model]["gems"]["bytes_total"] > 0
+        sgd = fed[model]["fedavg-sgd"]
+        assert len(sgd["accuracy_mean"]) == options.fed_rounds
+        for lr, tuning in zip(sgd["lr"], sgd["tuning"]):
+            assert lr in options.sgd_lrs and tuning["grid"] == list(options.sgd_lrs)
+            assert tuning["lr"] == lr and len(tuning["val_accuracy"]) == len(options.sgd_lrs)
+        assert {"GEMS (gram)", "GEMS tuned (gram)"} <= set(sgd["reaches"])
     assert "FedAvg" in text and "rounds" in text
+    assert "FedAvg-SGD (lr=" in text and "FedAvg (Adam)" in text
+    assert re.search(r"FedAvg-SGD \(lr=[^)]*\) (reaches|does not reach) GEMS \(gram\)", text)
+    assert re.search(r"FedAvg-SGD \(lr=[^)]*\) (reaches|does not reach) GEMS tuned \(gram\)", text)
     # A second invocation reuses every stored trial.
     assert main(["reproduce", "--quick", "--out", str(out)]) == 0
 
