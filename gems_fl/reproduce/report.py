@@ -424,8 +424,9 @@ class Report:
                     acc = np.array([r["outcome"]["accuracy"] for r in recs])
                     total = np.array([r["outcome"]["bytes_total"] for r in recs], dtype=float).mean(0)
                     m, s = acc.mean(0), acc.std(0)
-                    ax.plot(total, m, marker=".", ls="-" if optimizer == "sgd" else "--", label=name)
-                    ax.fill_between(total, m - s, m + s, alpha=0.2)
+                    (line,) = ax.plot(total, m, marker=".", ls="-" if optimizer == "sgd" else "--",
+                                      label=name)
+                    ax.fill_between(total, m - s, m + s, alpha=0.2, color=line.get_color())
                     reach = {}
                     for key, row in (("gems", "GEMS tuned"), ("gems_gram", "GEMS"),
                                      ("gems_gram", "GEMS tuned")):
