@@ -95,7 +95,7 @@ class FederatedCurve:
                 "optimizer": self.optimizer, "lr": self.lr, "tuning": self.tuning}
 
 
-def pooled_validation(settings: Settings, num_nodes: int, splits) -> tuple[np.ndarray, np.ndarray]:  # noqa: ANN001
+def pooled_validation(settings: Settings, num_nodes: int, splits) -> tuple[np.ndarray, np.ndarray]:
     """The nodes' validation splits pooled: what a simulation's server holds for choosing
     hyperparameters (``load_server_data``'s ``node_parts``), disjoint from every node's
     training rows and from the test set."""

@@ -82,7 +82,7 @@ def _verified(cells: dict) -> str:
 def _bar_payload(payload: dict, spaces: list[str]) -> dict:
     """Flat ``{setup: {column: values}}`` for :meth:`Report._bars`."""
     out = {}
-    for key, v in payload.items():
+    for v in payload.values():
         label = f"{v['K']}" if v["division"] == "paper" else f"{v['K']} ({v['division']})"
         out[label] = {**{c: v[c] for c in v if isinstance(v[c], list)},
                       **{f"GEMS tuned ({s})": v["spaces"][s]["GEMS tuned"] for s in spaces}}
@@ -198,7 +198,7 @@ class Report:
                          markdown(["gram-rank", "bytes up per node", "GEMS untuned", "GEMS tuned",
                                    "h_G good enough (nodes)"], rows), payload,
                          "gram-rank r > 0 sends a rank-r factor of each node's Gram matrix, 0 the "
-                         "full matrix. " + self._seed_note(sum(groups.values(), [])))
+                         "full matrix. " + self._seed_note([r for recs in groups.values() for r in recs]))
         fig, ax = plt.subplots(figsize=(6, 4))
         for entry in payload["ranks"]:
             acc = [a for a in entry["GEMS"] if a is not None]
