@@ -12,7 +12,8 @@ import torch
 
 from gems_fl.learning import train as train_module
 from gems_fl.data import load_dataset, node_data, parse_division
-from gems_fl.evaluation.fedavg import FederatedCurve, run_federated
+from gems_fl.evaluation import fedavg as fedavg_module
+from gems_fl.evaluation.fedavg import FederatedCurve, choose_lr, run_federated, run_sgd
 from gems_fl.evaluation.fine_tuning import CURVE_ROWS, nested_samples
 from gems_fl.protocol.wire import content_bytes
 from gems_fl.learning.models import build_model
@@ -37,8 +38,37 @@ def test_plan_shares_trials_between_studies():
     assert ft and all(t.studies & {1, 2} for t in ft)
     assert all(t.run_config.get("tune-curve") for t in ft)
     only = build_plan(Options(seeds=(0, 1), studies=(1,)))
-    assert len(only) == 3 * 2 * 2  # K x {ellipsoid, ball} x seeds
+    # (K=2 twice, K=3, K=5) x {ellipsoid, ball, gram} + gram ranks 5, 20, 50, 100 (the
+    # full rank is the K=5 gram trial), x seeds
+    assert len(only) == (4 * 3 + 4) * 2
     assert not any(t.run_config.get("tune-curve") for t in only)
+
+
+def test_plan_runs_gram_beside_ball_and_ellipsoid_with_both_k2_divisions():
+    options = Options(seeds=(0,), studies=(1, 2, 6))
+    assert options.setups() == [(2, "paper"), (2, "0,1,2,3,4/5,6,7,8,9"), (3, "paper"),
+                                (5, "paper")]
+    plan = build_plan(options)
+    for study, model in ((1, "logistic"), (2, "mlp")):
+        got = {(t.labels["K"], t.labels["division"], t.labels["space"]) for t in plan
+               if study in t.studies and t.kind == "gems" and not t.labels.get("gram_rank")}
+        assert got == {(k, d, s) for k, d in options.setups()
+                       for s in ("ellipsoid", "ball", "gram")}
+        split = [t for t in plan if study in t.studies and t.labels.get("division", "").startswith("0,")]
+        assert split and all(Settings.from_run_config(t.run_config).label_division
+                             == "0,1,2,3,4/5,6,7,8,9" and t.run_config["model"] == model
+                             for t in split)
+    ranks = {t.labels["gram_rank"]: t for t in plan if "gram_rank" in t.labels}
+    assert set(ranks) == {5, 20, 50, 100, 0}
+    assert Settings.from_run_config(ranks[20].run_config).gram_rank == 20
+    assert 6 in ranks[0].studies, "the full-rank point is the K=5 gram trial study 6 uses"
+    sgd = [t for t in plan if t.kind != "gems" and t.federated.get("optimizer") == "sgd"]
+    assert {(t.kind, t.labels["model"]) for t in sgd} == {
+        (s, m) for s in ("fedavg", "fedprox") for m in ("logistic", "mlp")}
+    assert all(t.federated["lr_grid"] == [0.01, 0.03, 0.1, 0.3] for t in sgd)
+    adam = [t for t in plan if t.kind != "gems" and "optimizer" not in t.federated]
+    assert len(adam) == 4 and all(t.labels["optimizer"] == "adam" for t in adam)
+    assert "study1_gram_rank.png" in expected_files(options)
 
 
 def test_plan_keys_ignore_spelled_out_defaults():
@@ -192,6 +222,70 @@ def test_fedavg_and_fedprox_learn_and_count_bytes():
         run_federated(cfg, 3, "fedsgd", num_rounds=1)
 
 
+SGD_CFG = {**app_defaults(), **FAST, "label-division": "0,1,2,3,4/5,6,7,8,9"}
+
+
+def test_sgd_local_training_changes_weights_and_differs_from_adam():
+    rng = np.random.default_rng(0)
+    x = rng.random((64, 6)).astype(np.float32)
+    y = rng.integers(0, 3, 64)
+    torch.manual_seed(0)
+    start = build_model("logistic", 6, 3)
+    trained = {}
+    for optimizer in ("sgd", "adam"):
+        model = build_model("logistic", 6, 3)
+        model.load_state_dict(start.state_dict())
+        train_module.fine_tune(model, x, y, epochs=2, lr=0.1, batch_size=16, seed=0,
+                               optimizer=optimizer)
+        trained[optimizer] = model.weight.detach().clone()
+        assert not torch.equal(trained[optimizer], start.weight)
+    assert not torch.equal(trained["sgd"], trained["adam"])
+    with pytest.raises(ValueError, match="optimizer"):
+        train_module.fine_tune(start, x, y, epochs=1, lr=0.1, batch_size=16, seed=0,
+                               optimizer="rmsprop")
+
+
+def test_fedavg_sgd_learns_is_deterministic_and_fedprox_term_still_acts():
+    sgd = run_federated(SGD_CFG, 2, "fedavg", num_rounds=2, optimizer="sgd", lr=0.1)
+    assert sgd.optimizer == "sgd" and sgd.lr == 0.1
+    assert sgd.accuracy[-1] > 0.3
+    adam = run_federated(SGD_CFG, 2, "fedavg", num_rounds=2)
+    assert adam.accuracy != sgd.accuracy and adam.lr is None
+    assert run_federated(SGD_CFG, 2, "fedavg", num_rounds=2, optimizer="sgd",
+                         lr=0.1).accuracy == sgd.accuracy
+    prox = run_federated(SGD_CFG, 2, "fedprox", num_rounds=2, proximal_mu=5.0,
+                         optimizer="sgd", lr=0.1)
+    assert prox.accuracy != sgd.accuracy, "the proximal term must change SGD training"
+    with pytest.raises(ValueError, match="lr"):
+        run_federated(SGD_CFG, 2, "fedavg", num_rounds=1, optimizer="sgd")
+
+
+def test_sgd_learning_rate_is_chosen_on_validation_never_on_test(monkeypatch):
+    grid = (0.001, 0.3)
+    choice = choose_lr(SGD_CFG, 2, "fedavg", grid=grid, rounds=2)
+    assert choice.lr in grid and list(choice.scores) == list(grid)
+    assert choice.lr == max(grid, key=choice.scores.get)
+    real = fedavg_module.load_dataset
+
+    def garbage_test(*args, **kwargs):
+        splits = real(*args, **kwargs)
+        rng = np.random.default_rng(1)
+        splits.test_x = rng.random(splits.test_x.shape).astype(splits.test_x.dtype)
+        splits.test_y = rng.permutation(splits.test_y)
+        return splits
+
+    monkeypatch.setattr(fedavg_module, "load_dataset", garbage_test)
+    again = choose_lr(SGD_CFG, 2, "fedavg", grid=grid, rounds=2)
+    assert again.lr == choice.lr and again.scores == choice.scores
+    # The patch does reach the test curve: the test set there is garbage.
+    assert run_federated(SGD_CFG, 2, "fedavg", 2, optimizer="sgd", lr=choice.lr).accuracy[-1] < 0.3
+    monkeypatch.undo()
+    tuned = run_sgd(SGD_CFG, 2, "fedavg", num_rounds=2, grid=grid, tune_rounds=2)
+    assert tuned.lr == choice.lr and tuned.tuning["lr"] == choice.lr
+    assert tuned.tuning["val_accuracy"] == list(choice.scores.values())
+    assert tuned.to_dict()["tuning"]["grid"] == list(grid)
+
+
 def test_rounds_to_reach():
     curve = FederatedCurve("fedavg", [1, 2, 3], [0.2, 0.5, 0.7], [10, 20, 30], [10, 20, 30])
     assert rounds_to_reach(curve.accuracy, curve.bytes_total, 0.5) == (2, 40)
@@ -225,12 +319,36 @@ def test_reproduce_quick_writes_every_table_and_plot_with_every_row(tmp_path):
     assert len(sizes["grid"]) == len(options.size_grid) and sizes["ensemble"]
     inter = json.loads((out / "study5_intersection.json").read_text())
     assert len(inter["cells"]) == len(options.intersection_eps) ** 2
+    convex = json.loads((out / "study1_convex.json").read_text())
+    nn = json.loads((out / "study2_nn.json").read_text())
+    assert len(convex) == len(nn) == len(options.setups())
+    for table, spaces in ((convex, options.spaces), (nn, options.nn_spaces)):
+        for row in table.values():
+            assert set(row["spaces"]) == set(spaces)
+            for cell in row["spaces"].values():
+                assert all(0 <= g <= a == row["K"] for g, a in
+                           zip(cell["good_enough"], cell["answered"]))
+    assert "h_G good enough (nodes)" in (out / "study1_convex.md").read_text()
+    assert "GEMS untuned (gram)" in (out / "study2_nn.md").read_text()
+    ranks = json.loads((out / "study1_gram_rank.json").read_text())["ranks"]
+    assert [r["gram_rank"] for r in ranks] == sorted(options.gram_ranks, key=lambda r: (r == 0, r))
+    assert all(min(r["bytes_up_per_node"]) > 0 for r in ranks)
+    assert ranks[0]["bytes_up_per_node"][0] < ranks[-1]["bytes_up_per_node"][0]
     fed = json.loads((out / "study6_federated.json").read_text())
     for model in ("logistic", "mlp"):
-        assert {"gems", "fedavg", "fedprox"} <= set(fed[model])
+        assert {"gems", "gems_gram", "fedavg", "fedprox", "fedavg-sgd", "fedprox-sgd"} <= set(fed[model])
         assert len(fed[model]["fedavg"]["accuracy_mean"]) == options.fed_rounds
         assert fed[model]["gems"]["bytes_total"] > 0
+        sgd = fed[model]["fedavg-sgd"]
+        assert len(sgd["accuracy_mean"]) == options.fed_rounds
+        for lr, tuning in zip(sgd["lr"], sgd["tuning"]):
+            assert lr in options.sgd_lrs and tuning["grid"] == list(options.sgd_lrs)
+            assert tuning["lr"] == lr and len(tuning["val_accuracy"]) == len(options.sgd_lrs)
+        assert {"GEMS (gram)", "GEMS tuned (gram)"} <= set(sgd["reaches"])
     assert "FedAvg" in text and "rounds" in text
+    assert "FedAvg-SGD (lr=" in text and "FedAvg (Adam)" in text
+    assert re.search(r"FedAvg-SGD \(lr=[^)]*\) (reaches|does not reach) GEMS \(gram\)", text)
+    assert re.search(r"FedAvg-SGD \(lr=[^)]*\) (reaches|does not reach) GEMS tuned \(gram\)", text)
     # A second invocation reuses every stored trial.
     assert main(["reproduce", "--quick", "--out", str(out)]) == 0
 

@@ -4,9 +4,16 @@ The server side is :class:`flwr.serverapp.strategy.FedAvg` / ``FedProx`` unchang
 node side is :data:`fedavg_client_app`, which trains the received model for
 ``local-epochs`` epochs on exactly the data a GEMS node with the same node config trains
 on (``gems_fl.data.nodes.load_node_data``: partition or own data file, and its seed), with the
-same Adam recipe (a fresh optimiser each round), adding
-FedProx's proximal term when the strategy sends ``proximal-mu``. Accuracy is measured on
-the server's test set after every round, next to the bytes of the records exchanged.
+same Adam recipe (a fresh optimiser each round) or, with ``optimizer="sgd"``, plain SGD
+at a learning rate the server sends, adding FedProx's proximal term when the strategy
+sends ``proximal-mu``. Accuracy is measured on the server's test set after every round,
+next to the bytes of the records exchanged.
+
+SGD's learning rate is chosen by :func:`choose_lr`: one short federated run per rate of
+a small grid, each scored on a validation split the server holds (the nodes' validation
+splits pooled, which a simulation's server can load, see
+:func:`gems_fl.evaluation.server_data.load_server_data`; no node trains on them), never
+on the test set. :func:`run_sgd` tunes, then runs the full curve at the chosen rate.
 """
 
 from __future__ import annotations
@@ -14,20 +21,30 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
-from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
+from flwr.app import (
+    ArrayRecord,
+    ConfigRecord,
+    Context,
+    Message,
+    MetricRecord,
+    RecordDict,
+)
 from flwr.clientapp import ClientApp
 from flwr.serverapp.strategy import FedAvg, FedProx
 from torch import nn
 
-from gems_fl.data import FeatureOptions, load_dataset
-from gems_fl.protocol.inprocess import InProcessGrid
-from gems_fl.learning.models import MLP, build_model
+from gems_fl.data import FeatureOptions, load_dataset, node_data, parse_division
 from gems_fl.data.nodes import cast_node_arrays, load_node_data
+from gems_fl.learning.models import MLP, build_model
+from gems_fl.learning.train import OPTIMIZERS, accuracy, fine_tune
+from gems_fl.protocol.inprocess import InProcessGrid
 from gems_fl.settings import Settings
-from gems_fl.learning.train import accuracy, fine_tune
 
 STRATEGIES = ("fedavg", "fedprox")
+SGD_LR_GRID = (0.01, 0.03, 0.1, 0.3)
+EVALUATE_ON = ("test", "val")
 
 fedavg_client_app = ClientApp()
 
@@ -48,10 +65,13 @@ def train(msg: Message, context: Context) -> Message:
     model = make_model(settings, data.num_features, data.num_classes)
     model.load_state_dict(msg.content["arrays"].to_torch_state_dict())
     round_index = int(config["server-round"])
+    # Adam keeps the run's local-lr (the GEMS recipe); SGD gets the rate the server chose.
+    lr = float(config["lr"]) if "lr" in config else settings.local_lr
     fine_tune(model, data.x_train, data.y_train, epochs=int(config["local-epochs"]),
-              lr=settings.local_lr, batch_size=settings.batch_size,
+              lr=lr, batch_size=settings.batch_size,
               seed=data.seed + 7919 * round_index,
-              proximal_mu=float(config.get("proximal-mu", 0.0)))
+              proximal_mu=float(config.get("proximal-mu", 0.0)),
+              optimizer=str(config.get("optimizer", "adam")))
     content = RecordDict({"arrays": ArrayRecord(model.state_dict()),
                           "metrics": MetricRecord({"num-examples": len(data.y_train)})})
     return Message(content=content, reply_to=msg)
@@ -67,6 +87,9 @@ class FederatedCurve:
     bytes_down: list[int] = field(default_factory=list)  # cumulative, server -> nodes
     bytes_up: list[int] = field(default_factory=list)  # cumulative, nodes -> server
     seconds: float = 0.0
+    optimizer: str = "adam"
+    lr: float | None = None  # SGD's rate; None: Adam at the run's local-lr
+    tuning: dict | None = None  # SGD: the grid, its validation scores, the chosen rate
 
     @property
     def bytes_total(self) -> list[int]:
@@ -75,16 +98,39 @@ class FederatedCurve:
     def to_dict(self) -> dict[str, object]:
         return {"strategy": self.strategy, "rounds": self.rounds, "accuracy": self.accuracy,
                 "bytes_down": self.bytes_down, "bytes_up": self.bytes_up,
-                "bytes_total": self.bytes_total, "seconds": self.seconds}
+                "bytes_total": self.bytes_total, "seconds": self.seconds,
+                "optimizer": self.optimizer, "lr": self.lr, "tuning": self.tuning}
+
+
+def pooled_validation(settings: Settings, num_nodes: int, splits) -> tuple[np.ndarray, np.ndarray]:
+    """The nodes' validation splits pooled: what a simulation's server holds for choosing
+    hyperparameters (``load_server_data``'s ``node_parts``), disjoint from every node's
+    training rows and from the test set."""
+    division = parse_division(settings.label_division, num_nodes, splits.num_classes)
+    parts = [node_data(splits, division, k, settings.seed) for k in range(num_nodes)]
+    return (np.concatenate([p[2] for p in parts]), np.concatenate([p[3] for p in parts]))
 
 
 def run_federated(
     run_config: dict, num_nodes: int, strategy: str, num_rounds: int,
     local_epochs: int = 1, proximal_mu: float = 0.01,
+    optimizer: str = "adam", lr: float | None = None, evaluate_on: str = "test",
 ) -> FederatedCurve:
-    """``num_rounds`` of FedAvg or FedProx over ``num_nodes`` in-process nodes."""
+    """``num_rounds`` of FedAvg or FedProx over ``num_nodes`` in-process nodes.
+
+    ``optimizer="adam"`` trains locally with the run's Adam recipe (``local-lr``);
+    ``optimizer="sgd"`` with plain SGD at ``lr``. ``evaluate_on="val"`` scores every round
+    on the pooled validation split (:func:`pooled_validation`) instead of the test set:
+    what :func:`choose_lr` uses.
+    """
     if strategy not in STRATEGIES:
         raise ValueError(f"strategy={strategy!r} is not one of {', '.join(STRATEGIES)}")
+    if optimizer not in OPTIMIZERS:
+        raise ValueError(f"optimizer={optimizer!r} is not one of {', '.join(OPTIMIZERS)}")
+    if evaluate_on not in EVALUATE_ON:
+        raise ValueError(f"evaluate_on={evaluate_on!r} is not one of {', '.join(EVALUATE_ON)}")
+    if optimizer == "sgd" and not (lr is not None and lr > 0):
+        raise ValueError(f"optimizer='sgd' needs a learning rate lr > 0, got {lr!r}")
     if num_rounds < 1 or local_epochs < 1:
         raise ValueError("num_rounds and local_epochs must be >= 1")
     t0 = time.perf_counter()
@@ -100,15 +146,24 @@ def run_federated(
     grid = InProcessGrid(fedavg_client_app, num_nodes, run_config)
     probe = make_model(settings, splits.num_features, splits.num_classes)
 
+    if evaluate_on == "val":
+        eval_x, eval_y = pooled_validation(settings, num_nodes, splits)
+    else:
+        eval_x, eval_y = splits.test_x, splits.test_y
+
     def evaluate(server_round: int, arrays: ArrayRecord) -> MetricRecord:
         probe.load_state_dict(arrays.to_torch_state_dict())
-        return MetricRecord({"accuracy": accuracy(probe, splits.test_x, splits.test_y)})
+        return MetricRecord({"accuracy": accuracy(probe, eval_x, eval_y)})
 
+    train_config = {"local-epochs": local_epochs}
+    if optimizer == "sgd":
+        train_config.update({"optimizer": "sgd", "lr": float(lr)})
     result = chosen.start(
         grid=grid, initial_arrays=ArrayRecord(initial.state_dict()), num_rounds=num_rounds,
-        train_config=ConfigRecord({"local-epochs": local_epochs}), evaluate_fn=evaluate,
+        train_config=ConfigRecord(train_config), evaluate_fn=evaluate,
     )
-    curve = FederatedCurve(strategy=strategy)
+    curve = FederatedCurve(strategy=strategy, optimizer=optimizer,
+                           lr=float(lr) if optimizer == "sgd" else None)
     down = up = 0
     train_exchanges = [e for e in grid.exchanges if e["nodes"] > 0]
     for r, exchange in enumerate(train_exchanges, start=1):
@@ -118,6 +173,55 @@ def run_federated(
         curve.accuracy.append(float(result.evaluate_metrics_serverapp[r]["accuracy"]))
         curve.bytes_down.append(down)
         curve.bytes_up.append(up)
+    curve.seconds = time.perf_counter() - t0
+    return curve
+
+
+@dataclass
+class LrChoice:
+    """The learning rate :func:`choose_lr` picked and the validation score of each."""
+
+    lr: float
+    scores: dict[float, float]  # pooled validation accuracy after `rounds` rounds
+    rounds: int
+
+    def to_dict(self) -> dict[str, object]:
+        return {"lr": self.lr, "grid": list(self.scores), "val_accuracy": list(self.scores.values()),
+                "rounds": self.rounds, "scored_on": "pooled node validation splits"}
+
+
+def choose_lr(
+    run_config: dict, num_nodes: int, strategy: str, grid: tuple[float, ...] = SGD_LR_GRID,
+    rounds: int = 10, local_epochs: int = 1, proximal_mu: float = 0.01,
+) -> LrChoice:
+    """SGD's learning rate from ``grid``: the one whose ``rounds``-round federated run
+    scores best on the pooled validation split (ties: the first in ``grid``).
+
+    The test set is never looked at; each short run starts from the same initial model
+    as the full run (same seed).
+    """
+    if not grid or any(lr <= 0 for lr in grid):
+        raise ValueError(f"the learning-rate grid {grid!r} must be non-empty and positive")
+    scores = {}
+    for lr in grid:
+        curve = run_federated(run_config, num_nodes, strategy, rounds, local_epochs, proximal_mu,
+                              optimizer="sgd", lr=lr, evaluate_on="val")
+        scores[float(lr)] = curve.accuracy[-1]
+    best = max(scores, key=scores.get)  # the first maximum: the smallest tied rate
+    return LrChoice(lr=best, scores=scores, rounds=rounds)
+
+
+def run_sgd(
+    run_config: dict, num_nodes: int, strategy: str, num_rounds: int, local_epochs: int = 1,
+    proximal_mu: float = 0.01, grid: tuple[float, ...] = SGD_LR_GRID, tune_rounds: int = 10,
+) -> FederatedCurve:
+    """FedAvg-SGD / FedProx-SGD: choose the rate on validation, then the full test curve."""
+    t0 = time.perf_counter()
+    choice = choose_lr(run_config, num_nodes, strategy, tuple(grid), tune_rounds, local_epochs,
+                       proximal_mu)
+    curve = run_federated(run_config, num_nodes, strategy, num_rounds, local_epochs, proximal_mu,
+                          optimizer="sgd", lr=choice.lr)
+    curve.tuning = choice.to_dict()
     curve.seconds = time.perf_counter() - t0
     return curve
 

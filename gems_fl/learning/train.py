@@ -1,4 +1,5 @@
-"""Local training, fine-tuning and evaluation (Adam, cross-entropy, mini-batches)."""
+"""Local training, fine-tuning and evaluation (Adam, cross-entropy, mini-batches; plain
+SGD for the FedAvg-SGD baselines)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from gems_fl.learning.threads import single_thread
 from gems_fl.learning.train_cache import cached_training
 
 LOSS_TOL = 1e-3
+OPTIMIZERS = ("adam", "sgd")  # sgd: plain torch.optim.SGD (no momentum, no weight decay)
 
 
 @dataclass
@@ -55,6 +57,7 @@ def _run_epochs(
     patience: int | None,
     seed: int,
     proximal_mu: float = 0.0,
+    optimizer: str = "adam",
 ) -> TrainReport:
     if len(y) == 0:
         raise ValueError("cannot train on an empty set")
@@ -63,7 +66,10 @@ def _run_epochs(
     trainable = [p for p in model.parameters() if p.requires_grad]
     if not trainable:
         raise ValueError("the model has no trainable parameters")
-    opt = torch.optim.Adam(trainable, lr=lr)
+    if optimizer not in OPTIMIZERS:
+        raise ValueError(f"optimizer={optimizer!r} is not one of {', '.join(OPTIMIZERS)}")
+    opt = (torch.optim.SGD(trainable, lr=lr) if optimizer == "sgd"
+           else torch.optim.Adam(trainable, lr=lr))
     anchor = [p.detach().clone() for p in trainable] if proximal_mu > 0 else None
     loss_fn = nn.CrossEntropyLoss()
     report = TrainReport(stopped_by="max-epochs")
@@ -134,15 +140,17 @@ def fine_tune(
     batch_size: int,
     seed: int,
     proximal_mu: float = 0.0,
+    optimizer: str = "adam",
 ) -> TrainReport:
     """Update the trainable weights of ``model`` for exactly ``epochs`` epochs.
 
     No early stop. ``proximal_mu > 0`` adds FedProx's proximal term, which pulls the
-    weights towards where they were when the call started.
+    weights towards where they were when the call started. ``optimizer`` is ``adam``
+    (a fresh Adam per call) or ``sgd`` (plain SGD at ``lr``).
     """
     if epochs == 0:
         return TrainReport(stopped_by="no-epochs")
     return _run_epochs(
         model, x, y, lr=lr, batch_size=batch_size, max_epochs=epochs,
-        patience=None, seed=seed, proximal_mu=proximal_mu,
+        patience=None, seed=seed, proximal_mu=proximal_mu, optimizer=optimizer,
     )

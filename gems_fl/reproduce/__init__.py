@@ -22,7 +22,9 @@ __all__ = ["Options", "STUDIES", "expected_files", "reproduce"]
 
 def expected_files(options: Options) -> list[str]:
     """The files a finished reproduction of ``options.studies`` must contain."""
-    files = {1: ["study1_convex.md", "study1_convex.json", "study1_convex.png"],
+    rank = (["study1_gram_rank.md", "study1_gram_rank.json", "study1_gram_rank.png"]
+            if "gram" in options.spaces and options.gram_ranks else [])
+    files = {1: ["study1_convex.md", "study1_convex.json", "study1_convex.png", *rank],
              2: ["study2_nn.md", "study2_nn.json", "study2_nn.png"],
              3: ["study3_fine_tuning.md", "study3_fine_tuning.json",
                  "study3_fine_tuning_logistic.png", "study3_fine_tuning_mlp.png"],
@@ -59,9 +61,10 @@ def reproduce(options: Options, out: Path, jobs: int = 2, fresh: bool = False,
     report = Report(out, records, meta)
     studies = set(options.studies)
     if 1 in studies:
-        report.convex_table(list(options.ks))
+        report.convex_table(options.setups(), list(options.spaces))
+        report.gram_rank()
     if 2 in studies:
-        report.nn_table(list(options.ks))
+        report.nn_table(options.setups(), list(options.nn_spaces))
     if 3 in studies:
         report.fine_tuning()
     if 4 in studies:

@@ -6,6 +6,13 @@ FedAvg/FedProx run with Flower's strategies. Studies share trials where they can
 fine-tuning study (3) is the K=5 convex and MLP trials of studies 1 and 2 with the
 fine-tuning curve switched on, and the model-size grid (4) reuses study 2's K=5 trial
 for its default point.
+
+Studies 1 and 2 run every output space of ``Options.spaces`` / ``nn_spaces`` (the paper's
+ellipsoid and ball, and the logit-space ``gram``) on every setup of :meth:`Options.setups`
+(K=2 with the appendix's division and with ``k2_split``, K=3, K=5); study 1 also sweeps
+``gram-rank`` for convex K=5 (bytes up per node against accuracy). Study 6 runs FedAvg and
+FedProx twice: with the Adam recipe, and with local SGD whose learning rate each trial
+chooses from ``sgd_lrs`` on the pooled node validation splits.
 """
 
 from __future__ import annotations
@@ -17,7 +24,7 @@ from dataclasses import dataclass, field
 from gems_fl.settings import Settings
 
 STUDIES = {
-    1: "convex table",
+    1: "convex table (and gram-rank: bytes against accuracy)",
     2: "NN table",
     3: "fine-tuning study",
     4: "model size",
@@ -42,6 +49,12 @@ class Options:
     fed_rounds: int = 30
     fed_local_epochs: int = 1
     fedprox_mu: float = 0.01
+    spaces: tuple[str, ...] = ("ellipsoid", "ball", "gram")  # study 1 (convex)
+    nn_spaces: tuple[str, ...] = ("ellipsoid", "ball", "gram")  # study 2 (MLP output layer)
+    k2_split: str = "0,1,2,3,4/5,6,7,8,9"  # a second K=2 division ("" for none)
+    gram_ranks: tuple[int, ...] = (5, 20, 50, 100, 0)  # study 1, convex K=5; 0 = full Gram
+    sgd_lrs: tuple[float, ...] = (0.01, 0.03, 0.1, 0.3)  # study 6, local SGD's grid
+    sgd_tune_rounds: int = 10  # rounds of each short run that scores an SGD rate
     overrides: tuple[tuple[str, object], ...] = ()  # run-config keys for every trial
     quick: bool = False
 
@@ -51,11 +64,22 @@ class Options:
         base = dict(
             dataset="digits", seeds=(0, 1), tune_sizes=(50, 100, 200),
             size_grid=((20, 0.1), (40, 0.1)), intersection_eps=(0.3, 0.6, 0.9),
-            fed_rounds=4, quick=True,
+            fed_rounds=4, quick=True, nn_spaces=("ellipsoid", "gram"), gram_ranks=(5, 0),
+            sgd_lrs=(0.03, 0.3), sgd_tune_rounds=2,
             overrides=(("num-directions", 100), ("local-max-epochs", 20)),
         )
         base.update(changes)
         return cls(**base)
+
+    def setups(self) -> list[tuple[int, str]]:
+        """(K, label-division) of the tables' rows: the appendix's division for every K
+        in ``ks``, and ``k2_split`` as a second K=2 row."""
+        out = []
+        for k in self.ks:
+            out.append((k, "paper"))
+            if k == 2 and self.k2_split:
+                out.append((2, self.k2_split))
+        return out
 
     def trial_config(self, **run_config) -> dict:
         """A run config for one trial: these options' dataset and overrides plus keys."""
@@ -74,7 +98,7 @@ class Trial:
     node_configs: list[dict] | None = None
     studies: set[int] = field(default_factory=set)
     labels: dict = field(default_factory=dict)  # e.g. {"K": 5, "space": "ball"}
-    federated: dict = field(default_factory=dict)  # FedAvg/FedProx: rounds, epochs, mu
+    federated: dict = field(default_factory=dict)  # FedAvg/FedProx: rounds, epochs, mu, (sgd)
 
     @property
     def key(self) -> str:
@@ -103,20 +127,26 @@ def build_plan(options: Options) -> list[Trial]:
     Trials that differ only in the seed are adjacent: two workers then train different
     seeds at the same time, and the later configurations of a seed find its Global and
     local models already in the training cache. With the fine-tuning study on, every K=5
-    GEMS trial also computes the fine-tuning curve, so study 3 needs no trial of its own.
+    GEMS trial with the ellipsoid (the space study 3 reports) also computes the
+    fine-tuning curve, so study 3 needs no trial of its own.
     """
     trials: dict[str, Trial] = {}
     wanted = set(options.studies)
     curve = ",".join(str(n) for n in options.tune_sizes) if 3 in wanted else ""
 
     def add(study: int, kind: str, cfg: dict, num_nodes: int, labels: dict,
-            node_configs: list[dict] | None = None) -> None:
-        if kind == "gems" and num_nodes == 5 and curve and cfg.get("public-samples", 1) > 0:
+            node_configs: list[dict] | None = None, optimizer: str = "adam") -> None:
+        settings = Settings.from_run_config(cfg)
+        if (kind == "gems" and num_nodes == 5 and curve and settings.public_samples > 0
+                and settings.space == "ellipsoid" and settings.label_division == "paper"):
             cfg = {**cfg, "tune-curve": curve}
         for seed in options.seeds:
             federated = {} if kind == "gems" else {
                 "rounds": options.fed_rounds, "local_epochs": options.fed_local_epochs,
                 "proximal_mu": options.fedprox_mu if kind == "fedprox" else 0.0}
+            if optimizer == "sgd":
+                federated.update({"optimizer": "sgd", "lr_grid": list(options.sgd_lrs),
+                                  "tune_rounds": options.sgd_tune_rounds})
             trial = Trial(kind, options.trial_config(**cfg, seed=seed), num_nodes, node_configs,
                           {study}, {**labels, "seed": seed}, federated)
             if trial.key in trials:
@@ -127,17 +157,32 @@ def build_plan(options: Options) -> list[Trial]:
 
     convex = {"model": "logistic", "eps": options.convex_eps}
     mlp = {"model": "mlp", "eps": options.convex_eps}
-    for k in options.ks if 1 in wanted else ():
-        for space in ("ellipsoid", "ball"):
-            add(1, "gems", {**convex, "space": space}, k, {"K": k, "space": space, "model": "logistic"})
-    for k in options.ks if 2 in wanted else ():
-        add(2, "gems", mlp, k, {"K": k, "model": "mlp"})
+
+    def division(spec: str) -> dict:
+        return {} if spec == "paper" else {"label-division": spec}
+
+    for k, spec in options.setups() if 1 in wanted else ():
+        for space in options.spaces:
+            add(1, "gems", {**convex, **division(spec), "space": space}, k,
+                {"K": k, "division": spec, "space": space, "model": "logistic"})
+    if 1 in wanted and "gram" in options.spaces:
+        for rank in options.gram_ranks:
+            cfg = {**convex, "space": "gram", **({"gram-rank": rank} if rank else {})}
+            add(1, "gems", cfg, 5, {"K": 5, "division": "paper", "space": "gram",
+                                    "model": "logistic", "gram_rank": rank})
+    for k, spec in options.setups() if 2 in wanted else ():
+        for space in options.nn_spaces:
+            add(2, "gems", {**mlp, **division(spec), "space": space}, k,
+                {"K": k, "division": spec, "space": space, "model": "mlp"})
     if 3 in wanted:
-        add(3, "gems", {**convex, "space": "ellipsoid"}, 5, {"K": 5, "space": "ellipsoid", "model": "logistic"})
-        add(3, "gems", mlp, 5, {"K": 5, "model": "mlp"})
+        add(3, "gems", {**convex, "space": "ellipsoid"}, 5,
+            {"K": 5, "division": "paper", "space": "ellipsoid", "model": "logistic"})
+        add(3, "gems", {**mlp, "space": "ellipsoid"}, 5,
+            {"K": 5, "division": "paper", "space": "ellipsoid", "model": "mlp"})
     if 4 in wanted:
         for clusters, eps_neuron in options.size_grid:
-            add(4, "gems", {**mlp, "clusters": clusters, "eps-neuron": eps_neuron}, 5,
+            add(4, "gems", {**mlp, "space": "ellipsoid", "clusters": clusters,
+                            "eps-neuron": eps_neuron}, 5,
                 {"K": 5, "model": "mlp", "clusters": clusters, "eps_neuron": eps_neuron})
     if 5 in wanted:
         for eps1 in options.intersection_eps:
@@ -147,9 +192,13 @@ def build_plan(options: Options) -> list[Trial]:
                     node_configs=[{"partition-id": k, "num-partitions": 2, "eps": e}
                                   for k, e in enumerate((eps1, eps2))])
     if 6 in wanted:
-        for model, gems_cfg in (("logistic", {**convex, "space": "ellipsoid"}), ("mlp", mlp)):
-            for strategy in ("fedavg", "fedprox"):
-                cfg = {"model": model}
-                add(6, strategy, cfg, 5, {"K": 5, "model": model, "strategy": strategy})
-            add(6, "gems", gems_cfg, 5, {"K": 5, "model": model})
+        for model, base in (("logistic", convex), ("mlp", mlp)):
+            for optimizer in ("adam", "sgd"):
+                for strategy in ("fedavg", "fedprox"):
+                    add(6, strategy, {"model": model}, 5,
+                        {"K": 5, "model": model, "strategy": strategy, "optimizer": optimizer},
+                        optimizer=optimizer)
+            for space in ("ellipsoid", "gram"):
+                add(6, "gems", {**base, "space": space}, 5,
+                    {"K": 5, "division": "paper", "model": model, "space": space})
     return list(trials.values())

@@ -45,7 +45,17 @@ def _compact_gems(results: dict, exchanges: list[dict]) -> dict:
             for name, row in results["rows"].items()}
     rounds = [e for e in exchanges if e["nodes"] > 0 and e["type"] == "train"]
     other = [e for e in exchanges if e["nodes"] > 0 and e["type"] != "train"]
+    verification = results.get("verification") or {}
+    inter = results["intersection"]
     return {
+        "space": results["settings"].get("space"),
+        "gram_rank": results["settings"].get("gram-rank"),
+        # h_G good enough on how many nodes, as the nodes report it (their own check)
+        "verification": {k: verification.get(k) for k in ("answered", "good_enough")},
+        "inside": inter.get("inside"),
+        "method": inter.get("method"),
+        # mean over nodes of what each sent up in the protocol's rounds (not the check)
+        "bytes_up_per_node": float(sum(e["up"] / e["nodes"] for e in rounds)),
         "rows": rows,
         "intersection_found": bool(results["intersection"]["found"]),
         "hidden_widths": results.get("hidden_widths"),
@@ -62,7 +72,7 @@ def execute(trial: Trial, work_dir: str) -> dict:
     """Run one trial and return its compact outcome (runs inside a worker process)."""
     from flwr.app import Context, RecordDict
 
-    from gems_fl.evaluation.fedavg import run_federated
+    from gems_fl.evaluation.fedavg import run_federated, run_sgd
     from gems_fl.protocol.inprocess import InProcessGrid
     from gems_fl.evaluation.results import RESULTS_FILE
 
@@ -84,6 +94,12 @@ def execute(trial: Trial, work_dir: str) -> dict:
                 _app_module("server_app").main(grid, ctx)  # server_app.py's @app.main()
                 written = Path(cfg["output-dir"]) / f"run-{ctx.run_id}" / RESULTS_FILE
                 outcome = _compact_gems(json.loads(written.read_text()), grid.exchanges)
+            elif trial.federated.get("optimizer") == "sgd":
+                fed = trial.federated
+                curve = run_sgd(trial.run_config, trial.num_nodes, trial.kind, fed["rounds"],
+                                fed["local_epochs"], fed["proximal_mu"], tuple(fed["lr_grid"]),
+                                fed["tune_rounds"])
+                outcome = curve.to_dict()
             else:
                 curve = run_federated(trial.run_config, trial.num_nodes, trial.kind,
                                       trial.federated["rounds"], trial.federated["local_epochs"],
