@@ -22,6 +22,7 @@ AUTO_HIDDEN_DEFAULT = "50"
 MODELS = ("logistic", "mlp")
 NEURON_CRITERIA = ("rms", "paper")
 TUNE_LAYERS = ("last", "all")
+DEVICES = ("auto", "cpu", "cuda")  # resolved per process: gems_fl.learning.train.resolve_device
 NODE_OVERRIDES = ("eps",)  # run settings a node's own --node-config may override
 
 
@@ -68,6 +69,7 @@ class Settings:
     ham10000_per_class: int = 2000
     ham10000_cnn_epochs: int = 10
     round_timeout: float = 1800.0
+    device: str = "auto"
 
     def __post_init__(self) -> None:
         _choice("dataset", self.dataset, DATASETS)
@@ -126,6 +128,7 @@ class Settings:
         _positive("round-timeout", self.round_timeout)
         if not self.output_dir:
             raise SettingsError("output-dir must name a folder, e.g. 'gems-results'")
+        _choice("device", self.device, DEVICES)
 
     @classmethod
     def from_run_config(cls, run_config: Mapping[str, Any]) -> "Settings":
