@@ -31,6 +31,7 @@ AUTO_HIDDEN_DEFAULT = "50"
 MODELS = ("logistic", "mlp")
 NEURON_CRITERIA = ("rms", "paper")
 TUNE_LAYERS = ("last", "all")
+DEVICES = ("auto", "cpu", "cuda")  # resolved per process: gems_fl.learning.train.resolve_device
 NODE_OVERRIDES = ("eps",)  # run settings a node's own --node-config may override
 
 
@@ -83,6 +84,7 @@ class Settings:
     gram_point: str = "closed-form"
     ellipsoid_floor: str = "quantile"
     allow_overlap: bool = False
+    device: str = "auto"
 
     def __post_init__(self) -> None:
         _choice("dataset", self.dataset, DATASET_NAMES)
@@ -149,6 +151,7 @@ class Settings:
         _choice("ellipsoid-floor", self.ellipsoid_floor, ELLIPSOID_FLOORS)
         if not self.output_dir:
             raise SettingsError("output-dir must name a folder, e.g. 'gems-results'")
+        _choice("device", self.device, DEVICES)
 
     @classmethod
     def from_run_config(cls, run_config: Mapping[str, Any]) -> "Settings":

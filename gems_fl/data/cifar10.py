@@ -142,9 +142,14 @@ def vgg_input(images: np.ndarray) -> torch.Tensor:
 
 
 def cifar10_features(
-    data_dir: str | Path, weights: str | None, cache_dir: str | Path | None
+    data_dir: str | Path, weights: str | None, cache_dir: str | Path | None,
+    device: str = "auto",
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """VGG-16 features of every CIFAR-10 image (cached): ``(train_x, train_y, test_x, test_y)``."""
+    """VGG-16 features of every CIFAR-10 image (cached): ``(train_x, train_y, test_x, test_y)``.
+
+    The extraction runs on ``device`` (``auto``: CUDA when available); the features come
+    back as CPU numpy arrays.
+    """
     folder = locate(data_dir)
     digests = [file_digest(folder / name) for name in (*TRAIN_FILES, TEST_FILE)]
     model = load_vgg16_features(weights)
@@ -154,7 +159,8 @@ def cifar10_features(
         train_images, train_y, test_images, test_y = read_cifar10(folder)
         images = np.concatenate([train_images, test_images])
         torch.manual_seed(0)
-        feats = extract_features(model, images, vgg_input, "CIFAR-10: VGG-16 features")
+        feats = extract_features(model, images, vgg_input, "CIFAR-10: VGG-16 features",
+                                 device=device)
         n = len(train_y)
         return {"train_x": feats[:n], "train_y": train_y, "test_x": feats[n:], "test_y": test_y}
 

@@ -82,12 +82,17 @@ class FeatureOptions:
         Images per class after HAM10000's balancing (the paper: 2000).
     ham10000_cnn_epochs : int
         Training epochs of HAM10000's feature CNN.
+    device : str
+        Where the VGG-16 extraction and HAM10000's CNN run: ``auto``, ``cpu`` or
+        ``cuda`` (see :func:`gems_fl.learning.train.resolve_device`). Not part of the
+        feature cache's key: features computed on either device are reused.
     """
 
     vgg16_weights: str = ""
     feature_cache_dir: str = ""
     ham10000_per_class: int = 2000
     ham10000_cnn_epochs: int = 10
+    device: str = "auto"
 
     @classmethod
     def from_settings(cls, settings: object) -> "FeatureOptions":
@@ -276,10 +281,10 @@ def _load_digits_raw() -> tuple[np.ndarray, np.ndarray]:
 
 
 @functools.lru_cache(maxsize=2)
-def _cifar10_features(data_dir: str, weights: str, cache_dir: str) -> tuple[np.ndarray, ...]:
+def _cifar10_features(data_dir: str, weights: str, cache_dir: str, device: str = "auto") -> tuple[np.ndarray, ...]:
     from gems_fl.data.cifar10 import cifar10_features
 
-    return _readonly(*cifar10_features(data_dir, weights, cache_dir))
+    return _readonly(*cifar10_features(data_dir, weights, cache_dir, device=device))
 
 
 @functools.lru_cache(maxsize=2)
@@ -287,7 +292,8 @@ def _ham10000_features(data_dir: str, seed: int, options: FeatureOptions) -> dic
     from gems_fl.data.ham10000 import ham10000_splits
 
     parts = ham10000_splits(data_dir, seed, options.ham10000_per_class,
-                            options.ham10000_cnn_epochs, options.feature_cache_dir)
+                            options.ham10000_cnn_epochs, options.feature_cache_dir,
+                            device=options.device)
     return {name: _readonly(x, y) for name, (x, y) in parts.items()}
 
 
@@ -311,7 +317,8 @@ def _feature_splits(name: str, parts: dict[str, tuple[np.ndarray, np.ndarray]]) 
 def _split_cifar10(data_dir: str, seed: int, options: FeatureOptions) -> DatasetSplits:
     from gems_fl.data.cifar10 import split_cifar10
 
-    arrays = _cifar10_features(data_dir, options.vgg16_weights, options.feature_cache_dir)
+    arrays = _cifar10_features(data_dir, options.vgg16_weights, options.feature_cache_dir,
+                               options.device)
     return _feature_splits("cifar10", split_cifar10(*arrays, seed=seed))
 
 

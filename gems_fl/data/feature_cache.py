@@ -108,21 +108,30 @@ def extract_features(
     prepare: Callable[[np.ndarray], torch.Tensor],
     description: str,
     batch_size: int = 256,
+    device: str = "cpu",
 ) -> np.ndarray:
     """Run ``model`` over ``images`` in batches under ``torch.no_grad`` with a progress bar.
 
-    ``prepare`` turns a slice of ``images`` into the model's input tensor. Returns float32
-    features of shape ``(len(images), d)``.
+    ``prepare`` turns a slice of ``images`` into the model's input tensor. The model runs
+    on ``device`` (a ``device`` setting: ``auto``, ``cpu``, ``cuda``) and is back on the
+    CPU afterwards. Returns float32 features of shape ``(len(images), d)``.
     """
     from rich.progress import track
 
+    from gems_fl.learning.train import resolve_device
+
+    target = resolve_device(device)
     model.eval()
+    model.to(target)
     outputs = []
     starts = range(0, len(images), batch_size)
-    with torch.no_grad():
-        for start in track(starts, description=description, total=len(starts), transient=True):
-            out = model(prepare(images[start:start + batch_size]))
-            outputs.append(out.reshape(len(out), -1).numpy().astype(np.float32, copy=False))
+    try:
+        with torch.no_grad():
+            for start in track(starts, description=description, total=len(starts), transient=True):
+                out = model(prepare(images[start:start + batch_size]).to(target)).cpu()
+                outputs.append(out.reshape(len(out), -1).numpy().astype(np.float32, copy=False))
+    finally:
+        model.to("cpu")
     if not outputs:
         return np.zeros((0, 0), dtype=np.float32)
     return np.concatenate(outputs)

@@ -190,12 +190,20 @@ def cnn_input(images: np.ndarray) -> torch.Tensor:
     return torch.from_numpy(np.ascontiguousarray(images)).permute(0, 3, 1, 2).float().div_(255.0)
 
 
-def train_extractor(images: np.ndarray, labels: np.ndarray, epochs: int, seed: int) -> nn.Module:
-    """Train :class:`HamCNN` (Adam, lr 1e-3, batch 32) and return its headless feature part."""
+def train_extractor(
+    images: np.ndarray, labels: np.ndarray, epochs: int, seed: int, device: str = "cpu"
+) -> nn.Module:
+    """Train :class:`HamCNN` (Adam, lr 1e-3, batch 32) and return its headless feature part.
+
+    Trains on ``device`` (``auto``, ``cpu``, ``cuda``); the returned module is on the CPU.
+    """
     from rich.progress import track
 
+    from gems_fl.learning.train import resolve_device
+
+    target = resolve_device(device)
     torch.manual_seed(seed)
-    model = HamCNN()
+    model = HamCNN().to(target)
     optimiser = torch.optim.Adam(model.parameters(), lr=1e-3)
     loss_fn = nn.CrossEntropyLoss()
     generator = torch.Generator().manual_seed(seed)
@@ -208,16 +216,20 @@ def train_extractor(images: np.ndarray, labels: np.ndarray, epochs: int, seed: i
             order = torch.randperm(len(labels), generator=generator)
         idx = order[start:start + 32].numpy()
         optimiser.zero_grad()
-        loss = loss_fn(model(cnn_input(images[idx])), y[idx])
+        loss = loss_fn(model(cnn_input(images[idx]).to(target)), y[idx].to(target))
         loss.backward()
         optimiser.step()
-    return model.features.eval()
+    return model.to("cpu").features.eval()
 
 
 def ham10000_splits(
-    data_dir: str | Path, seed: int, per_class: int, epochs: int, cache_dir: str | Path | None
+    data_dir: str | Path, seed: int, per_class: int, epochs: int, cache_dir: str | Path | None,
+    device: str = "auto",
 ) -> dict[str, tuple[np.ndarray, np.ndarray]]:
-    """Features and labels of each split (``train``, ``public``, ``val``, ``test``), cached."""
+    """Features and labels of each split (``train``, ``public``, ``val``, ``test``), cached.
+
+    The CNN trains and extracts on ``device`` (not part of the cache key).
+    """
     images, labels, images_key = load_images(data_dir, cache_dir)
     key = fingerprint("ham10000-features-v1", images_key, seed, per_class, epochs)
 
@@ -226,10 +238,12 @@ def ham10000_splits(
         n_total = sum(len(y) for _, y in parts.values())
         n_fit = min(len(parts["train"][1]), round(EXTRACTOR_FRACTION * n_total))
         fit = np.random.default_rng(seed).choice(len(parts["train"][1]), size=n_fit, replace=False)
-        extractor = train_extractor(parts["train"][0][fit], parts["train"][1][fit], epochs, seed)
+        extractor = train_extractor(parts["train"][0][fit], parts["train"][1][fit], epochs, seed,
+                                    device=device)
         arrays = {}
         for name, (x, y) in parts.items():
-            arrays[f"{name}_x"] = extract_features(extractor, x, cnn_input, f"HAM10000: features ({name})")
+            arrays[f"{name}_x"] = extract_features(extractor, x, cnn_input, f"HAM10000: features ({name})",
+                                                   device=device)
             arrays[f"{name}_y"] = y
         return arrays
 

@@ -232,15 +232,56 @@ def check_division(division: Sequence[Sequence[int]], num_classes: int | None = 
     return checked
 
 
+def share_sizes(labels: np.ndarray, division: Sequence[Sequence[int]]) -> np.ndarray:
+    """How many samples of each class each node receives: ``(num_nodes, num_classes)``.
+
+    Each class's ``n`` samples are split among its ``h`` holders as evenly as possible
+    (``n // h`` each); the ``n % h`` leftovers go, one each, to the holders that have
+    received the fewest samples of this split so far, ties broken round-robin (a cursor
+    over the nodes that moves on after every class). So leftovers of successive classes
+    go to successive nodes instead of always to the first ones: with ``iid`` every node
+    gets a sample as long as there are at least as many samples as nodes, and a node
+    that got nothing of one class is first in line for the next. The sizes depend only
+    on the class counts, not on the seed.
+    """
+    labels = _check_labels(labels)
+    division = check_division(division)
+    num_nodes = len(division)
+    num_classes = max(max(group) for group in division) + 1
+    if labels.size:
+        num_classes = max(num_classes, int(labels.max()) + 1)
+    counts = np.bincount(labels, minlength=num_classes) if labels.size else np.zeros(num_classes, int)
+    sizes = np.zeros((num_nodes, num_classes), dtype=np.int64)
+    received = np.zeros(num_nodes, dtype=np.int64)
+    holders: dict[int, list[int]] = {}
+    for node, group in enumerate(division):
+        for label in group:
+            holders.setdefault(label, []).append(node)
+    cursor = 0
+    for label in sorted(holders):
+        nodes = holders[label]
+        base, extra = divmod(int(counts[label]), len(nodes))
+        order = sorted(nodes, key=lambda k: (received[k], (k - cursor) % num_nodes))
+        for k in nodes:
+            sizes[k, label] = base
+        for k in order[:extra]:
+            sizes[k, label] += 1
+        if extra:
+            cursor = (order[extra - 1] + 1) % num_nodes
+        for k in nodes:
+            received[k] += sizes[k, label]
+    return sizes
+
+
 def partition_indices(
     labels: np.ndarray, division: Sequence[Sequence[int]], seed: int
 ) -> list[np.ndarray]:
     """Share the sample indices out among nodes according to a label division.
 
     For each held class (in increasing order) the indices of that class are
-    shuffled with one ``np.random.default_rng(seed)`` and split with
-    ``np.array_split`` among the nodes holding it, in node order, so the
-    shares differ by at most one sample and no sample goes to two nodes.
+    shuffled with one ``np.random.default_rng(seed)`` and cut, in node order, into
+    the shares of :func:`share_sizes` (even, leftovers spread round-robin), so the
+    shares of a class differ by at most one sample and no sample goes to two nodes.
 
     Parameters
     ----------
@@ -259,17 +300,126 @@ def partition_indices(
     labels = _check_labels(labels)
     division = check_division(division)
     rng = np.random.default_rng(_check_seed(seed))
+    sizes = share_sizes(labels, division)
     holders: dict[int, list[int]] = {}
     for node, group in enumerate(division):
         for label in group:
             holders.setdefault(label, []).append(node)
-    shares: list[list[np.ndarray]] = [[] for _ in division]
+    shares: list[list[np.ndarray]] = [[np.empty(0, dtype=np.int64)] for _ in division]
     for label in sorted(holders):
         idx = np.flatnonzero(labels == label)
         rng.shuffle(idx)
-        for node, chunk in zip(holders[label], np.array_split(idx, len(holders[label]))):
+        cuts = np.cumsum([sizes[node, label] for node in holders[label]])[:-1]
+        for node, chunk in zip(holders[label], np.split(idx, cuts)):
             shares[node].append(chunk)
     return [np.sort(np.concatenate(parts)).astype(np.int64, copy=False) for parts in shares]
+
+
+def check_partition_sizes(
+    train_labels: np.ndarray,
+    val_labels: np.ndarray,
+    division: Sequence[Sequence[int]],
+    *,
+    spec: str = "",
+    min_train_per_class: int = 1,
+    min_val: int = 1,
+    min_val_per_class: int = 0,
+) -> np.ndarray:
+    """Refuse a division that leaves a node with too little data, before the run starts.
+
+    Every node must get at least ``min_train_per_class`` training samples of each class
+    it holds, at least ``min_val`` validation samples in all (its radius search needs
+    them) and at least ``min_val_per_class`` validation samples of each class it holds.
+    The sizes are exact (:func:`share_sizes`; they do not depend on the seed).
+
+    Parameters
+    ----------
+    train_labels, val_labels : np.ndarray
+        Labels of the training and validation pools that are partitioned.
+    division : sequence of sequence of int
+        Classes held by each node (see :func:`parse_division`).
+    spec : str
+        The ``label-division`` setting, named in the message.
+
+    Returns
+    -------
+    np.ndarray
+        ``(num_nodes, 2)``: training and validation samples of each node.
+
+    Raises
+    ------
+    ValueError
+        Naming the first nodes that fall short, the ``label-division`` setting, and
+        the fix: the largest number of nodes (and for ``classes-per-node:N`` the largest
+        ``N``) with which every node gets enough data.
+    """
+    division = check_division(division)
+    limits = dict(min_train_per_class=min_train_per_class, min_val=min_val,
+                  min_val_per_class=min_val_per_class)
+    problems = _size_problems(train_labels, val_labels, division, **limits)
+    train = share_sizes(train_labels, division).sum(axis=1)
+    val = share_sizes(val_labels, division).sum(axis=1)
+    if not problems:
+        return np.stack([train, val], axis=1)
+    num_nodes = len(division)
+    shown = "; ".join(problems[:3]) + (f"; and {len(problems) - 3} more" if len(problems) > 3 else "")
+    setting = f"label-division {spec!r}" if spec else "the label division"
+    fixes = []
+    if spec:
+        num_classes = max(int(np.max(train_labels, initial=0)), int(np.max(val_labels, initial=0)),
+                          max(max(g) for g in division)) + 1
+        most = _largest_passing(
+            lambda k: parse_division(spec, k, num_classes), num_nodes - 1, train_labels,
+            val_labels, limits)
+        if most:
+            fixes.append(f"at most {most} nodes with this division")
+        keyword = spec.strip().lower().replace(" ", "")
+        if keyword.startswith("classes-per-node:"):
+            per = _largest_passing(
+                lambda s: parse_division(f"classes-per-node:{s}", num_nodes, num_classes),
+                int(keyword.partition(":")[2]) - 1, train_labels, val_labels, limits)
+            if per:
+                fixes.append(f"label-division='classes-per-node:{per}' with {num_nodes} nodes")
+    fixes.append("a larger dataset")
+    raise ValueError(
+        f"{setting} with {num_nodes} nodes leaves nodes with too little data: {shown}. "
+        f"Use {' or '.join(fixes)}."
+    )
+
+
+def _size_problems(train_labels, val_labels, division, *, min_train_per_class: int,
+                   min_val: int, min_val_per_class: int) -> list[str]:
+    """One line per node that falls short of the limits (see check_partition_sizes)."""
+    train = share_sizes(train_labels, division)
+    val = share_sizes(val_labels, division)
+    problems = []
+    for node, group in enumerate(division):
+        short = [c for c in group if train[node, c] < min_train_per_class]
+        if short:
+            problems.append(f"node {node} gets {min(train[node, c] for c in short)} training "
+                            f"samples of class {short[0]} (needs >= {min_train_per_class})")
+            continue
+        if val[node].sum() < min_val:
+            problems.append(f"node {node} gets {int(val[node].sum())} validation samples "
+                            f"(needs >= {min_val})")
+            continue
+        short = [c for c in group if val[node, c] < min_val_per_class]
+        if short:
+            problems.append(f"node {node} gets {int(val[node, short[0]])} validation samples "
+                            f"of class {short[0]} (needs >= {min_val_per_class} per class)")
+    return problems
+
+
+def _largest_passing(make_division, upper: int, train_labels, val_labels, limits) -> int:
+    """The largest ``v`` in ``1..upper`` whose ``make_division(v)`` passes (0: none)."""
+    for value in range(upper, 0, -1):
+        try:
+            division = make_division(value)
+        except ValueError:
+            continue
+        if not _size_problems(train_labels, val_labels, division, **limits):
+            return value
+    return 0
 
 
 def node_data(

@@ -1,5 +1,11 @@
 """Local training, fine-tuning and evaluation (Adam, cross-entropy, mini-batches; plain
-SGD for the FedAvg-SGD baselines)."""
+SGD for the FedAvg-SGD baselines).
+
+Training runs on the process's compute device (the ``device`` setting, see
+:func:`set_default_device`): the model and the data move there for the call, and the
+model is back on the CPU when it returns, so every caller keeps working on CPU tensors
+and numpy arrays. Prediction and evaluation stay on the CPU.
+"""
 
 from __future__ import annotations
 
@@ -9,11 +15,58 @@ import numpy as np
 import torch
 from torch import nn
 
-from gems_fl.learning.threads import single_thread
+from gems_fl.learning.threads import compute_threads
 from gems_fl.learning.train_cache import cached_training
 
 LOSS_TOL = 1e-3
 OPTIMIZERS = ("adam", "sgd")  # sgd: plain torch.optim.SGD (no momentum, no weight decay)
+DEVICES = ("auto", "cpu", "cuda")
+_default_device = "auto"
+
+
+def resolve_device(name: str) -> torch.device:
+    """The torch device of a ``device`` setting: ``auto`` (CUDA when available), ``cpu``, ``cuda``.
+
+    ``cuda`` (or ``cuda:N``) without a usable CUDA device raises a ``ValueError`` that
+    names the setting and the fix.
+    """
+    text = str(name).strip().lower()
+    if text == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if text == "cpu":
+        return torch.device("cpu")
+    if text == "cuda" or text.startswith("cuda:"):
+        if not torch.cuda.is_available():
+            raise ValueError(
+                f"device={name!r}: this machine has no usable CUDA device (torch "
+                f"{torch.__version__}, torch.cuda.is_available() is False); use "
+                "device='cpu', or device='auto' to use CUDA only where there is one"
+            )
+        device = torch.device(text)
+        if device.index is not None and device.index >= torch.cuda.device_count():
+            raise ValueError(
+                f"device={name!r}: there are only {torch.cuda.device_count()} CUDA devices"
+            )
+        return device
+    raise ValueError(f"device={name!r} is not one of {', '.join(DEVICES)} (or 'cuda:N')")
+
+
+def set_default_device(name: str) -> torch.device:
+    """Set the device of every later training call in this process; returns it resolved.
+
+    Call once per process with the run's ``device`` setting (a node when it gets its
+    settings, the server at start). Raises like :func:`resolve_device`, so a bad value
+    fails at once.
+    """
+    global _default_device
+    device = resolve_device(name)
+    _default_device = str(name).strip().lower()
+    return device
+
+
+def default_device() -> torch.device:
+    """The device training calls use: the last :func:`set_default_device`, else ``auto``."""
+    return resolve_device(_default_device)
 
 
 @dataclass
@@ -30,12 +83,19 @@ def _tensors(x: np.ndarray, y: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 @torch.no_grad()
-def predict(model: nn.Module, x: np.ndarray, batch_size: int = 8192) -> np.ndarray:
-    """Predicted class per row of ``x``."""
+def _predict_tensor(model: nn.Module, xt: torch.Tensor, batch_size: int = 8192) -> torch.Tensor:
     model.eval()
-    xt = torch.as_tensor(x, dtype=torch.float32)
     out = [model(xt[i : i + batch_size]).argmax(dim=1) for i in range(0, len(xt), batch_size)]
-    return torch.cat(out).numpy() if out else np.empty(0, dtype=np.int64)
+    return torch.cat(out) if out else torch.empty(0, dtype=torch.long, device=xt.device)
+
+
+def predict(model: nn.Module, x: np.ndarray, batch_size: int = 8192) -> np.ndarray:
+    """Predicted class per row of ``x`` (on the model's device; numpy on the CPU)."""
+    param = next(model.parameters(), None)
+    xt = torch.as_tensor(x, dtype=torch.float32)
+    if param is not None and param.device != xt.device:
+        xt = xt.to(param.device)
+    return _predict_tensor(model, xt, batch_size).cpu().numpy()
 
 
 def accuracy(model: nn.Module, x: np.ndarray, y: np.ndarray) -> float:
@@ -45,7 +105,7 @@ def accuracy(model: nn.Module, x: np.ndarray, y: np.ndarray) -> float:
     return float(np.mean(predict(model, x) == np.asarray(y)))
 
 
-@single_thread()
+@compute_threads()  # the policy's count (1): see gems_fl.learning.threads
 def _run_epochs(
     model: nn.Module,
     x: np.ndarray,
@@ -58,11 +118,28 @@ def _run_epochs(
     seed: int,
     proximal_mu: float = 0.0,
     optimizer: str = "adam",
+    device: str | None = None,
 ) -> TrainReport:
     if len(y) == 0:
         raise ValueError("cannot train on an empty set")
-    xt, yt = _tensors(x, y)
-    gen = torch.Generator().manual_seed(seed)
+    device = default_device() if device is None else resolve_device(device)
+    model.to(device)
+    try:
+        return _epochs_on(model, x, y, device, lr=lr, batch_size=batch_size,
+                          max_epochs=max_epochs, patience=patience, seed=seed,
+                          proximal_mu=proximal_mu, optimizer=optimizer)
+    finally:
+        model.to("cpu")
+
+
+def _epochs_on(
+    model: nn.Module, x: np.ndarray, y: np.ndarray, device: torch.device, *, lr: float,
+    batch_size: int, max_epochs: int, patience: int | None, seed: int, proximal_mu: float,
+    optimizer: str = "adam",
+) -> TrainReport:
+    xt, yt = (t.to(device) for t in _tensors(x, y))
+    gen = torch.Generator().manual_seed(seed)  # on the CPU: the same order on every device
+    on_cpu = device.type == "cpu"
     trainable = [p for p in model.parameters() if p.requires_grad]
     if not trainable:
         raise ValueError("the model has no trainable parameters")
@@ -76,8 +153,8 @@ def _run_epochs(
     best_acc, best_loss, since_best = -1.0, float("inf"), 0
     for _ in range(max_epochs):
         model.train()
-        order = torch.randperm(len(yt), generator=gen)
-        total = 0.0
+        order = torch.randperm(len(yt), generator=gen).to(device)
+        total = 0.0 if on_cpu else torch.zeros((), dtype=torch.float64, device=device)
         for start in range(0, len(yt), batch_size):
             idx = order[start : start + batch_size]
             opt.zero_grad(set_to_none=True)
@@ -87,10 +164,13 @@ def _run_epochs(
                     (p - a).pow(2).sum() for p, a in zip(trainable, anchor))
             loss.backward()
             opt.step()
-            total += float(loss.detach()) * len(idx)
-        epoch_loss = total / len(yt)
+            if on_cpu:
+                total += float(loss.detach()) * len(idx)
+            else:  # the same float64 sum, without a device sync per step
+                total += loss.detach().double() * len(idx)
+        epoch_loss = float(total) / len(yt)
         report.epochs += 1
-        acc = accuracy(model, x, y)
+        acc = int((_predict_tensor(model, xt) == yt).sum()) / len(yt)
         report.train_accuracy.append(acc)
         if patience is None:
             continue
@@ -115,6 +195,7 @@ def train_until_converged(
     max_epochs: int,
     patience: int,
     seed: int,
+    device: str | None = None,
 ) -> TrainReport:
     """Train until training accuracy has converged, at most ``max_epochs`` epochs.
 
@@ -122,11 +203,13 @@ def train_until_converged(
     accuracy reach a new best nor did the epoch's mean loss fall more than
     ``LOSS_TOL`` below its best. Shuffling uses a generator seeded with ``seed``.
     With ``GEMS_FL_TRAIN_CACHE`` set, a repeated identical call is served from disk
-    (see :mod:`gems_fl.learning.train_cache`).
+    (see :mod:`gems_fl.learning.train_cache`). ``device`` (a ``device`` setting)
+    overrides the process default of :func:`set_default_device` for this call.
     """
+    extra = {} if device is None else {"device": device}  # None keeps old cache keys
     return cached_training(
         _run_epochs, model, x, y, lr=lr, batch_size=batch_size, max_epochs=max_epochs,
-        patience=patience, seed=seed,
+        patience=patience, seed=seed, **extra,
     )
 
 
@@ -141,16 +224,19 @@ def fine_tune(
     seed: int,
     proximal_mu: float = 0.0,
     optimizer: str = "adam",
+    device: str | None = None,
 ) -> TrainReport:
     """Update the trainable weights of ``model`` for exactly ``epochs`` epochs.
 
     No early stop. ``proximal_mu > 0`` adds FedProx's proximal term, which pulls the
     weights towards where they were when the call started. ``optimizer`` is ``adam``
-    (a fresh Adam per call) or ``sgd`` (plain SGD at ``lr``).
+    (a fresh Adam per call) or ``sgd`` (plain SGD at ``lr``). ``device`` as in
+    :func:`train_until_converged`.
     """
     if epochs == 0:
         return TrainReport(stopped_by="no-epochs")
     return _run_epochs(
         model, x, y, lr=lr, batch_size=batch_size, max_epochs=epochs,
         patience=None, seed=seed, proximal_mu=proximal_mu, optimizer=optimizer,
+        device=device,
     )

@@ -14,15 +14,20 @@ import numpy as np
 import torch
 from flwr.app import Context, Message, RecordDict
 
-from gems_fl.protocol import wire
-from gems_fl.protocol.node_layerwise import hidden_layer_spaces, output_layer_space, round_seed
 from gems_fl.data.nodes import cast_node_arrays, load_node_data
-from gems_fl.learning.models import model_to_vector, vector_to_state
-from gems_fl.settings import Settings
 from gems_fl.geometry.spaces import GramSpace, Space
+from gems_fl.learning.models import model_to_vector, vector_to_state
+from gems_fl.learning.threads import compute_threads
+from gems_fl.learning.train import TrainReport, accuracy, set_default_device
+from gems_fl.protocol import wire
 from gems_fl.protocol.linear_space import LayerSpace, linear_layer_space
+from gems_fl.protocol.node_layerwise import (
+    hidden_layer_spaces,
+    output_layer_space,
+    round_seed,
+)
 from gems_fl.protocol.verify import score_models
-from gems_fl.learning.train import TrainReport, accuracy
+from gems_fl.settings import Settings
 
 logger = logging.getLogger(__name__)
 
@@ -104,11 +109,13 @@ def _layer_round_reply(
 def handle_train(msg: Message, context: Context) -> Message:
     """Flower ``train`` handler: data -> local model -> good-enough space -> reply."""
     settings = Settings.from_run_config(wire.decode_config(msg.content)).for_node(context.node_config)
+    set_default_device(settings.device)
     data = cast_node_arrays(load_node_data(settings, context.node_config))
-    if settings.model == "mlp":
-        content = _layer_round_reply(msg, settings, data.num_classes, data.arrays, data.seed)
-        return Message(content=content, reply_to=msg)
-    local = build_local_space(*data.arrays, data.num_classes, settings, seed=data.seed)
+    with compute_threads():  # one thread count for training and the search after it
+        if settings.model == "mlp":
+            content = _layer_round_reply(msg, settings, data.num_classes, data.arrays, data.seed)
+            return Message(content=content, reply_to=msg)
+        local = build_local_space(*data.arrays, data.num_classes, settings, seed=data.seed)
     logger.info(
         "node %s (%s): %d train / %d val, val acc %.3f, %s radius %.4f (certified %.4g)",
         data.name, data.source, local.num_train, local.num_val,

@@ -22,12 +22,34 @@ from flwr.serverapp import Grid
 from torch import nn
 
 from gems_fl.data import DATASET_SHAPES, parse_division
-from gems_fl.evaluation.baselines import NN_ROW_NAMES, ROW_NAMES, Candidates, evaluate_rows, skipped_rows
+from gems_fl.evaluation.baselines import (
+    NN_ROW_NAMES,
+    ROW_NAMES,
+    Candidates,
+    evaluate_rows,
+    skipped_rows,
+)
 from gems_fl.evaluation.fine_tuning import fine_tuning_curve
-from gems_fl.evaluation.local_models import average_models, first_layer_matches, reproduce_local_models
-from gems_fl.evaluation.results import MODEL_FILE, RESULTS_FILE, print_results, write_results
+from gems_fl.evaluation.local_models import (
+    average_models,
+    first_layer_matches,
+    reproduce_local_models,
+)
+from gems_fl.evaluation.results import (
+    MODEL_FILE,
+    RESULTS_FILE,
+    print_results,
+    write_results,
+)
 from gems_fl.evaluation.server_data import ServerData, load_server_data
-from gems_fl.learning.models import MLP, build_model, model_from_vector, param_shapes, vector_to_state
+from gems_fl.learning.models import (
+    MLP,
+    build_model,
+    model_from_vector,
+    param_shapes,
+    vector_to_state,
+)
+from gems_fl.learning.train import set_default_device
 from gems_fl.protocol.layerwise import LayerwiseGEMS
 from gems_fl.protocol.roster import Roster, identify_nodes
 from gems_fl.protocol.strategy import GEMS, ConvexOutcome, NotEnoughRepliesError
@@ -189,6 +211,7 @@ def run_server(grid: Grid, context: Context) -> dict[str, Any]:
     except SettingsError as exc:
         raise SettingsError(f"invalid run setting: {exc}") from None
     preflight(settings, check_data=settings.evaluate_on_server)
+    set_default_device(settings.device)  # training on the server: Global, tuning, Raw
     node_ids = wait_for_nodes(grid, settings.min_replies)
     if len(node_ids) < settings.min_replies:
         raise RuntimeError(f"only {len(node_ids)} nodes connected; min-replies={settings.min_replies}")

@@ -116,6 +116,9 @@ SETTINGS_HELP: dict[tuple[str, ...], str] = {
     ('allow-overlap',): (
         'an explicit `label-division` may give a class to several nodes (its samples are split among them); otherwise that is refused before the run starts, as a likely typo'
     ),
+    ('device',): (
+        'where local training, fine-tuning and feature extraction run: `auto` (CUDA when the process sees one, else CPU), `cpu`, or `cuda` (an error where there is no CUDA device); radius searches and the layer merge stay on the CPU'
+    ),
 }
 
 
