@@ -58,6 +58,9 @@ def _parser() -> argparse.ArgumentParser:
     )
     run.add_argument("app", nargs="?", default=".", help="Flower app folder (default: .)")
     run.add_argument("--nodes", type=int, default=5, help="number of SuperNodes (default: 5)")
+    run.add_argument("--cpus-per-node", type=int, default=1,
+                     help="CPUs the simulation reserves per node (Flower's "
+                     "client-resources-num-cpus; default 1: every core runs a node)")
     run.add_argument("--run-config", "-c", default=None,
                      help="overrides, e.g. \"eps=0.5 dataset='fashion-mnist'\"")
     run.add_argument("--output-dir", default=None, help="results folder (setting output-dir)")
@@ -101,6 +104,7 @@ def _run(args: argparse.Namespace) -> int:
 
     try:
         outcome = run_app(args.app, num_nodes=args.nodes, run_config=args.run_config,
+                          cpus_per_node=args.cpus_per_node,
                           output_dir=args.output_dir, progress=True)
     except (SettingsError, ValueError, FileNotFoundError) as exc:
         print(f"gems-fl: error: {exc}", file=sys.stderr)
