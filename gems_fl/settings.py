@@ -85,6 +85,7 @@ class Settings:
     ellipsoid_floor: str = "quantile"
     allow_overlap: bool = False
     device: str = "auto"
+    max_width: int = 0
 
     def __post_init__(self) -> None:
         _choice("dataset", self.dataset, DATASET_NAMES)
@@ -152,6 +153,9 @@ class Settings:
         if not self.output_dir:
             raise SettingsError("output-dir must name a folder, e.g. 'gems-results'")
         _choice("device", self.device, DEVICES)
+        if self.max_width < 0:
+            raise SettingsError(f"max-width={self.max_width} must be >= 0 (0: no bound on the "
+                                "merged width of a hidden layer)")
 
     @classmethod
     def from_run_config(cls, run_config: Mapping[str, Any]) -> "Settings":

@@ -490,3 +490,43 @@ def test_invariants_on_random_layers(seed, num_nodes, max_h, d, m, scale):
         nodes[0] = (protos[:1].copy(), np.array([scale]))
     res = merge_layer(nodes, num_clusters=m, seed=seed % 7)
     _check_invariants(nodes, res)
+
+
+def test_bound_width_keeps_verified_groups_and_reduces_the_neurons_kept_alone():
+    from gems_fl.geometry.layer_merge import bound_width
+
+    rng = np.random.default_rng(3)
+    shared = rng.standard_normal((4, 6))
+    nodes = []
+    for k in range(3):  # 4 neurons every node shares (big radii) + 10 of its own
+        own = rng.standard_normal((10, 6)) * 5 + 20 * k
+        centers = np.concatenate([shared + 1e-3 * k, own])
+        radii = np.concatenate([np.full(4, 0.5), np.full(10, 1e-3)])
+        nodes.append((centers, radii))
+    merged = merge_layer(nodes, num_clusters=6, seed=0)
+    assert merged.num_intersected_groups >= 1 and merged.num_kept_alone >= 30
+    weights, report = bound_width(merged, 12, seed=0)
+    groups = np.array([len(g) for g in merged.groups])
+    kept = merged.weights[groups > 1]
+    assert len(weights) == 12
+    np.testing.assert_array_equal(weights[: len(kept)], kept)  # verified rows untouched
+    assert report["kept_alone"] == merged.num_kept_alone
+    assert report["reduced_to"] == report["unverified"] == 12 - len(kept)
+    same, report = bound_width(merged, merged.width, seed=0)
+    assert same is merged.weights and report["unverified"] == 0
+    with pytest.raises((TypeError, ValueError)):
+        bound_width(merged, 0, seed=0)
+
+
+def test_max_width_bounds_the_merged_layer_and_the_downlink_is_float32(tmp_path):
+    from tests.helpers import run_in_process
+
+    results, grid = run_in_process(3, tmp_path, model="mlp", return_grid=True,
+                                   **{"max-width": 40, "label-division": "classes-per-node:4",
+                                      "public-samples": 0})
+    layer = results["rounds"][0]
+    assert layer["width"] <= 40 and results["hidden_widths"] == [layer["width"]]
+    assert layer["merge"]["max_width"]["unverified"] > 0
+    # Round 2 carries the merged layer in float32: 4 bytes per weight.
+    down = [e for e in grid.exchanges if e["type"] == "train"][1]["down"]
+    assert down < 3 * layer["width"] * 65 * 8

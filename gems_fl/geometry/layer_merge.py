@@ -871,3 +871,25 @@ def merge_layer(
         seconds=seconds,
         **asdict(greedy.counts),
     )
+
+
+def bound_width(merge: LayerMerge, max_width: int, seed: int) -> tuple[np.ndarray, dict[str, Any]]:
+    """The merged layer cut to at most ``max_width`` neurons, and what was done.
+
+    Verified groups (two or more neurons with a common point) stay as they are; the
+    neurons kept alone are replaced by the centers of a k-means over them, as many as
+    the width left allows (at least one). Those centers lie in no node's neuron space:
+    the report counts them as unverified.
+    """
+    check_scalar(max_width, "max_width", int, low=1)
+    sizes = np.array([len(g) for g in merge.groups])
+    merged_rows = merge.weights[sizes > 1]
+    alone = merge.weights[sizes == 1]
+    room = max(1, max_width - len(merged_rows))
+    if len(alone) <= room:
+        return merge.weights, {"kept_alone": int(len(alone)), "reduced_to": int(len(alone)),
+                               "unverified": 0}
+    kmeans = KMeans(n_clusters=room, random_state=seed, n_init=1).fit(alone)
+    weights = np.concatenate([merged_rows, kmeans.cluster_centers_]).astype(np.float64)
+    return weights, {"kept_alone": int(len(alone)), "reduced_to": int(room),
+                     "unverified": int(room), "width": int(len(weights))}

@@ -26,7 +26,7 @@ from flwr.serverapp.strategy import Strategy
 
 from gems_fl.protocol import wire
 from gems_fl.protocol.wire import content_bytes
-from gems_fl.geometry.layer_merge import merge_layer
+from gems_fl.geometry.layer_merge import bound_width, merge_layer
 from gems_fl.settings import Settings
 from gems_fl.protocol.strategy import (
     ConvexOutcome,
@@ -150,9 +150,16 @@ class LayerwiseGEMS(Strategy):
             self.first_layer_centers = [centers for centers, _ in node_neurons]
         merged = merge_layer(node_neurons, num_clusters=self.settings.clusters,
                              seed=self.settings.seed)
-        self.layers.append((merged.weights[:, :-1].copy(), merged.weights[:, -1].copy()))
-        record.width = merged.width
+        weights = merged.weights
         record.merge = merged.to_dict()
+        if 0 < self.settings.max_width < merged.width:
+            weights, bound = bound_width(merged, self.settings.max_width, self.settings.seed)
+            record.merge["max_width"] = bound
+            log(INFO, "Layer %d: max-width=%d: %d neurons kept alone reduced to %d k-means "
+                "centers (unverified)", record.layer, self.settings.max_width,
+                bound["kept_alone"], bound["reduced_to"])
+        self.layers.append((weights[:, :-1].copy(), weights[:, -1].copy()))
+        record.width = int(weights.shape[0])
         log(INFO, "Layer %d: %d nodes x %d neurons -> width %d (%d merged groups, %d kept "
             "alone)", record.layer, len(accepted), self.widths[j], merged.width,
             merged.num_intersected_groups, merged.num_kept_alone)

@@ -119,6 +119,9 @@ SETTINGS_HELP: dict[tuple[str, ...], str] = {
     ('device',): (
         'where local training, fine-tuning and feature extraction run: `auto` (CUDA when the process sees one, else CPU), `cpu`, or `cuda` (an error where there is no CUDA device); radius searches and the layer merge stay on the CPU'
     ),
+    ('max-width',): (
+        'MLP: the most neurons a merged hidden layer may have (0: no bound). Above it, the neurons that merged with no other are replaced by k-means centers of them, reported as unverified'
+    ),
 }
 
 
