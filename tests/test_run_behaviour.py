@@ -85,6 +85,13 @@ def test_preflight_paper_division_has_no_11_nodes(capsys, tmp_path, no_processes
     assert "label-division" in line and "11 nodes" in line
 
 
+def test_preflight_refuses_nodes_that_would_get_too_little_data(capsys, tmp_path, no_processes):
+    # digits holds 128 validation samples: iid over 200 nodes leaves nodes without any.
+    line = run_cli_fails(capsys, ["--nodes", "200", "--output-dir", str(tmp_path),
+                                  "--run-config", "label-division='iid'"])
+    assert "label-division 'iid'" in line and "200 nodes" in line and "at most" in line
+
+
 def test_preflight_fewer_nodes_than_min_replies(capsys, tmp_path, no_processes):
     line = run_cli_fails(capsys, ["--nodes", "1", "--output-dir", str(tmp_path)])
     assert "min-replies=2" in line and "--nodes 1" in line

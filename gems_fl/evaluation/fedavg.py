@@ -37,8 +37,7 @@ from torch import nn
 
 from gems_fl.data import FeatureOptions, load_dataset, node_data, parse_division
 from gems_fl.data.nodes import cast_node_arrays, load_node_data
-from gems_fl.learning.models import MLP, build_model
-from gems_fl.learning.train import OPTIMIZERS, accuracy, fine_tune
+from gems_fl.learning.train import OPTIMIZERS, accuracy, fine_tune, set_default_device
 from gems_fl.protocol.inprocess import InProcessGrid
 from gems_fl.settings import Settings
 
@@ -51,15 +50,14 @@ fedavg_client_app = ClientApp()
 
 def make_model(settings: Settings, num_features: int, num_classes: int) -> nn.Module:
     """The model GEMS uses for ``settings.model`` (logistic regression or the MLP)."""
-    if settings.model == "mlp":
-        return MLP(num_features, settings.hidden_widths, num_classes, settings.dropout)
-    return build_model(settings.model, num_features, num_classes)
+    return settings.new_model(num_features, num_classes)
 
 
 @fedavg_client_app.train()
 def train(msg: Message, context: Context) -> Message:
     """Train the received model on this node's partition; reply with it and its size."""
     settings = Settings.from_run_config(context.run_config)
+    set_default_device(settings.device)
     data = cast_node_arrays(load_node_data(settings, context.node_config))
     config = msg.content["config"]
     model = make_model(settings, data.num_features, data.num_classes)

@@ -54,7 +54,32 @@ def preflight(settings: Settings, num_nodes: int | None = None, *, check_data: b
         check_division(settings, num_nodes)
     if check_data:
         check_data_files(settings)
+        if num_nodes is not None:
+            check_partition(settings, num_nodes)
     check_output_dir(settings.output_dir)
+
+
+# The datasets whose partition nodes can be sized before the run (cheap to load: the
+# feature pipelines of CIFAR-10 and HAM10000 are not run for a check).
+SIZED_DATASETS = ("digits", "fashion-mnist", "mnist")
+
+
+def check_partition(settings: Settings, num_nodes: int) -> None:
+    """Every partition node gets training data of each class it holds and validation
+    data: refused here, with the largest node count that works, instead of mid-run."""
+    if settings.dataset not in SIZED_DATASETS:
+        return
+    from gems_fl.data import load_dataset, parse_division
+    from gems_fl.data.partition import check_partition_sizes
+
+    splits = load_dataset(settings.dataset, seed=settings.seed,
+                          data_dir=settings.data_dir or None)
+    division = parse_division(settings.label_division, num_nodes, splits.num_classes)
+    try:
+        check_partition_sizes(splits.train_y, splits.val_y, division,
+                              spec=settings.label_division)
+    except ValueError as exc:
+        raise PreflightError(f"{_one_line(str(exc))} (with --nodes {num_nodes})") from None
 
 
 def check_nodes(settings: Settings, num_nodes: int) -> None:
