@@ -49,7 +49,7 @@ class Settings:
     model: str = "logistic"
     hidden: str = "auto"
     dropout: float = 0.5
-    space: str = "ellipsoid"
+    space: str = "gram"
     eps: float = 0.4
     num_directions: int = 500
     r_max: float = 4000.0

@@ -42,7 +42,7 @@ SETTINGS_HELP: dict[tuple[str, ...], str] = {
         'Fine-tuning study: comma-separated public sample sizes (e.g. `100,200,500`); the server then tunes GEMS, each Local model, Averaged and a fresh Raw model identically on nested samples of each size and writes the curve to `results.json` (`fine_tuning`). Empty: off'
     ),
     ('space',): (
-        '`gram` (logit-space ellipsoid, see "Good-enough spaces"), or the paper\'s `ball` or `ellipsoid` (Fisher axes, appendix A)'
+        '`gram` (logit-space ellipsoid, see "Good-enough spaces"; the default), or the paper\'s `ball` or `ellipsoid` (Fisher axes, appendix A)'
     ),
     ('gram-rank',): (
         "`gram` only: 0 sends the node's full Gram matrix (upper triangle, float32); r > 0 sends a rank-r factor instead (fewer bytes, a coarser space)"
