@@ -178,3 +178,35 @@ def test_a_dead_node_is_rejected_once_by_name_and_is_no_participant(tmp_path, si
     assert rejected["node_name"] == "site-2" and rejected["node_id"] == 1002
     assert "node unavailable" in rejected["reason"]
     assert [p["name"] for p in results["participants"]] == ["site-0", "site-1"]
+
+
+def _check(*args):
+    import subprocess
+    import sys
+
+    from tests.helpers import ROOT
+
+    env = {**__import__("os").environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run([sys.executable, "-m", "gems_fl.running.cli", "check-data", *map(str, args)],
+                          capture_output=True, text=True, env=env, cwd=ROOT)
+    return proc.returncode, proc.stdout + proc.stderr
+
+
+def test_check_data_reports_and_rejects_with_clear_messages(tmp_path, sites):
+    code, out = _check(sites[0]["data-path"], "--features", 13, "--classes", ",".join(CLASSES))
+    assert code == 0, out
+    assert "train: x (144, 13)" in out and "test: x (48, 13)" in out and "OK" in out
+    assert "classes (3): adelie, chinstrap, gentoo" in out
+    x, y = blobs(30, 13, 3)
+    x[4, 1] = np.nan
+    x[5, 2] = np.inf
+    np.savez(tmp_path / "nan.npz", x_train=x, y_train=y, x_val=x[:5], y_val=y[:5])
+    code, out = _check(tmp_path / "nan.npz")
+    assert code == 1 and "REJECTED: x_train holds 1 NaN and 1 infinite value(s) in 2 row(s)" in out
+    np.savez(tmp_path / "noval.npz", x_train=x, y_train=y)
+    code, out = _check(tmp_path / "noval.npz")
+    assert code == 1 and "lacks array(s) x_val, y_val" in out
+    code, out = _check(sites[1]["data-path"], "--classes", "adelie,gentoo")
+    assert code == 1 and "holds label(s) chinstrap that are not among" in out
+    code, out = _check(sites[1]["data-path"], "--features", 12)
+    assert code == 1 and "x_train has 13 features but the run has 12" in out
