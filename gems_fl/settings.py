@@ -11,9 +11,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, fields, replace
 from typing import TYPE_CHECKING, Any, Mapping
 
+from gems_fl.data.agreement import NODE_FILES, STANDARDIZE_CHOICES
 from gems_fl.data.datasets import DATASET_NAMES
-from gems_fl.learning.widths import parse_hidden
-from gems_fl.learning.recipe import TrainRecipe, TuneRecipe
 from gems_fl.geometry.choices import (
     ELLIPSOID_FLOORS,
     GRAM_POINTS,
@@ -21,6 +20,8 @@ from gems_fl.geometry.choices import (
     NO_INTERSECTION_FALLBACKS,
     SPACE_KINDS,
 )
+from gems_fl.learning.recipe import TrainRecipe, TuneRecipe
+from gems_fl.learning.widths import parse_hidden
 
 if TYPE_CHECKING:
     from torch import nn
@@ -86,9 +87,14 @@ class Settings:
     allow_overlap: bool = False
     device: str = "auto"
     max_width: int = 0
+    num_features: int = 0
+    classes: str = ""
+    label_column: str = ""
+    standardize: str = "off"
+    public_data: str = ""
 
     def __post_init__(self) -> None:
-        _choice("dataset", self.dataset, DATASET_NAMES)
+        _choice("dataset", self.dataset, (*DATASET_NAMES, NODE_FILES))
         if self.hidden.strip().lower() == "auto":
             object.__setattr__(self, "hidden", AUTO_HIDDEN.get(self.dataset, AUTO_HIDDEN_DEFAULT))
         if self.ham10000_per_class < 4:
@@ -150,12 +156,50 @@ class Settings:
         _choice("gram-weighting", self.gram_weighting, GRAM_WEIGHTINGS)
         _choice("gram-point", self.gram_point, GRAM_POINTS)
         _choice("ellipsoid-floor", self.ellipsoid_floor, ELLIPSOID_FLOORS)
+        self._check_node_files()
         if not self.output_dir:
             raise SettingsError("output-dir must name a folder, e.g. 'gems-results'")
         _choice("device", self.device, DEVICES)
         if self.max_width < 0:
             raise SettingsError(f"max-width={self.max_width} must be >= 0 (0: no bound on the "
                                 "merged width of a hidden layer)")
+
+    def _check_node_files(self) -> None:
+        """``num-features``, ``classes``, ``standardize``, ``public-data`` and node-files."""
+        from gems_fl.data.site_files import parse_classes
+
+        _choice("standardize", self.standardize, STANDARDIZE_CHOICES)
+        if self.num_features < 0:
+            raise SettingsError(f"num-features={self.num_features} must be >= 0 (0: agreed "
+                                "from what the nodes report)")
+        try:
+            classes = parse_classes(self.classes)
+        except ValueError as exc:
+            raise SettingsError(str(exc)) from None
+        if isinstance(classes, int) and classes < 2:
+            raise SettingsError(f"classes={self.classes!r}: a classifier needs at least 2 classes")
+        if isinstance(classes, list) and len(classes) < 2:
+            raise SettingsError(f"classes={self.classes!r}: a classifier needs at least 2 classes")
+        if self.dataset == NODE_FILES:
+            if self.evaluate_on_server and not self.public_data.strip():
+                raise SettingsError(
+                    "dataset='node-files' keeps the data on the nodes, so the server has nothing "
+                    "to evaluate on: set evaluate-on-server=false (the nodes evaluate every "
+                    "model on their own data), or give public-data with a test split")
+            if self.evaluate_on_server and self.model == "mlp":
+                raise SettingsError(
+                    "dataset='node-files' with model='mlp': set evaluate-on-server=false (the "
+                    "server cannot rebuild the nodes' local MLPs without their data)")
+            return
+        from gems_fl.data.datasets import DATASET_SHAPES
+
+        features, count = DATASET_SHAPES[self.dataset]
+        if self.num_features not in (0, features):
+            raise SettingsError(f"num-features={self.num_features} but dataset='{self.dataset}' "
+                                f"has {features}; num-features pins dataset='node-files' runs")
+        if classes is not None and (classes if isinstance(classes, int) else len(classes)) != count:
+            raise SettingsError(f"classes={self.classes!r} but dataset='{self.dataset}' has "
+                                f"{count} classes; classes pins dataset='node-files' runs")
 
     @classmethod
     def from_run_config(cls, run_config: Mapping[str, Any]) -> "Settings":

@@ -9,8 +9,13 @@ import numpy as np
 import pytest
 import torch
 
-from gems_fl.data import FeatureOptions, clear_dataset_cache, load_dataset, parse_division
-from gems_fl.data import cifar10
+from gems_fl.data import (
+    FeatureOptions,
+    cifar10,
+    clear_dataset_cache,
+    load_dataset,
+    parse_division,
+)
 from gems_fl.data.cifar10 import cifar10_split_sizes, vgg_input
 from gems_fl.data.vgg16 import VGG16Features, load_vgg16_features
 from gems_fl.settings import Settings

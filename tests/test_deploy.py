@@ -15,8 +15,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from gems_fl.running.federation import TlsFederation, make_certs, make_node_key
 from gems_fl.data.nodes import write_partition_files
+from gems_fl.running.federation import TlsFederation, make_certs, make_node_key
 from tests.helpers import FAST, ROOT, run_in_process
 
 pytestmark = pytest.mark.slow

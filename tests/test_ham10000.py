@@ -9,8 +9,14 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from gems_fl.data import FeatureOptions, clear_dataset_cache, load_dataset, node_data, parse_division
-from gems_fl.data import ham10000
+from gems_fl.data import (
+    FeatureOptions,
+    clear_dataset_cache,
+    ham10000,
+    load_dataset,
+    node_data,
+    parse_division,
+)
 from gems_fl.data.ham10000 import DIAGNOSES, balanced_split, load_images, split_counts
 from tests.helpers import run_in_process
 

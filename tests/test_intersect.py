@@ -9,7 +9,11 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from gems_fl.geometry.intersect import IntersectionResult, find_intersection, membership_report
+from gems_fl.geometry.intersect import (
+    IntersectionResult,
+    find_intersection,
+    membership_report,
+)
 from gems_fl.geometry.spaces import Space
 
 

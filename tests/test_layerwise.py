@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 from flwr.app import Message
 
-from gems_fl.protocol import wire
 from gems_fl.evaluation.baselines import NN_ROW_NAMES
+from gems_fl.protocol import wire
 from tests.helpers import ROOT, run_in_process
 
 MLP_FAST = {"model": "mlp", "hidden": "12,8", "num-directions": 20, "clusters": 6,

@@ -12,8 +12,8 @@ from flwr.app import Array, Error, Message, MessageType, RecordDict
 from client_app import app as client_app
 from gems_fl.protocol import wire
 from gems_fl.protocol.inprocess import InProcessGrid
-from gems_fl.settings import Settings
 from gems_fl.protocol.strategy import NotEnoughRepliesError
+from gems_fl.settings import Settings
 from tests.helpers import FAST, app_defaults, run_in_process
 
 

@@ -7,8 +7,12 @@ import pytest
 import torch
 
 from gems_fl.geometry.fisher import diagonal_fisher, fisher_axes
-from gems_fl.learning.models import load_vector, build_model
-from gems_fl.geometry.radius import perturbed_accuracies, sample_directions, search_radius
+from gems_fl.geometry.radius import (
+    perturbed_accuracies,
+    sample_directions,
+    search_radius,
+)
+from gems_fl.learning.models import build_model, load_vector
 
 
 def _one_at_a_time(center, x, y, directions, radius):

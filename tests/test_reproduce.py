@@ -10,21 +10,20 @@ import numpy as np
 import pytest
 import torch
 
-from gems_fl.learning import train as train_module
 from gems_fl.data import load_dataset, parse_division
 from gems_fl.evaluation import fedavg as fedavg_module
 from gems_fl.evaluation.fedavg import FederatedCurve, choose_lr, run_federated, run_sgd
 from gems_fl.evaluation.fine_tuning import CURVE_ROWS, nested_samples
-from gems_fl.protocol.wire import content_bytes
+from gems_fl.learning import train as train_module
 from gems_fl.learning.models import build_model
+from gems_fl.learning.train import train_until_converged
+from gems_fl.learning.train_cache import ENV_VAR
+from gems_fl.protocol.wire import content_bytes
 from gems_fl.reproduce import Options, expected_files
 from gems_fl.reproduce.plan import build_plan
 from gems_fl.reproduce.report import mean_std, rounds_to_reach
 from gems_fl.settings import Settings, SettingsError
-from gems_fl.learning.train import train_until_converged
-from gems_fl.learning.train_cache import ENV_VAR
 from tests.helpers import FAST, app_defaults, run_in_process
-
 
 # --- plan -----------------------------------------------------------------------------
 

@@ -26,8 +26,19 @@ import numpy as np
 import torch
 
 from gems_fl.data.download import try_torchvision_download
-from gems_fl.data.feature_cache import cached, extract_features, file_digest, fingerprint, resolve_cache_dir
-from gems_fl.data.vgg16 import IMAGENET_MEAN, IMAGENET_STD, load_vgg16_features, weights_fingerprint
+from gems_fl.data.feature_cache import (
+    cached,
+    extract_features,
+    file_digest,
+    fingerprint,
+    resolve_cache_dir,
+)
+from gems_fl.data.vgg16 import (
+    IMAGENET_MEAN,
+    IMAGENET_STD,
+    load_vgg16_features,
+    weights_fingerprint,
+)
 
 NUM_CLASSES = 10
 TRAIN_FILES = tuple(f"data_batch_{i}" for i in range(1, 6))

@@ -34,7 +34,13 @@ import torch
 from torch import nn
 
 from gems_fl.data.augment import augment
-from gems_fl.data.feature_cache import cached, extract_features, file_digest, fingerprint, resolve_cache_dir
+from gems_fl.data.feature_cache import (
+    cached,
+    extract_features,
+    file_digest,
+    fingerprint,
+    resolve_cache_dir,
+)
 
 DIAGNOSES = ("akiec", "bcc", "bkl", "df", "mel", "nv", "vasc")
 NUM_CLASSES = len(DIAGNOSES)

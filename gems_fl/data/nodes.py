@@ -19,18 +19,36 @@ Flower node id, so a rerun with the same data and seed gives the same numbers.
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping
 
 import numpy as np
 
-from gems_fl.data import DATASET_SHAPES, FeatureOptions, load_dataset, node_data, parse_division
+from gems_fl.data import (
+    DATASET_SHAPES,
+    FeatureOptions,
+    load_dataset,
+    node_data,
+    parse_division,
+)
+from gems_fl.data.agreement import NODE_FILES, DataAgreement
+from gems_fl.data.site_files import (
+    SiteFile,
+    SiteFileError,
+    combine_stats,
+    encode_labels,
+    feature_stats,
+    parse_classes,
+    read_site_file,
+    site_problems,
+    split_off_test,
+)
 
 if TYPE_CHECKING:  # settings sit above data; data only reads a few attributes
     from gems_fl.settings import Settings
 
-NPZ_KEYS = ("x_train", "y_train", "x_val", "y_val")
+NPZ_KEYS = ("x_train", "y_train", "x_val", "y_val")  # plus optional x_test, y_test
 
 
 class NodeDataError(ValueError):
@@ -51,6 +69,16 @@ class NodeData:
     num_classes: int
     x_test: np.ndarray | None = None  # the node's own test split, where it holds one
     y_test: np.ndarray | None = None
+    classes: list[str] = field(default_factory=list)  # class name of each label index
+    scale: tuple[np.ndarray, np.ndarray] | None = None  # (mean, std) applied, if any
+
+    @property
+    def present_classes(self) -> list[str]:
+        """Names of the classes this node holds rows of (any split)."""
+        ys = [self.y_train, self.y_val] + ([self.y_test] if self.y_test is not None else [])
+        held = np.unique(np.concatenate([np.asarray(y).astype(np.int64) for y in ys]))
+        names = self.classes or [str(i) for i in range(self.num_classes)]
+        return [names[int(i)] for i in held]
 
     @property
     def arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
@@ -89,14 +117,21 @@ def node_name(node_config: Mapping[str, Any]) -> str:
     )
 
 
-def load_node_data(settings: "Settings", node_config: Mapping[str, Any]) -> NodeData:
+def load_node_data(settings: "Settings", node_config: Mapping[str, Any],
+                   agreement: DataAgreement | None = None) -> NodeData:
     """This node's data for the run, from ``data-path`` or ``partition-id``.
+
+    ``agreement`` (sent by the server with every train and evaluate message) fixes the
+    number of features, the class list (labels become indices in it) and, with
+    ``standardize='federated'``, the scaling. Without it (the identity query) the
+    node's own class names are used and nothing is scaled federatedly.
 
     Raises
     ------
     NodeDataError
         The node config names no data, the file is missing or malformed, or its
-        number of features or classes disagrees with the run's ``dataset``.
+        number of features or classes disagrees with the run; the message starts with
+        ``node '<name>'``.
     """
     name = node_name(node_config)
     has_partition = "partition-id" in node_config
@@ -104,16 +139,69 @@ def load_node_data(settings: "Settings", node_config: Mapping[str, Any]) -> Node
                      else name_number(name))
     data_path = str(node_config.get("data-path", "")).strip()
     if data_path:
+        data = _load_file_node(settings, node_config, agreement, name, seed, data_path)
+    else:
+        data = _load_partition_node(settings, node_config, name, seed, has_partition)
+    _split_test(data, node_config)
+    _standardize(data, settings, agreement)
+    return data
+
+
+def _run_shape(settings: "Settings", agreement: DataAgreement | None,
+               site: SiteFile | None) -> tuple[int | None, list[str] | None, str]:
+    """Features, class names and how to call the run in messages."""
+    if agreement is not None:
+        return agreement.num_features, agreement.classes, "the run"
+    if settings.dataset != NODE_FILES:
         num_features, num_classes = DATASET_SHAPES[settings.dataset]
-        arrays = load_node_file(data_path)
-        check_node_arrays(arrays, num_features, num_classes, settings.dataset,
-                          where=f"node '{name}': {data_path}")
-        return NodeData(name, seed, f"data-path={data_path}", *arrays, num_classes=num_classes)
+        return num_features, [str(i) for i in range(num_classes)], \
+            f"the run's dataset '{settings.dataset}'"
+    pinned = parse_classes(settings.classes)
+    classes = pinned if isinstance(pinned, list) else None
+    if isinstance(pinned, int) and site is not None and all(
+            n.lstrip("-").isdigit() for n in site.labels):
+        classes = [str(i) for i in range(pinned)]
+    return settings.num_features or None, classes, "the run"
+
+
+def read_node_site(name: str, data_path: str, label_column: str = "") -> SiteFile:
+    """The node's file, read as :func:`gems_fl.data.site_files.read_site_file` reads it;
+    errors name the node."""
+    try:
+        return read_site_file(data_path, label_column)
+    except SiteFileError as exc:
+        raise NodeDataError(f"node '{name}': {exc}") from None
+
+
+def _load_file_node(settings: "Settings", node_config: Mapping[str, Any],
+                    agreement: DataAgreement | None, name: str, seed: int,
+                    data_path: str) -> NodeData:
+    site = read_node_site(name, data_path, settings.label_column)
+    num_features, classes, run = _run_shape(settings, agreement, site)
+    problems = site_problems(site, num_features, classes, run=run)
+    if problems:
+        hint = ("; give this node data with the run's features and classes, or run with the "
+                "matching dataset setting") if settings.dataset != NODE_FILES else ""
+        raise NodeDataError(f"node '{name}': {data_path}: {'; '.join(problems)}{hint}")
+    if classes is None:
+        classes = site.labels
+    y = {split: encode_labels(labels, classes) for split, labels in site.y.items()}
+    data = NodeData(name, seed, f"data-path={data_path}", site.x["train"], y["train"],
+                    site.x["val"], y["val"], num_classes=len(classes),
+                    x_test=site.x.get("test"), y_test=y.get("test"))
+    data.classes = list(classes)
+    return data
+
+
+def _load_partition_node(settings: "Settings", node_config: Mapping[str, Any], name: str,
+                         seed: int, has_partition: bool) -> NodeData:
     if not has_partition or "num-partitions" not in node_config:
         raise NodeDataError(
             f"node '{name}': the node config has neither data-path nor both partition-id "
-            "and num-partitions; give --node-config \"data-path='/path/to/site.npz'\""
-        )
+            "and num-partitions; give --node-config \"data-path='/path/to/site.npz'\"")
+    if settings.dataset == NODE_FILES:
+        raise NodeDataError(f"node '{name}': dataset='node-files' needs every node to give "
+                            "data-path in its node config; partition-id slices a named dataset")
     partition_id = int(node_config["partition-id"])
     num_partitions = int(node_config["num-partitions"])
     data_dir = str(node_config.get("data-dir", settings.data_dir)) or None
@@ -121,76 +209,61 @@ def load_node_data(settings: "Settings", node_config: Mapping[str, Any]) -> Node
                           features=FeatureOptions.from_settings(settings))
     division = parse_division(settings.label_division, num_partitions, splits.num_classes)
     arrays = node_data(splits, division, partition_id, settings.seed)
-    return NodeData(name, seed, f"partition {partition_id} of {num_partitions}", *arrays,
+    data = NodeData(name, seed, f"partition {partition_id} of {num_partitions}", *arrays,
                     num_classes=splits.num_classes)
+    data.classes = [str(i) for i in range(splits.num_classes)]
+    return data
+
+
+def _split_test(data: NodeData, node_config: Mapping[str, Any]) -> None:
+    """``test-fraction`` (node config): split a seeded test split off the training rows,
+    unless the node's file already holds one."""
+    fraction = float(node_config.get("test-fraction", 0.0) or 0.0)
+    if fraction <= 0.0 or data.y_test is not None:
+        return
+    if fraction >= 1.0:
+        raise NodeDataError(f"node '{data.name}': test-fraction={fraction} must be in (0, 1)")
+    try:
+        data.x_train, data.y_train, data.x_test, data.y_test = split_off_test(
+            data.x_train, data.y_train, fraction, data.seed)
+    except ValueError as exc:
+        raise NodeDataError(f"node '{data.name}': {exc}") from None
+
+
+def _standardize(data: NodeData, settings: "Settings", agreement: DataAgreement | None) -> None:
+    """Scale features: ``node`` with this node's training mean/std, ``federated`` with the
+    mean/std the server combined from every node's sums (carried by ``agreement``)."""
+    mode = getattr(settings, "standardize", "off")
+    if mode == "off":
+        return
+    if mode == "node":
+        mean, std = combine_stats([feature_stats(data.x_train)])
+    elif agreement is not None and agreement.mean is not None and agreement.std is not None:
+        mean, std = agreement.mean, agreement.std
+    else:
+        return  # the identity query: the node reports its sums, nothing is scaled yet
+    data.scale = (np.asarray(mean), np.asarray(std))
+    data.x_train = (np.asarray(data.x_train, dtype=np.float64) - mean) / std
+    data.x_val = (np.asarray(data.x_val, dtype=np.float64) - mean) / std
+    if data.x_test is not None:
+        data.x_test = (np.asarray(data.x_test, dtype=np.float64) - mean) / std
 
 
 def load_node_file(path: str | Path) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """Read a node's data file: ``.npz`` (``x_train``, ``y_train``, ``x_val``, ``y_val``)
-    or ``.csv`` (``<stem>.csv`` is training data, ``<stem>_val.csv`` validation data; one
-    sample per row, the label in the last column, no header).
-    """
-    path = Path(path).expanduser()
-    if not path.is_file():
-        raise NodeDataError(f"data-path {path} does not exist or is not a file")
-    suffix = path.suffix.lower()
-    if suffix == ".npz":
+    """``(x_train, y_train, x_val, y_val)`` of a node file (see
+    :mod:`gems_fl.data.site_files`); integer labels come back as integers."""
+    try:
+        site = read_site_file(path)
+    except SiteFileError as exc:
+        raise NodeDataError(str(exc)) from None
+
+    def labels(y: np.ndarray) -> np.ndarray:
         try:
-            with np.load(path, allow_pickle=False) as f:
-                missing = [k for k in NPZ_KEYS if k not in f.files]
-                if missing:
-                    raise NodeDataError(
-                        f"{path} lacks array(s) {', '.join(missing)}; a node's .npz must hold "
-                        f"{', '.join(NPZ_KEYS)} (found: {', '.join(f.files) or 'none'})")
-                arrays = tuple(np.asarray(f[k]) for k in NPZ_KEYS)
-        except (OSError, ValueError) as exc:
-            if isinstance(exc, NodeDataError):
-                raise
-            raise NodeDataError(f"{path} cannot be read as .npz: {exc}") from None
-        return arrays  # type: ignore[return-value]
-    if suffix == ".csv":
-        val_path = path.with_name(f"{path.stem}_val.csv")
-        if not val_path.is_file():
-            raise NodeDataError(f"{path} is a CSV training file, so the validation data must "
-                                f"lie next to it as {val_path}; it does not exist")
-        out = []
-        for p in (path, val_path):
-            try:
-                table = np.loadtxt(p, delimiter=",", ndmin=2)
-            except ValueError as exc:
-                raise NodeDataError(f"{p} is not a numeric CSV without header: {exc}") from None
-            out += [table[:, :-1], table[:, -1]]
-        return tuple(out)  # type: ignore[return-value]
-    raise NodeDataError(f"data-path {path}: unknown file type '{suffix}'; use .npz or .csv")
+            return y.astype(np.int64)
+        except ValueError:
+            return y
 
-
-def check_node_arrays(
-    arrays: tuple[np.ndarray, ...], num_features: int, num_classes: int, dataset: str, where: str
-) -> None:
-    """Check shapes, labels and values of a node's arrays against the run's dataset."""
-    x_tr, y_tr, x_val, y_val = arrays
-    for label, x, y in (("train", x_tr, y_tr), ("val", x_val, y_val)):
-        if x.ndim != 2:
-            raise NodeDataError(f"{where}: x_{label} has shape {x.shape}; expected a 2-D "
-                                "array (samples x features)")
-        if x.shape[1] != num_features:
-            raise NodeDataError(
-                f"{where}: x_{label} has {x.shape[1]} features but the run's dataset "
-                f"'{dataset}' has {num_features}; give this node data with {num_features} "
-                "features per sample, or run with the matching dataset setting")
-        if y.ndim != 1 or len(y) != len(x):
-            raise NodeDataError(f"{where}: y_{label} has shape {y.shape}; expected "
-                                f"({len(x)},), one label per row of x_{label}")
-        if len(y) == 0:
-            raise NodeDataError(f"{where}: the {label} split is empty")
-        if not np.issubdtype(x.dtype, np.number) or not np.all(np.isfinite(x)):
-            raise NodeDataError(f"{where}: x_{label} must be finite numbers")
-        if not np.issubdtype(y.dtype, np.number) or not np.all(np.equal(np.mod(y, 1), 0)):
-            raise NodeDataError(f"{where}: y_{label} must be integer class labels")
-        if y.min() < 0 or y.max() >= num_classes:
-            raise NodeDataError(
-                f"{where}: y_{label} has labels in [{int(y.min())}, {int(y.max())}] but the "
-                f"run's dataset '{dataset}' has {num_classes} classes (labels 0..{num_classes - 1})")
+    return site.x["train"], labels(site.y["train"]), site.x["val"], labels(site.y["val"])
 
 
 def cast_node_arrays(data: NodeData) -> NodeData:

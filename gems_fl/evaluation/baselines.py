@@ -18,12 +18,11 @@ from logging import INFO
 import numpy as np
 import torch
 from flwr.common.logger import log
-
 from torch import nn
 
+from gems_fl.evaluation.server_data import ServerData
 from gems_fl.learning.models import count_parameters, freeze_hidden
 from gems_fl.learning.train import accuracy, predict
-from gems_fl.evaluation.server_data import ServerData
 from gems_fl.settings import Settings
 
 ROW_NAMES = ("Global", "Local", "Averaged", "GEMS", "GEMS tuned", "Raw", "Raw converged")
@@ -57,12 +56,16 @@ def evaluate_rows(
                 "parameters": count_parameters(model), **extra}
 
     rows: dict[str, dict[str, object]] = {}
-    log(INFO, "Global: training on all %d node training samples pooled", len(data.train_y))
-    torch.manual_seed(settings.seed)
-    global_model = settings.new_model(num_features, num_classes)
-    report = settings.local_recipe.train(global_model, data.train_x, data.train_y, settings.seed)
-    rows["Global"] = row(global_model, epochs=report.epochs)
-    log(INFO, "Global: %d epochs, test accuracy %.4f", report.epochs, rows["Global"]["accuracy"])
+    if len(data.train_y) == 0:
+        rows["Global"] = {"accuracy": None,
+                          "skipped": "the server holds no node data (dataset='node-files')"}
+    else:
+        log(INFO, "Global: training on all %d node training samples pooled", len(data.train_y))
+        torch.manual_seed(settings.seed)
+        global_model = settings.new_model(num_features, num_classes)
+        report = settings.local_recipe.train(global_model, data.train_x, data.train_y, settings.seed)
+        rows["Global"] = row(global_model, epochs=report.epochs)
+        log(INFO, "Global: %d epochs, test accuracy %.4f", report.epochs, rows["Global"]["accuracy"])
 
     per_node = {name: accuracy(m, data.test_x, data.test_y) for name, m in models.local.items()}
     first = next(iter(models.local.values()))

@@ -25,9 +25,9 @@ import torch
 from flwr.common.logger import log
 from torch import nn
 
-from gems_fl.settings import Settings
 from gems_fl.learning.models import freeze_hidden
 from gems_fl.learning.train import accuracy, fine_tune
+from gems_fl.settings import Settings
 
 CURVE_ROWS = ("GEMS tuned", "Local tuned", "Averaged tuned", "Raw")
 

@@ -15,8 +15,8 @@ import numpy as np
 import torch
 
 from gems_fl.data.nodes import node_seed
-from gems_fl.protocol.node_layerwise import round_seed, train_local_mlp
 from gems_fl.learning.models import MLP
+from gems_fl.protocol.node_layerwise import round_seed, train_local_mlp
 from gems_fl.settings import Settings
 
 

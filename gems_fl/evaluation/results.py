@@ -113,6 +113,9 @@ def print_results(results: dict[str, Any], console: Console | None = None) -> No
                       "-" if acc is None else f"{acc:.3f}",
                       "-" if good is None else ("yes" if good else "NO"))
     console.print(nodes)
+    evaluation = node_evaluation_table(results)
+    if evaluation is not None:
+        console.print(evaluation)
     for r in results.get("verification", {}).get("missing", []):
         console.print(f"[red]no verification[/red] from node '{r['node_name']}' "
                       f"{r['node_id']}: {r['reason']}")
@@ -121,6 +124,38 @@ def print_results(results: dict[str, Any], console: Console | None = None) -> No
         console.print(f"[red]rejected[/red] node{name} {r['node_id']}: {r['reason']}")
     for note in results.get("notes", []):
         console.print(f"[yellow]note[/yellow]: {note}")
+
+
+def model_label(key: str) -> str:
+    """A model key of the evaluate round as a row label (``local.site-a`` -> ``Local site-a``)."""
+    fixed = {"gems": "GEMS", "averaged": "Averaged", "gems-tuned": "GEMS tuned", "raw": "Raw"}
+    if key in fixed:
+        return fixed[key]
+    return f"Local {key.split('.', 1)[1]}" if key.startswith("local.") else key
+
+
+def node_evaluation_table(results: dict[str, Any]) -> Table | None:
+    """Every model evaluated on every node's own data (test split where the node holds one,
+    else val) and pooled over the nodes, weighted by samples; None before any node answered."""
+    ver = results.get("verification") or {}
+    per_node = ver.get("per_node") or {}
+    if not per_node:
+        return None
+    table = Table(title="Evaluated on the nodes' own data (test split where present, else val); "
+                  "pooled weighted by samples")
+    table.add_column("model")
+    for name, entry in per_node.items():
+        table.add_column(f"{name} ({entry['split']}, n={entry['samples']})", justify="right")
+    table.add_column("pooled", justify="right")
+    keys = list(ver.get("pooled", {}))
+    for entry in per_node.values():
+        keys += [k for k in entry["accuracy"] if k not in keys]
+    for key in keys:
+        cells = [f"{entry['accuracy'][key]:.4f}" if key in entry["accuracy"] else "-"
+                 for entry in per_node.values()]
+        pooled = ver.get("pooled", {}).get(key)
+        table.add_row(model_label(key), *cells, "-" if pooled is None else f"{pooled:.4f}")
+    return table
 
 
 PACKAGES = {"gems-fl": "gems-fl", "flwr": "flwr", "torch": "torch", "numpy": "numpy",

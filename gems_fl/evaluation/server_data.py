@@ -86,3 +86,106 @@ def load_server_data(
     return data, meta, notes
 
 
+
+
+@dataclass
+class PublicData:
+    """The server's own ``public-data`` file: a sample to tune on (``x``, ``y``) and
+    optionally a test split, mapped to the run's classes and scaled like the nodes."""
+
+    x: np.ndarray
+    y: np.ndarray
+    test_x: np.ndarray
+    test_y: np.ndarray
+
+    def as_server_data(self, num_classes: int) -> ServerData:
+        """A :class:`ServerData` with no pooled node data (Global is skipped)."""
+        if len(self.test_y) == 0:
+            raise ValueError("evaluate-on-server=true with dataset='node-files' evaluates on "
+                             "public-data's test split (x_test/y_test, or <stem>_test.csv), "
+                             "which the file lacks; add one or set evaluate-on-server=false")
+        empty = np.zeros((0, self.x.shape[1]), dtype=np.float32)
+        return ServerData(train_x=empty, train_y=np.zeros(0, dtype=np.int64),
+                          test_x=self.test_x, test_y=self.test_y, public_x=self.x,
+                          public_y=self.y, num_classes=num_classes,
+                          pool_x=self.x, pool_y=self.y)
+
+
+def load_public_data(settings: Settings, agreement) -> PublicData:  # noqa: ANN001
+    """Read ``public-data`` (npz ``x``/``y`` [+ ``x_test``/``y_test``] or csv [+ ``_test.csv``])
+    the way a node reads its file, check it against the run's agreed features and
+    classes, map the labels, and scale it (federated: the nodes' mean/std; node: its own).
+
+    Raises ``ValueError`` naming the file and the problem.
+    """
+    from gems_fl.data.site_files import (
+        SiteFileError,
+        combine_stats,
+        encode_labels,
+        feature_stats,
+        read_site_file,
+        site_problems,
+    )
+
+    path = settings.public_data.strip()
+    try:
+        site = read_site_file(path, settings.label_column, public=True)
+    except SiteFileError as exc:
+        raise ValueError(f"public-data: {exc}") from None
+    problems = site_problems(site, agreement.num_features, agreement.classes)
+    if problems:
+        raise ValueError(f"public-data {path}: {'; '.join(problems)}")
+    x, test_x = site.x["train"], site.x.get("test", np.zeros((0, agreement.num_features)))
+    mean = std = None
+    if settings.standardize == "federated" and agreement.mean is not None:
+        mean, std = agreement.mean, agreement.std
+    elif settings.standardize == "node":
+        mean, std = combine_stats([feature_stats(x)])
+    if mean is not None:
+        x, test_x = (x - mean) / std, (test_x - mean) / std
+    test_y = site.y.get("test", np.array([], dtype=str))
+    return PublicData(np.asarray(x, dtype=np.float32), encode_labels(site.y["train"], agreement.classes),
+                      np.asarray(test_x, dtype=np.float32), encode_labels(test_y, agreement.classes))
+
+
+def scale_server_data(data: ServerData, agreement, settings: Settings) -> None:  # noqa: ANN001
+    """Scale what a simulation's server holds as the nodes scale theirs (``standardize``):
+    federated with the nodes' combined mean/std, node with the pooled training rows'."""
+    from gems_fl.data.site_files import combine_stats, feature_stats
+
+    if settings.standardize == "off":
+        return
+    if settings.standardize == "federated" and agreement is not None and agreement.mean is not None:
+        mean, std = agreement.mean, agreement.std
+    else:
+        mean, std = combine_stats([feature_stats(data.train_x)])
+
+    def scale(x):  # noqa: ANN001, ANN202
+        return None if x is None else ((np.asarray(x, dtype=np.float64) - mean) / std).astype(np.float32)
+
+    data.train_x, data.test_x, data.public_x = scale(data.train_x), scale(data.test_x), scale(data.public_x)
+    data.pool_x = scale(data.pool_x)
+    data.node_parts = [(scale(p[0]), p[1], scale(p[2]), p[3]) for p in data.node_parts]
+
+
+def tune_on_public(run, public: PublicData, settings: Settings, num_features: int,  # noqa: ANN001
+                   num_classes: int) -> dict[str, dict[str, np.ndarray]]:
+    """GEMS tuned and Raw, trained on the server's public data with the same recipe as the
+    server-side rows, as state dicts for the evaluate round (the nodes score them)."""
+    import copy
+
+    import torch
+
+    if len(public.y) == 0 or settings.tune_epochs == 0:
+        return {}
+    tune = settings.tune_recipe
+    tuned = copy.deepcopy(run.gems_model)
+    if settings.tune_layers == "last":
+        for layer in getattr(tuned, "hidden", []):
+            layer.requires_grad_(False)
+    tune.tune(tuned, public.x, public.y, settings.seed)
+    torch.manual_seed(settings.seed + 1)
+    raw = settings.new_model(num_features, num_classes)
+    tune.tune(raw, public.x, public.y, settings.seed)
+    as_state = lambda m: {k: v.detach().cpu().numpy() for k, v in m.state_dict().items()}  # noqa: E731
+    return {"gems-tuned": as_state(tuned), "raw": as_state(raw)}

@@ -29,8 +29,8 @@ flwr; from gems_fl only the shared interval kernel of the radius search.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import NamedTuple
 
 import numpy as np

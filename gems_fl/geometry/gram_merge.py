@@ -19,12 +19,11 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from gems_fl.geometry.choices import GRAM_POINTS as POINTS
+from gems_fl.geometry.choices import GRAM_WEIGHTINGS as WEIGHTINGS
 from gems_fl.geometry.gram import gram_center, minimax_gram_point
 from gems_fl.geometry.intersect import IntersectionResult
 from gems_fl.geometry.spaces import GramSpace
-
-from gems_fl.geometry.choices import GRAM_POINTS as POINTS
-from gems_fl.geometry.choices import GRAM_WEIGHTINGS as WEIGHTINGS
 
 
 def merge_weights(spaces: Sequence[GramSpace], num_train: Sequence[float], weighting: str) -> np.ndarray:

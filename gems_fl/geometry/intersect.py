@@ -24,9 +24,8 @@ from typing import Any
 import numpy as np
 
 from gems_fl.geometry._checks import check_option, check_scalar
-from gems_fl.geometry.spaces import Space, within_radius
-
 from gems_fl.geometry.choices import NO_INTERSECTION_FALLBACKS as FALLBACKS
+from gems_fl.geometry.spaces import Space, within_radius
 
 # Relative margin by which the emptiness certificate must be negative to count.
 _CERTIFICATE_RTOL = 1e-9

@@ -20,6 +20,7 @@ import torch
 
 from gems_fl.geometry._checks import check_scalar
 
+
 @dataclass(frozen=True)
 class RadiusResult:
     """Outcome of one radius search.

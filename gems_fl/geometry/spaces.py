@@ -13,7 +13,6 @@ from dataclasses import dataclass
 import numpy as np
 
 from gems_fl.geometry._checks import check_scalar
-
 from gems_fl.geometry.choices import PAPER_SPACE_KINDS, SPACE_KINDS  # noqa: F401 - re-exported
 
 # Tolerances of the membership test: relative to the radius, and absolute.

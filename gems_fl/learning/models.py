@@ -15,7 +15,6 @@ from torch import nn
 
 from gems_fl.learning.widths import parse_hidden  # noqa: F401 - re-exported
 
-
 MODELS = ("logistic", "mlp")
 
 

@@ -9,7 +9,6 @@ at every call site.
 from __future__ import annotations
 
 from dataclasses import dataclass
-
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # torch is imported when a recipe is used, not when settings are read

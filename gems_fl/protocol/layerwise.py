@@ -24,10 +24,8 @@ from flwr.common.logger import log
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Strategy
 
-from gems_fl.protocol import wire
-from gems_fl.protocol.wire import content_bytes
 from gems_fl.geometry.layer_merge import bound_width, merge_layer
-from gems_fl.settings import Settings
+from gems_fl.protocol import wire
 from gems_fl.protocol.strategy import (
     ConvexOutcome,
     NodeReply,
@@ -36,6 +34,8 @@ from gems_fl.protocol.strategy import (
     select_nodes,
     validate_replies,
 )
+from gems_fl.protocol.wire import content_bytes
+from gems_fl.settings import Settings
 
 Layer = tuple[np.ndarray, np.ndarray]
 
@@ -60,8 +60,11 @@ class LayerwiseGEMS(Strategy):
 
     def __init__(self, settings: Settings, num_features: int, num_classes: int,
                  participants: list[int] | None = None,
-                 names: dict[int, str] | None = None) -> None:
+                 names: dict[int, str] | None = None,
+                 extra_config: dict[str, Any] | None = None) -> None:
         self.settings = settings
+        self.extra_config = dict(extra_config or {})  # the data agreement, for every node
+        self._messages: list[Message] = []
         self.participants = participants
         self.names = dict(names or {})
         self.num_features = num_features
@@ -101,11 +104,13 @@ class LayerwiseGEMS(Strategy):
             if item["node_id"] not in self.excluded:
                 self.rounds[-1].rejected.append(item)
                 self.excluded[item["node_id"]] = f"round {server_round}: {item['reason']}"
-        content = wire.encode_layer_round(self.settings.to_config(), server_round, self.layers)
+        content = wire.encode_layer_round({**self.settings.to_config(), **self.extra_config},
+                                          server_round, self.layers)
         self.rounds[-1].bytes_sent = content_bytes(content) * len(nodes)
-        return [Message(content=content, message_type=MessageType.TRAIN, dst_node_id=n,
-                        group_id=str(server_round), ttl=self.settings.round_timeout)
-                for n in nodes]
+        self._messages = [Message(content=content, message_type=MessageType.TRAIN, dst_node_id=n,
+                                  group_id=str(server_round), ttl=self.settings.round_timeout)
+                          for n in nodes]
+        return self._messages
 
     def aggregate_train(
         self, server_round: int, replies: Iterable[Message]
@@ -127,7 +132,7 @@ class LayerwiseGEMS(Strategy):
     def _accept(self, record: LayerRound, replies: list[Message], decode) -> list[tuple[int, Any]]:  # noqa: ANN001
         accepted, rejected = validate_replies(replies, record.nodes, decode,
                                               log_prefix=f"Round {record.round}: ",
-                                              names=self.names)
+                                              names=self.names, messages=self._messages)
         for item in rejected:
             record.rejected.append(item)
             self.excluded[item["node_id"]] = f"round {record.round}: {item['reason']}"

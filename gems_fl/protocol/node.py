@@ -14,7 +14,14 @@ import numpy as np
 import torch
 from flwr.app import Context, Message, RecordDict
 
-from gems_fl.data.nodes import cast_node_arrays, load_node_data
+from gems_fl.data.agreement import DataAgreement
+from gems_fl.data.nodes import (
+    NodeDataError,
+    cast_node_arrays,
+    load_node_data,
+    node_name,
+)
+from gems_fl.data.site_files import feature_stats
 from gems_fl.geometry.spaces import GramSpace, Space
 from gems_fl.learning.models import model_to_vector, vector_to_state
 from gems_fl.learning.threads import compute_threads
@@ -108,9 +115,11 @@ def _layer_round_reply(
 
 def handle_train(msg: Message, context: Context) -> Message:
     """Flower ``train`` handler: data -> local model -> good-enough space -> reply."""
-    settings = Settings.from_run_config(wire.decode_config(msg.content)).for_node(context.node_config)
+    config = wire.decode_config(msg.content)
+    settings = Settings.from_run_config(config).for_node(context.node_config)
     set_default_device(settings.device)
-    data = cast_node_arrays(load_node_data(settings, context.node_config))
+    data = cast_node_arrays(load_node_data(settings, context.node_config,
+                                           DataAgreement.from_config(config)))
     with compute_threads():  # one thread count for training and the search after it
         if settings.model == "mlp":
             content = _layer_round_reply(msg, settings, data.num_classes, data.arrays, data.seed)
@@ -130,8 +139,10 @@ def handle_train(msg: Message, context: Context) -> Message:
 def handle_evaluate(msg: Message, context: Context) -> Message:
     """Flower ``evaluate`` handler: score the server's models on this node's own data
     (validation split, and its test split where it holds one) against its own eps."""
-    settings = Settings.from_run_config(wire.decode_config(msg.content)).for_node(context.node_config)
-    data = cast_node_arrays(load_node_data(settings, context.node_config))
+    config = wire.decode_config(msg.content)
+    settings = Settings.from_run_config(config).for_node(context.node_config)
+    data = cast_node_arrays(load_node_data(settings, context.node_config,
+                                           DataAgreement.from_config(config)))
     return Message(content=score_models(msg.content, settings.eps, data.x_val, data.y_val,
                                         data.x_test, data.y_test), reply_to=msg)
 
@@ -139,12 +150,26 @@ def handle_evaluate(msg: Message, context: Context) -> Message:
 def handle_query(msg: Message, context: Context) -> Message:
     """Flower ``query`` handler: say who this node is and what data it holds.
 
-    The server asks before the first round; a node whose data does not fit the run
-    (wrong number of features or classes, unreadable file) raises here, so Flower
-    returns an error reply that names the problem and the server leaves it out.
+    The server asks before the first round. The answer carries the node's name, the
+    shape of its data, the class names it holds and, for ``standardize='federated'``,
+    per-feature sums of its training rows. A node whose data cannot take part (an
+    unreadable or malformed file, NaN, a wrong number of features or classes) answers
+    with its name and the reason, so the server names it and leaves it out.
     """
     settings = Settings.from_run_config(wire.decode_config(msg.content))
-    data = load_node_data(settings, context.node_config)
+    try:
+        name = node_name(context.node_config)
+    except NodeDataError as exc:
+        raise NodeDataError(f"node id {context.node_id}: {exc}") from None
+    source = str(context.node_config.get("data-path", "")) or "partition"
+    try:
+        data = load_node_data(settings, context.node_config)
+    except NodeDataError as exc:
+        logger.warning("%s", exc)
+        return Message(content=wire.encode_identity_error(name, f"data-path={source}", str(exc)),
+                       reply_to=msg)
+    stats = feature_stats(data.x_train) if settings.standardize == "federated" else None
     return Message(content=wire.encode_identity(
         data.name, data.source, num_features=data.num_features, num_classes=data.num_classes,
-        num_train=len(data.y_train), num_val=len(data.y_val)), reply_to=msg)
+        num_train=len(data.y_train), num_val=len(data.y_val), labels=data.present_classes,
+        stats=stats, num_test=0 if data.y_test is None else len(data.y_test)), reply_to=msg)

@@ -13,12 +13,12 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from gems_fl.learning.models import MLP, build_model
 from gems_fl.geometry.neurons import NeuronSearch, neuron_radii
+from gems_fl.learning.models import MLP, build_model
 from gems_fl.learning.threads import single_thread
+from gems_fl.learning.train import accuracy
 from gems_fl.protocol.linear_space import LayerSpace, linear_layer_space
 from gems_fl.settings import Settings
-from gems_fl.learning.train import accuracy
 
 Layer = tuple[np.ndarray, np.ndarray]  # (weight (out, in), bias (out,))
 

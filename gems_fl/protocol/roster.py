@@ -21,14 +21,17 @@ from flwr.app import Message, MessageType
 from flwr.common.logger import log
 from flwr.serverapp import Grid
 
+from gems_fl.data.agreement import NODE_FILES, DataAgreement
+from gems_fl.data.datasets import DATASET_SHAPES
+from gems_fl.data.site_files import combine_stats, parse_classes, sort_classes
 from gems_fl.protocol import wire
-from gems_fl.settings import Settings
 from gems_fl.protocol.strategy import validate_replies
+from gems_fl.settings import Settings
 
 
 @dataclass
 class Roster:
-    """The nodes that take part, their names, and the ones left out."""
+    """The nodes that take part, their names, the ones left out, and the data agreement."""
 
     participants: list[int]
     names: dict[int, str]
@@ -36,16 +39,31 @@ class Roster:
     counts: dict[int, dict[str, int]] = field(default_factory=dict)
     rejected: list[dict[str, object]] = field(default_factory=list)
     report: dict[str, Any] = field(default_factory=dict)
+    agreement: DataAgreement | None = None
+    labels: dict[int, list[str]] = field(default_factory=dict)
 
-    def nodes_json(self) -> list[dict[str, Any]]:
-        """One entry per participating node, for the results file."""
+    def nodes_json(self, dropped: set[int] | None = None) -> list[dict[str, Any]]:
+        """One entry per participating node, for the results file (``dropped``: nodes
+        rejected in a later round, left out)."""
+        dropped = dropped or set()
         return [{"node_id": int(n), "name": self.names[n], "data": self.sources.get(n, ""),
-                 **self.counts.get(n, {})} for n in self.participants]
+                 **self.counts.get(n, {}),
+                 **({"labels": self.labels[n]} if n in self.labels else {})}
+                for n in self.participants if n not in dropped]
 
 
 def identify_nodes(grid: Grid, node_ids: list[int], settings: Settings,
-                   num_features: int, num_classes: int) -> Roster:
-    """Query ``node_ids``; keep those whose data has the run's features and classes."""
+                   num_features: int | None = None, num_classes: int | None = None) -> Roster:
+    """Query ``node_ids``; agree on features, classes and scaling; keep the nodes that fit.
+
+    For a named ``dataset`` the features and classes are that dataset's. For
+    ``dataset='node-files'`` the number of features is ``num-features`` if set, else the
+    count most nodes report; the classes are ``classes`` if set, else every class name
+    the remaining nodes hold (sorted). Nodes that disagree are left out and named with
+    their shapes. With ``standardize='federated'`` the nodes' per-feature sums are
+    combined into one mean and std. ``num_features``/``num_classes`` are ignored
+    (kept for callers of the earlier signature).
+    """
     t0 = time.perf_counter()
     content = wire.encode_config(settings.to_config())
     messages = [Message(content=content, message_type=MessageType.QUERY, dst_node_id=n,
@@ -54,27 +72,108 @@ def identify_nodes(grid: Grid, node_ids: list[int], settings: Settings,
     bytes_received = sum(wire.content_bytes(r.content) for r in replies if not r.has_error())
 
     def check(reply_content):  # noqa: ANN001, ANN202
-        name, source, counts = wire.decode_identity(reply_content)
-        if counts["num-features"] != num_features or counts["num-classes"] != num_classes:
-            raise wire.ReplyError(
-                f"node '{name}' holds data with {counts['num-features']} features and "
-                f"{counts['num-classes']} classes; the run's dataset '{settings.dataset}' has "
-                f"{num_features} and {num_classes}")
-        return name, source, counts
+        identity = wire.decode_identity_full(reply_content)
+        return identity.name, identity
 
-    accepted, rejected = validate_replies(replies, node_ids, check, log_prefix="Identify: ")
-    roster = Roster(participants=[], names={}, rejected=rejected)
-    duplicates = {name for name, k in Counter(d[0] for _, d in accepted).items() if k > 1}
-    for node_id, (name, source, counts) in sorted(accepted, key=lambda item: item[1][0]):
-        if name in duplicates:
+    accepted, rejected = validate_replies(replies, node_ids, check, log_prefix="Identify: ",
+                                          messages=messages)
+    identities = {node_id: item[1] for node_id, item in accepted}
+    agreement, refused = agree(identities, settings)
+    for node_id, reason in refused.items():
+        log(WARNING, "Identify: left out node %d ('%s'): %s", node_id,
+            identities[node_id].name, reason)
+        rejected.append({"node_id": node_id, "node_name": identities[node_id].name,
+                         "reason": reason})
+    roster = Roster(participants=[], names={}, rejected=rejected, agreement=agreement)
+    kept = [(n, identities[n]) for n, _ in accepted if n not in refused]
+    duplicates = {name for name, k in Counter(i.name for _, i in kept).items() if k > 1}
+    for node_id, identity in sorted(kept, key=lambda item: item[1].name):
+        if identity.name in duplicates:
             log(WARNING, "Identify: several nodes call themselves '%s'; give each SuperNode "
-                "its own node-name (node config) so results can tell them apart", name)
+                "its own node-name (node config) so results can tell them apart", identity.name)
         roster.participants.append(node_id)
-        roster.names[node_id] = name
-        roster.sources[node_id] = source
-        roster.counts[node_id] = counts
-        log(INFO, "Identify: node '%s' (id %d): %s, %d train / %d val", name, node_id, source,
-            counts["num-train-examples"], counts["num-val-examples"])
+        roster.names[node_id] = identity.name
+        roster.sources[node_id] = identity.source
+        roster.counts[node_id] = {**identity.counts,
+                                  **({"num-test-examples": identity.num_test}
+                                     if identity.num_test else {})}
+        roster.labels[node_id] = identity.labels
+        log(INFO, "Identify: node '%s' (id %d): %s, %d train / %d val%s", identity.name, node_id,
+            identity.source, identity.counts["num-train-examples"],
+            identity.counts["num-val-examples"],
+            f" / {identity.num_test} test" if identity.num_test else "")
+    if agreement is not None:
+        log(INFO, "Identify: the run uses %d features and %d classes (%s)%s",
+            agreement.num_features, agreement.num_classes, ", ".join(agreement.classes),
+            "; features standardised with the nodes' combined mean and std"
+            if agreement.mean is not None else "")
     roster.report = {"bytes_sent": wire.content_bytes(content) * len(node_ids),
                      "bytes_received": bytes_received, "wall_s": time.perf_counter() - t0}
     return roster
+
+
+def _names(identities: dict[int, wire.Identity], nodes) -> str:  # noqa: ANN001
+    return ", ".join(sorted(identities[n].name for n in nodes))
+
+
+def agree(identities: dict[int, wire.Identity], settings: Settings
+          ) -> tuple[DataAgreement | None, dict[int, str]]:
+    """The run's :class:`DataAgreement` and ``{node id: reason}`` for the nodes left out."""
+    refused: dict[int, str] = {}
+    if not identities:
+        return None, refused
+    reported = {n: i.counts["num-features"] for n, i in identities.items()}
+    if settings.dataset != NODE_FILES:
+        num_features, count = DATASET_SHAPES[settings.dataset]
+        classes = [str(i) for i in range(count)]
+        how = f"the run's dataset '{settings.dataset}'"
+    elif settings.num_features:
+        num_features, how, classes = settings.num_features, "num-features setting", None
+    else:
+        votes = Counter(reported.values())
+        rows = lambda f: sum(identities[n].counts["num-train-examples"]  # noqa: E731
+                             for n, v in reported.items() if v == f)
+        num_features = max(votes, key=lambda f: (votes[f], rows(f), -f))
+        holders = [n for n, v in reported.items() if v == num_features]
+        how = f"held by {len(holders)} of {len(reported)} nodes: {_names(identities, holders)}"
+        classes = None
+    for node_id, features in reported.items():
+        if features != num_features:
+            refused[node_id] = (f"node '{identities[node_id].name}' holds data with {features} "
+                                f"features; the run has {num_features} ({how})")
+    remaining = [n for n in identities if n not in refused]
+    if classes is None:
+        classes = _agree_classes(identities, remaining, settings)
+    for node_id in remaining:
+        unknown = sorted(set(identities[node_id].labels) - set(classes))
+        if unknown:
+            refused[node_id] = (f"node '{identities[node_id].name}' holds label(s) "
+                                f"{', '.join(unknown)} that are not among the run's classes "
+                                f"({', '.join(classes)})")
+    remaining = [n for n in identities if n not in refused]
+    mean = std = None
+    if settings.standardize == "federated":
+        for node_id in remaining:
+            if identities[node_id].stats is None:
+                refused[node_id] = (f"node '{identities[node_id].name}' sent no feature sums for "
+                                    "standardize='federated'")
+        stats = [identities[n].stats for n in identities if n not in refused]
+        if stats:
+            mean, std = combine_stats(stats)
+    return DataAgreement(num_features, classes, mean, std), refused
+
+
+def _agree_classes(identities: dict[int, wire.Identity], nodes: list[int],
+                   settings: Settings) -> list[str]:
+    """``classes`` if it lists names; else the class names the nodes hold (with a count:
+    ``0..N-1`` for integer labels, otherwise the N names held by most nodes)."""
+    pinned = parse_classes(settings.classes)
+    if isinstance(pinned, list):
+        return pinned
+    held = Counter(label for n in nodes for label in set(identities[n].labels))
+    if pinned is None:
+        return sort_classes(held)
+    if all(label.lstrip("-").isdigit() for label in held):
+        return [str(i) for i in range(pinned)]
+    common = sorted(held, key=lambda label: (-held[label], label))[:pinned]
+    return sort_classes(common)

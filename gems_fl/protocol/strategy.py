@@ -16,18 +16,26 @@ from logging import INFO, WARNING
 from typing import Any
 
 import numpy as np
-from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
+from flwr.app import (
+    ArrayRecord,
+    ConfigRecord,
+    Message,
+    MessageType,
+    MetricRecord,
+    RecordDict,
+)
+from flwr.common.constant import ErrorCode
 from flwr.common.logger import log
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Strategy
 
-from gems_fl.protocol import wire
+from gems_fl.geometry.gram_merge import aggregate_gram
 from gems_fl.geometry.intersect import IntersectionResult, find_intersection
+from gems_fl.geometry.spaces import GramSpace, Space
 from gems_fl.learning.models import vector_to_state
+from gems_fl.protocol import wire
 from gems_fl.protocol.wire import content_bytes
 from gems_fl.settings import Settings
-from gems_fl.geometry.gram_merge import aggregate_gram
-from gems_fl.geometry.spaces import GramSpace, Space
 
 
 class NotEnoughRepliesError(RuntimeError):
@@ -58,6 +66,7 @@ def validate_replies(
     decode: Callable[[RecordDict], tuple[Any, ...]],
     log_prefix: str = "",
     names: Mapping[int, str] | None = None,
+    messages: Iterable[Message] | None = None,
 ) -> tuple[list[tuple[int, tuple[Any, ...]]], list[dict[str, object]]]:
     """Decode every reply; reject the bad and the missing with a log line naming the node.
 
@@ -67,23 +76,36 @@ def validate_replies(
     random node id or arrival, so the aggregate and every number stay reproducible.
     ``names`` maps node ids to the nodes' stable names (their node config's
     ``node-name``) for the log lines and the rejection records.
+
+    ``messages`` (the messages sent, their ids set by the Grid) maps each reply to the
+    node it answers for: an error the SuperLink itself returns for a dead node (Flower's
+    ``NODE_UNAVAILABLE``, sent from the SuperLink's own id) is recorded against that
+    node. Each node gets at most one rejection entry.
     """
     names = names or {}
+    by_message = {m.metadata.message_id: m.metadata.dst_node_id for m in messages or []
+                  if m.metadata.message_id}
     accepted: list[tuple[int, tuple[Any, ...]]] = []
     rejected: list[dict[str, object]] = []
     seen: set[int] = set()
     sent_to = list(sent_to)
     for reply in replies:
-        node_id = reply.metadata.src_node_id
+        node_id = reply_node(reply, by_message)
+        if node_id in seen:
+            continue
         seen.add(node_id)
         try:
             if reply.has_error():
-                raise wire.ReplyError(f"client error {reply.error.code}: {reply.error.reason}")
+                raise wire.ReplyError(error_reason(reply))
             accepted.append((node_id, decode(reply.content)))
         except wire.ReplyError as exc:
+            entry = _rejection(node_id, names, str(exc))
+            if exc.node_name and "node_name" not in entry:
+                entry["node_name"] = exc.node_name
             log(WARNING, "%sRejected reply from node %s: %s", log_prefix,
-                describe_node(node_id, names), exc)
-            rejected.append(_rejection(node_id, names, str(exc)))
+                describe_node(node_id, {node_id: str(entry["node_name"])}
+                              if "node_name" in entry else names), exc)
+            rejected.append(entry)
     for node_id in sent_to:
         if node_id not in seen:
             log(WARNING, "%sNo reply from node %s (timed out or lost)", log_prefix,
@@ -95,6 +117,33 @@ def validate_replies(
         ", ".join(describe_node(n, names) for n, _ in accepted) or "none",
         ", ".join(describe_node(int(r["node_id"]), names) for r in rejected) or "none")
     return accepted, rejected
+
+
+def reply_node(reply: Message, by_message: Mapping[str, int]) -> int:
+    """The node a reply answers for: the destination of the message it replies to (the
+    SuperLink answers for a dead node from its own id), else its source."""
+    return int(by_message.get(reply.metadata.reply_to_message_id, reply.metadata.src_node_id))
+
+
+def error_reason(reply: Message) -> str:
+    """A reply's error in words; Flower's NODE_UNAVAILABLE says what it means here."""
+    if reply.error.code == ErrorCode.NODE_UNAVAILABLE:
+        return ("node unavailable: the SuperLink got no heartbeat from it (SuperNode stopped "
+                "or disconnected)")
+    return f"client error {reply.error.code}: {reply.error.reason}"
+
+
+def dedupe_rejections(entries: Iterable[dict[str, object]]) -> list[dict[str, object]]:
+    """One entry per node (the first), so a node is never counted twice."""
+    out: list[dict[str, object]] = []
+    seen: set[int] = set()
+    for entry in entries:
+        node_id = int(entry["node_id"])
+        if node_id in seen:
+            continue
+        seen.add(node_id)
+        out.append(entry)
+    return out
 
 
 def describe_node(node_id: int, names: Mapping[int, str]) -> str:
@@ -183,12 +232,18 @@ class GEMS(Strategy):
         sends to every connected node.
     names : dict, optional
         Node id -> stable node name, for logs and results.
+    extra_config : dict, optional
+        Keys added to the settings in every train message (the identity round's
+        :class:`gems_fl.data.agreement.DataAgreement`).
     """
 
     def __init__(self, settings: Settings, shapes: dict[str, tuple[int, ...]],
                  participants: list[int] | None = None,
-                 names: Mapping[int, str] | None = None) -> None:
+                 names: Mapping[int, str] | None = None,
+                 extra_config: Mapping[str, Any] | None = None) -> None:
         self.settings = settings
+        self.extra_config = dict(extra_config or {})  # the data agreement, for every node
+        self._messages: list[Message] = []
         self.shapes = shapes
         self.participants = participants
         self.names = dict(names or {})
@@ -216,14 +271,15 @@ class GEMS(Strategy):
         """
         self._t0 = time.perf_counter()
         self._sent_to, self._gone = select_nodes(grid, self.participants, self.names)
-        content = wire.encode_config(self.settings.to_config())
+        content = wire.encode_config({**self.settings.to_config(), **self.extra_config})
         self.rounds.append({"round": server_round, "nodes": list(self._sent_to),
                             "bytes_sent": content_bytes(content) * len(self._sent_to)})
-        return [
+        self._messages = [
             Message(content=content, message_type=MessageType.TRAIN, dst_node_id=node_id,
                     group_id=str(server_round), ttl=self.settings.round_timeout)
             for node_id in self._sent_to
         ]
+        return self._messages
 
     def aggregate_train(
         self, server_round: int, replies: Iterable[Message]
@@ -258,7 +314,7 @@ class GEMS(Strategy):
             replies, self._sent_to,
             lambda content: wire.decode_reply(content, self.shapes, self.settings.space,
                                               self.settings.gram_rank),
-            log_prefix=f"Round {len(self.rounds)}: ", names=self.names)
+            log_prefix=f"Round {len(self.rounds)}: ", names=self.names, messages=self._messages)
         return [NodeReply(node, space, metrics) for node, (space, metrics) in decoded], rejected
 
     def configure_evaluate(

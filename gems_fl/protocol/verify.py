@@ -11,7 +11,8 @@ Server -> node (message type ``evaluate``, TTL ``round-timeout``)::
 
     "config":       ConfigRecord  every run setting
     "model.<key>":  ArrayRecord   one state_dict per model (key: gems, averaged,
-                                  local.<node name>)
+                                  local.<node name>; with public-data and no server
+                                  test set also gems-tuned and raw)
 
 Node -> server::
 
@@ -37,6 +38,7 @@ from torch import nn
 from gems_fl.learning.models import MLP
 from gems_fl.learning.train import accuracy
 from gems_fl.protocol import wire
+from gems_fl.protocol.strategy import error_reason, reply_node
 
 MODEL_PREFIX = "model."
 GEMS_KEY = "gems"
@@ -104,6 +106,11 @@ class NodeCheck:
     test: dict[str, float] = field(default_factory=dict)
 
     @property
+    def report_split(self) -> str:
+        """``test`` where the node holds a test split, else ``val``."""
+        return "test" if self.num_test > 0 and self.test else "val"
+
+    @property
     def good_enough(self) -> bool:
         """Whether ``h_G`` reaches this node's eps on its validation data."""
         return self.val.get(GEMS_KEY, -1.0) >= self.eps
@@ -129,6 +136,28 @@ class Verification:
                 counts[key] = counts.get(key, 0) + n
         return {k: totals[k] / counts[k] for k in totals if counts[k] > 0}
 
+    def per_node(self) -> dict[str, dict[str, Any]]:
+        """Per node (by name): the split it evaluated on (its test split where it holds
+        one, else val), that split's size, and every model's accuracy there."""
+        out = {}
+        for check in sorted(self.checks.values(), key=lambda c: c.name):
+            split = check.report_split
+            out[check.name] = {"split": split,
+                               "samples": check.num_test if split == "test" else check.num_val,
+                               "accuracy": dict(getattr(check, split))}
+        return out
+
+    def pooled_report(self) -> dict[str, float]:
+        """Per model, the accuracy over every node's report split, weighted by samples
+        (the pooled figure of :meth:`per_node`)."""
+        totals: dict[str, float] = {}
+        counts: dict[str, int] = {}
+        for entry in self.per_node().values():
+            for key, acc in entry["accuracy"].items():
+                totals[key] = totals.get(key, 0.0) + acc * entry["samples"]
+                counts[key] = counts.get(key, 0) + entry["samples"]
+        return {k: totals[k] / counts[k] for k in totals if counts[k] > 0}
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "answered": len(self.checks),
@@ -136,6 +165,8 @@ class Verification:
             "missing": self.missing,
             "pooled_val": self.pooled("val"),
             "pooled_test": self.pooled("test"),
+            "per_node": self.per_node(),
+            "pooled": self.pooled_report(),
             "bytes_sent": self.bytes_sent,
             "bytes_received": self.bytes_received,
         }
@@ -184,12 +215,15 @@ def verify_on_nodes(
     checks: dict[int, NodeCheck] = {}
     missing: list[dict[str, object]] = []
     received = 0
+    by_message = {m.metadata.message_id: n for m, n in zip(messages, node_ids)}
     for reply in replies:
-        node_id = reply.metadata.src_node_id
+        node_id = reply_node(reply, by_message)
+        if node_id in checks or any(m["node_id"] == node_id for m in missing):
+            continue
         name = names.get(node_id, str(node_id))
         try:
             if reply.has_error():
-                raise wire.ReplyError(f"client error {reply.error.code}: {reply.error.reason}")
+                raise wire.ReplyError(error_reason(reply))
             received += wire.content_bytes(reply.content)
             checks[node_id] = _decode_check(node_id, name, reply.content)
         except wire.ReplyError as exc:

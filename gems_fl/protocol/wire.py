@@ -4,11 +4,20 @@ Server -> client (message type ``query``, before round 1)::
 
     "config":  ConfigRecord  every run setting
 
-Client -> server (the answer; :func:`decode_identity` checks it)::
+Client -> server (the answer; :func:`decode_identity_full` checks it)::
 
-    "identity": ConfigRecord node-name, data-source
+    "identity": ConfigRecord node-name, data-source, labels (the class names it
+                             holds); or node-name, data-source, error (its data cannot
+                             take part, and why)
     "metrics":  MetricRecord num-features, num-classes, num-train-examples,
-                             num-val-examples
+                             num-val-examples, num-test-examples (if it has a test split)
+    "stats":    ArrayRecord  standardize='federated' only: per-feature sum and sumsq
+                             of its training rows (the count is num-train-examples)
+
+Server -> client (``train`` and ``evaluate``): the ``config`` record also carries what
+the identity round agreed (:class:`gems_fl.data.agreement.DataAgreement`):
+agreed-num-features, agreed-classes (label names in index order) and, with federated
+standardisation, scale-mean and scale-std.
 
 Server -> client (message type ``train``, TTL ``round-timeout``)::
 
@@ -31,14 +40,20 @@ used; a bad reply raises :class:`ReplyError` with a reason the server logs.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, MetricRecord, RecordDict
 
-from gems_fl.learning.models import state_to_vector
-from gems_fl.geometry.gram import check_gram, from_factor, pack_triangle, unpack_triangle
+from gems_fl.geometry.gram import (
+    check_gram,
+    from_factor,
+    pack_triangle,
+    unpack_triangle,
+)
 from gems_fl.geometry.spaces import GramSpace, Space
+from gems_fl.learning.models import state_to_vector
 
 CONFIG_KEY = "config"
 LAYERS_KEY = "layers"
@@ -54,7 +69,15 @@ GRAM_KEY = "gram"
 
 
 class ReplyError(ValueError):
-    """A client reply that the server cannot use; the message says why."""
+    """A client reply that the server cannot use; the message says why.
+
+    ``node_name`` is set when the reply itself said who sent it (the identity round),
+    so the rejection can name a node the server does not know yet.
+    """
+
+    def __init__(self, message: str, node_name: str | None = None) -> None:
+        super().__init__(message)
+        self.node_name = node_name
 
 
 def encode_config(config: dict[str, Any]) -> RecordDict:
@@ -292,44 +315,106 @@ def _read_metrics(content: RecordDict, keys: tuple[str, ...] = METRIC_KEYS) -> d
 
 IDENTITY_KEY = "identity"
 IDENTITY_METRIC_KEYS = ("num-features", "num-classes", "num-train-examples", "num-val-examples")
+IDENTITY_OPTIONAL_METRICS = ("num-test-examples",)
+STATS_KEY = "stats"
+
+
+@dataclass
+class Identity:
+    """A node's answer to the identity query, checked."""
+
+    name: str
+    source: str
+    counts: dict[str, int]
+    labels: list[str] = field(default_factory=list)  # class names the node holds
+    stats: tuple[int, np.ndarray, np.ndarray] | None = None  # (n, sum, sum of squares)
+    num_test: int = 0
 
 
 def encode_identity(name: str, source: str, *, num_features: int, num_classes: int,
-                    num_train: int, num_val: int) -> RecordDict:
-    """A node's answer to the server's ``query`` (who it is, what data it holds)."""
-    return RecordDict({
-        IDENTITY_KEY: ConfigRecord({"node-name": name, "data-source": source}),
-        METRICS_KEY: MetricRecord({
-            "num-features": int(num_features), "num-classes": int(num_classes),
-            "num-train-examples": int(num_train), "num-val-examples": int(num_val),
-        }),
-    })
+                    num_train: int, num_val: int, labels: list[str] | None = None,
+                    stats: tuple[int, np.ndarray, np.ndarray] | None = None,
+                    num_test: int = 0) -> RecordDict:
+    """A node's answer to the server's ``query`` (who it is, what data it holds).
+
+    ``labels``: the class names it holds; ``stats``: per-feature count, sum and sum of
+    squares of its training rows (``standardize='federated'`` only).
+    """
+    identity: dict[str, Any] = {"node-name": name, "data-source": source}
+    if labels is not None:
+        identity["labels"] = [str(v) for v in labels]
+    metrics = {"num-features": int(num_features), "num-classes": int(num_classes),
+               "num-train-examples": int(num_train), "num-val-examples": int(num_val)}
+    if num_test:
+        metrics["num-test-examples"] = int(num_test)
+    records: dict[str, Any] = {IDENTITY_KEY: ConfigRecord(identity),
+                               METRICS_KEY: MetricRecord(metrics)}
+    if stats is not None:
+        records[STATS_KEY] = array_record({"sum": np.asarray(stats[1], dtype=np.float64),
+                                           "sumsq": np.asarray(stats[2], dtype=np.float64)})
+    return RecordDict(records)
 
 
-def decode_identity(content: RecordDict) -> tuple[str, str, dict[str, int]]:
-    """Validate a ``query`` reply: ``(node name, data source, counts)``.
+def encode_identity_error(name: str, source: str, error: str) -> RecordDict:
+    """A node whose data cannot take part says who it is and why (not an anonymous
+    client error), so the server can name it in the log and in ``rejected``."""
+    return RecordDict({IDENTITY_KEY: ConfigRecord({"node-name": name, "data-source": source,
+                                                   "error": error})})
+
+
+def decode_identity_full(content: RecordDict) -> Identity:
+    """Validate a ``query`` reply.
 
     Raises
     ------
     ReplyError
-        Missing records or keys, an empty name, or counts that are not positive
-        integers.
+        The node reported an error about its data (``node_name`` set), or missing
+        records or keys, an empty name, counts that are not positive integers, or
+        statistics of the wrong shape or not finite.
     """
     record = content.config_records.get(IDENTITY_KEY)
     if record is None or not isinstance(record.get("node-name"), str) or not record["node-name"]:
         raise ReplyError(f"identity reply lacks a '{IDENTITY_KEY}' ConfigRecord with a non-empty "
                          "'node-name'")
+    name = str(record["node-name"])
+    if record.get("error"):
+        raise ReplyError(str(record["error"]), node_name=name)
     metrics = content.metric_records.get(METRICS_KEY)
-    if metrics is None or set(metrics.keys()) != set(IDENTITY_METRIC_KEYS):
+    keys = set(metrics.keys()) if metrics is not None else set()
+    if metrics is None or not set(IDENTITY_METRIC_KEYS) <= keys <= \
+            set(IDENTITY_METRIC_KEYS) | set(IDENTITY_OPTIONAL_METRICS):
         raise ReplyError(f"identity reply '{METRICS_KEY}' must hold exactly "
-                         f"{', '.join(IDENTITY_METRIC_KEYS)}")
+                         f"{', '.join(IDENTITY_METRIC_KEYS)}", node_name=name)
     counts = {}
     for key in IDENTITY_METRIC_KEYS:
         value = metrics[key]
         if isinstance(value, (list, bool)) or not float(value).is_integer() or value < 1:
-            raise ReplyError(f"identity reply: {key}={value!r} must be a positive integer")
+            raise ReplyError(f"identity reply: {key}={value!r} must be a positive integer",
+                             node_name=name)
         counts[key] = int(value)
-    return str(record["node-name"]), str(record.get("data-source", "")), counts
+    labels = [str(v) for v in record.get("labels", [])] if isinstance(record.get("labels", []), list) else []
+    stats = None
+    if STATS_KEY in content.array_records:
+        arrays = content.array_records[STATS_KEY]
+        try:
+            total, squares = (np.asarray(arrays[k].numpy(), dtype=np.float64) for k in ("sum", "sumsq"))
+        except Exception as exc:  # noqa: BLE001 - any decode failure is a bad reply
+            raise ReplyError(f"identity reply: '{STATS_KEY}' cannot be decoded: {exc}",
+                             node_name=name) from None
+        if total.shape != (counts["num-features"],) or squares.shape != total.shape \
+                or not np.all(np.isfinite(total)) or not np.all(np.isfinite(squares)):
+            raise ReplyError(f"identity reply: '{STATS_KEY}' must hold finite sum and sumsq of "
+                             f"shape ({counts['num-features']},)", node_name=name)
+        stats = (counts["num-train-examples"], total, squares)
+    num_test = int(metrics["num-test-examples"]) if "num-test-examples" in keys else 0
+    return Identity(name, str(record.get("data-source", "")), counts, labels, stats, num_test)
+
+
+def decode_identity(content: RecordDict) -> tuple[str, str, dict[str, int]]:
+    """Validate a ``query`` reply: ``(node name, data source, counts)``
+    (:func:`decode_identity_full` has the labels and statistics too)."""
+    identity = decode_identity_full(content)
+    return identity.name, identity.source, identity.counts
 
 
 def content_bytes(content: RecordDict) -> int:

@@ -20,10 +20,16 @@ import time
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from pathlib import Path
 
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TextColumn,
+    TimeElapsedColumn,
+)
 
-from gems_fl.reproduce.plan import Trial
 from gems_fl.learning.train_cache import ENV_VAR as CACHE_ENV_VAR
+from gems_fl.reproduce.plan import Trial
 
 
 def _app_module(name: str):  # noqa: ANN202 - a module
@@ -73,8 +79,8 @@ def execute(trial: Trial, work_dir: str) -> dict:
     from flwr.app import Context, RecordDict
 
     from gems_fl.evaluation.fedavg import run_federated, run_sgd
-    from gems_fl.protocol.inprocess import InProcessGrid
     from gems_fl.evaluation.results import RESULTS_FILE
+    from gems_fl.protocol.inprocess import InProcessGrid
 
     t0 = time.perf_counter()
     log_path = Path(work_dir) / "logs" / f"{trial.name}.log"

@@ -83,6 +83,34 @@ def _parser() -> argparse.ArgumentParser:
     rep.add_argument("--data-dir", default="", help="dataset folder (setting data-dir)")
     rep.add_argument("--jobs", type=int, default=2, help="worker processes (default: 2)")
     rep.add_argument("--fresh", action="store_true", help="discard stored trials and cache")
+    sub_ = sub.add_parser(
+        "submit",
+        help="run the app on a deployed SuperLink; exit non-zero unless it completed",
+        description="`flwr run APP SUPERLINK --stream` on the named connection entry of "
+        "Flower's config ($FLWR_HOME/config.toml, [superlink.NAME]), then read the run's final "
+        "status with `flwr ls`. Exit 0 only when the run ended finished:completed; exit 1 when "
+        "it failed, was stopped, or the SuperLink stopped answering (the cause is printed); "
+        "exit 2 for an invalid setting (nothing submitted).",
+        epilog=settings_epilog(), formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub_.add_argument("app", nargs="?", default=".", help="Flower app folder (default: .)")
+    sub_.add_argument("--superlink", "--federation", dest="superlink", required=True,
+                      help="name of the connection entry, e.g. gems-tls")
+    sub_.add_argument("--run-config", "-c", default=None,
+                      help="overrides, e.g. \"dataset='node-files' evaluate-on-server=false\"")
+    check = sub.add_parser(
+        "check-data",
+        help="check a site's data file the way its node will read it",
+        description="Read FILE (.npz, or .csv with <stem>_val.csv and optional <stem>_test.csv) "
+        "as a SuperNode's data-path, print shapes, class counts, NaN/inf and missing arrays, "
+        "and what a run would reject. Exit 0: a node with this file takes part; 1: it would "
+        "be left out.")
+    check.add_argument("file", help="the site's data file")
+    check.add_argument("--features", type=int, default=None,
+                       help="the run's number of features (setting num-features)")
+    check.add_argument("--classes", default="",
+                       help="the run's classes: comma-separated names or a count (setting classes)")
+    check.add_argument("--label-column", default="",
+                       help="CSV label column: number or header name (default: last)")
     show = sub.add_parser("show", help="print the tables of a results.json")
     show.add_argument("path", help="a results.json written by a run")
     show.add_argument("--markdown", action="store_true", help="markdown instead of rich tables")
@@ -96,7 +124,33 @@ def main(argv: list[str] | None = None) -> int:
         return _show(args.path, args.markdown)
     if args.command == "reproduce":
         return _reproduce(args, argv)
+    if args.command == "check-data":
+        from gems_fl.running.check_data import check_data
+
+        return check_data(args.file, features=args.features, classes=args.classes,
+                          label_column=args.label_column)
+    if args.command == "submit":
+        return _submit(args)
     return _run(args)
+
+
+def _submit(args: argparse.Namespace) -> int:
+    from gems_fl.running.launch import RunFailed
+    from gems_fl.running.submit import submit
+
+    try:
+        run = submit(args.app, args.superlink, args.run_config)
+    except (SettingsError, ValueError, FileNotFoundError) as exc:
+        print(f"gems-fl: error: {exc}", file=sys.stderr)
+        return 2
+    except RunFailed as exc:
+        sys.stdout.flush()
+        print("\n".join([f"gems-fl: run failed: {exc}" + (":" if exc.errors else ""),
+                         *exc.errors]), file=sys.stderr)
+        return 1
+    print(f"gems-fl: run {run.run_id} on '{args.superlink}' completed (finished:completed); "
+          "the results are on the SuperLink's machine, see the log's 'Results written to' line")
+    return 0
 
 
 def _run(args: argparse.Namespace) -> int:

@@ -51,11 +51,17 @@ def preflight(settings: Settings, num_nodes: int | None = None, *, check_data: b
     """
     if num_nodes is not None:
         check_nodes(settings, num_nodes)
+        if settings.dataset == "node-files":
+            raise PreflightError(
+                "dataset='node-files' trains on each SuperNode's own file (node config "
+                "data-path), which a simulation's nodes do not have: deploy SuperNodes with "
+                "their files and use `gems-fl submit` (README, \"Your own data\")")
         check_division(settings, num_nodes)
     if check_data:
         check_data_files(settings)
         if num_nodes is not None:
             check_partition(settings, num_nodes)
+    check_public_data(settings)
     check_output_dir(settings.output_dir)
 
 
@@ -80,6 +86,20 @@ def check_partition(settings: Settings, num_nodes: int) -> None:
                               spec=settings.label_division)
     except ValueError as exc:
         raise PreflightError(f"{_one_line(str(exc))} (with --nodes {num_nodes})") from None
+
+
+def check_public_data(settings: Settings) -> None:
+    """``public-data``, when set, is a readable file; with ``dataset='node-files'`` and
+    ``evaluate-on-server=true`` it is the only data the server has."""
+    path = settings.public_data.strip()
+    if settings.dataset == "node-files" and settings.evaluate_on_server and not path:
+        raise PreflightError(
+            "dataset='node-files' keeps the data on the nodes: set evaluate-on-server=false "
+            "(the nodes evaluate every model on their own data), or give public-data")
+    if path and not Path(path).expanduser().is_file():
+        raise PreflightError(
+            f"public-data='{path}' is not a file on the machine running the ServerApp: give the "
+            "path of an .npz (x, y [, x_test, y_test]) or .csv file, or leave it empty")
 
 
 def check_nodes(settings: Settings, num_nodes: int) -> None:
@@ -132,7 +152,7 @@ def is_explicit_division(spec: str) -> bool:
 def check_data_files(settings: Settings) -> None:
     """The dataset's files are where ``data-dir`` says, and their headers and sizes are sound."""
     name = settings.dataset
-    if name == "digits":
+    if name in ("digits", "node-files"):
         return
     data_dir = settings.data_dir.strip()
     if not data_dir:

@@ -21,7 +21,8 @@ from flwr.common.logger import log
 from flwr.serverapp import Grid
 from torch import nn
 
-from gems_fl.data import DATASET_SHAPES, parse_division
+from gems_fl.data import parse_division
+from gems_fl.data.agreement import NODE_FILES
 from gems_fl.evaluation.baselines import (
     NN_ROW_NAMES,
     ROW_NAMES,
@@ -41,7 +42,13 @@ from gems_fl.evaluation.results import (
     print_results,
     write_results,
 )
-from gems_fl.evaluation.server_data import ServerData, load_server_data
+from gems_fl.evaluation.server_data import (
+    ServerData,
+    load_public_data,
+    load_server_data,
+    scale_server_data,
+    tune_on_public,
+)
 from gems_fl.learning.models import (
     MLP,
     build_model,
@@ -52,7 +59,12 @@ from gems_fl.learning.models import (
 from gems_fl.learning.train import set_default_device
 from gems_fl.protocol.layerwise import LayerwiseGEMS
 from gems_fl.protocol.roster import Roster, identify_nodes
-from gems_fl.protocol.strategy import GEMS, ConvexOutcome, NotEnoughRepliesError
+from gems_fl.protocol.strategy import (
+    GEMS,
+    ConvexOutcome,
+    NotEnoughRepliesError,
+    dedupe_rejections,
+)
 from gems_fl.protocol.verify import GEMS_KEY, Verification, verify_on_nodes
 from gems_fl.running.preflight import preflight
 from gems_fl.settings import Settings, SettingsError
@@ -104,11 +116,16 @@ def assemble_mlp(
     return model
 
 
+def _extra_config(roster: Roster) -> dict[str, Any]:
+    return roster.agreement.to_config() if roster.agreement is not None else {}
+
+
 def run_convex(grid: Grid, settings: Settings, roster: Roster, num_features: int,
                num_classes: int) -> ProtocolRun:
     """The convex protocol: one round of spaces, ``h_G`` from them."""
     strategy = GEMS(settings, param_shapes(num_features, num_classes),
-                    participants=roster.participants, names=roster.names)
+                    participants=roster.participants, names=roster.names,
+                    extra_config=_extra_config(roster))
     strategy.start(grid=grid, initial_arrays=ArrayRecord(), num_rounds=1,
                    timeout=settings.round_timeout)
     outcome = strategy.outcome
@@ -133,7 +150,8 @@ def run_layerwise(grid: Grid, settings: Settings, roster: Roster, num_features: 
                   num_classes: int) -> ProtocolRun:
     """The layer-wise protocol: one round per hidden layer, then the output layer."""
     strategy = LayerwiseGEMS(settings, num_features, num_classes,
-                             participants=roster.participants, names=roster.names)
+                             participants=roster.participants, names=roster.names,
+                             extra_config=_extra_config(roster))
     strategy.start(grid=grid, initial_arrays=ArrayRecord(), num_rounds=strategy.num_rounds,
                    timeout=settings.round_timeout)
     outcome = strategy.outcome
@@ -215,25 +233,41 @@ def run_server(grid: Grid, context: Context) -> dict[str, Any]:
     node_ids = wait_for_nodes(grid, settings.min_replies)
     if len(node_ids) < settings.min_replies:
         raise RuntimeError(f"only {len(node_ids)} nodes connected; min-replies={settings.min_replies}")
-    num_features, num_classes = DATASET_SHAPES[settings.dataset]
-    roster = identify_nodes(grid, node_ids, settings, num_features, num_classes)
-    if len(roster.participants) < settings.min_replies:
+    roster = identify_nodes(grid, node_ids, settings)
+    if len(roster.participants) < settings.min_replies or roster.agreement is None:
         reasons = "; ".join(f"node {r.get('node_name', r['node_id'])}: {r['reason']}"
                             for r in roster.rejected)
         raise NotEnoughRepliesError(
             f"only {len(roster.participants)} of {len(node_ids)} nodes have data that fits the "
             f"run; min-replies={settings.min_replies}. Rejected: {reasons}")
+    agreement = roster.agreement
+    num_features, num_classes = agreement.num_features, agreement.num_classes
     num_nodes = len(roster.participants)
     meta: dict[str, Any] = {"name": settings.dataset, "num_nodes": num_nodes,
-                            "num_features": num_features, "num_classes": num_classes}
+                            "num_features": num_features, "num_classes": num_classes,
+                            "classes": list(agreement.classes),
+                            "standardize": settings.standardize}
+    if agreement.mean is not None:
+        meta["scale"] = agreement.to_json()["scale"]
     notes: list[str] = []
     server_data = None
-    if settings.evaluate_on_server:
+    public = None
+    if settings.public_data.strip():
+        public = load_public_data(settings, agreement)
+        meta["public_data"] = {"path": settings.public_data, "samples": int(len(public.y)),
+                               "test": int(len(public.test_y))}
+    if settings.evaluate_on_server and settings.dataset == NODE_FILES:
+        server_data = public.as_server_data(num_classes)
+    elif settings.evaluate_on_server:
         # The label division describes the partition nodes, whose data the server copies.
         division = parse_division(settings.label_division, num_nodes, num_classes)
         log(INFO, "Loading %s on the server (pooled train for Global, test set, public "
             "sample)", settings.dataset)
-        server_data, meta, notes = load_server_data(settings, division)
+        server_data, loaded, notes = load_server_data(settings, division)
+        meta = {**loaded, **{k: v for k, v in meta.items() if k not in loaded}}
+        scale_server_data(server_data, agreement, settings)
+        if public is not None:
+            server_data.public_x, server_data.public_y = public.x, public.y
     for note in notes:
         log(WARNING, note)
     timing = {"identify": float(roster.report.get("wall_s", 0.0))}
@@ -243,9 +277,12 @@ def run_server(grid: Grid, context: Context) -> dict[str, Any]:
     run = protocol(grid, settings, roster, num_features, num_classes)
     timing["rounds"] = time.perf_counter() - t_round
 
+    if public is not None and server_data is None:
+        run.node_models.update(tune_on_public(run, public, settings, num_features, num_classes))
     t_verify = time.perf_counter()
     accepted_ids = [r.node_id for r in run.outcome.accepted]
-    verification = verify_on_nodes(grid, accepted_ids, roster.names, settings.to_config(),
+    verification = verify_on_nodes(grid, accepted_ids, roster.names,
+                                   {**settings.to_config(), **_extra_config(roster)},
                                    run.node_models, settings.round_timeout)
     timing["verify"] = time.perf_counter() - t_verify
     t_base = time.perf_counter()
@@ -260,7 +297,11 @@ def evaluate_baselines(run: ProtocolRun, data: ServerData | None, settings: Sett
     """The results table's rows, on the server's test set (or skipped without data)."""
     layerwise = settings.model == "mlp"
     if data is None:
-        return skipped_rows(NO_SERVER_DATA, NN_ROW_NAMES if layerwise else ROW_NAMES)
+        reason = NO_SERVER_DATA
+        if settings.public_data.strip():
+            reason = ("evaluate-on-server=false: no server test set; GEMS tuned and Raw (trained "
+                      "on public-data) are evaluated on the nodes, see node_evaluation")
+        return skipped_rows(reason, NN_ROW_NAMES if layerwise else ROW_NAMES)
     if layerwise:
         rebuild_local_mlps(run, data, settings, roster, num_classes)
     log(INFO, "Evaluating Global, Local, Averaged, GEMS, GEMS tuned and Raw on the test set")
@@ -297,8 +338,8 @@ def finish(context: Context, settings: Settings, run: ProtocolRun, roster: Roste
         "intersection": keyed_by_name(run.outcome.intersection.to_dict(), names),
         "nodes": node_table(run, roster, verification, settings),
         "verification": verification.to_dict(),
-        "rejected": roster.rejected + run.rejected,
-        "participants": roster.nodes_json(),
+        "rejected": dedupe_rejections(roster.rejected + run.rejected),
+        "participants": roster.nodes_json({int(r["node_id"]) for r in run.rejected}),
         "identify": roster.report,
         "notes": notes,
         "rounds": run.rounds,

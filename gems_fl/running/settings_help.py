@@ -9,7 +9,7 @@ from __future__ import annotations
 
 SETTINGS_HELP: dict[tuple[str, ...], str] = {
     ('dataset',): (
-        '`digits` (scikit-learn, bundled), `fashion-mnist` (IDX files), `mnist` (IDX files), `cifar10` (python batches, VGG-16 features), `ham10000` (metadata CSV + JPEGs, CNN features); see "CIFAR-10" and "HAM10000" below'
+        '`digits` (scikit-learn, bundled), `fashion-mnist` (IDX files), `mnist` (IDX files), `cifar10` (python batches, VGG-16 features), `ham10000` (metadata CSV + JPEGs, CNN features), or `node-files` (each SuperNode\'s own file, any features and classes, agreed in the identity round); see "CIFAR-10", "HAM10000" and "Your own data" below'
     ),
     ('data-dir',): (
         'folder of the IDX files; empty: `/usr/share/datasets/fashion-mnist` for Fashion-MNIST (Debian package `dataset-fashion-mnist`); required for MNIST (torchvision downloads it there when online), CIFAR-10 and HAM10000'
@@ -121,6 +121,21 @@ SETTINGS_HELP: dict[tuple[str, ...], str] = {
     ),
     ('max-width',): (
         'MLP: the most neurons a merged hidden layer may have (0: no bound). Above it, the neurons that merged with no other are replaced by k-means centers of them, reported as unverified'
+    ),
+    ('num-features',): (
+        "`dataset='node-files'`: the number of features every node's file must have; 0: the count most nodes report in the identity round (nodes with another count are left out and named)"
+    ),
+    ('classes',): (
+        "`dataset='node-files'`: the class labels, as comma-separated names (`'benign,malignant'`, in index order) or a count (`3`: labels `0..2`, or the 3 names most nodes hold); empty: every label the nodes hold, sorted (numerically when all are integers)"
+    ),
+    ('label-column',): (
+        "CSV files (nodes and `public-data`): the label's column, as a 0-based number (negative counts from the end) or a header name; empty: the last column"
+    ),
+    ('standardize',): (
+        "feature scaling before training and evaluation: `off`, `node` (each node its own training mean and std), or `federated` (one mean and std for all, combined on the server from each node's per-feature count, sum and sum of squares sent in the identity round; no rows leave a node)"
+    ),
+    ('public-data',): (
+        'a file on the server (`.npz` with `x`, `y` and optionally `x_test`, `y_test`; or `.csv`, with `<stem>_test.csv` optional) to fine-tune GEMS and train Raw on; without a server test set the nodes evaluate those models too. Empty: off'
     ),
 }
 

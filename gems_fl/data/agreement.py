@@ -1,0 +1,61 @@
+"""What every node of a run must share about the data: features, classes, scaling.
+
+The server settles it in the identity round (:mod:`gems_fl.protocol.roster`) and sends
+it with every later message as extra keys of the ``config`` ConfigRecord, so each node
+maps its class names to the same indices and scales its features the same way.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+import numpy as np
+
+NODE_FILES = "node-files"
+STANDARDIZE_CHOICES = ("off", "node", "federated")
+FEATURES_KEY = "agreed-num-features"
+CLASSES_KEY = "agreed-classes"
+MEAN_KEY = "scale-mean"
+STD_KEY = "scale-std"
+
+
+@dataclass
+class DataAgreement:
+    """The run's number of features, class names (index order) and optional scaling."""
+
+    num_features: int
+    classes: list[str]
+    mean: np.ndarray | None = None  # federated standardisation (all nodes' training rows)
+    std: np.ndarray | None = None
+
+    @property
+    def num_classes(self) -> int:
+        return len(self.classes)
+
+    def to_config(self) -> dict[str, Any]:
+        """Extra ``config`` keys for the train and evaluate messages."""
+        out: dict[str, Any] = {FEATURES_KEY: int(self.num_features),
+                               CLASSES_KEY: [str(c) for c in self.classes]}
+        if self.mean is not None and self.std is not None:
+            out[MEAN_KEY] = [float(v) for v in self.mean]
+            out[STD_KEY] = [float(v) for v in self.std]
+        return out
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"num_features": int(self.num_features), "classes": list(self.classes)}
+        if self.mean is not None and self.std is not None:
+            out["scale"] = {"mean": [float(v) for v in self.mean],
+                            "std": [float(v) for v in self.std]}
+        return out
+
+    @classmethod
+    def from_config(cls, config: Mapping[str, Any]) -> "DataAgreement | None":
+        """The agreement carried by a message's config (None: the identity query)."""
+        if FEATURES_KEY not in config or CLASSES_KEY not in config:
+            return None
+        mean = config.get(MEAN_KEY)
+        std = config.get(STD_KEY)
+        return cls(int(config[FEATURES_KEY]), [str(c) for c in config[CLASSES_KEY]],
+                   None if mean is None else np.asarray(mean, dtype=np.float64),
+                   None if std is None else np.asarray(std, dtype=np.float64))

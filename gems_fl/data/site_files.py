@@ -1,0 +1,374 @@
+"""A site's own data file, read the same way by a node, by ``gems-fl check-data`` and
+by the server's ``public-data``.
+
+Formats
+-------
+``.npz``
+    arrays ``x_train``, ``y_train``, ``x_val``, ``y_val`` and optionally ``x_test``,
+    ``y_test`` (a public-data file: ``x``, ``y`` and optionally ``x_test``, ``y_test``).
+    Labels may be integers or strings.
+``.csv``
+    ``<stem>.csv`` holds the training rows, ``<stem>_val.csv`` the validation rows and
+    ``<stem>_test.csv`` (optional) a test split; one sample per row, with or without a
+    header row. The label sits in the last column unless ``label-column`` names
+    another (a 0-based index, negative counts from the end, or a header name). Labels
+    may be numbers or text; every other cell must be a number.
+
+Labels are turned into class *names* (text): ``3`` and ``3.0`` both become ``"3"``.
+A run agrees on one class list (:func:`sort_classes`: numerically when every name is an
+integer, else alphabetically) and every node maps its names to indices in that list,
+so the same name gets the same index everywhere.
+"""
+
+from __future__ import annotations
+
+import csv
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+SPLITS = ("train", "val", "test")
+REQUIRED_SPLITS = ("train", "val")
+
+
+class SiteFileError(ValueError):
+    """A site file cannot be read at all; the message says what to fix."""
+
+
+@dataclass
+class SiteFile:
+    """The splits of one site file: features (float64) and labels as class names."""
+
+    path: Path
+    x: dict[str, np.ndarray] = field(default_factory=dict)
+    y: dict[str, np.ndarray] = field(default_factory=dict)  # class names (str arrays)
+
+    @property
+    def labels(self) -> list[str]:
+        """Every class name in the file, sorted as a run sorts them."""
+        return sort_classes({str(v) for y in self.y.values() for v in y})
+
+    def num_features(self) -> int | None:
+        x = self.x.get("train")
+        return int(x.shape[1]) if x is not None and x.ndim == 2 else None
+
+
+def label_names(y: np.ndarray, where: str) -> np.ndarray:
+    """Labels as class names: integers (also ``3.0``) as ``"3"``, text stripped.
+
+    Raises :class:`SiteFileError` for non-integer numeric labels or NaN.
+    """
+    y = np.asarray(y)
+    if y.dtype.kind in "US":
+        return np.array([str(v).strip() for v in y.astype(str)], dtype=object).astype(str)
+    if y.dtype.kind == "O":
+        return np.array([str(v).strip() for v in y], dtype=object).astype(str)
+    if y.dtype.kind == "b":
+        y = y.astype(np.int64)
+    if y.dtype.kind not in "iuf":
+        raise SiteFileError(f"{where} has dtype {y.dtype}; labels must be integers or text")
+    if y.dtype.kind == "f":
+        bad = ~np.isfinite(y) | (np.mod(np.where(np.isfinite(y), y, 0), 1) != 0)
+        if np.any(bad):
+            raise SiteFileError(
+                f"{where} holds {int(bad.sum())} label(s) that are not integers or text "
+                f"(e.g. {y[bad][0]!r}); labels must be class numbers or class names")
+    return np.array([str(int(v)) for v in y]).astype(str) if len(y) else np.array([], dtype=str)
+
+
+def sort_classes(names) -> list[str]:  # noqa: ANN001 - any iterable of str
+    """The run's class order: numeric when every name is an integer, else alphabetical."""
+    names = {str(n) for n in names}
+    try:
+        return sorted(names, key=int)
+    except ValueError:
+        return sorted(names)
+
+
+def parse_classes(spec: str) -> list[str] | int | None:
+    """``classes`` setting: ``""`` (agreed from the nodes), a count, or names ``a,b,c``."""
+    text = str(spec).strip()
+    if not text:
+        return None
+    if text.isdigit():
+        return int(text)
+    names = [part.strip() for part in text.split(",")]
+    if any(not n for n in names) or len(set(names)) != len(names):
+        raise ValueError(f"classes={spec!r} must be a count (e.g. 3) or distinct "
+                         "comma-separated label names (e.g. 'benign,malignant')")
+    return names
+
+
+def read_site_file(path: str | Path, label_column: str = "", *,
+                   public: bool = False) -> SiteFile:
+    """Read a site file (``.npz`` or ``.csv``); see the module docstring.
+
+    ``public`` reads a server public-data file (splits ``x``/``y`` as "train" and an
+    optional test split) instead of a node's.
+
+    Raises
+    ------
+    SiteFileError
+        The file or a required array/companion file is missing, or cannot be parsed.
+        Values (NaN, shapes, classes) are checked by :func:`site_problems`.
+    """
+    path = Path(str(path)).expanduser()
+    if not path.is_file():
+        raise SiteFileError(f"{path} does not exist or is not a file")
+    suffix = path.suffix.lower()
+    if suffix == ".npz":
+        return _read_npz(path, public)
+    if suffix == ".csv":
+        return _read_csv(path, label_column, public)
+    raise SiteFileError(f"{path}: unknown file type '{suffix}'; use .npz or .csv")
+
+
+def _npz_keys(public: bool) -> dict[str, tuple[str, str]]:
+    if public:
+        return {"train": ("x", "y"), "test": ("x_test", "y_test")}
+    return {s: (f"x_{s}", f"y_{s}") for s in SPLITS}
+
+
+def _read_npz(path: Path, public: bool) -> SiteFile:
+    keys = _npz_keys(public)
+    required = ("train",) if public else REQUIRED_SPLITS
+    site = SiteFile(path)
+    try:
+        with np.load(path, allow_pickle=False) as f:
+            files = set(f.files)
+            missing = [k for s in required for k in keys[s] if k not in files]
+            optional = [k for s in keys if s not in required for k in keys[s]]
+            half = [s for s in keys if s not in required and (keys[s][0] in files) != (keys[s][1] in files)]
+            missing += [k for s in half for k in keys[s] if k not in files]
+            if missing:
+                want = ", ".join(k for s in required for k in keys[s])
+                raise SiteFileError(
+                    f"{path} lacks array(s) {', '.join(missing)}; it must hold {want} "
+                    f"(optional: {', '.join(optional)}; found: {', '.join(sorted(files)) or 'none'})")
+            for split, (kx, ky) in keys.items():
+                if kx in files:
+                    site.x[split] = np.asarray(f[kx])
+                    site.y[split] = label_names(f[ky], f"{path}: {ky}")
+    except SiteFileError:
+        raise
+    except (OSError, ValueError, EOFError) as exc:
+        raise SiteFileError(f"{path} cannot be read as .npz: {exc}") from None
+    for split, x in site.x.items():
+        if x.dtype.kind not in "iufb":
+            raise SiteFileError(f"{path}: {keys[split][0]} has dtype {x.dtype}; features must be numbers")
+        site.x[split] = x.astype(np.float64)
+    return site
+
+
+def _companions(path: Path, public: bool) -> dict[str, tuple[Path, bool]]:
+    stem = path.stem
+    if public:
+        return {"train": (path, True), "test": (path.with_name(f"{stem}_test.csv"), False)}
+    return {"train": (path, True), "val": (path.with_name(f"{stem}_val.csv"), True),
+            "test": (path.with_name(f"{stem}_test.csv"), False)}
+
+
+def _read_csv(path: Path, label_column: str, public: bool) -> SiteFile:
+    site = SiteFile(path)
+    for split, (p, required) in _companions(path, public).items():
+        if not p.is_file():
+            if required:
+                raise SiteFileError(
+                    f"{path} is a CSV training file, so its {split} data must lie next to it as "
+                    f"{p}; it does not exist")
+            continue
+        site.x[split], site.y[split] = read_csv_table(p, label_column)
+    return site
+
+
+def _label_index(label_column: str, header: list[str] | None, width: int, where: Path) -> int:
+    spec = str(label_column).strip()
+    if not spec:
+        return width - 1
+    try:
+        index = int(spec)
+    except ValueError:
+        if header is None:
+            raise SiteFileError(f"{where}: label-column={spec!r} names a column, but the file "
+                                "has no header row; give a column number instead") from None
+        if spec not in header:
+            raise SiteFileError(f"{where}: label-column={spec!r} is not in the header "
+                                f"({', '.join(header)})") from None
+        return header.index(spec)
+    if not -width <= index < width:
+        raise SiteFileError(f"{where}: label-column={index} is outside the {width} columns")
+    return index % width
+
+
+def _is_int(text: str) -> bool:
+    try:
+        int(text)
+        return True
+    except ValueError:
+        return False
+
+
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+        return True
+    except ValueError:
+        return False
+
+
+def read_csv_table(path: Path, label_column: str = "") -> tuple[np.ndarray, np.ndarray]:
+    """``(features float64, class names)`` of one CSV file, header detected.
+
+    The first row is a header when one of its feature cells is not a number. Empty
+    feature cells and ``nan`` become NaN (reported by :func:`site_problems`).
+    """
+    try:
+        with path.open(newline="", encoding="utf-8-sig") as f:
+            rows = [row for row in csv.reader(f) if row and any(c.strip() for c in row)]
+    except (OSError, UnicodeDecodeError, csv.Error) as exc:
+        raise SiteFileError(f"{path} cannot be read as CSV: {exc}") from None
+    if not rows:
+        return np.zeros((0, 0)), np.array([], dtype=str)
+    width = len(rows[0])
+    if width < 2:
+        raise SiteFileError(f"{path}: rows have {width} column; a sample needs features and a label")
+    first = [c.strip() for c in rows[0]]
+    spec = str(label_column).strip()
+    if spec and not spec.lstrip("-").isdigit():
+        header: list[str] | None = first  # a column name: the file must have a header
+    else:
+        guess = _label_index(spec, None, width, path)
+        header = first if any(not _is_number(c) for i, c in enumerate(first)
+                              if i != guess and c) else None
+    label = _label_index(label_column, header, width, path)
+    body = rows[1:] if header is not None else rows
+    x = np.empty((len(body), width - 1))
+    y = []
+    for r, row in enumerate(body, start=2 if header is not None else 1):
+        if len(row) != width:
+            raise SiteFileError(f"{path}: line {r} has {len(row)} columns, the first row {width}")
+        values = []
+        for c, cell in enumerate(row):
+            if c == label:
+                continue
+            cell = cell.strip()
+            if not cell:
+                values.append(np.nan)
+                continue
+            try:
+                values.append(float(cell))
+            except ValueError:
+                raise SiteFileError(f"{path}: line {r}, column {c + 1} holds {cell!r}, not a "
+                                    "number; only the label column may hold text") from None
+        x[len(y)] = values
+        y.append(_csv_label(row[label]))
+    return x, np.array(y, dtype=str)
+
+
+def _csv_label(cell: str) -> str:
+    """A CSV label cell as a class name: ``2``, ``2.0`` and ``2.000e+00`` are all ``"2"``."""
+    text = cell.strip()
+    try:
+        value = float(text)
+    except ValueError:
+        return text
+    return str(int(value)) if np.isfinite(value) and value.is_integer() else text
+
+
+def site_problems(site: SiteFile, num_features: int | None = None,
+                  classes: list[str] | None = None, run: str = "the run") -> list[str]:
+    """What a run would reject about this file, one line per problem (empty: fine).
+
+    Checks 2-D features, one label per row, non-empty train/val splits, the same
+    feature count in every split, finite values, and (when given) the run's number of
+    features and class names.
+    """
+    problems = []
+    widths = set()
+    for split in SPLITS:
+        if split not in site.x:
+            continue
+        x, y = site.x[split], site.y[split]
+        if x.ndim != 2:
+            problems.append(f"x_{split} has shape {x.shape}; expected a 2-D array (samples x features)")
+            continue
+        widths.add(x.shape[1])
+        if y.ndim != 1 or len(y) != len(x):
+            problems.append(f"y_{split} has shape {y.shape}; expected ({len(x)},), one label per "
+                            f"row of x_{split}")
+        if len(x) == 0:
+            problems.append(f"the {split} split is empty")
+        bad = ~np.isfinite(x)
+        if bad.any():
+            rows = np.flatnonzero(bad.any(axis=1))
+            nan, inf = int(np.isnan(x).sum()), int(np.isinf(x).sum())
+            problems.append(f"x_{split} holds {nan} NaN and {inf} infinite value(s) in "
+                            f"{len(rows)} row(s) (first: row {int(rows[0])}); features must be "
+                            "finite numbers")
+        if num_features is not None and x.shape[1] != num_features:
+            problems.append(f"x_{split} has {x.shape[1]} features but {run} has {num_features}")
+        if classes is not None and y.ndim == 1:
+            unknown = sort_classes(set(y.tolist()) - set(classes))
+            numbered = classes == [str(i) for i in range(len(classes))]
+            if unknown and numbered and all(_is_int(v) for v in unknown):
+                values = [int(v) for v in y]
+                problems.append(
+                    f"y_{split} has labels in [{min(values)}, {max(values)}] but {run} has "
+                    f"{len(classes)} classes (labels 0..{len(classes) - 1})")
+            elif unknown:
+                problems.append(f"y_{split} holds label(s) {', '.join(unknown)} that are not among "
+                                f"the classes of {run} ({', '.join(classes)})")
+    if len(widths) > 1:
+        problems.append(f"the splits have different feature counts ({', '.join(map(str, sorted(widths)))})")
+    return problems
+
+
+def class_counts(site: SiteFile) -> dict[str, dict[str, int]]:
+    """Per split, how many rows each class name has."""
+    out = {}
+    for split, y in site.y.items():
+        names, counts = np.unique(y, return_counts=True) if len(y) else ([], [])
+        order = sort_classes(names)
+        lookup = dict(zip(map(str, names), map(int, counts)))
+        out[split] = {n: lookup[n] for n in order}
+    return out
+
+
+def encode_labels(y: np.ndarray, classes: list[str]) -> np.ndarray:
+    """Class names -> indices in ``classes`` (every name must be listed)."""
+    index = {name: i for i, name in enumerate(classes)}
+    return np.array([index[str(v)] for v in y], dtype=np.int64)
+
+
+def split_off_test(x: np.ndarray, y: np.ndarray, fraction: float, seed: int
+                   ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """``(x_rest, y_rest, x_test, y_test)``: a seeded random ``fraction`` of the rows."""
+    n = len(y)
+    n_test = int(round(fraction * n))
+    if not 0 < n_test < n:
+        raise ValueError(f"test-fraction={fraction} of {n} training rows leaves an empty split")
+    order = np.random.default_rng(seed).permutation(n)
+    test, rest = np.sort(order[:n_test]), np.sort(order[n_test:])
+    return x[rest], y[rest], x[test], y[test]
+
+
+def feature_stats(x: np.ndarray) -> tuple[int, np.ndarray, np.ndarray]:
+    """``(count, per-feature sum, per-feature sum of squares)`` (float64)."""
+    x = np.asarray(x, dtype=np.float64)
+    return int(len(x)), x.sum(axis=0), np.square(x).sum(axis=0)
+
+
+def combine_stats(stats: list[tuple[int, np.ndarray, np.ndarray]]) -> tuple[np.ndarray, np.ndarray]:
+    """Mean and standard deviation of the pooled rows, from each part's sums only.
+
+    A feature with no spread gets std 1 (it is only centred).
+    """
+    n = sum(s[0] for s in stats)
+    total = np.sum([s[1] for s in stats], axis=0)
+    squares = np.sum([s[2] for s in stats], axis=0)
+    mean = total / n
+    var = np.maximum(squares / n - mean ** 2, 0.0)
+    std = np.sqrt(var)
+    std[std < 1e-12 * np.maximum(1.0, np.abs(mean))] = 1.0
+    return mean, std

@@ -1,0 +1,212 @@
+"""Own data on the nodes (dataset='node-files'): agreement, label mapping, scaling,
+node-side evaluation, check-data. In-process, through the real apps."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from gems_fl.data.agreement import DataAgreement
+from gems_fl.data.nodes import NodeDataError, load_node_data
+from gems_fl.data.site_files import combine_stats, feature_stats, read_site_file
+from gems_fl.settings import Settings, SettingsError
+from tests.helpers import run_in_process
+from tests.sitegen import CLASSES, blobs, write_csv, write_csv_site
+
+OWN = {"dataset": "node-files", "evaluate-on-server": False, "space": "ball", "eps": 0.5}
+
+
+@pytest.fixture
+def sites(tmp_path):
+    return [{"data-path": str(write_csv_site(tmp_path / "sites", f"site-{k}", seed=k)),
+             "node-name": f"site-{k}"} for k in range(3)]
+
+
+def test_three_csv_sites_with_string_labels_run_and_report_per_node_and_pooled(tmp_path, sites):
+    odd = {"data-path": str(write_csv_site(tmp_path / "sites", "site-odd", seed=9, num_features=11)),
+           "node-name": "site-odd"}
+    results = run_in_process(4, tmp_path / "out", node_configs=[*sites, odd],
+                             **OWN, standardize="federated")
+    assert results["dataset"]["num_features"] == 13
+    assert results["dataset"]["classes"] == list(CLASSES)
+    assert [p["name"] for p in results["participants"]] == ["site-0", "site-1", "site-2"]
+    (rejected,) = results["rejected"]
+    assert rejected["node_name"] == "site-odd"
+    assert "11 features" in rejected["reason"] and "13" in rejected["reason"]
+    assert "site-0, site-1, site-2" in rejected["reason"]
+    ver = results["verification"]
+    assert set(ver["per_node"]) == {"site-0", "site-1", "site-2"}
+    for entry in ver["per_node"].values():
+        assert entry["split"] == "test" and entry["samples"] == 48
+        assert {"gems", "averaged", "local.site-0", "local.site-1", "local.site-2"} <= set(entry["accuracy"])
+    pooled = ver["pooled"]
+    manual = np.mean([e["accuracy"]["gems"] for e in ver["per_node"].values()])
+    assert pooled["gems"] == pytest.approx(manual)  # equal sample counts
+    assert pooled["gems"] > 0.8 and pooled["averaged"] > 0.5
+    assert set(results["dataset"]["scale"]) == {"mean", "std"}
+
+
+def test_label_mapping_is_shared_even_when_a_node_lacks_a_class(tmp_path):
+    x, y = blobs(120, 5, 0)
+    only_two = y != "gentoo"
+    write_csv(tmp_path / "a.csv", x[only_two], y[only_two])
+    write_csv(tmp_path / "a_val.csv", x[only_two][:10], y[only_two][:10])
+    settings = Settings(dataset="node-files", evaluate_on_server=False)
+    agreement = DataAgreement(5, list(CLASSES))
+    data = load_node_data(settings, {"data-path": str(tmp_path / "a.csv")}, agreement)
+    assert data.num_classes == 3 and data.classes == list(CLASSES)
+    expected = np.array([CLASSES.index(v) for v in y[only_two]])
+    np.testing.assert_array_equal(data.y_train, expected)
+    # Without the agreement (the identity query) the node reports what it holds.
+    alone = load_node_data(settings, {"data-path": str(tmp_path / "a.csv")})
+    assert alone.present_classes == ["adelie", "chinstrap"]
+
+
+def test_federated_standardisation_equals_pooled_statistics(tmp_path, sites):
+    settings = Settings(dataset="node-files", evaluate_on_server=False, standardize="federated")
+    raw = [read_site_file(c["data-path"]).x["train"] for c in sites]
+    mean, std = combine_stats([feature_stats(x) for x in raw])
+    pooled = np.concatenate(raw)
+    np.testing.assert_allclose(mean, pooled.mean(axis=0), rtol=1e-9)
+    np.testing.assert_allclose(std, pooled.std(axis=0), rtol=1e-6)
+    agreement = DataAgreement(13, list(CLASSES), mean, std)
+    scaled = [load_node_data(settings, c, agreement) for c in sites]
+    for data, x in zip(scaled, raw):
+        np.testing.assert_allclose(data.x_train, (x - mean) / std, rtol=1e-9)
+        np.testing.assert_array_equal(data.scale[0], mean)
+    everything = np.concatenate([d.x_train for d in scaled])
+    np.testing.assert_allclose(everything.mean(axis=0), 0, atol=1e-9)
+    np.testing.assert_allclose(everything.std(axis=0), 1, atol=1e-9)
+
+
+def test_the_run_sends_every_node_the_same_scaling(tmp_path, sites):
+    results, grid = run_in_process(3, tmp_path / "out", node_configs=sites, return_grid=True,
+                                   **OWN, standardize="federated")
+    raw = np.concatenate([read_site_file(c["data-path"]).x["train"] for c in sites])
+    np.testing.assert_allclose(results["dataset"]["scale"]["mean"], raw.mean(axis=0), rtol=1e-9)
+    np.testing.assert_allclose(results["dataset"]["scale"]["std"], raw.std(axis=0), rtol=1e-6)
+
+
+def test_pinned_classes_and_features_leave_out_nodes_that_disagree(tmp_path, sites):
+    x, y = blobs(60, 13, 5)
+    y = np.where(y == "gentoo", "emperor", y)
+    bad = tmp_path / "bad.csv"
+    write_csv(bad, x, y)
+    write_csv(tmp_path / "bad_val.csv", x[:10], y[:10])
+    results = run_in_process(4, tmp_path / "out", node_configs=[*sites, {
+        "data-path": str(bad), "node-name": "site-emperor"}], **OWN,
+        classes=",".join(CLASSES), **{"num-features": 13})
+    (rejected,) = results["rejected"]
+    assert rejected["node_name"] == "site-emperor" and "emperor" in rejected["reason"]
+
+
+def test_malformed_files_are_rejected_at_the_identity_round_with_the_node_name(tmp_path, sites):
+    x, y = blobs(40, 13, 1)
+    np.savez(tmp_path / "noval.npz", x_train=x, y_train=y, x_val=x[:5])
+    x_nan = x.copy()
+    x_nan[3, 2] = np.nan
+    np.savez(tmp_path / "nan.npz", x_train=x_nan, y_train=y, x_val=x[:5], y_val=y[:5])
+    configs = [*sites, {"data-path": str(tmp_path / "noval.npz"), "node-name": "site-noval"},
+               {"data-path": str(tmp_path / "nan.npz"), "node-name": "site-nan"}]
+    results = run_in_process(5, tmp_path / "out", node_configs=configs, **OWN)
+    by_name = {r["node_name"]: r["reason"] for r in results["rejected"]}
+    assert set(by_name) == {"site-noval", "site-nan"}
+    assert "node 'site-noval'" in by_name["site-noval"] and "y_val" in by_name["site-noval"]
+    assert "node 'site-nan'" in by_name["site-nan"] and "1 NaN" in by_name["site-nan"]
+
+
+def test_csv_header_label_column_and_test_fraction(tmp_path):
+    x, y = blobs(50, 4, 0)
+    path = tmp_path / "s.csv"
+    with path.open("w") as f:
+        f.write("species,a,b,c,d\n")
+        for row, label in zip(x, y):
+            f.write(",".join([label, *map(str, row)]) + "\n")
+    (tmp_path / "s_val.csv").write_text(path.read_text())
+    site = read_site_file(path, "species")
+    np.testing.assert_allclose(site.x["train"], x)
+    assert list(site.y["train"]) == list(y)
+    assert read_site_file(path, "0").x["train"].shape == (50, 4)
+    settings = Settings(dataset="node-files", evaluate_on_server=False, label_column="species")
+    data = load_node_data(settings, {"data-path": str(path), "test-fraction": 0.2})
+    assert len(data.y_test) == 10 and len(data.y_train) == 40
+    again = load_node_data(settings, {"data-path": str(path), "test-fraction": 0.2})
+    np.testing.assert_array_equal(data.x_test, again.x_test)  # seeded by the node
+
+
+def test_node_files_settings_say_what_to_do():
+    with pytest.raises(SettingsError, match="evaluate-on-server=false"):
+        Settings(dataset="node-files")
+    with pytest.raises(SettingsError, match="standardize"):
+        Settings(standardize="global")
+    with pytest.raises(SettingsError, match="num-features=5 but dataset='digits' has 64"):
+        Settings(num_features=5)
+    assert Settings(dataset="node-files", public_data="/x.npz").public_data == "/x.npz"
+    with pytest.raises(NodeDataError, match="node 'p'"):
+        load_node_data(Settings(dataset="node-files", evaluate_on_server=False),
+                       {"partition-id": 0, "num-partitions": 2, "node-name": "p"})
+
+
+def test_public_data_tunes_gems_and_raw_and_the_nodes_evaluate_them(tmp_path, sites):
+    x, y = blobs(90, 13, 7)
+    np.savez(tmp_path / "public.npz", x=x, y=y)
+    results = run_in_process(3, tmp_path / "out", node_configs=sites, **OWN,
+                             standardize="federated", **{"public-data": str(tmp_path / "public.npz")})
+    pooled = results["verification"]["pooled"]
+    assert {"gems", "averaged", "gems-tuned", "raw"} <= set(pooled)
+    assert results["dataset"]["public_data"]["samples"] == 90
+    assert "evaluated on the nodes" in results["rows"]["Raw"]["skipped"]
+
+
+def test_a_dead_node_is_rejected_once_by_name_and_is_no_participant(tmp_path, sites):
+    """Flower answers for a dead node with NODE_UNAVAILABLE from the SuperLink's own id."""
+    from flwr.app import Error, Message
+    from flwr.common.constant import SUPERLINK_NODE_ID, ErrorCode
+
+    def node_unavailable(reply):
+        if reply.metadata.src_node_id != 1002:
+            return reply
+        error = Message(Error(code=ErrorCode.NODE_UNAVAILABLE, reason="Error: Node Unavailable"),
+                        reply_to=reply)
+        error.metadata.__dict__["_src_node_id"] = SUPERLINK_NODE_ID
+        error.metadata.__dict__["_reply_to_message_id"] = reply.metadata.reply_to_message_id
+        return error
+
+    results = run_in_process(3, tmp_path / "out", node_configs=sites, reply_hook=node_unavailable,
+                             **OWN)
+    (rejected,) = results["rejected"]
+    assert rejected["node_name"] == "site-2" and rejected["node_id"] == 1002
+    assert "node unavailable" in rejected["reason"]
+    assert [p["name"] for p in results["participants"]] == ["site-0", "site-1"]
+
+
+def _check(*args):
+    import subprocess
+    import sys
+
+    from tests.helpers import ROOT
+
+    env = {**__import__("os").environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run([sys.executable, "-m", "gems_fl.running.cli", "check-data", *map(str, args)],
+                          capture_output=True, text=True, env=env, cwd=ROOT)
+    return proc.returncode, proc.stdout + proc.stderr
+
+
+def test_check_data_reports_and_rejects_with_clear_messages(tmp_path, sites):
+    code, out = _check(sites[0]["data-path"], "--features", 13, "--classes", ",".join(CLASSES))
+    assert code == 0, out
+    assert "train: x (144, 13)" in out and "test: x (48, 13)" in out and "OK" in out
+    assert "classes (3): adelie, chinstrap, gentoo" in out
+    x, y = blobs(30, 13, 3)
+    x[4, 1] = np.nan
+    x[5, 2] = np.inf
+    np.savez(tmp_path / "nan.npz", x_train=x, y_train=y, x_val=x[:5], y_val=y[:5])
+    code, out = _check(tmp_path / "nan.npz")
+    assert code == 1 and "REJECTED: x_train holds 1 NaN and 1 infinite value(s) in 2 row(s)" in out
+    np.savez(tmp_path / "noval.npz", x_train=x, y_train=y)
+    code, out = _check(tmp_path / "noval.npz")
+    assert code == 1 and "lacks array(s) x_val, y_val" in out
+    code, out = _check(sites[1]["data-path"], "--classes", "adelie,gentoo")
+    assert code == 1 and "holds label(s) chinstrap that are not among" in out
+    code, out = _check(sites[1]["data-path"], "--features", 12)
+    assert code == 1 and "x_train has 13 features but the run has 12" in out
