@@ -70,6 +70,9 @@ from gems_fl.running.preflight import preflight
 from gems_fl.settings import Settings, SettingsError
 
 NODE_WAIT_S = 60.0
+# Every node scores every node's Local model while there are at most this many nodes:
+# above it the evaluate round's downlink (N + 2 models to each of N nodes) grows as N^2.
+MAX_LOCALS_SENT = 20
 NO_SERVER_DATA = "evaluate-on-server=false: the server holds no training, test or public data"
 
 
@@ -135,8 +138,12 @@ def run_convex(grid: Grid, settings: Settings, roster: Roster, num_features: int
     average = np.mean(list(centers.values()), axis=0)
     node_models = {GEMS_KEY: vector_to_state(point, num_features, num_classes),
                    "averaged": vector_to_state(average, num_features, num_classes)}
-    node_models.update({f"local.{name}": vector_to_state(c, num_features, num_classes)
-                        for name, c in centers.items()})
+    if len(centers) <= MAX_LOCALS_SENT:
+        node_models.update({f"local.{name}": vector_to_state(c, num_features, num_classes)
+                            for name, c in centers.items()})
+    else:
+        log(INFO, "Verify: %d nodes, so the nodes score h_G and Averaged only (each Local "
+            "model on every node would send %d models to each)", len(centers), len(centers) + 2)
     return ProtocolRun(
         gems_model=as_model(point), model_state=vector_to_state(point, num_features, num_classes),
         outcome=outcome, rounds=strategy.rounds, rejected=outcome.rejected,
