@@ -22,7 +22,7 @@ from flwr.serverapp import Grid
 from torch import nn
 
 from gems_fl.data import parse_division
-from gems_fl.data.agreement import NODE_FILES
+from gems_fl.data.agreement import NODE_FILES, DataAgreement
 from gems_fl.evaluation.baselines import (
     NN_ROW_NAMES,
     ROW_NAMES,
@@ -227,29 +227,15 @@ def keyed_by_name(report: dict[str, Any], names: list[str]) -> dict[str, Any]:
     return out
 
 
-def run_server(grid: Grid, context: Context) -> dict[str, Any]:
-    """Run GEMS (convex, or layer-wise for ``model='mlp'``), write the results, return them."""
-    started = time.time()
-    t0 = time.perf_counter()
-    try:
-        settings = Settings.from_run_config(context.run_config)
-    except SettingsError as exc:
-        raise SettingsError(f"invalid run setting: {exc}") from None
-    preflight(settings, check_data=settings.evaluate_on_server)
-    set_default_device(settings.device)  # training on the server: Global, tuning, Raw
-    node_ids = wait_for_nodes(grid, settings.min_replies)
-    if len(node_ids) < settings.min_replies:
-        raise RuntimeError(f"only {len(node_ids)} nodes connected; min-replies={settings.min_replies}")
-    roster = identify_nodes(grid, node_ids, settings)
-    if len(roster.participants) < settings.min_replies or roster.agreement is None:
-        reasons = "; ".join(f"node {r.get('node_name', r['node_id'])}: {r['reason']}"
-                            for r in roster.rejected)
-        raise NotEnoughRepliesError(
-            f"only {len(roster.participants)} of {len(node_ids)} nodes have data that fits the "
-            f"run; min-replies={settings.min_replies}. Rejected: {reasons}")
-    agreement = roster.agreement
+def load_server_side(
+    settings: Settings, agreement: DataAgreement, num_nodes: int
+) -> tuple[ServerData | None, Any, dict[str, Any], list[str]]:
+    """What the server holds for the baselines: its copy of the partitions' data (in
+    simulation), the ``public-data`` file, and the dataset's description for the results.
+
+    Returns ``(server_data or None, public or None, meta, notes)``.
+    """
     num_features, num_classes = agreement.num_features, agreement.num_classes
-    num_nodes = len(roster.participants)
     meta: dict[str, Any] = {"name": settings.dataset, "num_nodes": num_nodes,
                             "num_features": num_features, "num_classes": num_classes,
                             "classes": list(agreement.classes),
@@ -275,6 +261,33 @@ def run_server(grid: Grid, context: Context) -> dict[str, Any]:
         scale_server_data(server_data, agreement, settings)
         if public is not None:
             server_data.public_x, server_data.public_y = public.x, public.y
+    return server_data, public, meta, notes
+
+
+def run_server(grid: Grid, context: Context) -> dict[str, Any]:
+    """Run GEMS (convex, or layer-wise for ``model='mlp'``), write the results, return them."""
+    started = time.time()
+    t0 = time.perf_counter()
+    try:
+        settings = Settings.from_run_config(context.run_config)
+    except SettingsError as exc:
+        raise SettingsError(f"invalid run setting: {exc}") from None
+    preflight(settings, check_data=settings.evaluate_on_server)
+    set_default_device(settings.device)  # training on the server: Global, tuning, Raw
+    node_ids = wait_for_nodes(grid, settings.min_replies)
+    if len(node_ids) < settings.min_replies:
+        raise RuntimeError(f"only {len(node_ids)} nodes connected; min-replies={settings.min_replies}")
+    roster = identify_nodes(grid, node_ids, settings)
+    if len(roster.participants) < settings.min_replies or roster.agreement is None:
+        reasons = "; ".join(f"node {r.get('node_name', r['node_id'])}: {r['reason']}"
+                            for r in roster.rejected)
+        raise NotEnoughRepliesError(
+            f"only {len(roster.participants)} of {len(node_ids)} nodes have data that fits the "
+            f"run; min-replies={settings.min_replies}. Rejected: {reasons}")
+    agreement = roster.agreement
+    num_features, num_classes = agreement.num_features, agreement.num_classes
+    num_nodes = len(roster.participants)
+    server_data, public, meta, notes = load_server_side(settings, agreement, num_nodes)
     for note in notes:
         log(WARNING, note)
     timing = {"identify": float(roster.report.get("wall_s", 0.0))}
