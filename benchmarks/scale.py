@@ -1,0 +1,112 @@
+"""Many nodes through Flower: wall time, peak memory of the whole process tree, nodes
+accepted, bytes per round, for `gems-fl run --nodes N` as a user runs it.
+
+    python3 benchmarks/scale.py --nodes 100 --run-config "dataset='fashion-mnist' \
+        label-division='classes-per-node:2'"
+
+Prints a table and writes JSON (``--out``, default ``benchmarks/out/scale.json``). The
+memory figure is the largest sum, over one-second samples, of the resident set sizes
+of every process whose environment carries the run's marker (the SuperLink, SuperExec,
+flwr-simulation, Ray and its workers) plus ``gems-fl`` itself.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+MARKER = "GEMS_FL_RUN_MARKER"
+
+
+def _tree_rss(root_pid: int) -> int:
+    """Bytes resident in ``root_pid`` and every process that carries the run's marker."""
+    total = 0
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        pid = int(entry)
+        try:
+            if pid != root_pid:
+                env = Path(f"/proc/{pid}/environ").read_bytes()
+                if MARKER.encode() not in env:
+                    continue
+            for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+                if line.startswith("VmRSS:"):
+                    total += int(line.split()[1]) * 1024
+        except (OSError, ValueError):
+            continue
+    return total
+
+
+def run(nodes: int, run_config: str, out_dir: Path) -> dict:
+    cmd = [sys.executable, "-m", "gems_fl.running.cli", "run", str(ROOT), "--nodes", str(nodes),
+           "--output-dir", str(out_dir), "--run-config", run_config]
+    peak = 0
+    t0 = time.perf_counter()
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    done = threading.Event()
+
+    def sample() -> None:
+        nonlocal peak
+        while not done.is_set():
+            peak = max(peak, _tree_rss(proc.pid))
+            done.wait(1.0)
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    output = proc.communicate()[0]
+    done.set()
+    sampler.join()
+    wall = time.perf_counter() - t0
+    results = sorted(out_dir.glob("run-*/results.json"), key=lambda p: p.stat().st_mtime)
+    report: dict = {"nodes": nodes, "run_config": run_config, "exit_code": proc.returncode,
+                    "wall_s": wall, "peak_rss_bytes": peak, "output_tail": output[-2000:]}
+    if results:
+        res = json.loads(results[-1].read_text())
+        report.update({
+            "accepted": len(res["nodes"]), "rejected": len(res["rejected"]),
+            "good_enough": res.get("verification", {}).get("good_enough"),
+            "gems_accuracy": res["rows"]["GEMS"].get("accuracy"),
+            "timing_s": res.get("timing_s"),
+            "rounds": [{k: r.get(k) for k in ("round", "layer", "width", "bytes_sent",
+                                               "bytes_received", "wall_s")}
+                       for r in res.get("rounds", [])],
+        })
+    return report
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--nodes", type=int, nargs="+", default=[100])
+    parser.add_argument("--run-config", default="dataset='fashion-mnist' "
+                        "label-division='classes-per-node:2'")
+    parser.add_argument("--out", default=str(ROOT / "benchmarks" / "out" / "scale.json"))
+    args = parser.parse_args()
+    machine = {"cores": os.cpu_count(), "loadavg_before": os.getloadavg()}
+    reports = []
+    for n in args.nodes:
+        out_dir = Path(args.out).parent / f"scale-runs-{n}"
+        reports.append(run(n, args.run_config, out_dir))
+    machine["loadavg_after"] = os.getloadavg()
+    print(f"machine: {machine}")
+    print("| nodes | exit | wall s | peak RSS MB | accepted | rejected | good enough | GEMS |")
+    print("| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+    for r in reports:
+        print(f"| {r['nodes']} | {r['exit_code']} | {r['wall_s']:.0f} | "
+              f"{r['peak_rss_bytes'] / 2**20:.0f} | {r.get('accepted')} | {r.get('rejected')} | "
+              f"{r.get('good_enough')} | {r.get('gems_accuracy')} |")
+        for rd in r.get("rounds", []):
+            print(f"    round {rd}")
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps({"machine": machine, "runs": reports}, indent=2))
+
+
+if __name__ == "__main__":
+    main()
