@@ -96,7 +96,11 @@ def test_flwr_simulation_end_to_end(tmp_path):
 @pytest.mark.slow
 def test_a_failed_flwr_run_is_reported_as_a_failure(tmp_path):
     """`flwr run` exits 0 for a failed run; `gems-fl run` must not."""
-    proc = _gems_fl("--nodes", "2", "--run-config", "dataset='mnist' data-dir='/nonexistent'",
+    from tests.test_run_behaviour import write_mnist_like
+
+    # Headers that pass the preflight, a label value that only the nodes' loader reads.
+    data = write_mnist_like(tmp_path / "data", bad_label=True)
+    proc = _gems_fl("--nodes", "2", "--run-config", f"dataset='mnist' data-dir='{data}'",
                     tmp_path=tmp_path)
     assert proc.returncode == 1
     assert "finished:failed" in proc.stderr

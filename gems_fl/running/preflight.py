@@ -78,8 +78,11 @@ def check_partition(settings: Settings, num_nodes: int) -> None:
     from gems_fl.data import load_dataset, parse_division
     from gems_fl.data.partition import check_partition_sizes
 
-    splits = load_dataset(settings.dataset, seed=settings.seed,
-                          data_dir=settings.data_dir or None)
+    try:
+        splits = load_dataset(settings.dataset, seed=settings.seed,
+                              data_dir=settings.data_dir or None)
+    except Exception:  # noqa: BLE001 - e.g. bad label values: the nodes report it by name
+        return
     division = parse_division(settings.label_division, num_nodes, splits.num_classes)
     try:
         check_partition_sizes(splits.train_y, splits.val_y, division,
