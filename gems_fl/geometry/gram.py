@@ -36,7 +36,7 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
-from gems_fl.geometry.radius import margin_intervals
+from gems_fl.geometry.radius import bisect_radius, margin_intervals
 
 #: Default upper end of the radius bisection, in logit units (RMS of the L2 logit
 #: change). Trained softmax layers have logit margins of order 1 to 20; a change of
@@ -500,20 +500,9 @@ def search_gram_radius(
             count = count + torch.count_nonzero(rest, dim=1)
         return int(count.min())
 
-    steps = 1
-    count = min_count(r_max)
-    if count >= need:
-        return GramRadiusResult(r_max, center_acc, True, count / num, steps, True, math.inf, m)
-    lower, upper, count_lower = 0.0, r_max, correct0
-    while upper - lower > delta:
-        mid = 0.5 * (lower + upper)
-        count = min_count(mid)
-        steps += 1
-        if count >= need:
-            lower, count_lower = mid, count
-        else:
-            upper = mid
-    return GramRadiusResult(lower, center_acc, True, count_lower / num, steps, False, upper, m)
+    b = bisect_radius(min_count, lambda count: count >= need, r_max, delta, correct0)
+    return GramRadiusResult(b.radius, center_acc, True, b.score / num, b.steps, b.saturated,
+                            b.failed_radius, m)
 
 
 # ------------------------------------------------------------------ certified radius

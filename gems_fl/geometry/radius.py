@@ -13,6 +13,8 @@ exactly the accuracy of the perturbed model ``W + r U`` (ties count as correct).
 
 from __future__ import annotations
 
+import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -194,17 +196,36 @@ def search_radius(
     def min_acc(radius: float) -> float:
         return float(direction_accuracies(lo_r, hi_r, radius).min())
 
+    b = bisect_radius(min_acc, lambda acc: acc >= eps, r_max, delta, center_acc)
+    return RadiusResult(b.radius, center_acc, True, b.score, b.steps, b.saturated)
+
+
+@dataclass(frozen=True)
+class Bisection:
+    """Outcome of :func:`bisect_radius`."""
+
+    radius: float  # the largest radius tested and passed (0 when none was)
+    score: float  # the score at ``radius``
+    steps: int  # radii tested
+    saturated: bool  # ``r_max`` itself passed
+    failed_radius: float  # the smallest radius tested and failed (inf when saturated)
+
+
+def bisect_radius(score: Callable[[float], float], passes: Callable[[float], bool],
+                  r_max: float, delta: float, score_at_zero: float) -> Bisection:
+    """The bisection every radius search shares: ``r_max`` is tested first, then
+    ``[0, r_max]`` is halved down to width ``delta``; only tested radii are returned."""
     steps = 1
-    acc_max = min_acc(r_max)
-    if acc_max >= eps:
-        return RadiusResult(r_max, center_acc, True, acc_max, steps, True)
-    lower, upper, acc_lower = 0.0, r_max, center_acc
+    top = score(r_max)
+    if passes(top):
+        return Bisection(r_max, top, steps, True, math.inf)
+    lower, upper, score_lower = 0.0, r_max, score_at_zero
     while upper - lower > delta:
         mid = 0.5 * (lower + upper)
-        acc = min_acc(mid)
+        value = score(mid)
         steps += 1
-        if acc >= eps:
-            lower, acc_lower = mid, acc
+        if passes(value):
+            lower, score_lower = mid, value
         else:
             upper = mid
-    return RadiusResult(lower, center_acc, True, acc_lower, steps, False)
+    return Bisection(lower, score_lower, steps, False, upper)
