@@ -91,6 +91,14 @@ def test_flwr_simulation_end_to_end(tmp_path):
     assert len(results["nodes"]) == 3 and results["dataset"]["num_nodes"] == 3
     assert results["rows"]["GEMS"]["accuracy"] > results["rows"]["Local"]["accuracy"]
     assert "Test accuracy" in proc.stdout and "GEMS tuned" in proc.stdout
+    # The time split covers the whole command: start-up, the app's phases, shut-down.
+    timing = results["timing_s"]
+    inside = sum(timing[k] for k in ("wait_for_nodes", "identify", "server_data", "rounds",
+                                     "verify", "baselines"))
+    assert inside <= timing["total"] + 1e-6
+    assert timing["startup"] > 0 and timing["shutdown"] >= 0
+    assert abs(timing["startup"] + timing["total"] + timing["shutdown"] - timing["wall"]) < 1.0
+    assert "gems-fl: time: start-up" in proc.stdout
 
 
 @pytest.mark.slow

@@ -514,6 +514,13 @@ def test_bound_width_keeps_verified_groups_and_reduces_the_neurons_kept_alone():
     assert report["reduced_to"] == report["unverified"] == 12 - len(kept)
     same, report = bound_width(merged, merged.width, seed=0)
     assert same is merged.weights and report["unverified"] == 0
+    # Fewer rows than verified groups: the largest groups stay, the rest become centers.
+    tight, report = bound_width(merged, 2, seed=0)
+    largest = int(np.argmax(groups))
+    assert len(tight) == 2 and report["width"] == 2
+    np.testing.assert_array_equal(tight[0], merged.weights[largest])
+    assert report["unverified"] == 1
+    assert report["groups_reduced"] == merged.num_intersected_groups - 1
     with pytest.raises((TypeError, ValueError)):
         bound_width(merged, 0, seed=0)
 

@@ -364,3 +364,17 @@ def test_a_node_side_error_is_the_last_thing_printed(tmp_path):
     assert err[-2] == node_lines[0]
     assert not any("uvicorn" in line or "HTTP/1.1" in line for line in err)
     assert run.survivors() == []
+
+
+def test_launch_timing_adds_startup_and_shutdown_to_the_results(tmp_path):
+    from gems_fl.running.launch import add_launch_timing, timing_line
+
+    path = tmp_path / "results.json"
+    path.write_text(json.dumps({"started_unix": 1000.0,
+                                "timing_s": {"identify": 2.0, "rounds": 30.0, "total": 50.0}}))
+    results = add_launch_timing(path, launched_unix=988.0, ended_unix=1053.0)
+    assert results["timing_s"] == {"identify": 2.0, "rounds": 30.0, "total": 50.0,
+                                   "startup": 12.0, "shutdown": 3.0, "wall": 65.0}
+    assert json.loads(path.read_text()) == results
+    assert timing_line(results["timing_s"]) == ("start-up 12.0 s, identify round 2.0 s, GEMS "
+                                                "rounds 30.0 s, shut-down 3.0 s; 65.0 s in all")

@@ -18,6 +18,9 @@ from rich.console import Console
 from rich.table import Table
 
 RESULTS_FILE = "results.json"
+# Above this many nodes the printed tables summarise per-node figures (results.json keeps
+# every one): a column or a note per node stops being readable.
+MAX_NODE_COLUMNS = 10
 MODEL_FILE = "gems_model.npz"
 
 
@@ -40,8 +43,13 @@ def format_table(results: dict[str, Any]) -> Table:
         note = row.get("skipped", "")
         if name == "Local" and acc is not None:
             per_node = row["per_node"]
-            items = per_node.items() if isinstance(per_node, dict) else enumerate(per_node)
-            note = "per node: " + ", ".join(f"{k} {a:.3f}" for k, a in items)
+            items = list(per_node.items() if isinstance(per_node, dict) else enumerate(per_node))
+            if len(items) <= MAX_NODE_COLUMNS:
+                note = "per node: " + ", ".join(f"{k} {a:.3f}" for k, a in items)
+            else:
+                accs = np.array([a for _, a in items])
+                note = (f"{len(items)} nodes: min {accs.min():.3f}, median "
+                        f"{np.median(accs):.3f}, max {accs.max():.3f} (each in results.json)")
         if name == "GEMS" and acc is not None:
             note = gems_note(results)
         if "parameters" in row and name in ("Ensemble", "GEMS"):
@@ -94,7 +102,10 @@ def markdown_table(results: dict[str, Any]) -> str:
 
 def print_results(results: dict[str, Any], console: Console | None = None) -> None:
     """Print the accuracy table, per-node spaces and rejections."""
-    console = console or Console()
+    if console is None:
+        console = Console()
+        if not console.is_terminal:  # a log stream: rich's 80-column default wraps every name
+            console.width = max(console.width, 120)
     console.print(format_table(results))
     nodes = Table(title="Per node: good-enough space, and h_G checked by the node on its own "
                   "validation data")
@@ -141,10 +152,14 @@ def node_evaluation_table(results: dict[str, Any]) -> Table | None:
     per_node = ver.get("per_node") or {}
     if not per_node:
         return None
-    table = Table(title="Evaluated on the nodes' own data (test split where present, else val); "
-                  "pooled weighted by samples")
+    shown = per_node if len(per_node) <= MAX_NODE_COLUMNS else {}
+    title = ("Evaluated on the nodes' own data (test split where present, else val); pooled "
+             "weighted by samples")
+    if not shown:
+        title += f" over {len(per_node)} nodes (each node in results.json)"
+    table = Table(title=title)
     table.add_column("model")
-    for name, entry in per_node.items():
+    for name, entry in shown.items():
         table.add_column(f"{name} ({entry['split']}, n={entry['samples']})", justify="right")
     table.add_column("pooled", justify="right")
     keys = list(ver.get("pooled", {}))
@@ -152,7 +167,7 @@ def node_evaluation_table(results: dict[str, Any]) -> Table | None:
         keys += [k for k in entry["accuracy"] if k not in keys]
     for key in keys:
         cells = [f"{entry['accuracy'][key]:.4f}" if key in entry["accuracy"] else "-"
-                 for entry in per_node.values()]
+                 for entry in shown.values()]
         pooled = ver.get("pooled", {}).get(key)
         table.add_row(model_label(key), *cells, "-" if pooled is None else f"{pooled:.4f}")
     return table

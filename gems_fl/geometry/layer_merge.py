@@ -876,20 +876,25 @@ def merge_layer(
 def bound_width(merge: LayerMerge, max_width: int, seed: int) -> tuple[np.ndarray, dict[str, Any]]:
     """The merged layer cut to at most ``max_width`` neurons, and what was done.
 
-    Verified groups (two or more neurons with a common point) stay as they are; the
-    neurons kept alone are replaced by the centers of a k-means over them, as many as
-    the width left allows (at least one). Those centers lie in no node's neuron space:
-    the report counts them as unverified.
+    Verified groups (two or more neurons with a common point) stay as they are, the
+    largest first while they fit in ``max_width - 1``; the neurons kept alone (and any
+    group that did not fit) are replaced by the centers of a k-means over them, as many
+    as the width left allows (at least one). Those centers lie in no node's neuron
+    space: the report counts them as unverified.
     """
     check_scalar(max_width, "max_width", int, low=1)
     sizes = np.array([len(g) for g in merge.groups])
-    merged_rows = merge.weights[sizes > 1]
-    alone = merge.weights[sizes == 1]
-    room = max(1, max_width - len(merged_rows))
-    if len(alone) <= room:
-        return merge.weights, {"kept_alone": int(len(alone)), "reduced_to": int(len(alone)),
-                               "unverified": 0}
-    kmeans = KMeans(n_clusters=room, random_state=seed, n_init=1).fit(alone)
-    weights = np.concatenate([merged_rows, kmeans.cluster_centers_]).astype(np.float64)
-    return weights, {"kept_alone": int(len(alone)), "reduced_to": int(room),
-                     "unverified": int(room), "width": int(len(weights))}
+    if len(sizes) <= max_width:
+        return merge.weights, {"kept_alone": int(np.sum(sizes == 1)),
+                               "reduced_to": int(np.sum(sizes == 1)), "unverified": 0,
+                               "groups_reduced": 0, "width": int(len(sizes))}
+    grouped = np.flatnonzero(sizes > 1)
+    largest_first = grouped[np.argsort(-sizes[grouped], kind="stable")]
+    kept = np.sort(largest_first[: max_width - 1])  # merge order among the kept rows
+    rest = np.setdiff1d(np.arange(len(sizes)), kept)
+    room = max_width - len(kept)
+    kmeans = KMeans(n_clusters=room, random_state=seed, n_init=1).fit(merge.weights[rest])
+    weights = np.concatenate([merge.weights[kept], kmeans.cluster_centers_]).astype(np.float64)
+    return weights, {"kept_alone": int(np.sum(sizes == 1)), "reduced_to": int(room),
+                     "unverified": int(room), "groups_reduced": int(len(grouped) - len(kept)),
+                     "width": int(len(weights))}

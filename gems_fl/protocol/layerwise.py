@@ -157,17 +157,19 @@ class LayerwiseGEMS(Strategy):
                              seed=self.settings.seed)
         weights = merged.weights
         record.merge = merged.to_dict()
-        if 0 < self.settings.max_width < merged.width:
-            weights, bound = bound_width(merged, self.settings.max_width, self.settings.seed)
-            record.merge["max_width"] = bound
-            log(INFO, "Layer %d: max-width=%d: %d neurons kept alone reduced to %d k-means "
-                "centers (unverified)", record.layer, self.settings.max_width,
-                bound["kept_alone"], bound["reduced_to"])
-        self.layers.append((weights[:, :-1].copy(), weights[:, -1].copy()))
-        record.width = int(weights.shape[0])
         log(INFO, "Layer %d: %d nodes x %d neurons -> width %d (%d merged groups, %d kept "
             "alone)", record.layer, len(accepted), self.widths[j], merged.width,
             merged.num_intersected_groups, merged.num_kept_alone)
+        if 0 < self.settings.max_width < merged.width:
+            weights, bound = bound_width(merged, self.settings.max_width, self.settings.seed)
+            record.merge["max_width"] = bound
+            folded = (f" and {bound['groups_reduced']} merged groups"
+                      if bound["groups_reduced"] else "")
+            log(INFO, "Layer %d: max-width=%d: %d neurons kept alone%s reduced to %d k-means "
+                "centers (unverified); width %d", record.layer, self.settings.max_width,
+                bound["kept_alone"], folded, bound["reduced_to"], bound["width"])
+        self.layers.append((weights[:, :-1].copy(), weights[:, -1].copy()))
+        record.width = int(weights.shape[0])
 
     def _intersect_output(self, record: LayerRound, replies: list[Message]) -> None:
         fan_in = self.layers[-1][0].shape[0]

@@ -25,7 +25,7 @@ from gems_fl.data.agreement import NODE_FILES, DataAgreement
 from gems_fl.data.datasets import DATASET_SHAPES
 from gems_fl.data.site_files import combine_stats, parse_classes, sort_classes
 from gems_fl.protocol import wire
-from gems_fl.protocol.strategy import validate_replies
+from gems_fl.protocol.strategy import MAX_NODES_NAMED, validate_replies
 from gems_fl.settings import Settings
 
 
@@ -98,10 +98,16 @@ def identify_nodes(grid: Grid, node_ids: list[int], settings: Settings,
                                   **({"num-test-examples": identity.num_test}
                                      if identity.num_test else {})}
         roster.labels[node_id] = identity.labels
-        log(INFO, "Identify: node '%s' (id %d): %s, %d train / %d val%s", identity.name, node_id,
-            identity.source, identity.counts["num-train-examples"],
-            identity.counts["num-val-examples"],
-            f" / {identity.num_test} test" if identity.num_test else "")
+        if len(kept) <= MAX_NODES_NAMED:
+            log(INFO, "Identify: node '%s' (id %d): %s, %d train / %d val%s", identity.name,
+                node_id, identity.source, identity.counts["num-train-examples"],
+                identity.counts["num-val-examples"],
+                f" / {identity.num_test} test" if identity.num_test else "")
+    if len(kept) > MAX_NODES_NAMED:
+        train = [i.counts["num-train-examples"] for _, i in kept]
+        val = [i.counts["num-val-examples"] for _, i in kept]
+        log(INFO, "Identify: %d nodes, %d-%d train and %d-%d val samples each (every node in "
+            "results.json)", len(kept), min(train), max(train), min(val), max(val))
     if agreement is not None:
         log(INFO, "Identify: the run uses %d features and %d classes (%s)%s",
             agreement.num_features, agreement.num_classes, ", ".join(agreement.classes),

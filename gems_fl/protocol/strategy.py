@@ -113,8 +113,7 @@ def validate_replies(
             rejected.append(_rejection(node_id, names, "no reply"))
     accepted.sort(key=lambda item: _canonical_key(item[1][0]))
     log(INFO, "%sReplies from %d of %d nodes: accepted %s; rejected or missing %s", log_prefix,
-        len(accepted), len(sent_to),
-        ", ".join(describe_node(n, names) for n, _ in accepted) or "none",
+        len(accepted), len(sent_to), describe_nodes([n for n, _ in accepted], names),
         ", ".join(describe_node(int(r["node_id"]), names) for r in rejected) or "none")
     return accepted, rejected
 
@@ -149,6 +148,20 @@ def dedupe_rejections(entries: Iterable[dict[str, object]]) -> list[dict[str, ob
 def describe_node(node_id: int, names: Mapping[int, str]) -> str:
     """``123 ('site-a')`` if the node's name is known, else its id."""
     return f"{node_id} ('{names[node_id]}')" if node_id in names else str(node_id)
+
+
+# Above this many nodes a log line counts the accepted nodes instead of naming each one
+# (every node is named in results.json; rejected nodes are always named).
+MAX_NODES_NAMED = 10
+
+
+def describe_nodes(node_ids: list[int], names: Mapping[int, str]) -> str:
+    """Each node described, or a count when there are more than ``MAX_NODES_NAMED``."""
+    if not node_ids:
+        return "none"
+    if len(node_ids) > MAX_NODES_NAMED:
+        return f"{len(node_ids)} nodes (named in results.json)"
+    return ", ".join(describe_node(n, names) for n in node_ids)
 
 
 def _rejection(node_id: int, names: Mapping[int, str], reason: str) -> dict[str, object]:

@@ -154,7 +154,7 @@ def _submit(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from gems_fl.running.launch import RunFailed, RunInterrupted, run_app
+    from gems_fl.running.launch import RunFailed, RunInterrupted, run_app, timing_line
 
     try:
         outcome = run_app(args.app, num_nodes=args.nodes, run_config=args.run_config,
@@ -176,6 +176,7 @@ def _run(args: argparse.Namespace) -> int:
         return 1
     print(f"gems-fl: run {outcome.run_id} completed; results in {outcome.results_path}"
           + (f" (log: {outcome.log_path})" if outcome.log_path else ""))
+    print(f"gems-fl: time: {timing_line(outcome.results.get('timing_s', {}))}")
     return 0
 
 

@@ -274,7 +274,9 @@ def run_server(grid: Grid, context: Context) -> dict[str, Any]:
         raise SettingsError(f"invalid run setting: {exc}") from None
     preflight(settings, check_data=settings.evaluate_on_server)
     set_default_device(settings.device)  # training on the server: Global, tuning, Raw
+    t_wait = time.perf_counter()
     node_ids = wait_for_nodes(grid, settings.min_replies)
+    waited = time.perf_counter() - t_wait
     if len(node_ids) < settings.min_replies:
         raise RuntimeError(f"only {len(node_ids)} nodes connected; min-replies={settings.min_replies}")
     roster = identify_nodes(grid, node_ids, settings)
@@ -287,10 +289,12 @@ def run_server(grid: Grid, context: Context) -> dict[str, Any]:
     agreement = roster.agreement
     num_features, num_classes = agreement.num_features, agreement.num_classes
     num_nodes = len(roster.participants)
+    t_data = time.perf_counter()
     server_data, public, meta, notes = load_server_side(settings, agreement, num_nodes)
     for note in notes:
         log(WARNING, note)
-    timing = {"identify": float(roster.report.get("wall_s", 0.0))}
+    timing = {"wait_for_nodes": waited, "identify": float(roster.report.get("wall_s", 0.0)),
+              "server_data": time.perf_counter() - t_data}
 
     t_round = time.perf_counter()
     protocol = run_layerwise if settings.model == "mlp" else run_convex

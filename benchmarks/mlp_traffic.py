@@ -1,0 +1,101 @@
+"""The MLP's traffic against the number of nodes, with and without ``max-width``.
+
+    python3 benchmarks/mlp_traffic.py                     # N = 5, 10, 20; max-width 0 and 150
+    python3 benchmarks/mlp_traffic.py --nodes 20 --max-widths 0,100,150,300
+
+Each run is the real ServerApp and ClientApp code over an in-process Grid, with the
+run's defaults except ``model='mlp'``, Fashion-MNIST and ``label-division``
+(``classes-per-node:2`` by default, so that any N works). The table shows, per run:
+the merged hidden width, how many of its neurons are unverified k-means centers, the
+bytes of each round down (server to nodes) and up, GEMS's test accuracy untuned and
+tuned on the public sample, and on how many nodes h_G passed the nodes' own check
+(validation accuracy >= eps). Writes ``benchmarks/out/mlp_traffic.json`` with the
+machine and its load. The issue's target: round 2's downlink at N = 20 <= 10 MB.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+MB = 1e6
+
+
+def run_once(nodes: int, max_width: int, division: str, seed: int, out_dir: Path) -> dict:
+    from flwr.app import Context, RecordDict
+
+    from client_app import app as client_app
+    from gems_fl.protocol.inprocess import InProcessGrid
+    from gems_fl.running.launch import app_config
+    from gems_fl.running.server import run_server
+
+    cfg = {**app_config(ROOT), "model": "mlp", "dataset": "fashion-mnist",
+           "label-division": division, "max-width": max_width, "seed": seed,
+           "output-dir": str(out_dir)}
+    grid = InProcessGrid(client_app, nodes, cfg)
+    ctx = Context(run_id=nodes * 100000 + max_width, node_id=1, node_config={},
+                  state=RecordDict(), run_config=cfg)
+    t0 = time.perf_counter()
+    results = run_server(grid, ctx)
+    wall = time.perf_counter() - t0
+    layer, output = results["rounds"][0], results["rounds"][-1]
+    bound = layer["merge"].get("max_width", {})
+    ver = results["verification"]
+    return {
+        "nodes": nodes, "max_width": max_width, "wall_s": wall,
+        "width": layer["width"], "width_unbounded": layer["merge"]["width"],
+        "unverified": bound.get("unverified", 0),
+        "round1_down": layer["bytes_sent"], "round1_up": layer["bytes_received"],
+        "round2_down": output["bytes_sent"], "round2_up": output["bytes_received"],
+        "evaluate_down": ver.get("bytes_sent"), "evaluate_up": ver.get("bytes_received"),
+        "gems": results["rows"]["GEMS"].get("accuracy"),
+        "gems_tuned": results["rows"]["GEMS tuned"].get("accuracy"),
+        "good_enough": ver["good_enough"], "answered": ver["answered"],
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--nodes", default="5,10,20")
+    parser.add_argument("--max-widths", default="0,150")
+    parser.add_argument("--label-division", default="classes-per-node:2")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", default=str(ROOT / "benchmarks" / "out" / "mlp_traffic.json"))
+    args = parser.parse_args()
+    machine = {"cores": os.cpu_count(), "loadavg_before": os.getloadavg()}
+    work = Path(args.out).parent / "mlp-traffic-runs"
+    rows = []
+    for n in (int(v) for v in args.nodes.split(",")):
+        for w in (int(v) for v in args.max_widths.split(",")):
+            row = run_once(n, w, args.label_division, args.seed, work)
+            print(f"N={n} max-width={w}: width {row['width']}, round 2 down "
+                  f"{row['round2_down'] / MB:.2f} MB, GEMS {row['gems']:.4f} "
+                  f"({row['wall_s']:.0f} s)", flush=True)
+            rows.append(row)
+    machine["loadavg_after"] = os.getloadavg()
+    print(f"\nmachine: {machine}; Fashion-MNIST, label-division {args.label_division}, "
+          f"seed {args.seed}; MB = 10^6 bytes")
+    print("| N | max-width | width (unbounded) | unverified | round 1 down / up MB | "
+          "round 2 down / up MB | evaluate down MB | GEMS | GEMS tuned | good enough | s |")
+    print("| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+    for r in rows:
+        print(f"| {r['nodes']} | {r['max_width'] or '-'} | {r['width']} ({r['width_unbounded']}) "
+              f"| {r['unverified']} | {r['round1_down'] / MB:.2f} / {r['round1_up'] / MB:.2f} | "
+              f"{r['round2_down'] / MB:.2f} / {r['round2_up'] / MB:.2f} | "
+              f"{(r['evaluate_down'] or 0) / MB:.2f} | {r['gems']:.4f} | {r['gems_tuned']:.4f} | "
+              f"{r['good_enough']}/{r['answered']} | {r['wall_s']:.0f} |")
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps({"machine": machine, "label_division":
+                                          args.label_division, "seed": args.seed,
+                                          "runs": rows}, indent=2))
+
+
+if __name__ == "__main__":
+    main()
