@@ -21,6 +21,8 @@ import threading
 import time
 from pathlib import Path
 
+from gems_fl.running.launch import timing_line
+
 ROOT = Path(__file__).resolve().parents[1]
 MARKER = "GEMS_FL_RUN_MARKER"
 
@@ -65,7 +67,10 @@ def run(nodes: int, run_config: str, out_dir: Path) -> dict:
     done.set()
     sampler.join()
     wall = time.perf_counter() - t0
-    results = sorted(out_dir.glob("run-*/results.json"), key=lambda p: p.stat().st_mtime)
+    # Only a results file this run wrote counts (the folder may hold earlier runs').
+    started = time.time() - wall
+    results = sorted((p for p in out_dir.glob("run-*/results.json")
+                      if p.stat().st_mtime >= started), key=lambda p: p.stat().st_mtime)
     report: dict = {"nodes": nodes, "run_config": run_config, "exit_code": proc.returncode,
                     "wall_s": wall, "peak_rss_bytes": peak, "output_tail": output[-2000:]}
     if results:
@@ -102,6 +107,8 @@ def main() -> None:
         print(f"| {r['nodes']} | {r['exit_code']} | {r['wall_s']:.0f} | "
               f"{r['peak_rss_bytes'] / 2**20:.0f} | {r.get('accepted')} | {r.get('rejected')} | "
               f"{r.get('good_enough')} | {r.get('gems_accuracy')} |")
+        if r.get("timing_s"):
+            print(f"    time: {timing_line(r['timing_s'])}")
         for rd in r.get("rounds", []):
             print(f"    round {rd}")
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)

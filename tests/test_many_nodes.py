@@ -41,3 +41,17 @@ def test_printed_tables_summarise_many_nodes_and_results_keep_each(tmp_path, cap
     assert "partition-0 (val, n=" not in text and "partition-0 (test, n=" not in text
     assert len(results["verification"]["per_node"]) == num_nodes
     assert sum(line.count("partition-") for line in text.splitlines()) >= num_nodes
+
+
+def test_a_wide_merged_layer_warns_and_names_max_width(tmp_path, caplog, monkeypatch):
+    import gems_fl.protocol.layerwise as layerwise
+
+    monkeypatch.setattr(layerwise, "WIDE_LAYER_BYTES", 1000.0)  # any real layer passes it
+    with caplog.at_level(logging.WARNING, logger="flwr"):
+        run_in_process(3, tmp_path / "wide", model="mlp", **{"public-samples": 0})
+    assert "Set max-width (e.g. max-width=150)" in caplog.text
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="flwr"):
+        run_in_process(3, tmp_path / "bounded", model="mlp",
+                       **{"public-samples": 0, "max-width": 40})
+    assert "Set max-width" not in caplog.text

@@ -38,6 +38,10 @@ from gems_fl.protocol.wire import content_bytes
 from gems_fl.settings import Settings
 
 Layer = tuple[np.ndarray, np.ndarray]
+# A merged layer whose next-round downlink (float32, to every node) passes this many
+# bytes gets a warning that names max-width: at N = 20 on Fashion-MNIST it is 42 MB
+# (benchmarks/mlp_traffic.py), and it grows as N^2.
+WIDE_LAYER_BYTES = 20e6
 
 
 @dataclass
@@ -160,6 +164,12 @@ class LayerwiseGEMS(Strategy):
         log(INFO, "Layer %d: %d nodes x %d neurons -> width %d (%d merged groups, %d kept "
             "alone)", record.layer, len(accepted), self.widths[j], merged.width,
             merged.num_intersected_groups, merged.num_kept_alone)
+        downlink = merged.weights.shape[0] * merged.weights.shape[1] * 4 * len(accepted)
+        if self.settings.max_width == 0 and downlink > WIDE_LAYER_BYTES:
+            log(WARNING, "Layer %d: the merged layer (width %d) goes to each of %d nodes: "
+                "%.0f MB down in the next round, and every node's next space grows with the "
+                "width. Set max-width (e.g. max-width=150) to bound it; see README 'Speed'",
+                record.layer, merged.width, len(accepted), downlink / 1e6)
         if 0 < self.settings.max_width < merged.width:
             weights, bound = bound_width(merged, self.settings.max_width, self.settings.seed)
             record.merge["max_width"] = bound
