@@ -45,11 +45,12 @@ def in_process_child(nodes: int, run_config: str, out_dir: str) -> None:
     run_server(grid, ctx)
 
 
-def run_one(kind: str, nodes: int, run_config: str, out_dir: Path) -> dict:
+def run_one(kind: str, nodes: int, run_config: str, out_dir: Path, cpus_per_node: int) -> dict:
     out_dir.mkdir(parents=True, exist_ok=True)
     if kind == "flower":
         cmd = [sys.executable, "-m", "gems_fl.running.cli", "run", str(ROOT), "--nodes",
-               str(nodes), "--output-dir", str(out_dir), "--run-config", run_config]
+               str(nodes), "--output-dir", str(out_dir), "--run-config", run_config,
+               "--cpus-per-node", str(cpus_per_node)]
     else:
         cmd = [sys.executable, __file__, "--child", "--nodes", str(nodes), "--run-config",
                run_config, "--child-out", str(out_dir)]
@@ -73,6 +74,9 @@ def main() -> None:
     parser.add_argument("--nodes", type=int, default=5)
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--run-config", default="dataset='fashion-mnist'")
+    parser.add_argument("--cpus-per-node", type=int, default=1,
+                        help="gems-fl run --cpus-per-node (2 is Flower's own default)")
+    parser.add_argument("--kinds", default="flower,in-process")
     parser.add_argument("--out", default=str(ROOT / "benchmarks" / "out" / "overhead.json"))
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--child-out", help=argparse.SUPPRESS)
@@ -84,8 +88,9 @@ def main() -> None:
     work = Path(args.out).parent / "overhead-runs"
     runs = []
     for i in range(args.repeats):
-        for kind in ("flower", "in-process"):
-            run = run_one(kind, args.nodes, args.run_config, work / f"{kind}-{i}")
+        for kind in args.kinds.split(","):
+            run = run_one(kind, args.nodes, args.run_config, work / f"{kind}-{i}",
+                          args.cpus_per_node)
             print(f"{kind} #{i}: {run['wall_s']:.1f} s", flush=True)
             runs.append(run)
     machine["loadavg_after"] = os.getloadavg()
@@ -97,13 +102,15 @@ def main() -> None:
         print(f"| {r['kind']} | {r['wall_s']:.1f} | " + " | ".join(cells)
               + f" | {r['gems_accuracy']:.4f} |")
     medians = {kind: statistics.median(r["wall_s"] for r in runs if r["kind"] == kind)
-               for kind in ("flower", "in-process")}
-    ratio = medians["flower"] / medians["in-process"]
-    print(f"median wall: Flower {medians['flower']:.1f} s, in-process "
-          f"{medians['in-process']:.1f} s; ratio {ratio:.2f}x")
+               for kind in args.kinds.split(",")}
+    ratio = (medians["flower"] / medians["in-process"]
+             if {"flower", "in-process"} <= set(medians) else None)
+    print("median wall: " + ", ".join(f"{k} {v:.1f} s" for k, v in medians.items())
+          + (f"; ratio {ratio:.2f}x" if ratio else "") + f" (--cpus-per-node {args.cpus_per_node})")
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps({"machine": machine, "nodes": args.nodes,
-                                          "run_config": args.run_config, "runs": runs,
+                                          "run_config": args.run_config,
+                                          "cpus_per_node": args.cpus_per_node, "runs": runs,
                                           "median_wall_s": medians, "ratio": ratio}, indent=2))
 
 

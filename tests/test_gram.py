@@ -399,6 +399,25 @@ def test_minimax_matches_generic_solver():
     np.testing.assert_allclose(info["scaled_distances"].max(), s)
 
 
+def test_minimax_decides_at_a_threshold_and_stops_early():
+    rng = np.random.default_rng(21)
+    cls, n, k = 3, 6, 8
+    centers = [rng.normal(size=(cls, n)) for _ in range(k)]
+    grams = [gram_matrix(rng.normal(size=(20, n - 1))) for _ in range(k)]
+    radii = rng.uniform(0.5, 2.0, k)
+    _, opt, full = minimax_gram_point(centers, grams, radii, return_info=True)
+    assert "decided" not in full and full["lower_bound"] <= opt
+    # A threshold above the optimum: a point with maximum <= it is returned.
+    w, s, above = minimax_gram_point(centers, grams, radii, return_info=True,
+                                     decide_at=1.5 * opt)
+    assert above["decided"] and s <= 1.5 * opt and above["iterations"] <= full["iterations"]
+    assert max(m.distance / m.radius for m in membership(w, centers, grams, radii)) <= 1.5 * opt
+    # Below it: the certified lower bound is above the threshold, so no point reaches it.
+    _, s, below = minimax_gram_point(centers, grams, radii, return_info=True,
+                                     decide_at=0.5 * opt)
+    assert below["decided"] and below["lower_bound"] > 0.5 * opt and s >= opt * (1 - 1e-9)
+
+
 def test_minimax_zero_and_infinite_radius():
     eye = np.eye(3)
     a, b, c = np.zeros((1, 3)), np.ones((1, 3)), np.full((1, 3), 5.0)

@@ -137,3 +137,24 @@ def test_round_timeout_is_a_validated_setting():
     assert Settings.from_run_config({"round-timeout": 30}).round_timeout == 30.0
     with pytest.raises(ValueError, match="round-timeout"):
         Settings.from_run_config({"round-timeout": 0.0})
+
+
+def test_partition_nodes_share_one_read_only_split_per_process_and_own_their_rows():
+    from gems_fl.data.datasets import clear_dataset_cache, shared_splits
+    from gems_fl.data.nodes import load_node_data
+    from gems_fl.settings import Settings
+
+    clear_dataset_cache()
+    settings = Settings.from_run_config({"label-division": "iid"})
+    config = {"partition-id": 1, "num-partitions": 3}
+    first = load_node_data(settings, config)
+    second = load_node_data(settings, config)
+    assert shared_splits.cache_info().misses == 1 and shared_splits.cache_info().hits == 1
+    from gems_fl.data import FeatureOptions
+
+    splits = shared_splits("digits", settings.seed, None, FeatureOptions.from_settings(settings))
+    assert shared_splits.cache_info().hits == 2  # the very split the nodes used
+    assert not splits.train_x.flags.writeable
+    np.testing.assert_array_equal(first.x_train, second.x_train)
+    first.x_train += 1.0  # a node's rows are its own copy
+    assert not np.array_equal(first.x_train, second.x_train)

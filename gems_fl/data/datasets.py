@@ -299,6 +299,7 @@ def _ham10000_features(data_dir: str, seed: int, options: FeatureOptions) -> dic
 
 def clear_dataset_cache() -> None:
     """Forget every cached raw dataset (e.g. after files on disk have changed)."""
+    shared_splits.cache_clear()
     _load_idx_dataset.cache_clear()
     _load_digits_raw.cache_clear()
     _cifar10_features.cache_clear()
@@ -465,3 +466,19 @@ def load_dataset(
     if canonical == "ham10000":
         return _feature_splits("ham10000", _ham10000_features(folder, seed, options))
     return _split_idx(canonical, folder, seed)
+
+
+@functools.lru_cache(maxsize=2)
+def shared_splits(name: str, seed: int, data_dir: str | None,
+                  features: FeatureOptions | None = None) -> DatasetSplits:
+    """:func:`load_dataset`'s splits, computed once per process and read-only.
+
+    A node answers several messages (identify, train, evaluate) and in a simulation one
+    process serves many nodes: each takes its rows from these arrays (fancy indexing
+    copies them) instead of decoding and scaling the whole dataset again.
+    """
+    splits = load_dataset(name, seed=seed, data_dir=data_dir, features=features)
+    for value in vars(splits).values():
+        if isinstance(value, np.ndarray):
+            value.flags.writeable = False
+    return splits

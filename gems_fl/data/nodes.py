@@ -33,6 +33,7 @@ from gems_fl.data import (
     parse_division,
 )
 from gems_fl.data.agreement import NODE_FILES, DataAgreement
+from gems_fl.data.datasets import shared_splits
 from gems_fl.data.site_files import (
     SiteFile,
     SiteFileError,
@@ -205,8 +206,8 @@ def _load_partition_node(settings: "Settings", node_config: Mapping[str, Any], n
     partition_id = int(node_config["partition-id"])
     num_partitions = int(node_config["num-partitions"])
     data_dir = str(node_config.get("data-dir", settings.data_dir)) or None
-    splits = load_dataset(settings.dataset, seed=settings.seed, data_dir=data_dir,
-                          features=FeatureOptions.from_settings(settings))
+    splits = shared_splits(settings.dataset, settings.seed, data_dir,
+                           FeatureOptions.from_settings(settings))
     division = parse_division(settings.label_division, num_partitions, splits.num_classes)
     arrays = node_data(splits, division, partition_id, settings.seed)
     data = NodeData(name, seed, f"partition {partition_id} of {num_partitions}", *arrays,

@@ -712,8 +712,14 @@ def minimax_gram_point(
     max_iter: int = 500,
     tol: float = 1e-6,
     return_info: bool = False,
+    decide_at: float | None = None,
 ):
     """The point minimising ``max_k ||W - W_k||_{G_k} / rho_k``, and that maximum.
+
+    ``decide_at`` (e.g. 1.0: do the spaces share a point?) stops as soon as the bracket
+    settles the question: the best point's maximum is <= ``decide_at`` (a point in
+    every space is found), or the lower bound is above it (no such point exists). The
+    returned maximum is then an upper bound on the optimum, not the optimum itself.
 
     Returns ``(W, max_scaled_distance)``; ``max_scaled_distance <= 1`` means ``W`` lies in
     every node's space. With ``return_info=True`` a third item, a dict with
@@ -754,6 +760,7 @@ def minimax_gram_point(
         wa = [ws[i] for i in active]
         inv_r2 = [1.0 / float(r[i]) ** 2 for i in active]
         h = [wk @ gk for wk, gk in zip(wa, ga)]  # W_k G_k, reused every iteration
+        c = [float((hk * wk).sum()) for hk, wk in zip(h, wa)]  # tr(W_k G_k W_k^T)
         n = ga[0].shape[0]
 
         def solve(lam: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -764,8 +771,12 @@ def minimax_gram_point(
                     a.add_(gk, alpha=lk * s)
                     b.add_(hk, alpha=lk * s)
             w = _solve_right(0.5 * (a + a.T), b)
-            q = torch.tensor([_sq_dist(w, wk, gk) * s for wk, gk, s in zip(wa, ga, inv_r2)],
-                             dtype=torch.float64)
+            # q_k = <G_k, W^T W> - 2 <W_k G_k, W> + tr(W_k G_k W_k^T): one pass over each
+            # G_k (n^2) instead of the product (W - W_k) G_k (C n^2), C times the work.
+            wtw = (w.T @ w).reshape(-1)
+            q = torch.tensor([max(float(torch.dot(gk.reshape(-1), wtw))
+                                  - 2.0 * float((hk * w).sum()) + ck, 0.0) * s
+                              for gk, hk, ck, s in zip(ga, h, c, inv_r2)], dtype=torch.float64)
             return w, q
 
         lam = torch.full((len(active),), 1.0 / len(active), dtype=torch.float64)
@@ -781,6 +792,9 @@ def minimax_gram_point(
                 break
             if dual <= 0.0:  # every active center coincides with W: optimum 0
                 info["converged"] = True
+                break
+            if decide_at is not None and (primal <= decide_at ** 2 or lower > decide_at ** 2):
+                info["decided"] = True
                 break
             trial = lam * (q / dual).clamp_min(1e-300) ** beta
             trial = trial / trial.sum()

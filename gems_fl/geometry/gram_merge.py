@@ -61,10 +61,15 @@ def aggregate_gram(
                                   "weights": [float(v) for v in lam]}
     inside = [s.contains(closed) for s in spaces]
     if not all(inside) and all(s.radius > 0 for s in spaces):
-        shared, worst = minimax_gram_point([s.matrix for s in spaces], [s.gram for s in spaces],
-                                           [s.radius for s in spaces])
+        shared, worst, info = minimax_gram_point(
+            [s.matrix for s in spaces], [s.gram for s in spaces], [s.radius for s in spaces],
+            return_info=True, decide_at=1.0)
+        # The search stops once its bracket settles "<= 1?": the distance reported is the
+        # best point's (an upper bound on the optimum), with the certified lower bound.
         details["minimax_scaled_distance"] = float(worst)
-        details["spaces_share_a_point"] = bool(worst <= 1.0)
+        details["minimax_lower_bound"] = float(info["lower_bound"])
+        details["spaces_share_a_point"] = (True if worst <= 1.0 else
+                                           False if info["lower_bound"] > 1.0 else None)
         if point == "shared" and worst <= 1.0:
             chosen, method = np.asarray(shared), "shared"
     point_vec = np.asarray(chosen, dtype=np.float64).reshape(-1)

@@ -194,6 +194,12 @@ def _canonical_key(first: Any) -> str:
     return hashlib.sha256(np.ascontiguousarray(array).tobytes()).hexdigest()
 
 
+def _share_text(shared: bool | None) -> str:
+    if shared is None:  # the minimax search ran out of iterations inside its bracket
+        return "may or may not share"
+    return "share" if shared else "do not share"
+
+
 def aggregate_layer_spaces(
     nodes: list[NodeReply], settings: Settings, names: Mapping[int, str]
 ) -> IntersectionResult:
@@ -216,8 +222,10 @@ def aggregate_layer_spaces(
         log(INFO if result.found else WARNING, "Gram center (%s, weights by %s): h_G inside "
             "%d of %d spaces%s", result.method, settings.gram_weighting, sum(result.inside),
             len(nodes), "" if "spaces_share_a_point" not in result.details else
-            f"; the spaces {'share' if result.details['spaces_share_a_point'] else 'do not share'}"
-            f" a point (minimax scaled distance {result.details['minimax_scaled_distance']:.3g})")
+            f"; the spaces {_share_text(result.details['spaces_share_a_point'])}"
+            f" a point (minimax scaled distance between "
+            f"{result.details['minimax_lower_bound']:.3g} and "
+            f"{result.details['minimax_scaled_distance']:.3g})")
         return result
     result = find_intersection([r.space for r in nodes], fallback=settings.no_intersection,
                                seed=settings.seed)
