@@ -380,13 +380,18 @@ def test_minimax_known_answers():
     assert info["converged"] and info["lower_bound"] <= 2.0 <= s <= 2.0 * (1 + 1e-6)
 
 
+def _minimax_problem(seed: int, cls: int, n: int, k: int, rows: int):
+    """k random nodes: (cls, n) centers, Gram matrices of ``rows`` inputs, radii."""
+    rng = np.random.default_rng(seed)
+    centers = [rng.normal(size=(cls, n)) for _ in range(k)]
+    grams = [gram_matrix(rng.normal(size=(rows, n - 1))) for _ in range(k)]
+    return centers, grams, rng.uniform(0.5, 2.0, k)
+
+
 def test_minimax_matches_generic_solver():
     scipy_opt = pytest.importorskip("scipy.optimize")
-    rng = np.random.default_rng(13)
     cls, n, k = 2, 4, 4
-    centers = [rng.normal(size=(cls, n)) for _ in range(k)]
-    grams = [gram_matrix(rng.normal(size=(10, n - 1))) for _ in range(k)]
-    radii = rng.uniform(0.5, 2.0, k)
+    centers, grams, radii = _minimax_problem(13, cls, n, k, rows=10)
     _, s, info = minimax_gram_point(centers, grams, radii, return_info=True)
     cons = [{"type": "ineq", "fun": lambda v, i=i: v[-1] - np.trace(
         (v[:-1].reshape(cls, n) - centers[i]) @ grams[i]
@@ -400,11 +405,7 @@ def test_minimax_matches_generic_solver():
 
 
 def test_minimax_decides_at_a_threshold_and_stops_early():
-    rng = np.random.default_rng(21)
-    cls, n, k = 3, 6, 8
-    centers = [rng.normal(size=(cls, n)) for _ in range(k)]
-    grams = [gram_matrix(rng.normal(size=(20, n - 1))) for _ in range(k)]
-    radii = rng.uniform(0.5, 2.0, k)
+    centers, grams, radii = _minimax_problem(21, cls=3, n=6, k=8, rows=20)
     _, opt, full = minimax_gram_point(centers, grams, radii, return_info=True)
     assert "decided" not in full and full["lower_bound"] <= opt
     # A threshold above the optimum: a point with maximum <= it is returned.
