@@ -43,7 +43,8 @@ def format_table(results: dict[str, Any]) -> Table:
         note = row.get("skipped", "")
         if name == "Local" and acc is not None:
             per_node = row["per_node"]
-            items = list(per_node.items() if isinstance(per_node, dict) else enumerate(per_node))
+            items = (sorted(per_node.items()) if isinstance(per_node, dict)
+                     else list(enumerate(per_node)))
             if len(items) <= MAX_NODE_COLUMNS:
                 note = "per node: " + ", ".join(f"{k} {a:.3f}" for k, a in items)
             else:
