@@ -37,3 +37,11 @@ def random_linear_problem():
     flip = rng.random(n) < 0.2
     y[flip] = rng.integers(0, c, flip.sum())
     return {"center": w, "x": x, "y": y}
+
+
+@pytest.fixture
+def sites(tmp_path):
+    """Node configs of three CSV sites (13 features, text labels) under tmp_path/sites."""
+    from tests.sitegen import site_config
+
+    return [site_config(tmp_path / "sites", f"site-{k}", seed=k) for k in range(3)]

@@ -41,3 +41,8 @@ def write_csv_site(folder: Path, name: str, seed: int, num_features: int = 13,
     if test:
         write_csv(folder / f"{name}_test.csv", x[b:], y[b:], header)
     return path
+
+
+def site_config(folder: Path, name: str, seed: int, **kwargs) -> dict:
+    """A SuperNode's node config for a CSV site written by :func:`write_csv_site`."""
+    return {"data-path": str(write_csv_site(folder, name, seed=seed, **kwargs)), "node-name": name}

@@ -14,7 +14,7 @@ import pytest
 from gems_fl.data.site_files import read_site_file
 from gems_fl.running.federation import CONNECTION, TlsFederation, _stop_group
 from tests.helpers import FAST, ROOT
-from tests.sitegen import CLASSES, write_csv_site
+from tests.sitegen import CLASSES, site_config
 
 pytestmark = pytest.mark.slow
 
@@ -22,15 +22,8 @@ OWN = {**FAST, "dataset": "node-files", "evaluate-on-server": False, "space": "b
        "eps": 0.5, "standardize": "federated"}
 
 
-@pytest.fixture
-def sites(tmp_path):
-    return [{"data-path": str(write_csv_site(tmp_path / "sites", f"site-{k}", seed=k)),
-             "node-name": f"site-{k}"} for k in range(3)]
-
-
 def test_own_csv_sites_over_tls_agree_evaluate_on_nodes_and_leave_out_the_odd_one(tmp_path, sites):
-    odd = {"data-path": str(write_csv_site(tmp_path / "sites", "site-odd", seed=5, num_features=9)),
-           "node-name": "site-odd"}
+    odd = site_config(tmp_path / "sites", "site-odd", seed=5, num_features=9)
     with TlsFederation(tmp_path / "fed") as fed:
         for config in [*sites, odd]:
             fed.add_node(config)

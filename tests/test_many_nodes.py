@@ -7,7 +7,7 @@ import logging
 
 from rich.console import Console
 
-from gems_fl.evaluation.results import MAX_NODE_COLUMNS, print_results
+from gems_fl.evaluation.results import print_results
 from gems_fl.protocol.strategy import MAX_NODES_NAMED, describe_nodes
 from tests.helpers import run_in_process
 
@@ -22,7 +22,7 @@ def test_a_few_nodes_are_named_and_many_are_counted():
 
 
 def test_printed_tables_summarise_many_nodes_and_results_keep_each(tmp_path, caplog):
-    num_nodes = MAX_NODE_COLUMNS + 2
+    num_nodes = MAX_NODES_NAMED + 2
     with caplog.at_level(logging.INFO, logger="flwr"):
         results = run_in_process(num_nodes, tmp_path, **{"label-division": "iid"})
     logged = caplog.text

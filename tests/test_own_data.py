@@ -11,20 +11,13 @@ from gems_fl.data.nodes import NodeDataError, load_node_data
 from gems_fl.data.site_files import combine_stats, feature_stats, read_site_file
 from gems_fl.settings import Settings, SettingsError
 from tests.helpers import run_in_process
-from tests.sitegen import CLASSES, blobs, write_csv, write_csv_site
+from tests.sitegen import CLASSES, blobs, site_config, write_csv
 
 OWN = {"dataset": "node-files", "evaluate-on-server": False, "space": "ball", "eps": 0.5}
 
 
-@pytest.fixture
-def sites(tmp_path):
-    return [{"data-path": str(write_csv_site(tmp_path / "sites", f"site-{k}", seed=k)),
-             "node-name": f"site-{k}"} for k in range(3)]
-
-
 def test_three_csv_sites_with_string_labels_run_and_report_per_node_and_pooled(tmp_path, sites):
-    odd = {"data-path": str(write_csv_site(tmp_path / "sites", "site-odd", seed=9, num_features=11)),
-           "node-name": "site-odd"}
+    odd = site_config(tmp_path / "sites", "site-odd", seed=9, num_features=11)
     results = run_in_process(4, tmp_path / "out", node_configs=[*sites, odd],
                              **OWN, standardize="federated")
     assert results["dataset"]["num_features"] == 13

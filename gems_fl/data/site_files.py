@@ -201,17 +201,10 @@ def _label_index(label_column: str, header: list[str] | None, width: int, where:
     return index % width
 
 
-def _is_int(text: str) -> bool:
+def _parses(text: str, kind: type) -> bool:
+    """Whether ``kind(text)`` (``int`` or ``float``) accepts the text."""
     try:
-        int(text)
-        return True
-    except ValueError:
-        return False
-
-
-def _is_number(text: str) -> bool:
-    try:
-        float(text)
+        kind(text)
         return True
     except ValueError:
         return False
@@ -239,7 +232,7 @@ def read_csv_table(path: Path, label_column: str = "") -> tuple[np.ndarray, np.n
         header: list[str] | None = first  # a column name: the file must have a header
     else:
         guess = _label_index(spec, None, width, path)
-        header = first if any(not _is_number(c) for i, c in enumerate(first)
+        header = first if any(not _parses(c, float) for i, c in enumerate(first)
                               if i != guess and c) else None
     label = _label_index(label_column, header, width, path)
     body = rows[1:] if header is not None else rows
@@ -311,7 +304,7 @@ def site_problems(site: SiteFile, num_features: int | None = None,
         if classes is not None and y.ndim == 1:
             unknown = sort_classes(set(y.tolist()) - set(classes))
             numbered = classes == [str(i) for i in range(len(classes))]
-            if unknown and numbered and all(_is_int(v) for v in unknown):
+            if unknown and numbered and all(_parses(v, int) for v in unknown):
                 values = [int(v) for v in y]
                 problems.append(
                     f"y_{split} has labels in [{min(values)}, {max(values)}] but {run} has "

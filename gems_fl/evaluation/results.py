@@ -17,10 +17,9 @@ import numpy as np
 from rich.console import Console
 from rich.table import Table
 
+from gems_fl.protocol.strategy import MAX_NODES_NAMED
+
 RESULTS_FILE = "results.json"
-# Above this many nodes the printed tables summarise per-node figures (results.json keeps
-# every one): a column or a note per node stops being readable.
-MAX_NODE_COLUMNS = 10
 MODEL_FILE = "gems_model.npz"
 
 
@@ -45,7 +44,7 @@ def format_table(results: dict[str, Any]) -> Table:
             per_node = row["per_node"]
             items = (sorted(per_node.items()) if isinstance(per_node, dict)
                      else list(enumerate(per_node)))
-            if len(items) <= MAX_NODE_COLUMNS:
+            if len(items) <= MAX_NODES_NAMED:
                 note = "per node: " + ", ".join(f"{k} {a:.3f}" for k, a in items)
             else:
                 accs = np.array([a for _, a in items])
@@ -153,7 +152,7 @@ def node_evaluation_table(results: dict[str, Any]) -> Table | None:
     per_node = ver.get("per_node") or {}
     if not per_node:
         return None
-    shown = per_node if len(per_node) <= MAX_NODE_COLUMNS else {}
+    shown = per_node if len(per_node) <= MAX_NODES_NAMED else {}
     title = ("Evaluated on the nodes' own data (test split where present, else val); pooled "
              "weighted by samples")
     if not shown:

@@ -150,8 +150,8 @@ def describe_node(node_id: int, names: Mapping[int, str]) -> str:
     return f"{node_id} ('{names[node_id]}')" if node_id in names else str(node_id)
 
 
-# Above this many nodes a log line counts the accepted nodes instead of naming each one
-# (every node is named in results.json; rejected nodes are always named).
+# Above this many nodes log lines and printed tables count or summarise the nodes instead
+# of naming each one (results.json names every node; rejected nodes are always named).
 MAX_NODES_NAMED = 10
 
 
