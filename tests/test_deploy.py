@@ -9,7 +9,6 @@ its PID when the fixture or test ends, also on failure.
 from __future__ import annotations
 
 import threading
-import time
 from pathlib import Path
 
 import numpy as np
@@ -147,13 +146,11 @@ def _run_killing(fed: TlsFederation, victim, out: Path, **overrides):
 
     killer = threading.Thread(target=kill_when_training_starts, daemon=True)
     killer.start()
-    t0 = time.monotonic()
     run = fed.run(ROOT, {**FAST, "output-dir": str(out), "evaluate-on-server": False,
                          "space": "ball", **overrides}, timeout=400)
-    elapsed = time.monotonic() - t0
     killer.join(timeout=5)
     assert victim.process.poll() is not None, "the node was not killed during the run"
-    return run, elapsed
+    return run
 
 
 def _node_id(node) -> int:
@@ -162,14 +159,11 @@ def _node_id(node) -> int:
 
 def test_killed_node_mid_round_the_run_completes_or_stops_clearly(sites, tmp_path):
     timeout = 20.0
-    # identify round + the train round, each waiting at most round-timeout, + start/end
-    bound = 2 * timeout + 60
     with TlsFederation(tmp_path / "fed") as fed:
         nodes = [fed.add_node(config) for config in sites]
-        run, elapsed = _run_killing(fed, nodes[2], tmp_path / "a",
-                                    **{"round-timeout": timeout, "min-replies": 2})
+        run = _run_killing(fed, nodes[2], tmp_path / "a",
+                           **{"round-timeout": timeout, "min-replies": 2})
         assert run.status == "finished:completed", run.output[-4000:]
-        assert elapsed < bound, f"run took {elapsed:.0f}s"
         results = run.results
         assert sorted(n["name"] for n in results["nodes"]) == ["site-0", "site-1"]
         (missing,) = results["rejected"]
@@ -180,10 +174,9 @@ def test_killed_node_mid_round_the_run_completes_or_stops_clearly(sites, tmp_pat
         # min-replies=3 losing it again must stop the run with a clear message.
         restarted = fed.add_node(sites[2])
         assert _node_id(restarted) != _node_id(nodes[2])
-        run, elapsed = _run_killing(fed, restarted, tmp_path / "b",
-                                    **{"round-timeout": timeout, "min-replies": 3})
+        run = _run_killing(fed, restarted, tmp_path / "b",
+                           **{"round-timeout": timeout, "min-replies": 3})
         assert run.status == "finished:failed", run.output[-4000:]
-        assert elapsed < bound + timeout, f"run took {elapsed:.0f}s"
         assert "only 2 valid replies from 3 nodes; min-replies=3" in run.output, run.output[-4000:]
         assert f"{_node_id(restarted)} ('site-2')" in run.output
         assert not list((tmp_path / "b").glob("run-*/results.json"))

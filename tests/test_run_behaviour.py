@@ -59,13 +59,11 @@ def no_processes(monkeypatch):
 
 
 def run_cli_fails(capsys, args: list[str]) -> str:
-    """Run `gems-fl run ARGS` in-process: exit 2 within 2 s, one line on stderr."""
-    t0 = time.perf_counter()
+    """Run `gems-fl run ARGS` in-process: exit 2, one line on stderr, nothing started
+    (the ``no_processes`` fixture fails the test if a SuperLink is started)."""
     code = main(["run", str(ROOT), *args])
-    elapsed = time.perf_counter() - t0
     err = capsys.readouterr().err
     assert code == 2, err
-    assert elapsed < 2.0, f"{elapsed:.2f} s"
     lines = err.strip().splitlines()
     assert len(lines) == 1, err
     return lines[0]
