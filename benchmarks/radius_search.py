@@ -48,7 +48,8 @@ from rich.table import Table
 from gems_fl.data import load_dataset
 from gems_fl.data.partition import node_data, parse_division
 from gems_fl.geometry.fisher import diagonal_fisher, fisher_axes
-from gems_fl.geometry.radius import augment, sample_directions, search_radius
+from gems_fl.geometry._linalg import augment
+from gems_fl.geometry.radius import sample_directions, search_radius
 from gems_fl.learning.models import build_model, model_to_vector
 from gems_fl.learning.threads import _CORES, ENV_VAR, compute_threads
 from gems_fl.learning.train import train_until_converged

@@ -8,26 +8,21 @@ import math
 import numpy as np
 import pytest
 
+from gems_fl.geometry.certify import certified_gram_radius, certified_radius_in_metric
+from gems_fl.geometry.eps import pass_count
 from gems_fl.geometry.gram import (
-    DEFAULT_R_MAX,
-    certified_gram_radius,
-    certified_radius_in_metric,
     check_gram,
     from_factor,
-    gram_center,
     gram_distance,
     gram_distances,
     gram_matrix,
     low_rank_factor,
-    membership,
-    minimax_gram_point,
     pack_triangle,
-    pass_count,
     relative_error,
-    sample_gram_directions,
-    search_gram_radius,
     unpack_triangle,
 )
+from gems_fl.geometry.gram_merge import gram_center, membership, minimax_gram_point
+from gems_fl.geometry.gram_search import DEFAULT_R_MAX, sample_gram_directions, search_gram_radius
 
 
 def _aug(x):

@@ -132,7 +132,7 @@ def test_gram_run_reports_per_node_verification(tmp_path):
 
 def test_closed_form_center_is_what_h_g_is(tmp_path):
     """h_G equals the weighted Gram center of the accepted replies (samples weighting)."""
-    from gems_fl.geometry.gram import gram_center
+    from gems_fl.geometry.gram_merge import gram_center
 
     captured = []
 

@@ -15,13 +15,8 @@ from sklearn.exceptions import ConvergenceWarning
 from threadpoolctl import threadpool_limits
 
 from gems_fl.geometry.intersect import find_intersection
-from gems_fl.geometry.layer_merge import (
-    LayerMerge,
-    _ball_dual,
-    _squared_distances,
-    _three_balls_meet,
-    merge_layer,
-)
+from gems_fl.geometry.ball_meet import _ball_dual, _squared_distances, _three_balls_meet
+from gems_fl.geometry.layer_merge import LayerMerge, merge_layer
 from gems_fl.geometry.spaces import Space
 
 

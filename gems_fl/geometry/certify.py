@@ -1,5 +1,10 @@
-"""Certified radii for the paper's balls and ellipsoids: closed form, no sampling.
+"""Certified radii of every space kind: closed form, no sampling.
 
+One rule decides "accuracy >= eps" (:func:`gems_fl.geometry.eps.pass_count`), and one
+count of flips (:func:`flips_needed`) serves the paper's balls and ellipsoids (parameter
+space, below) and the logit-space Gram ellipsoids (:func:`certified_gram_radius`).
+
+Balls and ellipsoids.
 For the linear model ``W`` (``(C, F + 1)``, bias last) and a validation sample ``x~``
 (with a 1 appended) whose logit margin is ``m = z_y - max_{c != y} z_c``, the sample
 can only be misclassified once its logit vector moves by at least ``m / sqrt(2)``: the
@@ -23,24 +28,30 @@ from __future__ import annotations
 import math
 
 import numpy as np
+import torch
+
+from gems_fl.geometry._linalg import EIGEN_FLOOR, _center_for, _labels, _square, augment
+from gems_fl.geometry.eps import check_eps, pass_count
+from gems_fl.geometry.gram import gram_matrix
 
 
 def flips_needed(num_correct: int, num_samples: int, eps: float) -> int:
     """How many correct samples must flip before accuracy drops below ``eps``.
 
     Accuracy ``(num_correct - f) / num_samples < eps`` first holds at
-    ``f = num_correct - ceil(eps * num_samples) + 1``; 0 when it already fails.
+    ``f = num_correct - pass_count(eps, num_samples) + 1``; 0 when it already fails, and
+    ``num_correct + 1`` (more than can flip) when ``eps`` is 0.
     """
     if num_samples <= 0:
         raise ValueError("num_samples must be > 0: a certified radius needs validation data")
-    need = math.ceil(eps * num_samples - 1e-12)
+    need = pass_count(check_eps(eps), num_samples)
     return max(0, int(num_correct) - need + 1)
 
 
 def logit_margins(center: np.ndarray, x: np.ndarray, y: np.ndarray) -> np.ndarray:
     """Margins ``z_y - max_{c != y} z_c`` of every sample (ties count as correct: >= 0)."""
     w = np.asarray(center, dtype=np.float64)
-    xa = np.hstack([np.asarray(x, dtype=np.float64), np.ones((len(x), 1))])
+    xa = augment(np.asarray(x, dtype=np.float64)).numpy()
     z = xa @ w.T
     y = np.asarray(y, dtype=np.int64)
     true = z[np.arange(len(y)), y]
@@ -65,7 +76,7 @@ def certified_radius(
         return 0.0
     if f > int(correct.sum()):
         return math.inf
-    xa = np.hstack([np.asarray(x, dtype=np.float64), np.ones((len(x), 1))])
+    xa = augment(np.asarray(x, dtype=np.float64)).numpy()
     if axes is None:
         scale = np.linalg.norm(xa, axis=1)
     else:
@@ -73,3 +84,100 @@ def certified_radius(
         scale = np.sqrt((xa**2 @ a2.T).max(axis=1))
     t = margins[correct] / (math.sqrt(2.0) * np.maximum(scale[correct], 1e-300))
     return float(np.partition(t, f - 1)[f - 1])
+
+
+# ------------------------------------------------- logit-space (Gram) ellipsoids
+
+
+def _margins(center, x_val, y_val) -> tuple[torch.Tensor, int]:
+    xa = augment(x_val)
+    if len(xa) == 0:
+        raise ValueError("the validation set is empty: a radius needs validation data")
+    w = _center_for("center", center, xa.shape[1])
+    if w.shape[0] < 2:
+        raise ValueError("a classifier needs at least 2 classes (rows of center)")
+    yt = _labels(y_val, len(xa), w.shape[0])
+    z = xa @ w.T
+    zy = z.gather(1, yt.view(-1, 1)).squeeze(1)
+    others = z.scatter(1, yt.view(-1, 1), -math.inf)
+    return zy - others.amax(dim=1), len(xa)
+
+
+def certified_radius_in_metric(center: np.ndarray, x_val: np.ndarray, y_val: np.ndarray,
+                               eps: float) -> float:
+    """Certified radius ``rho`` in the metric of the validation inputs' own logits.
+
+    Sound for ``G_val = mean over validation x~ x~^T``: every ``D`` with
+    ``tr(D G_val D^T) <= rho^2`` keeps validation accuracy >= eps (ties count as
+    correct). ``0`` when the center fails eps, ``inf`` when eps is 0.
+
+    Proof. Sample ``n`` with margin ``m_n = z_y - max_{c != y} z_c >= 0`` becomes wrong
+    only if some ``z_c`` strictly exceeds ``z_y``; the smallest L2 change of its logit
+    vector that achieves that is (in the limit) ``m_n / sqrt(2)`` (half the margin off
+    ``z_y``, half onto ``z_c``). With ``K`` samples correct and ``k = pass_count(eps, N)``,
+    accuracy < eps needs at least ``f = K - k + 1`` currently-correct samples to flip
+    (wrong samples turning correct only help). Since
+    ``tr(D G_val D^T) = (1/N) sum_n ||D x~_n||^2``, flipping any ``f`` samples needs
+    ``tr(D G_val D^T) > (1/N) * (sum of the f smallest m_n^2 / 2) = rho^2``.
+    The bound is tight when the ``x~_n`` are linearly independent (``N <= d + 1``).
+    """
+    margin, num = _margins(center, x_val, y_val)
+    correct = margin >= 0
+    flips = flips_needed(int(correct.sum()), num, eps)
+    if flips == 0:
+        return 0.0
+    if flips > int(correct.sum()):
+        return math.inf
+    cost = (margin[correct] ** 2 / 2).sort().values[:flips].sum()
+    return math.sqrt(float(cost) / num)
+
+
+def certified_gram_radius(
+    center: np.ndarray,
+    g: np.ndarray | None,
+    x_val: np.ndarray,
+    y_val: np.ndarray,
+    eps: float,
+    *,
+    floor: float = EIGEN_FLOOR,
+    within_range: bool = False,
+) -> float:
+    """Certified radius (closed form) in the metric ``G`` -- the node's training Gram.
+
+    ``g=None`` (or ``g = G_val``) returns ``certified_radius_in_metric``: the radius in
+    the metric of the validation inputs. For another ``G`` the validation-metric radius
+    ``rho_val`` is converted with the largest generalised eigenvalue
+
+        mu = max_D tr(D G_val D^T) / tr(D G D^T) = lambda_max(G^(-1/2) G_val G^(-1/2)),
+
+    (the quotient splits over the rows of ``D``, so the ``(d+1)``-dimensional problem
+    suffices): ``tr(D G D^T) <= rho_val^2 / mu`` implies ``tr(D G_val D^T) <= rho_val^2``,
+    so ``rho_val / sqrt(mu)`` is sound in the metric ``G``.
+
+    If ``G_val`` has weight on ``G``'s null space (eigenvalues below ``floor * max``: an
+    input feature constant on the training data but not on the validation data) the
+    ``G``-ellipsoid contains unbounded moves that change validation logits, and the
+    sound radius for the whole ellipsoid is 0. With ``within_range=True`` only
+    perturbations in the range of ``G`` are certified -- exactly those that
+    ``sample_gram_directions`` / ``search_gram_radius`` probe.
+    """
+    rho = certified_radius_in_metric(center, x_val, y_val, eps)
+    if g is None or rho == 0.0 or math.isinf(rho):
+        return rho
+    xa_n = np.shape(x_val)[1] + 1
+    gt = _square("G", g, xa_n)
+    g_val = torch.as_tensor(gram_matrix(x_val))
+    lam, vec = torch.linalg.eigh(gt)
+    if not float(lam[-1]) > 0.0:
+        raise ValueError("G has no positive eigenvalue; compute it from the training inputs")
+    keep = lam > floor * float(lam[-1])
+    if not within_range and not bool(keep.all()):
+        null = vec[:, ~keep]
+        leak = float(torch.linalg.eigvalsh(null.T @ g_val @ null)[-1])
+        if leak > floor * float(torch.linalg.eigvalsh(g_val)[-1]):
+            return 0.0
+    vm = vec[:, keep] / lam[keep].sqrt()
+    mu = float(torch.linalg.eigvalsh(vm.T @ g_val @ vm)[-1])
+    if mu <= 0.0:
+        return math.inf  # no move in G's range changes any validation logit
+    return rho / math.sqrt(mu)

@@ -21,6 +21,8 @@ import numpy as np
 import torch
 
 from gems_fl.geometry._checks import check_scalar
+from gems_fl.geometry._linalg import augment
+from gems_fl.geometry.eps import check_eps, pass_count
 
 
 @dataclass(frozen=True)
@@ -37,12 +39,6 @@ class RadiusResult:
     min_accuracy_at_radius: float
     steps: int
     saturated: bool
-
-
-def augment(x: np.ndarray | torch.Tensor) -> torch.Tensor:
-    """``[x, 1]`` as float64: inputs for the augmented ``[weight | bias]`` matrix."""
-    xt = torch.as_tensor(x, dtype=torch.float64)
-    return torch.cat([xt, torch.ones(len(xt), 1, dtype=torch.float64)], dim=1)
 
 
 def sample_directions(
@@ -123,9 +119,14 @@ def direction_intervals(
     return lo, hi
 
 
+def direction_counts(lo: torch.Tensor, hi: torch.Tensor, radius: float) -> torch.Tensor:
+    """Correct samples of every direction at ``radius`` from precomputed intervals: ``(p,)``."""
+    return torch.count_nonzero((lo <= radius) & (radius <= hi), dim=0)
+
+
 def direction_accuracies(lo: torch.Tensor, hi: torch.Tensor, radius: float) -> torch.Tensor:
     """Accuracy of every direction at ``radius`` from precomputed intervals: ``(p,)``."""
-    return ((lo <= radius) & (radius <= hi)).to(torch.float64).mean(dim=0)
+    return direction_counts(lo, hi, radius).to(torch.float64) / lo.shape[0]
 
 
 def perturbed_accuracies(
@@ -169,7 +170,7 @@ def search_radius(
     seed : seeds the directions.
     axes : relative ellipsoid axes, shape ``(C * (F + 1),)``; ``None`` for a ball.
     """
-    eps = check_scalar(eps, "eps", float, low=0, high=1)
+    eps = check_eps(eps)
     num_directions = check_scalar(num_directions, "num_directions", int, low=1)
     r_max = check_scalar(r_max, "r_max", float, low=0, closed="neither")
     delta = check_scalar(delta, "delta", float, low=0, closed="neither")
@@ -186,18 +187,20 @@ def search_radius(
     yt = torch.as_tensor(y, dtype=torch.long)
     w = torch.as_tensor(center, dtype=torch.float64)
     z0 = xa @ w.T
-    center_acc = float((z0.argmax(dim=1) == yt).to(torch.float64).mean())
-    if center_acc < eps:
+    num, need = len(xa), pass_count(eps, len(xa))
+    correct0 = int((z0.argmax(dim=1) == yt).sum())
+    center_acc = correct0 / num
+    if correct0 < need:
         return RadiusResult(0.0, center_acc, False, center_acc, 0, False)
 
     u = sample_directions(num_directions, tuple(center.shape), seed, axes)
     lo_r, hi_r = direction_intervals(xa, z0, yt, u)
 
-    def min_acc(radius: float) -> float:
-        return float(direction_accuracies(lo_r, hi_r, radius).min())
+    def min_count(radius: float) -> int:
+        return int(direction_counts(lo_r, hi_r, radius).min())
 
-    b = bisect_radius(min_acc, lambda acc: acc >= eps, r_max, delta, center_acc)
-    return RadiusResult(b.radius, center_acc, True, b.score, b.steps, b.saturated)
+    b = bisect_radius(min_count, lambda count: count >= need, r_max, delta, correct0)
+    return RadiusResult(b.radius, center_acc, True, b.score / num, b.steps, b.saturated)
 
 
 @dataclass(frozen=True)

@@ -18,15 +18,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from gems_fl.geometry.certify import certified_radius
+from gems_fl.geometry.certify import certified_gram_radius, certified_radius
 from gems_fl.geometry.fisher import diagonal_fisher, fisher_axes
-from gems_fl.geometry.gram import (
-    certified_gram_radius,
-    from_factor,
-    gram_matrix,
-    low_rank_factor,
-    search_gram_radius,
-)
+from gems_fl.geometry.gram import from_factor, gram_matrix, low_rank_factor
+from gems_fl.geometry.gram_search import search_gram_radius
 from gems_fl.geometry.radius import search_radius
 from gems_fl.geometry.spaces import GramSpace, Space
 from gems_fl.settings import Settings

@@ -1,0 +1,105 @@
+"""Small float64 tensor helpers the geometry shares: input checks, ``augment``, solves.
+
+Public boundary of the geometry: numpy or torch in, float64 torch inside. ``augment``
+is the one place that appends the bias column ``[x, 1]``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+#: Eigenvalues of a Gram matrix at or below ``EIGEN_FLOOR * (largest eigenvalue)`` are
+#: treated as zero: float64 rounding in ``G`` is about 1e-16 * n relative, so 1e-10
+#: leaves six orders of magnitude of head room while keeping every direction the data
+#: actually spans.
+EIGEN_FLOOR = 1e-10
+
+
+def augment(x: np.ndarray | torch.Tensor) -> torch.Tensor:
+    """``[x, 1]`` as float64 torch, shape ``(N, d + 1)``: inputs for the augmented
+    ``[weight | bias]`` matrix ``(C, d + 1)``. ``x`` is ``(N, d)``, finite."""
+    xt = _matrix("x", x)
+    return torch.cat([xt, torch.ones(len(xt), 1, dtype=torch.float64)], dim=1)
+
+
+def _matrix(name: str, a, *, finite: bool = True) -> torch.Tensor:
+    """A 2-D float64 tensor, with a clear error for the wrong rank or non-finite entries."""
+    try:
+        t = torch.as_tensor(np.asarray(a) if not isinstance(a, torch.Tensor) else a,
+                            dtype=torch.float64)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"{name} must be a numeric 2-D array: {exc}") from exc
+    if t.ndim != 2:
+        raise ValueError(f"{name} must be 2-D; got shape {tuple(t.shape)}")
+    if finite and not bool(torch.isfinite(t).all()):
+        raise ValueError(f"{name} contains NaN or infinite entries; clean or drop those rows")
+    return t
+
+
+def _square(name: str, a, n: int | None = None, *, finite: bool = True) -> torch.Tensor:
+    t = _matrix(name, a, finite=finite)
+    if t.shape[0] != t.shape[1] or (n is not None and t.shape[0] != n):
+        want = f"({n}, {n})" if n is not None else "square (n, n)"
+        raise ValueError(
+            f"{name} has shape {tuple(t.shape)}; expected {want} = (features + 1) x "
+            f"(features + 1), the mean of [x, 1] [x, 1]^T"
+        )
+    return t
+
+
+def _center_for(name: str, center, n: int) -> torch.Tensor:
+    w = _matrix(name, center)
+    if w.shape[1] != n:
+        raise ValueError(
+            f"{name} has shape {tuple(w.shape)}; expected (classes, features + 1) = "
+            f"(C, {n}) to match the inputs/Gram matrix"
+        )
+    return w
+
+
+def _labels(y, num: int, classes: int) -> torch.Tensor:
+    yt = torch.as_tensor(np.asarray(y) if not isinstance(y, torch.Tensor) else y)
+    if yt.ndim != 1 or len(yt) != num:
+        raise ValueError(f"y must be 1-D with one label per input row ({num}); "
+                         f"got shape {tuple(yt.shape)}")
+    if yt.is_floating_point():
+        if not bool((yt == yt.round()).all()):
+            raise ValueError("y must hold integer class labels")
+    yt = yt.to(torch.long)
+    if num and (int(yt.min()) < 0 or int(yt.max()) >= classes):
+        raise ValueError(f"labels must lie in [0, {classes}) for a model with {classes} "
+                         f"classes; got range [{int(yt.min())}, {int(yt.max())}]")
+    return yt
+
+
+def _range_basis(g: torch.Tensor, floor: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Eigenpairs of ``g`` above ``floor * (largest eigenvalue)``: ``(lam (m,), V (n, m))``."""
+    lam, vec = torch.linalg.eigh(g)
+    top = float(lam[-1])
+    if not top > 0.0:
+        raise ValueError("the Gram matrix has no positive eigenvalue (it is zero or "
+                         "negative definite); compute it from at least one input row")
+    keep = lam > floor * top
+    return lam[keep], vec[:, keep]
+
+
+def _solve_right(a: torch.Tensor, b: torch.Tensor, floor: float = EIGEN_FLOOR) -> torch.Tensor:
+    """``X`` with ``X A = B`` for symmetric PSD ``A`` (so ``A X^T = B^T``).
+
+    Cholesky when ``A`` is numerically positive definite; otherwise the minimum-norm
+    solution restricted to ``A``'s range (eigenvalues above ``floor * max``), which is the
+    ``ridge -> 0+`` limit of ``(A + ridge I)``.
+    """
+    chol, info = torch.linalg.cholesky_ex(a)
+    if int(info) == 0:
+        piv = torch.diagonal(chol) ** 2
+        if float(piv.min()) > floor * float(torch.diagonal(a).max()):
+            return torch.cholesky_solve(b.T.contiguous(), chol).T
+    lam, vec = torch.linalg.eigh(a)
+    keep = lam > floor * max(float(lam[-1]), 0.0)
+    if not bool(keep.any()):
+        raise ValueError("the weighted sum of Gram matrices is zero: no node contributes "
+                         "any input; check the Gram matrices and weights")
+    vk = vec[:, keep]
+    return ((b @ vk) / lam[keep]) @ vk.T

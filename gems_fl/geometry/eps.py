@@ -1,0 +1,42 @@
+"""The one rule for "good enough": validation accuracy ``>= eps``, decided on counts.
+
+Every radius search, certified radius and membership check decides "accuracy >= eps"
+through :func:`pass_count`, so that all of them agree on the boundary case where
+``eps * N`` is an integer (``0.7 * 10`` is ``7.000000000000001`` in floating point).
+"""
+
+from __future__ import annotations
+
+import math
+
+
+def check_eps(eps: float) -> float:
+    """``eps`` as a float in ``[0, 1]`` (the minimum accuracy), else ``ValueError``."""
+    try:
+        eps = float(eps)
+    except (TypeError, ValueError):
+        raise ValueError(f"eps is the minimum accuracy, a number in [0, 1]; got {eps!r}") from None
+    if not 0.0 <= eps <= 1.0:
+        raise ValueError(f"eps is the minimum accuracy, in [0, 1]; got {eps}")
+    return eps
+
+
+def pass_count(eps: float, num: int) -> int:
+    """Smallest number of correct samples ``k`` out of ``num`` with ``k / num >= eps``.
+
+    Computed with the same float division the accuracies use, so that "accuracy >= eps"
+    and "correct count >= pass_count" agree exactly (``0.7 * 10`` is ``7.000000000000001``
+    in floating point, so ``ceil(eps * num)`` alone can be off by one).
+    """
+    k = min(max(math.ceil(eps * num), 0), num + 1)
+    while k > 0 and (k - 1) / num >= eps:
+        k -= 1
+    while k <= num and k / num < eps:
+        k += 1
+    return k
+
+
+
+def passes(num_correct: int, num: int, eps: float) -> bool:
+    """Whether ``num_correct`` correct out of ``num`` is good enough (accuracy >= eps)."""
+    return int(num_correct) >= pass_count(eps, num)
