@@ -1,26 +1,10 @@
-"""Flower ClientApp for GEMS: thin glue, the work is in ``gems_fl.protocol.node``."""
+"""Flower ClientApp for GEMS: thin glue, the handlers are in ``gems_fl.protocol.node``.
 
-from flwr.app import Context, Message
-from flwr.clientapp import ClientApp
+``train`` replies with this node's good-enough model space, ``query`` says who the node
+is and what data it holds, ``evaluate`` scores the server's models (h_G first) on the
+node's own data against its eps.
+"""
 
-from gems_fl.protocol.node import handle_evaluate, handle_query, handle_train
+from gems_fl.protocol.node import build_client_app
 
-app = ClientApp()
-
-
-@app.train()
-def train(msg: Message, context: Context) -> Message:
-    """Train locally and reply with this node's good-enough model space."""
-    return handle_train(msg, context)
-
-
-@app.query()
-def query(msg: Message, context: Context) -> Message:
-    """Say who this node is and what data it holds (checked against the run)."""
-    return handle_query(msg, context)
-
-
-@app.evaluate()
-def evaluate(msg: Message, context: Context) -> Message:
-    """Score the server's models (h_G first) on this node's own data against its eps."""
-    return handle_evaluate(msg, context)
+app = build_client_app()

@@ -1,9 +1,9 @@
-"""Flower ServerApp for GEMS: thin glue, the work is in ``gems_fl.running.server``."""
+"""Flower ServerApp for GEMS: thin glue, the work is in ``gems_fl.serverapp``."""
 
 from flwr.app import Context
 from flwr.serverapp import Grid, ServerApp
 
-from gems_fl.running.server import run_server
+from gems_fl.serverapp import run_server
 
 app = ServerApp()
 

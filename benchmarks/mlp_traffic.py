@@ -33,8 +33,8 @@ def run_once(nodes: int, max_width: int, division: str, seed: int, out_dir: Path
 
     from client_app import app as client_app
     from gems_fl.protocol.inprocess import InProcessGrid
-    from gems_fl.running.launch import app_config
-    from gems_fl.running.server import run_server
+    from gems_fl.running.run_config import app_config
+    from gems_fl.serverapp import run_server
 
     cfg = {**app_config(ROOT), "model": "mlp", "dataset": "fashion-mnist",
            "label-division": division, "max-width": max_width, "seed": seed,

@@ -36,8 +36,8 @@ def in_process_child(nodes: int, run_config: str, out_dir: str) -> None:
 
     from client_app import app as client_app
     from gems_fl.protocol.inprocess import InProcessGrid
-    from gems_fl.running.launch import app_config, parse_run_config
-    from gems_fl.running.server import run_server
+    from gems_fl.running.run_config import app_config, parse_run_config
+    from gems_fl.serverapp import run_server
 
     cfg = {**app_config(ROOT), **parse_run_config(run_config), "output-dir": out_dir}
     grid = InProcessGrid(client_app, nodes, cfg)

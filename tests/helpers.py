@@ -9,7 +9,7 @@ from flwr.app import Context, RecordDict
 
 from client_app import app as client_app
 from gems_fl.protocol.inprocess import InProcessGrid
-from gems_fl.running.server import run_server
+from gems_fl.serverapp import run_server
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -22,8 +22,8 @@ from gems_fl.data import write_idx
 from gems_fl.evaluation.results import RESULTS_FILE, write_results
 from gems_fl.running import launch
 from gems_fl.running.cli import main
-from gems_fl.running.launch import parse_run_config
-from gems_fl.running.preflight import PreflightError, preflight
+from gems_fl.running.run_config import parse_run_config
+from gems_fl.serverapp.preflight import PreflightError, preflight
 from gems_fl.running.processes import marked_processes
 from gems_fl.running.runlog import Progress, summarise_errors
 from gems_fl.running.settings_help import SETTINGS_HELP, meaning
@@ -365,7 +365,7 @@ def test_a_node_side_error_is_the_last_thing_printed(tmp_path):
 
 
 def test_launch_timing_adds_startup_and_shutdown_to_the_results(tmp_path):
-    from gems_fl.running.launch import add_launch_timing, timing_line
+    from gems_fl.running.timing import add_launch_timing, timing_line
 
     path = tmp_path / "results.json"
     path.write_text(json.dumps({"started_unix": 1000.0,

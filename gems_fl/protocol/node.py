@@ -1,7 +1,8 @@
 """What one node does: train locally, build its good-enough space, reply with it.
 
-Plain functions on numpy arrays plus one Flower-facing handler, :func:`handle_train`,
-which ``client_app.py`` registers. Nothing but the reply built by
+Plain functions on numpy arrays plus the Flower-facing handlers (train, query,
+evaluate) that :func:`build_client_app` registers on the ClientApp ``client_app.py``
+serves (the reproduction's in-process Grid runs the same one). Nothing but the reply built by
 :func:`gems_fl.protocol.wire.encode_reply` leaves the node.
 """
 
@@ -13,6 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 from flwr.app import Context, Message, RecordDict
+from flwr.clientapp import ClientApp
 
 from gems_fl.data.agreement import DataAgreement
 from gems_fl.data.nodes import (
@@ -173,3 +175,14 @@ def handle_query(msg: Message, context: Context) -> Message:
         data.name, data.source, num_features=data.num_features, num_classes=data.num_classes,
         num_train=len(data.y_train), num_val=len(data.y_val), labels=data.present_classes,
         stats=stats, num_test=0 if data.y_test is None else len(data.y_test)), reply_to=msg)
+
+
+def build_client_app() -> ClientApp:
+    """The GEMS ClientApp: ``train`` (the good-enough space), ``query`` (who this node is
+    and what data it holds) and ``evaluate`` (score the server's models, h_G first, on
+    this node's own data against its eps)."""
+    app = ClientApp()
+    app.train()(handle_train)
+    app.query()(handle_query)
+    app.evaluate()(handle_evaluate)
+    return app

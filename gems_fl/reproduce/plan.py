@@ -1,7 +1,7 @@
 """Which trials each study of the reproduction needs.
 
 A trial is one federated run: a GEMS run through the real ServerApp/ClientApp code
-(:func:`gems_fl.running.server.run_server` over :class:`gems_fl.protocol.inprocess.InProcessGrid`), or a
+(:func:`gems_fl.serverapp.run.run_server` over :class:`gems_fl.protocol.inprocess.InProcessGrid`), or a
 FedAvg/FedProx run with Flower's strategies. Studies share trials where they can: the
 fine-tuning study (3) is the K=5 convex and MLP trials of studies 1 and 2 with the
 fine-tuning curve switched on, and the model-size grid (4) reuses study 2's K=5 trial

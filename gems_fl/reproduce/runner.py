@@ -1,9 +1,9 @@
 """Run the trials of a plan: in worker processes, with a progress bar, resumable.
 
 Each trial runs the real apps in-process (see :mod:`gems_fl.protocol.inprocess`): GEMS trials
-load the project's own ``client_app.py`` and ``server_app.py``, the files ``flwr run``
-loads, and call the ServerApp's main function with an in-process Grid whose nodes run
-that ClientApp; FedAvg/FedProx trials use :mod:`gems_fl.evaluation.fedavg`. A trial's
+call :func:`gems_fl.serverapp.run_server`, the function ``server_app.py`` calls, with an
+in-process Grid whose nodes run :func:`gems_fl.protocol.node.build_client_app`, the
+ClientApp ``client_app.py`` serves; FedAvg/FedProx trials use :mod:`gems_fl.evaluation.fedavg`. A trial's
 outcome is written to ``trials/<name>.json`` as soon as it finishes, so an interrupted
 reproduction resumes where it stopped, and a finished trial is never run twice.
 """
@@ -11,7 +11,6 @@ reproduction resumes where it stopped, and a finished trial is never run twice.
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 import json
 import logging
 import multiprocessing
@@ -30,19 +29,6 @@ from rich.progress import (
 
 from gems_fl.learning.train_cache import ENV_VAR as CACHE_ENV_VAR
 from gems_fl.reproduce.plan import Trial
-
-
-def _app_module(name: str):  # noqa: ANN202 - a module
-    """The project's own ``client_app.py`` / ``server_app.py`` (what ``flwr run`` loads)."""
-    path = Path(__file__).resolve().parents[2] / f"{name}.py"
-    if not path.is_file():
-        raise FileNotFoundError(
-            f"{path} not found: run the reproduction from a source checkout of gems-fl "
-            "(pip install -e .), whose Flower apps it drives")
-    spec = importlib.util.spec_from_file_location(f"gems_fl_project_{name}", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def _compact_gems(results: dict, exchanges: list[dict]) -> dict:
@@ -81,6 +67,8 @@ def execute(trial: Trial, work_dir: str) -> dict:
     from gems_fl.evaluation.fedavg import run_federated, run_sgd
     from gems_fl.evaluation.results import RESULTS_FILE
     from gems_fl.protocol.inprocess import InProcessGrid
+    from gems_fl.protocol.node import build_client_app
+    from gems_fl.serverapp import run_server
 
     t0 = time.perf_counter()
     log_path = Path(work_dir) / "logs" / f"{trial.name}.log"
@@ -93,11 +81,11 @@ def execute(trial: Trial, work_dir: str) -> dict:
         try:
             if trial.kind == "gems":
                 cfg = {**trial.run_config, "output-dir": str(Path(work_dir) / "runs" / trial.name)}
-                grid = InProcessGrid(_app_module("client_app").app, trial.num_nodes, cfg,
+                grid = InProcessGrid(build_client_app(), trial.num_nodes, cfg,
                                      node_configs=trial.node_configs)
                 ctx = Context(run_id=1, node_id=1, node_config={}, state=RecordDict(),
                               run_config=cfg)
-                _app_module("server_app").main(grid, ctx)  # server_app.py's @app.main()
+                run_server(grid, ctx)
                 written = Path(cfg["output-dir"]) / f"run-{ctx.run_id}" / RESULTS_FILE
                 outcome = _compact_gems(json.loads(written.read_text()), grid.exchanges)
             elif trial.federated.get("optimizer") == "sgd":

@@ -135,7 +135,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _submit(args: argparse.Namespace) -> int:
-    from gems_fl.running.launch import RunFailed
+    from gems_fl.running.outcome import RunFailed
     from gems_fl.running.submit import submit
 
     try:
@@ -154,7 +154,9 @@ def _submit(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from gems_fl.running.launch import RunFailed, RunInterrupted, run_app, timing_line
+    from gems_fl.running.launch import run_app
+    from gems_fl.running.outcome import RunFailed, RunInterrupted
+    from gems_fl.running.timing import timing_line
 
     try:
         outcome = run_app(args.app, num_nodes=args.nodes, run_config=args.run_config,

@@ -26,7 +26,8 @@ import httpx
 import tomli_w
 
 from gems_fl.evaluation.results import RESULTS_FILE
-from gems_fl.running.launch import RunFailed, free_port, run_status
+from gems_fl.running.outcome import RunFailed
+from gems_fl.running.superlink import free_port, run_status
 
 ROOT = Path(__file__).resolve().parents[2]
 MAKE_CERTS = ROOT / "deploy" / "make-certs.sh"

@@ -3,7 +3,7 @@
 ``flwr run APP CONNECTION --stream`` exits 0 whatever became of the run, also when the
 SuperLink went away mid-run (the stream just ends). :func:`submit` streams the same log,
 then asks the SuperLink for the run's final status (``flwr ls``) and raises
-:class:`gems_fl.running.launch.RunFailed` unless it is ``finished:completed``, with the
+:class:`gems_fl.running.outcome.RunFailed` unless it is ``finished:completed``, with the
 cause: the run's errors, or that the SuperLink no longer answers.
 """
 
@@ -22,7 +22,8 @@ from typing import Any
 
 import tomli_w
 
-from gems_fl.running.launch import RunFailed, app_config, parse_run_config
+from gems_fl.running.outcome import RunFailed
+from gems_fl.running.run_config import app_config, parse_run_config
 from gems_fl.running.runlog import summarise_errors
 from gems_fl.settings import Settings
 

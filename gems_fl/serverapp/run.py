@@ -66,7 +66,7 @@ from gems_fl.protocol.strategy import (
     dedupe_rejections,
 )
 from gems_fl.protocol.verify import GEMS_KEY, Verification, verify_on_nodes
-from gems_fl.running.preflight import preflight
+from gems_fl.serverapp.preflight import preflight
 from gems_fl.settings import Settings, SettingsError
 
 NODE_WAIT_S = 60.0

@@ -1,0 +1,37 @@
+"""What a launched run ends with: its outcome, or the error that says why it has none."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+
+class RunFailed(RuntimeError):
+    """The Flower run did not finish as completed, or left no results."""
+
+    def __init__(self, message: str, errors: list[str] | None = None,
+                 log_path: Path | None = None) -> None:
+        super().__init__(message)
+        self.errors = errors or []
+        self.log_path = log_path
+
+
+class RunInterrupted(RuntimeError):
+    """SIGINT, SIGTERM or SIGHUP stopped the run; everything it started was stopped."""
+
+    def __init__(self, signum: int, message: str) -> None:
+        super().__init__(message)
+        self.signum = signum
+        self.exit_code = 128 + signum
+
+
+@dataclass
+class RunOutcome:
+    """A finished run: its id, final status and results."""
+
+    run_id: int
+    status: str
+    results_path: Path
+    results: dict[str, Any]
+    log_path: Path | None = None

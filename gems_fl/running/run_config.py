@@ -1,0 +1,78 @@
+"""The app's run settings as ``flwr run`` reads them: ``pyproject.toml`` defaults and
+``--run-config`` overrides (``key=value`` pairs or a ``.toml`` file), validated before
+anything starts."""
+
+from __future__ import annotations
+
+import re
+import tomllib
+from pathlib import Path
+from typing import Any
+
+from gems_fl.settings import Settings
+
+
+def app_config(app_dir: Path) -> dict[str, Any]:
+    """The app's ``[tool.flwr.app.config]`` defaults from its ``pyproject.toml``."""
+    path = app_dir / "pyproject.toml"
+    if not path.is_file():
+        raise FileNotFoundError(f"no pyproject.toml in {app_dir}: pass the app folder")
+    with path.open("rb") as f:
+        return tomllib.load(f)["tool"]["flwr"]["app"]["config"]
+
+
+PAIR = re.compile(r"""(\S+?)=('[^']*'|"[^"]*"|\S+)""")
+
+
+def parse_run_config(text: str | None) -> dict[str, Any]:
+    """``key=value`` pairs (TOML values) or a ``.toml`` file, as ``flwr run`` reads them.
+
+    Raises ``ValueError`` with one line naming the key and showing the quoted form for
+    a value that is not valid TOML (``dataset=fashion-mnist``).
+    """
+    if not text or not text.strip():
+        return {}
+    text = text.strip()
+    if text.endswith(".toml") and "=" not in text:
+        path = Path(text).expanduser()
+        try:
+            with path.open("rb") as f:
+                return dict(tomllib.load(f))
+        except (OSError, tomllib.TOMLDecodeError) as exc:
+            raise ValueError(f"--run-config {text}: cannot read it as TOML ({exc})") from None
+    result: dict[str, Any] = {}
+    rest = PAIR.sub(" ", text).strip()
+    if rest:
+        raise ValueError(f"--run-config: {rest.split()[0]!r} is not key=value; write e.g. "
+                         "--run-config \"eps=0.5 dataset='fashion-mnist'\"")
+    for key, value in PAIR.findall(text):
+        try:
+            parsed = tomllib.loads(f"{key} = {value}")
+        except tomllib.TOMLDecodeError:
+            bare = value.strip("'\"")
+            raise ValueError(
+                f"--run-config: {key}={value} is not a number, true/false or a quoted string; "
+                f"quote text values: --run-config \"{key}='{bare}'\"") from None
+        result.update(parsed)
+    return result
+
+
+def resolve_overrides(app_dir: Path, run_config: str | None, output_dir: str | None) -> dict[str, Any]:
+    """Parse ``key=value`` overrides, validate them, make ``output-dir`` absolute.
+
+    Validation here stops a bad value before any process starts, with the same
+    message (naming the key) the ServerApp would give.
+    """
+    defaults = app_config(app_dir)
+    overrides = parse_run_config(run_config)
+    unknown = sorted(set(overrides) - set(defaults))
+    if unknown:
+        raise ValueError(
+            f"unknown run setting(s) {', '.join(unknown)}; known: {', '.join(sorted(defaults))}"
+        )
+    if output_dir is not None:
+        overrides["output-dir"] = output_dir
+    out = overrides.get("output-dir", defaults["output-dir"])
+    overrides["output-dir"] = str(Path(out).expanduser().absolute())
+    Settings.from_run_config({**defaults, **overrides})
+    return overrides
