@@ -1,14 +1,17 @@
-"""Run settings: one validated object built from ``[tool.flwr.app.config]``.
+"""Run settings: one declaration per setting, one validated object built from them.
 
-Every key of ``[tool.flwr.app.config]`` in ``pyproject.toml`` maps to one field here
-(``-`` becomes ``_``). :meth:`Settings.from_run_config` checks each value at the
-boundary so that a bad ``--run-config`` stops the run at start with a message naming
-the key, instead of failing minutes later inside a client.
+Every key of ``[tool.flwr.app.config]`` in ``pyproject.toml`` is one field of
+:class:`Settings` (``-`` becomes ``_``), declared with :func:`setting`: its default
+(hence its type), its meaning, its constraint, and whether nodes need it. From those
+declarations come the validation (:meth:`Settings.from_run_config` stops a bad
+``--run-config`` at the start with a message naming the key), ``gems-fl run --help``,
+the README's "Settings" table (:func:`settings_table`, checked by a test), and what a
+node receives (:meth:`Settings.for_nodes`: only the settings node code reads).
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, fields, replace
+from dataclasses import InitVar, asdict, dataclass, fields
 from typing import TYPE_CHECKING, Any, Mapping
 
 from gems_fl.data.agreement import NODE_FILES, STANDARDIZE_CHOICES
@@ -19,12 +22,27 @@ from gems_fl.geometry.choices import (
     GRAM_WEIGHTINGS,
     NO_INTERSECTION_FALLBACKS,
     SPACE_KINDS,
+    SPACE_R_MAX,
 )
 from gems_fl.learning.recipe import TrainRecipe, TuneRecipe
 from gems_fl.learning.widths import parse_hidden
+from gems_fl.setting_checks import (
+    SettingsError,
+    at_least,
+    coerce,
+    in_range,
+    key_of,
+    non_empty,
+    one_of,
+    parses,
+    positive,
+    setting,
+)
 
 if TYPE_CHECKING:
     from torch import nn
+
+__all__ = ["Settings", "SettingsError", "node_keys", "settings_table"]
 
 # What `hidden = "auto"` means per dataset (the paper: 100 for CIFAR-10, 50 otherwise).
 AUTO_HIDDEN = {"cifar10": "100"}
@@ -36,170 +54,352 @@ DEVICES = ("auto", "cpu", "cuda")  # resolved per process: gems_fl.learning.trai
 NODE_OVERRIDES = ("eps",)  # run settings a node's own --node-config may override
 
 
-class SettingsError(ValueError):
-    """A run setting has an invalid value; the message names the key."""
+def parse_tune_curve(text: str) -> list[int]:
+    """Public sample sizes of the fine-tuning study (``tune-curve``)."""
+    text = text.strip()
+    if not text:
+        return []
+    try:
+        sizes = [int(part) for part in text.split(",")]
+    except ValueError:
+        raise SettingsError(
+            f"tune-curve={text!r} must be comma-separated sample sizes, "
+            "e.g. '100,200,500', or empty to skip the fine-tuning study"
+        ) from None
+    if any(n <= 0 for n in sizes):
+        raise SettingsError(f"tune-curve={text!r}: every size must be > 0")
+    return sizes
 
+
+def _hidden(text: str) -> None:
+    if text.strip().lower() != "auto":
+        parse_hidden(text)
+
+
+def _classes(text: str) -> None:
+    from gems_fl.data.site_files import parse_classes
+
+    classes = parse_classes(text)
+    if classes is not None and (classes if isinstance(classes, int) else len(classes)) < 2:
+        raise SettingsError(f"classes={text!r}: a classifier needs at least 2 classes")
+
+
+_ROW_HIDDEN = (
+    'MLP hidden widths (`"100,50"` for two layers) and dropout after each hidden layer; '
+    "`auto` is the paper's width for the dataset: `100` for `cifar10`, `50` for every other")
+_ROW_LOCAL_LR = (
+    'Adam learning rate and batch size for all training')
+_ROW_LOCAL_MAX_EPOCHS = (
+    'training stops when for `local-patience` epochs neither the training accuracy reached '
+    'a new best nor the loss fell by 1e-3; at most `local-max-epochs`')
+_ROW_TUNE_EPOCHS = (
+    'fine-tuning recipe, also used for Raw')
+_ROW_HAM10000_PER_CLASS = (
+    "HAM10000: images per class after balancing (the paper's 2000) and training epochs of "
+    'the feature CNN')
 
 @dataclass(frozen=True)
 class Settings:
-    """Validated run settings (see README.md, "Settings")."""
+    """Validated run settings (see README.md, "Settings").
 
-    dataset: str = "digits"
-    data_dir: str = ""
-    label_division: str = "paper"
-    model: str = "logistic"
-    hidden: str = "auto"
-    dropout: float = 0.5
-    space: str = "gram"
-    eps: float = 0.4
-    num_directions: int = 500
-    r_max: float = 4000.0
-    delta: float = 0.01
-    ellipsoid_c: float = 0.1
-    eps_neuron: float = 0.1
-    neuron_criterion: str = "rms"
-    neuron_delta: float = 0.01
-    clusters: int = 75
-    seed: int = 0
-    local_lr: float = 0.001
-    batch_size: int = 32
-    local_max_epochs: int = 100
-    local_patience: int = 3
-    public_samples: int = 1000
-    tune_epochs: int = 5
-    tune_lr: float = 0.001
-    tune_layers: str = "last"
-    tune_curve: str = ""
-    min_replies: int = 2
-    no_intersection: str = "min-penalty"
-    evaluate_on_server: bool = True
-    output_dir: str = "gems-results"
-    vgg16_weights: str = ""
-    feature_cache_dir: str = ""
-    ham10000_per_class: int = 2000
-    ham10000_cnn_epochs: int = 10
-    round_timeout: float = 1800.0
-    gram_rank: int = 0
-    gram_ridge: float = 1e-6
-    gram_weighting: str = "samples"
-    gram_point: str = "closed-form"
-    ellipsoid_floor: str = "quantile"
-    allow_overlap: bool = False
-    device: str = "auto"
-    max_width: int = 0
-    num_features: int = 0
-    classes: str = ""
-    label_column: str = ""
-    standardize: str = "off"
-    public_data: str = ""
+    ``scope="node"`` builds what a node holds: the settings it received
+    (:meth:`for_nodes`), validated; the server-only ones are ``None`` there, so node
+    code that reads one fails loudly instead of using a default the operator never set.
+    """
 
-    def __post_init__(self) -> None:
-        _choice("dataset", self.dataset, (*DATASET_NAMES, NODE_FILES))
+    dataset: str = setting(
+        'digits',
+        '`digits` (scikit-learn, bundled), `fashion-mnist` (IDX files), `mnist` (IDX '
+        'files), `cifar10` (python batches, VGG-16 features), `ham10000` (metadata CSV + '
+        "JPEGs, CNN features), or `node-files` (each SuperNode's own file, any features "
+        'and classes, agreed in the identity round); see "CIFAR-10", "HAM10000" and "Your '
+        'own data" below',
+        one_of((*DATASET_NAMES, NODE_FILES)), node=True)
+    data_dir: str = setting(
+        '',
+        'folder of the IDX files; empty: `/usr/share/datasets/fashion-mnist` for '
+        'Fashion-MNIST (Debian package `dataset-fashion-mnist`); required for MNIST '
+        '(torchvision downloads it there when online), CIFAR-10 and HAM10000',
+        node=True)
+    label_division: str = setting(
+        'paper',
+        '`paper` (the appendix table, K = 2, 3, 5), `classes-per-node:N`, `iid`, or '
+        'explicit groups such as `0,1/2,3/4,5/6,7/8,9`',
+        node=True)
+    model: str = setting(
+        'logistic',
+        '`logistic` (convex, one round) or `mlp` (layer-wise protocol, one round per '
+        'hidden layer plus one)',
+        one_of(MODELS), node=True)
+    hidden: str = setting(
+        'auto',
+        _ROW_HIDDEN,
+        parses(_hidden), node=True)
+    dropout: float = setting(
+        0.5,
+        _ROW_HIDDEN,
+        in_range(0.0, 1.0, "a fraction of units", closed="left"), node=True)
+    eps_neuron: float = setting(
+        0.1,
+        "eps_j: a perturbed neuron is good enough while its outputs on the node's "
+        'validation inputs deviate by at most this',
+        positive, node=True)
+    neuron_criterion: str = setting(
+        'rms',
+        "deviation of a neuron's outputs: `rms` (root mean square) or `paper` (L2 norm "
+        "divided by N, the paper's eq. 3)",
+        one_of(NEURON_CRITERIA), node=True)
+    neuron_delta: float = setting(
+        0.01,
+        'bisection width of the per-neuron radius search',
+        positive, node=True)
+    clusters: int = setting(
+        75,
+        'm_eps, k-means clusters over all neurons of all nodes',
+        positive)
+    tune_layers: str = setting(
+        'last',
+        "MLP fine-tuning: `last` layer only (the paper's choice) or `all`",
+        one_of(TUNE_LAYERS))
+    tune_curve: str = setting(
+        '',
+        'Fine-tuning study: comma-separated public sample sizes (e.g. `100,200,500`); the '
+        'server then tunes GEMS, each Local model, Averaged and a fresh Raw model '
+        'identically on nested samples of each size and writes the curve to `results.json` '
+        '(`fine_tuning`). Empty: off',
+        parses(parse_tune_curve))
+    space: str = setting(
+        'gram',
+        '`gram` (logit-space ellipsoid, see "Good-enough spaces"; the default), or the '
+        "paper's `ball` or `ellipsoid` (Fisher axes, appendix A)",
+        one_of(SPACE_KINDS), node=True)
+    gram_rank: int = setting(
+        0,
+        "`gram` only: 0 sends the node's full Gram matrix (upper triangle, float32); r > 0 "
+        'sends a rank-r factor instead (fewer bytes, a coarser space)',
+        at_least(0, "0 sends the full Gram matrix, r > 0 a rank-r factor"), node=True)
+    gram_ridge: float = setting(
+        1e-06,
+        '`gram` only: ridge added to the weighted sum of Gram matrices in the closed-form '
+        'center (relative to one mean Gram matrix)',
+        at_least(0))
+    gram_weighting: str = setting(
+        'samples',
+        "`gram` only: lambda_k in the center, `samples` (the node's training-sample count) "
+        'or `radius` (1 / rho_k^2)',
+        one_of(GRAM_WEIGHTINGS))
+    gram_point: str = setting(
+        'closed-form',
+        '`gram` only: `closed-form` always uses the weighted center; `shared` uses the '
+        'point minimising the largest scaled distance when the center misses a space and '
+        'that point lies in all of them',
+        one_of(GRAM_POINTS))
+    ellipsoid_floor: str = setting(
+        'quantile',
+        'ellipsoid axes `max(F_ref / F_i, c)`: `quantile` takes F_ref as the 5 % quantile '
+        "of the nonzero Fisher entries; `paper` is appendix A's min over all entries, "
+        'which collapses every axis to c when some entry is 0',
+        one_of(ELLIPSOID_FLOORS), node=True)
+    eps: float = setting(
+        0.4,
+        'Q: a model is good enough on a node when its validation accuracy is >= eps. A '
+        'node may set its own with `--node-config "eps=0.6"`',
+        in_range(0.0, 1.0, "a target accuracy between 0 and 1"), node=True)
+    num_directions: int = setting(
+        500,
+        'p, surface samples per tested radius',
+        positive, node=True)
+    r_max: float = setting(
+        0.0,
+        'upper end of the radius bisection, in the units of the space kind\'s radius; 0: the '
+        'kind\'s own bound (see "Good-enough spaces")',
+        at_least(0, "0: the space kind's own bound"), node=True)
+    delta: float = setting(
+        0.01,
+        'bisection stops at this width',
+        positive, node=True)
+    ellipsoid_c: float = setting(
+        0.1,
+        'c of appendix A: shortest axis relative to the longest',
+        in_range(0, 1, "it is the shortest ellipsoid axis relative to the longest (appendix A's c)", closed="right"), node=True)
+    seed: int = setting(
+        0,
+        'seeds splits, partitions, initialisation, directions, public sample',
+        at_least(0), node=True)
+    local_lr: float = setting(
+        0.001,
+        _ROW_LOCAL_LR,
+        positive, node=True)
+    batch_size: int = setting(
+        32,
+        _ROW_LOCAL_LR,
+        positive, node=True)
+    local_max_epochs: int = setting(
+        100,
+        _ROW_LOCAL_MAX_EPOCHS,
+        positive, node=True)
+    local_patience: int = setting(
+        3,
+        _ROW_LOCAL_MAX_EPOCHS,
+        positive, node=True)
+    public_samples: int = setting(
+        1000,
+        "size of the server's public sample (0: no tuning, no Raw)",
+        at_least(0, "0 turns fine-tuning and the Raw baseline off"))
+    tune_epochs: int = setting(
+        5,
+        _ROW_TUNE_EPOCHS,
+        at_least(0))
+    tune_lr: float = setting(
+        0.001,
+        _ROW_TUNE_EPOCHS,
+        positive)
+    min_replies: int = setting(
+        2,
+        'fewer valid replies than this stops the run with an error',
+        positive)
+    no_intersection: str = setting(
+        'min-penalty',
+        "fallback when the spaces do not intersect: `min-penalty` (minimise the paper's "
+        'objective) or `mean`',
+        one_of(NO_INTERSECTION_FALLBACKS))
+    evaluate_on_server: bool = setting(
+        True,
+        'the server loads the dataset for Global, Raw and the test set; set `false` where '
+        'it holds no data')
+    output_dir: str = setting(
+        'gems-results',
+        'results go to `<output-dir>/run-<run id>/`',
+        non_empty("output-dir must name a folder, e.g. 'gems-results'"))
+    vgg16_weights: str = setting(
+        '',
+        "CIFAR-10: a local VGG-16 state dict (torchvision's `vgg16-397923af.pth`); empty: "
+        'torchvision fetches `VGG16_Weights.IMAGENET1K_V1` (needs torchvision and internet)',
+        node=True)
+    feature_cache_dir: str = setting(
+        '',
+        "where extracted CIFAR-10 / HAM10000 features (and HAM10000's decoded images) are "
+        'cached; empty: `~/.cache/gems-fl/features` (`$XDG_CACHE_HOME/gems-fl/features` '
+        'when set)',
+        node=True)
+    ham10000_per_class: int = setting(
+        2000,
+        _ROW_HAM10000_PER_CLASS,
+        at_least(4, "every class needs an image in each of train, public, val and test"), node=True)
+    ham10000_cnn_epochs: int = setting(
+        10,
+        _ROW_HAM10000_PER_CLASS,
+        positive, node=True)
+    round_timeout: float = setting(
+        1800.0,
+        "seconds the server waits for the replies of one round; also each message's TTL, "
+        'so work for a slow or dead node is dropped, not left queued',
+        positive)
+    allow_overlap: bool = setting(
+        False,
+        'an explicit `label-division` may give a class to several nodes (its samples are '
+        'split among them); otherwise that is refused before the run starts, as a likely '
+        'typo')
+    device: str = setting(
+        'auto',
+        'where local training, fine-tuning and feature extraction run: `auto` (CUDA when '
+        'the process sees one, else CPU), `cpu`, or `cuda` (an error where there is no '
+        'CUDA device); radius searches and the layer merge stay on the CPU',
+        one_of(DEVICES), node=True)
+    max_width: int = setting(
+        0,
+        'MLP: the most neurons a merged hidden layer may have (0: no bound). Above it, the '
+        'neurons that merged with no other are replaced by k-means centers of them, '
+        'reported as unverified',
+        at_least(0, "0: no bound on the merged width of a hidden layer"))
+    num_features: int = setting(
+        0,
+        "`dataset='node-files'`: the number of features every node's file must have; 0: "
+        'the count most nodes report in the identity round (nodes with another count are '
+        'left out and named)',
+        at_least(0, "0: agreed from what the nodes report"), node=True)
+    classes: str = setting(
+        '',
+        "`dataset='node-files'`: the class labels, as comma-separated names "
+        "(`'benign,malignant'`, in index order) or a count (`3`: labels `0..2`, or the 3 "
+        'names most nodes hold); empty: every label the nodes hold, sorted (numerically '
+        'when all are integers)',
+        parses(_classes), node=True)
+    label_column: str = setting(
+        '',
+        "CSV files (nodes and `public-data`): the label's column, as a 0-based number "
+        '(negative counts from the end) or a header name; empty: the last column',
+        node=True)
+    standardize: str = setting(
+        'off',
+        'feature scaling before training and evaluation: `off`, `node` (each node its own '
+        'training mean and std), or `federated` (one mean and std for all, combined on the '
+        "server from each node's per-feature count, sum and sum of squares sent in the "
+        'identity round; no rows leave a node)',
+        one_of(STANDARDIZE_CHOICES), node=True)
+    public_data: str = setting(
+        '',
+        'a file on the server (`.npz` with `x`, `y` and optionally `x_test`, `y_test`; or '
+        '`.csv`, with `<stem>_test.csv` optional) to fine-tune GEMS and train Raw on; '
+        'without a server test set the nodes evaluate those models too. Empty: off')
+
+    scope: InitVar[str] = "run"
+
+    def __post_init__(self, scope: str) -> None:
+        node_only = scope == "node"
         if self.hidden.strip().lower() == "auto":
             object.__setattr__(self, "hidden", AUTO_HIDDEN.get(self.dataset, AUTO_HIDDEN_DEFAULT))
-        if self.ham10000_per_class < 4:
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if node_only and not f.metadata["node"]:
+                if value != f.default:
+                    raise SettingsError(f"{key_of(f)} is a server-side setting; nodes do not "
+                                        "receive it")
+                object.__setattr__(self, f.name, None)
+                continue
+            if f.metadata["check"] is not None:
+                f.metadata["check"](key_of(f), value)
+        bound = self.r_max or SPACE_R_MAX[self.space]
+        if self.delta >= bound:
+            own = "" if self.r_max else f" (space='{self.space}''s own bound)"
             raise SettingsError(
-                f"ham10000-per-class={self.ham10000_per_class} must be >= 4: every class needs "
-                "an image in each of train, public, val and test"
-            )
-        _positive("ham10000-cnn-epochs", self.ham10000_cnn_epochs)
-        _choice("model", self.model, MODELS)
-        _choice("space", self.space, SPACE_KINDS)
-        _choice("no-intersection", self.no_intersection, NO_INTERSECTION_FALLBACKS)
-        _choice("neuron-criterion", self.neuron_criterion, NEURON_CRITERIA)
-        _choice("tune-layers", self.tune_layers, TUNE_LAYERS)
-        try:
-            parse_hidden(self.hidden)
-        except ValueError as exc:
-            raise SettingsError(str(exc)) from None
-        if not 0.0 <= self.dropout < 1.0:
-            raise SettingsError(f"dropout={self.dropout} must be in [0, 1)")
-        _positive("eps-neuron", self.eps_neuron)
-        _positive("neuron-delta", self.neuron_delta)
-        _positive("clusters", self.clusters)
-        _in_range("eps", self.eps, 0.0, 1.0, "a target accuracy between 0 and 1")
-        _positive("num-directions", self.num_directions)
-        _positive("r-max", self.r_max)
-        _positive("delta", self.delta)
-        if self.delta >= self.r_max:
-            raise SettingsError(
-                f"delta={self.delta} must be smaller than r-max={self.r_max}: delta is "
+                f"delta={self.delta} must be smaller than r-max={bound}{own}: delta is "
                 "the width at which the radius bisection over [0, r-max] stops"
             )
-        if not 0.0 < self.ellipsoid_c <= 1.0:
-            raise SettingsError(
-                f"ellipsoid-c={self.ellipsoid_c} must be in (0, 1]: it is the shortest "
-                "ellipsoid axis relative to the longest (appendix A's c)"
-            )
-        if self.seed < 0:
-            raise SettingsError(f"seed={self.seed} must be >= 0")
-        _positive("local-lr", self.local_lr)
-        _positive("batch-size", self.batch_size)
-        _positive("local-max-epochs", self.local_max_epochs)
-        _positive("local-patience", self.local_patience)
-        if self.public_samples < 0:
-            raise SettingsError(
-                f"public-samples={self.public_samples} must be >= 0 (0 turns fine-tuning "
-                "and the Raw baseline off)"
-            )
-        if self.tune_epochs < 0:
-            raise SettingsError(f"tune-epochs={self.tune_epochs} must be >= 0")
-        _positive("tune-lr", self.tune_lr)
-        self.tune_sizes  # noqa: B018 - validates tune-curve
-        _positive("min-replies", self.min_replies)
-        _positive("round-timeout", self.round_timeout)
-        if self.gram_rank < 0:
-            raise SettingsError(f"gram-rank={self.gram_rank} must be >= 0 (0 sends the full "
-                                "Gram matrix, r > 0 a rank-r factor)")
-        if self.gram_ridge < 0:
-            raise SettingsError(f"gram-ridge={self.gram_ridge} must be >= 0")
-        _choice("gram-weighting", self.gram_weighting, GRAM_WEIGHTINGS)
-        _choice("gram-point", self.gram_point, GRAM_POINTS)
-        _choice("ellipsoid-floor", self.ellipsoid_floor, ELLIPSOID_FLOORS)
-        self._check_node_files()
-        if not self.output_dir:
-            raise SettingsError("output-dir must name a folder, e.g. 'gems-results'")
-        _choice("device", self.device, DEVICES)
-        if self.max_width < 0:
-            raise SettingsError(f"max-width={self.max_width} must be >= 0 (0: no bound on the "
-                                "merged width of a hidden layer)")
+        self._check_dataset_shape()
+        if not node_only:
+            self._check_node_files()
 
-    def _check_node_files(self) -> None:
-        """``num-features``, ``classes``, ``standardize``, ``public-data`` and node-files."""
+    def _check_dataset_shape(self) -> None:
+        """``num-features`` and ``classes`` pin ``node-files`` runs; a named dataset has its own."""
         from gems_fl.data.site_files import parse_classes
 
-        _choice("standardize", self.standardize, STANDARDIZE_CHOICES)
-        if self.num_features < 0:
-            raise SettingsError(f"num-features={self.num_features} must be >= 0 (0: agreed "
-                                "from what the nodes report)")
-        try:
-            classes = parse_classes(self.classes)
-        except ValueError as exc:
-            raise SettingsError(str(exc)) from None
-        if isinstance(classes, int) and classes < 2:
-            raise SettingsError(f"classes={self.classes!r}: a classifier needs at least 2 classes")
-        if isinstance(classes, list) and len(classes) < 2:
-            raise SettingsError(f"classes={self.classes!r}: a classifier needs at least 2 classes")
         if self.dataset == NODE_FILES:
-            if self.evaluate_on_server and not self.public_data.strip():
-                raise SettingsError(
-                    "dataset='node-files' keeps the data on the nodes, so the server has nothing "
-                    "to evaluate on: set evaluate-on-server=false (the nodes evaluate every "
-                    "model on their own data), or give public-data with a test split")
-            if self.evaluate_on_server and self.model == "mlp":
-                raise SettingsError(
-                    "dataset='node-files' with model='mlp': set evaluate-on-server=false (the "
-                    "server cannot rebuild the nodes' local MLPs without their data)")
             return
         from gems_fl.data.datasets import DATASET_SHAPES
 
         features, count = DATASET_SHAPES[self.dataset]
+        classes = parse_classes(self.classes)
         if self.num_features not in (0, features):
             raise SettingsError(f"num-features={self.num_features} but dataset='{self.dataset}' "
                                 f"has {features}; num-features pins dataset='node-files' runs")
         if classes is not None and (classes if isinstance(classes, int) else len(classes)) != count:
             raise SettingsError(f"classes={self.classes!r} but dataset='{self.dataset}' has "
                                 f"{count} classes; classes pins dataset='node-files' runs")
+
+    def _check_node_files(self) -> None:
+        """What the server needs for ``dataset='node-files'`` (it holds no node's data)."""
+        if self.dataset != NODE_FILES:
+            return
+        if self.evaluate_on_server and not self.public_data.strip():
+            raise SettingsError(
+                "dataset='node-files' keeps the data on the nodes, so the server has nothing "
+                "to evaluate on: set evaluate-on-server=false (the nodes evaluate every "
+                "model on their own data), or give public-data with a test split")
+        if self.evaluate_on_server and self.model == "mlp":
+            raise SettingsError(
+                "dataset='node-files' with model='mlp': set evaluate-on-server=false (the "
+                "server cannot rebuild the nodes' local MLPs without their data)")
 
     @classmethod
     def from_run_config(cls, run_config: Mapping[str, Any]) -> "Settings":
@@ -208,13 +408,12 @@ class Settings:
         Unknown keys are ignored (Flower passes the whole app config); each known key
         must have the type of its default.
         """
-        kwargs: dict[str, Any] = {}
-        for field in fields(cls):
-            key = field.name.replace("_", "-")
-            if key not in run_config:
-                continue
-            kwargs[field.name] = _coerce(key, run_config[key], field.default)
-        return cls(**kwargs)
+        return cls(**_known(run_config))
+
+    @classmethod
+    def from_node_config(cls, config: Mapping[str, Any]) -> "Settings":
+        """What a node holds: the settings of a message (:meth:`for_nodes`), validated."""
+        return cls(**_known(config, node_only=True), scope="node")
 
     def for_node(self, node_config: Mapping[str, Any]) -> "Settings":
         """These settings with the node's own overrides (keys in ``NODE_OVERRIDES``).
@@ -222,9 +421,12 @@ class Settings:
         A node may choose its own target accuracy: ``--node-config "eps=0.6"`` (the
         paper's intersection analysis gives each node a different eps).
         """
-        kwargs = {key.replace("-", "_"): _coerce(key, node_config[key], getattr(self, key.replace("-", "_")))
+        kwargs = {key.replace("-", "_"): coerce(key, node_config[key], getattr(self, key.replace("-", "_")))
                   for key in NODE_OVERRIDES if key in node_config}
-        return replace(self, **kwargs) if kwargs else self
+        if not kwargs:
+            return self
+        values = {f.name: getattr(self, f.name) for f in fields(self) if f.metadata["node"]}
+        return type(self)(**{**values, **kwargs}, scope="node")
 
     @property
     def hidden_widths(self) -> list[int]:
@@ -234,19 +436,7 @@ class Settings:
     @property
     def tune_sizes(self) -> list[int]:
         """Public sample sizes of the fine-tuning study (``tune-curve`` parsed)."""
-        text = self.tune_curve.strip()
-        if not text:
-            return []
-        try:
-            sizes = [int(part) for part in text.split(",")]
-        except ValueError:
-            raise SettingsError(
-                f"tune-curve={self.tune_curve!r} must be comma-separated sample sizes, "
-                "e.g. '100,200,500', or empty to skip the fine-tuning study"
-            ) from None
-        if any(n <= 0 for n in sizes):
-            raise SettingsError(f"tune-curve={self.tune_curve!r}: every size must be > 0")
-        return sizes
+        return parse_tune_curve(self.tune_curve)
 
     @property
     def local_recipe(self) -> TrainRecipe:
@@ -270,38 +460,60 @@ class Settings:
         """Settings as a flat ``{key: value}`` dict with ``pyproject.toml`` keys."""
         return {k.replace("_", "-"): v for k, v in asdict(self).items()}
 
-
-def _coerce(key: str, value: Any, default: Any) -> Any:
-    expected = type(default)
-    if expected is bool:
-        if isinstance(value, bool):
-            return value
-    elif expected is int:
-        if isinstance(value, int) and not isinstance(value, bool):
-            return value
-        if isinstance(value, float) and value.is_integer():
-            return int(value)
-    elif expected is float:
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return float(value)
-    elif isinstance(value, str):
-        return value
-    raise SettingsError(
-        f"{key}={value!r} has type {type(value).__name__}, expected "
-        f"{expected.__name__} (like the default {default!r})"
-    )
+    def for_nodes(self) -> dict[str, Any]:
+        """The settings node code reads, as ``{key: value}``: what every message carries."""
+        return {key_of(f): getattr(self, f.name) for f in fields(self) if f.metadata["node"]}
 
 
-def _choice(key: str, value: str, allowed: tuple[str, ...]) -> None:
-    if value not in allowed:
-        raise SettingsError(f"{key}={value!r} is not one of {', '.join(allowed)}")
+def node_keys() -> tuple[str, ...]:
+    """The keys of the settings nodes receive."""
+    return tuple(key_of(f) for f in fields(Settings) if f.metadata["node"])
 
 
-def _positive(key: str, value: float) -> None:
-    if not value > 0:
-        raise SettingsError(f"{key}={value!r} must be > 0")
+def _known(config: Mapping[str, Any], node_only: bool = False) -> dict[str, Any]:
+    return {f.name: coerce(key_of(f), config[key_of(f)], f.default) for f in fields(Settings)
+            if key_of(f) in config and (f.metadata["node"] or not node_only)}
 
 
-def _in_range(key: str, value: float, low: float, high: float, meaning: str) -> None:
-    if not low <= value <= high:
-        raise SettingsError(f"{key}={value!r} must be in [{low}, {high}]: {meaning}")
+def settings_table() -> list[tuple[tuple[str, ...], tuple[Any, ...], str]]:
+    """The README "Settings" table: ``(keys, defaults, meaning)`` per row, in declaration
+    order; neighbouring settings with the same meaning share a row."""
+    rows: list[tuple[tuple[str, ...], tuple[Any, ...], str]] = []
+    for f in fields(Settings):
+        meaning = f.metadata["meaning"]
+        if rows and rows[-1][2] == meaning:
+            keys, defaults, _ = rows[-1]
+            rows[-1] = ((*keys, key_of(f)), (*defaults, f.default), meaning)
+        else:
+            rows.append(((key_of(f),), (f.default,), meaning))
+    return rows
+
+
+def format_default(value: Any) -> str:
+    """A default as the README table shows it (TOML spelling, ``""`` for empty text)."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str):
+        return value if value else '""'
+    return repr(value).replace("e-0", "e-")
+
+
+def settings_markdown() -> str:
+    """The README's "Settings" table, generated (``python -m gems_fl.settings``)."""
+    lines = ["| key | default | meaning |", "| --- | --- | --- |"]
+    for keys, defaults, text in settings_table():
+        lines.append(f"| {', '.join(f'`{k}`' for k in keys)} | "
+                     f"{', '.join(f'`{format_default(d)}`' for d in defaults)} | {text} |")
+    return "\n".join(lines)
+
+
+def meaning(key: str) -> str:
+    """The README meaning of one setting (``KeyError`` if there is no such setting)."""
+    for f in fields(Settings):
+        if key_of(f) == key:
+            return f.metadata["meaning"]
+    raise KeyError(key)
+
+
+if __name__ == "__main__":
+    print(settings_markdown())

@@ -11,7 +11,7 @@ import pytest
 
 from gems_fl.evaluation.baselines import ROW_NAMES
 from gems_fl.learning.models import state_to_vector
-from gems_fl.protocol.wire import decode_reply
+from gems_fl.protocol.replies import decode_reply
 from tests.helpers import ROOT, run_in_process
 
 

@@ -10,7 +10,7 @@ import pytest
 from flwr.app import Array, Message
 
 from gems_fl.geometry.gram import gram_matrix, pack_triangle
-from gems_fl.protocol import wire
+from gems_fl.protocol import replies, wire
 from tests.helpers import run_in_process
 
 SHAPES = {"weight": (3, 4), "bias": (3,)}
@@ -29,7 +29,7 @@ def _gram_reply(gram: np.ndarray | None = None) -> object:
 def test_decode_accepts_a_gram_reply_and_rebuilds_the_matrix():
     rng = np.random.default_rng(0)
     gram = gram_matrix(rng.standard_normal((40, 4)))
-    space, metrics = wire.decode_reply(_gram_reply(gram), SHAPES, "gram")
+    space, metrics = replies.decode_reply(_gram_reply(gram), SHAPES, "gram")
     assert space.kind == "gram" and space.radius == 2.0 and space.certified_radius == 0.5
     np.testing.assert_allclose(space.gram, gram, rtol=1e-6, atol=1e-6)  # float32 on the wire
     assert metrics["eps"] == 0.4
@@ -78,8 +78,8 @@ def test_bad_gram_replies_are_rejected_with_a_reason(name):
     corrupt, reason = BAD_GRAMS[name]
     content = _gram_reply()
     corrupt(content)
-    with pytest.raises(wire.ReplyError, match=reason):
-        wire.decode_reply(content, SHAPES, "gram")
+    with pytest.raises(replies.ReplyError, match=reason):
+        replies.decode_reply(content, SHAPES, "gram")
 
 
 def test_a_non_symmetric_full_matrix_is_rejected():
@@ -137,7 +137,7 @@ def test_closed_form_center_is_what_h_g_is(tmp_path):
     captured = []
 
     def hook(reply: Message) -> Message:
-        captured.append(wire.decode_reply(reply.content, {"weight": (10, 64), "bias": (10,)},
+        captured.append(replies.decode_reply(reply.content, {"weight": (10, 64), "bias": (10,)},
                                           "gram"))
         return reply
 

@@ -8,7 +8,7 @@ import logging
 from rich.console import Console
 
 from gems_fl.evaluation.results import print_results
-from gems_fl.protocol.strategy import MAX_NODES_NAMED, describe_nodes
+from gems_fl.naming import MAX_NODES_NAMED, describe_nodes
 from tests.helpers import run_in_process
 
 

@@ -10,7 +10,7 @@ from flwr.supercore.task_identity import TaskIdentity
 
 from gems_fl.data import load_dataset, node_data, parse_division
 from gems_fl.data.nodes import NodeDataError, load_node_data, load_node_file, node_name
-from gems_fl.protocol import wire
+from gems_fl.protocol import replies, wire
 from gems_fl.protocol.node import handle_query, handle_train
 from gems_fl.settings import Settings
 from tests.helpers import FAST, app_defaults, run_in_process
@@ -111,7 +111,7 @@ def test_identity_query_reports_name_and_shape(tmp_path, partition0):
     config = {"data-path": _npz(tmp_path / "s.npz", *partition0), "node-name": "site-a"}
     reply = handle_query(msg, Context(run_id=1, node_id=5, node_config=config,
                                       state=RecordDict(), run_config=settings))
-    name, source, counts = wire.decode_identity(reply.content)
+    name, source, counts = replies.decode_identity(reply.content)
     assert name == "site-a" and source.startswith("data-path=")
     assert counts == {"num-features": 64, "num-classes": 10,
                       "num-train-examples": len(partition0[1]),

@@ -10,9 +10,9 @@ import pytest
 from flwr.app import Array, Error, Message, MessageType, RecordDict
 
 from client_app import app as client_app
-from gems_fl.protocol import wire
+from gems_fl.protocol import replies, wire
 from gems_fl.protocol.inprocess import InProcessGrid
-from gems_fl.protocol.strategy import NotEnoughRepliesError
+from gems_fl.protocol.replies import NotEnoughRepliesError
 from gems_fl.settings import Settings
 from tests.helpers import FAST, app_defaults, run_in_process
 
@@ -53,7 +53,7 @@ def _good_reply() -> RecordDict:
 
 
 def test_decode_accepts_good_reply():
-    space, metrics = wire.decode_reply(_good_reply(), SHAPES, "ball")
+    space, metrics = replies.decode_reply(_good_reply(), SHAPES, "ball")
     assert space.dim == 650 and space.radius == 1.0 and metrics["num-val-examples"] == 5
 
 
@@ -93,8 +93,8 @@ def test_decode_rejects_bad_reply(name):
     corrupt, reason = CORRUPTIONS[name]
     content = _good_reply()
     corrupt(content)
-    with pytest.raises(wire.ReplyError, match=reason):
-        wire.decode_reply(content, SHAPES, "ball")
+    with pytest.raises(replies.ReplyError, match=reason):
+        replies.decode_reply(content, SHAPES, "ball")
 
 
 def test_bad_replies_are_dropped_and_the_round_goes_on(tmp_path, caplog):

@@ -17,7 +17,8 @@ import numpy as np
 from rich.console import Console
 from rich.table import Table
 
-from gems_fl.protocol.strategy import MAX_NODES_NAMED
+from gems_fl.geometry.kinds import space_kind
+from gems_fl.naming import MAX_NODES_NAMED
 
 RESULTS_FILE = "results.json"
 MODEL_FILE = "gems_model.npz"
@@ -61,15 +62,10 @@ def format_table(results: dict[str, Any]) -> Table:
 def gems_note(results: dict[str, Any]) -> str:
     """What the membership checks and the nodes' own checks said about ``h_G``."""
     inter = results["intersection"]
-    space = results["settings"].get("space")
-    if space == "gram":
-        inside = inter["inside"]
-        inside = list(inside.values()) if isinstance(inside, dict) else inside
-        where = f"h_G ({inter['method']}) inside {sum(inside)} of {len(inside)} Gram spaces"
-    elif inter["found"]:
-        where = "h_G inside every space (verified intersection)"
-    else:
-        where = f"NO INTERSECTION: fallback '{inter['method']}'"
+    inside = inter["inside"]
+    inside = list(inside.values()) if isinstance(inside, dict) else inside
+    where = space_kind(results["settings"].get("space", "ball")).where(
+        bool(inter["found"]), str(inter["method"]), inside)
     ver = results.get("verification")
     if ver:
         answered = ver["answered"]

@@ -7,3 +7,7 @@ ELLIPSOID_FLOORS = ("quantile", "paper")
 GRAM_WEIGHTINGS = ("samples", "radius")
 GRAM_POINTS = ("closed-form", "shared")
 NO_INTERSECTION_FALLBACKS = ("min-penalty", "mean")
+# Each kind's default upper end of the radius bisection, in the units of its radius
+# (gems_fl.geometry.kinds says which). 4000 is the paper's R_max; gram keeps the bound its
+# runs have always used, so that a search still passing there is reported saturated.
+SPACE_R_MAX = {"ball": 4000.0, "ellipsoid": 4000.0, "gram": 4000.0}

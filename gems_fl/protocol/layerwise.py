@@ -19,19 +19,24 @@ from logging import INFO, WARNING
 from typing import Any
 
 import numpy as np
-from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord
+from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
 from flwr.common.logger import log
 from flwr.serverapp import Grid
-from flwr.serverapp.strategy import Strategy
 
 from gems_fl.geometry.layer_merge import bound_width, merge_layer
 from gems_fl.protocol import wire
-from gems_fl.protocol.strategy import (
+from gems_fl.geometry.kinds import AggregateOptions
+from gems_fl.protocol.base import (
     ConvexOutcome,
+    GEMSBase,
     NodeReply,
-    NotEnoughRepliesError,
     aggregate_layer_spaces,
     select_nodes,
+)
+from gems_fl.protocol.replies import (
+    NotEnoughRepliesError,
+    decode_neuron_reply,
+    decode_reply,
     validate_replies,
 )
 from gems_fl.protocol.wire import content_bytes
@@ -59,27 +64,21 @@ class LayerRound:
     rejected: list[dict[str, object]] = field(default_factory=list)
 
 
-class LayerwiseGEMS(Strategy):
+class LayerwiseGEMS(GEMSBase):
     """GEMS for MLPs: per-neuron spaces, k-means intersection, one round per layer."""
 
     def __init__(self, settings: Settings, num_features: int, num_classes: int,
                  participants: list[int] | None = None,
                  names: dict[int, str] | None = None,
                  extra_config: dict[str, Any] | None = None) -> None:
-        self.settings = settings
-        self.extra_config = dict(extra_config or {})  # the data agreement, for every node
-        self._messages: list[Message] = []
-        self.participants = participants
-        self.names = dict(names or {})
+        super().__init__(settings, participants, names, extra_config)
         self.num_features = num_features
         self.num_classes = num_classes
         self.widths = settings.hidden_widths
         self.layers: list[Layer] = []
         self.rounds: list[LayerRound] = []
         self.excluded: dict[int, str] = {}
-        self.outcome: ConvexOutcome | None = None
         self.first_layer_centers: list[np.ndarray] = []
-        self._t0 = 0.0
 
     @property
     def num_rounds(self) -> int:
@@ -108,13 +107,9 @@ class LayerwiseGEMS(Strategy):
             if item["node_id"] not in self.excluded:
                 self.rounds[-1].rejected.append(item)
                 self.excluded[item["node_id"]] = f"round {server_round}: {item['reason']}"
-        content = wire.encode_layer_round({**self.settings.to_config(), **self.extra_config},
-                                          server_round, self.layers)
+        content = wire.encode_layer_round(self.node_config(), server_round, self.layers)
         self.rounds[-1].bytes_sent = content_bytes(content) * len(nodes)
-        self._messages = [Message(content=content, message_type=MessageType.TRAIN, dst_node_id=n,
-                                  group_id=str(server_round), ttl=self.settings.round_timeout)
-                          for n in nodes]
-        return self._messages
+        return self._send(content, nodes, server_round)
 
     def aggregate_train(
         self, server_round: int, replies: Iterable[Message]
@@ -153,7 +148,7 @@ class LayerwiseGEMS(Strategy):
         j = record.layer - 1
         fan_in = self.num_features if j == 0 else self.layers[-1][0].shape[0]
         accepted = self._accept(
-            record, replies, lambda c: wire.decode_neuron_reply(c, self.widths[j], fan_in))
+            record, replies, lambda c: decode_neuron_reply(c, self.widths[j], fan_in))
         node_neurons = [(centers, radii) for _, (centers, radii, _) in accepted]
         if j == 0:
             self.first_layer_centers = [centers for centers, _ in node_neurons]
@@ -186,21 +181,13 @@ class LayerwiseGEMS(Strategy):
         shapes = {"weight": (self.num_classes, fan_in), "bias": (self.num_classes,)}
         accepted = self._accept(
             record, replies,
-            lambda c: wire.decode_reply(c, shapes, self.settings.space, self.settings.gram_rank))
+            lambda c: decode_reply(c, shapes, self.settings.space, self.settings.gram_rank))
         nodes = [NodeReply(node, space, metrics) for node, (space, metrics) in accepted]
         log(INFO, "Output layer:")
-        result = aggregate_layer_spaces(nodes, self.settings, self.names)
+        result = aggregate_layer_spaces(nodes, AggregateOptions.from_settings(self.settings),
+                                        self.names)
         self.outcome = ConvexOutcome(accepted=nodes, rejected=record.rejected, intersection=result)
         record.width = self.num_classes
-
-    def configure_evaluate(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
-                           grid: Grid) -> Iterable[Message]:
-        """Evaluation happens on the server."""
-        return []
-
-    def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]) -> MetricRecord | None:
-        """Nothing to aggregate."""
-        return None
 
     def round_reports(self) -> list[dict[str, Any]]:
         """JSON-friendly per-round records."""

@@ -24,12 +24,12 @@ from gems_fl.data.nodes import (
     node_name,
 )
 from gems_fl.data.site_files import feature_stats
+from gems_fl.geometry.kinds import LayerSpace, SpaceOptions, build_layer_space
 from gems_fl.geometry.spaces import GramSpace, Space
 from gems_fl.learning.models import model_to_vector, vector_to_state
 from gems_fl.learning.threads import compute_threads
 from gems_fl.learning.train import TrainReport, accuracy, set_default_device
 from gems_fl.protocol import wire
-from gems_fl.protocol.linear_space import LayerSpace, linear_layer_space
 from gems_fl.protocol.node_layerwise import (
     hidden_layer_spaces,
     output_layer_space,
@@ -75,7 +75,8 @@ def build_local_space(
     model = settings.new_model(num_features, num_classes)
     report = settings.local_recipe.train(model, x_train, y_train, seed)
     center = model_to_vector(model).reshape(num_classes, num_features + 1)
-    layer = linear_layer_space(center, x_train, x_val, y_val, settings, seed)
+    layer = build_layer_space(center, x_train, x_val, y_val, SpaceOptions.from_settings(settings),
+                              seed)
     return LocalSpace(layer=layer, training=report, num_train=len(y_train), num_val=len(y_val),
                       val_accuracy=accuracy(model, x_val, y_val))
 
@@ -118,7 +119,7 @@ def _layer_round_reply(
 def handle_train(msg: Message, context: Context) -> Message:
     """Flower ``train`` handler: data -> local model -> good-enough space -> reply."""
     config = wire.decode_config(msg.content)
-    settings = Settings.from_run_config(config).for_node(context.node_config)
+    settings = Settings.from_node_config(config).for_node(context.node_config)
     set_default_device(settings.device)
     data = cast_node_arrays(load_node_data(settings, context.node_config,
                                            DataAgreement.from_config(config)))
@@ -142,7 +143,7 @@ def handle_evaluate(msg: Message, context: Context) -> Message:
     """Flower ``evaluate`` handler: score the server's models on this node's own data
     (validation split, and its test split where it holds one) against its own eps."""
     config = wire.decode_config(msg.content)
-    settings = Settings.from_run_config(config).for_node(context.node_config)
+    settings = Settings.from_node_config(config).for_node(context.node_config)
     data = cast_node_arrays(load_node_data(settings, context.node_config,
                                            DataAgreement.from_config(config)))
     return Message(content=score_models(msg.content, settings.eps, data.x_val, data.y_val,
@@ -158,7 +159,7 @@ def handle_query(msg: Message, context: Context) -> Message:
     unreadable or malformed file, NaN, a wrong number of features or classes) answers
     with its name and the reason, so the server names it and leaves it out.
     """
-    settings = Settings.from_run_config(wire.decode_config(msg.content))
+    settings = Settings.from_node_config(wire.decode_config(msg.content))
     try:
         name = node_name(context.node_config)
     except NodeDataError as exc:

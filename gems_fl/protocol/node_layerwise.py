@@ -17,7 +17,7 @@ from gems_fl.geometry.neurons import NeuronSearch, neuron_radii
 from gems_fl.learning.models import MLP, build_model
 from gems_fl.learning.threads import single_thread
 from gems_fl.learning.train import accuracy
-from gems_fl.protocol.linear_space import LayerSpace, linear_layer_space
+from gems_fl.geometry.kinds import LayerSpace, SpaceOptions, build_layer_space, space_kind
 from gems_fl.settings import Settings
 
 Layer = tuple[np.ndarray, np.ndarray]  # (weight (out, in), bias (out,))
@@ -91,7 +91,8 @@ def hidden_layer_spaces(
     with single_thread():  # a stream of small ops: see geometry.neurons
         search = NeuronSearch(
             eps=settings.eps_neuron, num_directions=settings.num_directions,
-            r_max=settings.r_max, delta=settings.neuron_delta, seed=seed,
+            r_max=settings.r_max or space_kind("ball").r_max, delta=settings.neuron_delta,
+            seed=seed,
             criterion=settings.neuron_criterion,
         )
         radii = neuron_radii(weight, bias, z, search).radii
@@ -109,7 +110,9 @@ def output_layer_space(
     model = train_local_mlp(x_tr, y_tr, num_classes, settings, fixed, seed, output_only=True)
     center = np.concatenate([model.output.weight.detach().double().numpy(),
                              model.output.bias.detach().double().numpy()[:, None]], axis=1)
-    train_feats = layer_inputs(model, x_tr, len(fixed)) if settings.space == "gram" else None
-    layer = linear_layer_space(center, train_feats, layer_inputs(model, x_val, len(fixed)),
-                               y_val, settings, seed)
+    options = SpaceOptions.from_settings(settings)
+    train_feats = (layer_inputs(model, x_tr, len(fixed))
+                   if space_kind(options.kind).needs_train_inputs else None)
+    layer = build_layer_space(center, train_feats, layer_inputs(model, x_val, len(fixed)),
+                              y_val, options, seed)
     return layer, accuracy(model, x_val, y_val)

@@ -25,7 +25,8 @@ from gems_fl.data.agreement import NODE_FILES, DataAgreement
 from gems_fl.data.datasets import DATASET_SHAPES
 from gems_fl.data.site_files import combine_stats, parse_classes, sort_classes
 from gems_fl.protocol import wire
-from gems_fl.protocol.strategy import MAX_NODES_NAMED, validate_replies
+from gems_fl.naming import MAX_NODES_NAMED
+from gems_fl.protocol.replies import Identity, decode_identity_full, validate_replies
 from gems_fl.settings import Settings
 
 
@@ -65,14 +66,14 @@ def identify_nodes(grid: Grid, node_ids: list[int], settings: Settings,
     (kept for callers of the earlier signature).
     """
     t0 = time.perf_counter()
-    content = wire.encode_config(settings.to_config())
+    content = wire.encode_config(settings.for_nodes())
     messages = [Message(content=content, message_type=MessageType.QUERY, dst_node_id=n,
                         group_id="identify", ttl=settings.round_timeout) for n in node_ids]
     replies = list(grid.send_and_receive(messages, timeout=settings.round_timeout))
     bytes_received = sum(wire.content_bytes(r.content) for r in replies if not r.has_error())
 
     def check(reply_content):  # noqa: ANN001, ANN202
-        identity = wire.decode_identity_full(reply_content)
+        identity = decode_identity_full(reply_content)
         return identity.name, identity
 
     accepted, rejected = validate_replies(replies, node_ids, check, log_prefix="Identify: ",
@@ -118,11 +119,11 @@ def identify_nodes(grid: Grid, node_ids: list[int], settings: Settings,
     return roster
 
 
-def _names(identities: dict[int, wire.Identity], nodes) -> str:  # noqa: ANN001
+def _names(identities: dict[int, Identity], nodes) -> str:  # noqa: ANN001
     return ", ".join(sorted(identities[n].name for n in nodes))
 
 
-def agree(identities: dict[int, wire.Identity], settings: Settings
+def agree(identities: dict[int, Identity], settings: Settings
           ) -> tuple[DataAgreement | None, dict[int, str]]:
     """The run's :class:`DataAgreement` and ``{node id: reason}`` for the nodes left out."""
     refused: dict[int, str] = {}
@@ -169,7 +170,7 @@ def agree(identities: dict[int, wire.Identity], settings: Settings
     return DataAgreement(num_features, classes, mean, std), refused
 
 
-def _agree_classes(identities: dict[int, wire.Identity], nodes: list[int],
+def _agree_classes(identities: dict[int, Identity], nodes: list[int],
                    settings: Settings) -> list[str]:
     """``classes`` if it lists names; else the class names the nodes hold (with a count:
     ``0..N-1`` for integer labels, otherwise the N names held by most nodes)."""

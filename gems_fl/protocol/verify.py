@@ -38,7 +38,7 @@ from torch import nn
 from gems_fl.learning.models import MLP
 from gems_fl.learning.train import accuracy
 from gems_fl.protocol import wire
-from gems_fl.protocol.strategy import error_reason, reply_node
+from gems_fl.protocol.replies import ReplyError, error_reason, reply_node
 
 MODEL_PREFIX = "model."
 GEMS_KEY = "gems"
@@ -175,26 +175,26 @@ class Verification:
 def _decode_check(node_id: int, name: str, content: RecordDict) -> NodeCheck:
     record = content.metric_records.get(wire.METRICS_KEY)
     if record is None:
-        raise wire.ReplyError(f"evaluate reply has no '{wire.METRICS_KEY}' MetricRecord")
+        raise ReplyError(f"evaluate reply has no '{wire.METRICS_KEY}' MetricRecord")
     values: dict[str, float] = {}
     for key in record.keys():
         value = record[key]
         if isinstance(value, (list, bool)) or not math.isfinite(float(value)):
-            raise wire.ReplyError(f"evaluate metric '{key}'={value!r} is not a finite number")
+            raise ReplyError(f"evaluate metric '{key}'={value!r} is not a finite number")
         values[key] = float(value)
     for key in ("eps", "num-val-examples", "num-test-examples"):
         if key not in values:
-            raise wire.ReplyError(f"evaluate reply lacks '{key}'")
+            raise ReplyError(f"evaluate reply lacks '{key}'")
     check = NodeCheck(node_id, name, values["eps"], int(values["num-val-examples"]),
                       int(values["num-test-examples"]))
     for key, value in values.items():
         split, _, model = key.partition(".")
         if split in ("val", "test") and model:
             if not 0.0 <= value <= 1.0:
-                raise wire.ReplyError(f"evaluate metric '{key}'={value} is outside [0, 1]")
+                raise ReplyError(f"evaluate metric '{key}'={value} is outside [0, 1]")
             getattr(check, split)[model] = value
     if GEMS_KEY not in check.val:
-        raise wire.ReplyError(f"evaluate reply lacks 'val.{GEMS_KEY}'")
+        raise ReplyError(f"evaluate reply lacks 'val.{GEMS_KEY}'")
     return check
 
 
@@ -223,10 +223,10 @@ def verify_on_nodes(
         name = names.get(node_id, str(node_id))
         try:
             if reply.has_error():
-                raise wire.ReplyError(error_reason(reply))
+                raise ReplyError(error_reason(reply))
             received += wire.content_bytes(reply.content)
             checks[node_id] = _decode_check(node_id, name, reply.content)
-        except wire.ReplyError as exc:
+        except ReplyError as exc:
             log(WARNING, "Verify: rejected the answer of node %s ('%s'): %s", node_id, name, exc)
             missing.append({"node_id": node_id, "node_name": name, "reason": str(exc)})
     for node_id in node_ids:

@@ -40,20 +40,14 @@ used; a bad reply raises :class:`ReplyError` with a reason the server logs.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, MetricRecord, RecordDict
 
 from gems_fl.geometry.gram import (
-    check_gram,
-    from_factor,
     pack_triangle,
-    unpack_triangle,
 )
-from gems_fl.geometry.spaces import GramSpace, Space
-from gems_fl.learning.models import state_to_vector
 
 CONFIG_KEY = "config"
 LAYERS_KEY = "layers"
@@ -68,16 +62,6 @@ METRIC_KEYS = ("radius", "certified-radius", "eps", "num-train-examples", "num-v
 GRAM_KEY = "gram"
 
 
-class ReplyError(ValueError):
-    """A client reply that the server cannot use; the message says why.
-
-    ``node_name`` is set when the reply itself said who sent it (the identity round),
-    so the rejection can name a node the server does not know yet.
-    """
-
-    def __init__(self, message: str, node_name: str | None = None) -> None:
-        super().__init__(message)
-        self.node_name = node_name
 
 
 def encode_config(config: dict[str, Any]) -> RecordDict:
@@ -127,22 +111,6 @@ def encode_neuron_reply(
     })
 
 
-def decode_neuron_reply(
-    content: RecordDict, width: int, fan_in: int
-) -> tuple[np.ndarray, np.ndarray, dict[str, float]]:
-    """Validate a layer-wise reply: ``(centers (width, fan_in + 1), radii, metrics)``."""
-    expected = {NEURONS_KEY, METRICS_KEY}
-    present = set(content.keys())
-    if present != expected:
-        raise ReplyError(f"reply records {sorted(present)}: missing {sorted(expected - present)}, "
-                         f"unexpected {sorted(present - expected)}")
-    shapes = {"weight": (width, fan_in), "bias": (width,), "radius": (width,)}
-    state = _read_state(content, NEURONS_KEY, shapes)
-    if np.any(state["radius"] < 0):
-        raise ReplyError("'neurons.radius' has negative entries")
-    metrics = _read_metrics(content, NEURON_METRIC_KEYS)
-    centers = np.concatenate([state["weight"], state["bias"][:, None]], axis=1).astype(np.float64)
-    return centers, state["radius"].astype(np.float64), metrics
 
 
 def decode_config(content: RecordDict) -> dict[str, Any]:
@@ -195,122 +163,12 @@ def array_record(state: dict[str, np.ndarray]) -> ArrayRecord:
     return ArrayRecord({k: Array(np.ascontiguousarray(v)) for k, v in state.items()})
 
 
-def decode_reply(
-    content: RecordDict, shapes: dict[str, tuple[int, ...]], space_kind: str, gram_rank: int = 0,
-) -> tuple[Space | GramSpace, dict[str, float]]:
-    """Validate a reply and turn it into a space plus its metrics.
-
-    Raises
-    ------
-    ReplyError
-        Missing or extra records/keys, a shape that does not match the model, a
-        non-finite value, a negative radius, non-positive axes, or a Gram matrix that
-        is not symmetric positive semi-definite.
-    """
-    extra_key = {"ellipsoid": AXES_KEY, "gram": GRAM_KEY}.get(space_kind)
-    expected = {CENTER_KEY, METRICS_KEY} | ({extra_key} if extra_key else set())
-    present = set(content.keys())
-    if present != expected:
-        missing, extra = sorted(expected - present), sorted(present - expected)
-        raise ReplyError(f"reply records {sorted(present)}: missing {missing}, unexpected {extra}")
-    center = _read_state(content, CENTER_KEY, shapes)
-    metrics = _read_metrics(content)
-    if space_kind == "gram":
-        n = int(shapes["weight"][1]) + 1
-        gram = _read_gram(content, n, gram_rank)
-        certified = metrics["certified-radius"]
-        space: Space | GramSpace = GramSpace(state_to_vector(center), gram, metrics["radius"],
-                                            math.inf if certified < 0 else certified)
-        return space, metrics
-    axes = _read_state(content, AXES_KEY, shapes) if space_kind == "ellipsoid" else None
-    if axes is not None and np.any(state_to_vector(axes) <= 0):
-        raise ReplyError("'axes' has entries <= 0; relative axes must be positive")
-    space = Space(
-        center=state_to_vector(center),
-        radius=metrics["radius"],
-        axes=None if axes is None else state_to_vector(axes),
-    )
-    return space, metrics
 
 
-def _read_gram(content: RecordDict, n: int, rank: int) -> np.ndarray:
-    """The Gram matrix of a reply, checked: finite, the right shape, symmetric, PSD."""
-    record = content.array_records.get(GRAM_KEY)
-    if record is None:
-        raise ReplyError(f"'{GRAM_KEY}' is not an ArrayRecord")
-    key = "factor" if rank > 0 else "triangle"
-    if set(record.keys()) != {key}:
-        raise ReplyError(f"'{GRAM_KEY}' holds {sorted(record.keys())}, expected ['{key}'] "
-                         f"(gram-rank={rank})")
-    try:
-        arr = np.asarray(record[key].numpy(), dtype=np.float64)
-    except Exception as exc:  # noqa: BLE001 - any decode failure is a bad reply
-        raise ReplyError(f"'{GRAM_KEY}.{key}' cannot be decoded: {exc}") from exc
-    if not np.all(np.isfinite(arr)):
-        raise ReplyError(f"'{GRAM_KEY}.{key}' contains NaN or infinite values")
-    try:
-        if rank > 0:
-            expected = (n, min(rank, n))
-            if arr.shape != expected:
-                raise ValueError(f"factor has shape {arr.shape}, expected {expected}")
-            gram = from_factor(arr)
-        else:
-            if arr.shape != (n * (n + 1) // 2,):
-                raise ValueError(f"triangle has shape {arr.shape}, expected ({n * (n + 1) // 2},) "
-                                 f"for a {n} x {n} matrix")
-            gram = unpack_triangle(arr, n)
-        check_gram(gram, n)
-    except ValueError as exc:
-        raise ReplyError(f"'{GRAM_KEY}': {exc}") from None
-    return gram
 
 
-def _read_state(content: RecordDict, key: str, shapes: dict[str, tuple[int, ...]]) -> dict[str, np.ndarray]:
-    record = content.array_records.get(key)
-    if record is None:
-        raise ReplyError(f"'{key}' is not an ArrayRecord")
-    if set(record.keys()) != set(shapes):
-        raise ReplyError(f"'{key}' holds arrays {sorted(record.keys())}, expected {sorted(shapes)}")
-    state = {}
-    for name, shape in shapes.items():
-        try:
-            arr = record[name].numpy()
-        except Exception as exc:  # noqa: BLE001 - any decode failure is a bad reply
-            raise ReplyError(f"'{key}.{name}' cannot be decoded as a numpy array: {exc}") from exc
-        if tuple(arr.shape) != tuple(shape):
-            raise ReplyError(f"'{key}.{name}' has shape {tuple(arr.shape)}, expected {tuple(shape)}")
-        if not np.issubdtype(arr.dtype, np.floating):
-            raise ReplyError(f"'{key}.{name}' has dtype {arr.dtype}, expected a float type")
-        if not np.all(np.isfinite(arr)):
-            raise ReplyError(f"'{key}.{name}' contains NaN or infinite values")
-        state[name] = arr
-    return state
 
 
-def _read_metrics(content: RecordDict, keys: tuple[str, ...] = METRIC_KEYS) -> dict[str, float]:
-    record = content.metric_records.get(METRICS_KEY)
-    if record is None:
-        raise ReplyError(f"'{METRICS_KEY}' is not a MetricRecord")
-    if set(record.keys()) != set(keys):
-        missing = sorted(set(keys) - set(record.keys()))
-        extra = sorted(set(record.keys()) - set(keys))
-        raise ReplyError(f"'{METRICS_KEY}' keys: missing {missing}, unexpected {extra}")
-    metrics = {}
-    for key in keys:
-        value = record[key]
-        if isinstance(value, list) or isinstance(value, bool) or not math.isfinite(value):
-            raise ReplyError(f"metric '{key}'={value!r} is not a finite number")
-        metrics[key] = float(value)
-    if metrics.get("radius", 0.0) < 0:
-        raise ReplyError(f"radius={metrics['radius']} is negative")
-    if "eps" in metrics and not 0.0 <= metrics["eps"] <= 1.0:
-        raise ReplyError(f"eps={metrics['eps']} is outside [0, 1]")
-    if not 0.0 <= metrics["local-val-accuracy"] <= 1.0:
-        raise ReplyError(f"local-val-accuracy={metrics['local-val-accuracy']} is outside [0, 1]")
-    for key in ("num-train-examples", "num-val-examples"):
-        if metrics[key] < 1 or not float(metrics[key]).is_integer():
-            raise ReplyError(f"{key}={metrics[key]} must be a positive integer")
-    return metrics
 
 
 IDENTITY_KEY = "identity"
@@ -319,16 +177,6 @@ IDENTITY_OPTIONAL_METRICS = ("num-test-examples",)
 STATS_KEY = "stats"
 
 
-@dataclass
-class Identity:
-    """A node's answer to the identity query, checked."""
-
-    name: str
-    source: str
-    counts: dict[str, int]
-    labels: list[str] = field(default_factory=list)  # class names the node holds
-    stats: tuple[int, np.ndarray, np.ndarray] | None = None  # (n, sum, sum of squares)
-    num_test: int = 0
 
 
 def encode_identity(name: str, source: str, *, num_features: int, num_classes: int,
@@ -362,59 +210,8 @@ def encode_identity_error(name: str, source: str, error: str) -> RecordDict:
                                                    "error": error})})
 
 
-def decode_identity_full(content: RecordDict) -> Identity:
-    """Validate a ``query`` reply.
-
-    Raises
-    ------
-    ReplyError
-        The node reported an error about its data (``node_name`` set), or missing
-        records or keys, an empty name, counts that are not positive integers, or
-        statistics of the wrong shape or not finite.
-    """
-    record = content.config_records.get(IDENTITY_KEY)
-    if record is None or not isinstance(record.get("node-name"), str) or not record["node-name"]:
-        raise ReplyError(f"identity reply lacks a '{IDENTITY_KEY}' ConfigRecord with a non-empty "
-                         "'node-name'")
-    name = str(record["node-name"])
-    if record.get("error"):
-        raise ReplyError(str(record["error"]), node_name=name)
-    metrics = content.metric_records.get(METRICS_KEY)
-    keys = set(metrics.keys()) if metrics is not None else set()
-    if metrics is None or not set(IDENTITY_METRIC_KEYS) <= keys <= \
-            set(IDENTITY_METRIC_KEYS) | set(IDENTITY_OPTIONAL_METRICS):
-        raise ReplyError(f"identity reply '{METRICS_KEY}' must hold exactly "
-                         f"{', '.join(IDENTITY_METRIC_KEYS)}", node_name=name)
-    counts = {}
-    for key in IDENTITY_METRIC_KEYS:
-        value = metrics[key]
-        if isinstance(value, (list, bool)) or not float(value).is_integer() or value < 1:
-            raise ReplyError(f"identity reply: {key}={value!r} must be a positive integer",
-                             node_name=name)
-        counts[key] = int(value)
-    labels = [str(v) for v in record.get("labels", [])] if isinstance(record.get("labels", []), list) else []
-    stats = None
-    if STATS_KEY in content.array_records:
-        arrays = content.array_records[STATS_KEY]
-        try:
-            total, squares = (np.asarray(arrays[k].numpy(), dtype=np.float64) for k in ("sum", "sumsq"))
-        except Exception as exc:  # noqa: BLE001 - any decode failure is a bad reply
-            raise ReplyError(f"identity reply: '{STATS_KEY}' cannot be decoded: {exc}",
-                             node_name=name) from None
-        if total.shape != (counts["num-features"],) or squares.shape != total.shape \
-                or not np.all(np.isfinite(total)) or not np.all(np.isfinite(squares)):
-            raise ReplyError(f"identity reply: '{STATS_KEY}' must hold finite sum and sumsq of "
-                             f"shape ({counts['num-features']},)", node_name=name)
-        stats = (counts["num-train-examples"], total, squares)
-    num_test = int(metrics["num-test-examples"]) if "num-test-examples" in keys else 0
-    return Identity(name, str(record.get("data-source", "")), counts, labels, stats, num_test)
 
 
-def decode_identity(content: RecordDict) -> tuple[str, str, dict[str, int]]:
-    """Validate a ``query`` reply: ``(node name, data source, counts)``
-    (:func:`decode_identity_full` has the labels and statistics too)."""
-    identity = decode_identity_full(content)
-    return identity.name, identity.source, identity.counts
 
 
 def content_bytes(content: RecordDict) -> int:

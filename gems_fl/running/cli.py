@@ -25,10 +25,11 @@ def version_text() -> str:
 
 
 def settings_epilog(width: int = 100) -> str:
-    """Every run setting with its default and meaning (the README table's source)."""
+    """Every run setting with its default and meaning (from the declarations in
+    :mod:`gems_fl.settings`, like the README table)."""
     import json
 
-    from gems_fl.running.settings_help import meaning
+    from gems_fl.settings import meaning
 
     lines = ["run settings (--run-config \"key=value ...\"; quote text values: "
              "\"dataset='fashion-mnist'\"):"]

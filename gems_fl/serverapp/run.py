@@ -59,12 +59,9 @@ from gems_fl.learning.models import (
 from gems_fl.learning.train import set_default_device
 from gems_fl.protocol.layerwise import LayerwiseGEMS
 from gems_fl.protocol.roster import Roster, identify_nodes
-from gems_fl.protocol.strategy import (
-    GEMS,
-    ConvexOutcome,
-    NotEnoughRepliesError,
-    dedupe_rejections,
-)
+from gems_fl.protocol.base import ConvexOutcome
+from gems_fl.protocol.replies import NotEnoughRepliesError, dedupe_rejections
+from gems_fl.protocol.strategy import GEMS
 from gems_fl.protocol.verify import GEMS_KEY, Verification, verify_on_nodes
 from gems_fl.serverapp.preflight import preflight
 from gems_fl.settings import Settings, SettingsError
@@ -306,7 +303,7 @@ def run_server(grid: Grid, context: Context) -> dict[str, Any]:
     t_verify = time.perf_counter()
     accepted_ids = [r.node_id for r in run.outcome.accepted]
     verification = verify_on_nodes(grid, accepted_ids, roster.names,
-                                   {**settings.to_config(), **_extra_config(roster)},
+                                   {**settings.for_nodes(), **_extra_config(roster)},
                                    run.node_models, settings.round_timeout)
     timing["verify"] = time.perf_counter() - t_verify
     t_base = time.perf_counter()

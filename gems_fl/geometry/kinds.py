@@ -1,0 +1,279 @@
+"""The registry of space kinds: what each kind of good-enough space is, how a node finds
+one for a linear layer, and how the server picks ``h_G`` among them.
+
+Every place that depends on the kind (the node's search, the wire format's extra
+record, the server's aggregation, the results' wording) dispatches through
+:func:`space_kind`; nothing else compares kind names. Each kind declares the units its
+radius is measured in and its own default upper bound for the radius bisection.
+
+=============  =============================================  =======================
+kind           space                                          radius units
+=============  =============================================  =======================
+``ball``       ``||w - w_k|| <= R`` (the paper)               parameter norm
+``ellipsoid``  ``||(w - w_k) / a|| <= R``, Fisher axes ``a``  axis-scaled param. norm
+``gram``       ``tr((W - W_k) G_k (W - W_k)^T) <= rho^2``     RMS logit change
+=============  =============================================  =======================
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from gems_fl.geometry._checks import check_option
+from gems_fl.geometry.certify import certified_gram_radius, certified_radius
+from gems_fl.geometry.choices import (
+    ELLIPSOID_FLOORS,
+    GRAM_POINTS,
+    GRAM_WEIGHTINGS,
+    NO_INTERSECTION_FALLBACKS,
+    SPACE_KINDS,
+    SPACE_R_MAX,
+)
+from gems_fl.geometry.fisher import diagonal_fisher, fisher_axes
+from gems_fl.geometry.gram import from_factor, gram_matrix, low_rank_factor
+from gems_fl.geometry.gram_merge import aggregate_gram
+from gems_fl.geometry.gram_search import search_gram_radius
+from gems_fl.geometry.intersect import IntersectionResult, find_intersection
+from gems_fl.geometry.radius import search_radius
+from gems_fl.geometry.spaces import GramSpace, Space
+
+__all__ = ["AggregateOptions", "LayerSpace", "SpaceKind", "SpaceOptions", "space_kind"]
+
+
+@dataclass(frozen=True)
+class SpaceOptions:
+    """How a node finds the good-enough space of a linear layer.
+
+    Parameters
+    ----------
+    kind : str
+        ``"gram"`` (default), ``"ball"`` or ``"ellipsoid"``.
+    eps : float
+        Minimum validation accuracy of a good-enough model, in ``[0, 1]``.
+    num_directions : int
+        ``p``, surface samples per tested radius.
+    r_max : float
+        Upper end of the radius bisection in the kind's units; 0: the kind's own bound.
+    delta : float
+        Width at which the bisection stops.
+    ellipsoid_c, ellipsoid_floor
+        ``ellipsoid`` only: shortest relative axis and the Fisher floor rule.
+    gram_rank : int
+        ``gram`` only: 0 keeps the full Gram matrix, ``r > 0`` its rank-r factor.
+    """
+
+    kind: str = "gram"
+    eps: float = 0.4
+    num_directions: int = 500
+    r_max: float = 0.0
+    delta: float = 0.01
+    ellipsoid_c: float = 0.1
+    ellipsoid_floor: str = "quantile"
+    gram_rank: int = 0
+
+    def __post_init__(self) -> None:
+        check_option(self.kind, "kind", SPACE_KINDS)
+        check_option(self.ellipsoid_floor, "ellipsoid_floor", ELLIPSOID_FLOORS)
+
+    @classmethod
+    def from_settings(cls, settings: object) -> "SpaceOptions":
+        """From run settings (``space`` is the kind; the other fields by name)."""
+        names = [n for n in cls.__dataclass_fields__ if n != "kind"]
+        return cls(kind=settings.space, **{n: getattr(settings, n) for n in names})
+
+    @property
+    def bound(self) -> float:
+        """The bisection's upper end: ``r_max``, or the kind's own bound when 0."""
+        return self.r_max or space_kind(self.kind).r_max
+
+
+@dataclass(frozen=True)
+class AggregateOptions:
+    """How the server picks ``h_G`` among the accepted spaces of one linear layer.
+
+    ``no_intersection`` and ``seed`` serve balls and ellipsoids (the fallback when they
+    share no point); ``gram_weighting``, ``gram_ridge`` and ``gram_point`` the Gram
+    center (see :func:`gems_fl.geometry.gram_merge.aggregate_gram`).
+    """
+
+    kind: str = "gram"
+    no_intersection: str = "min-penalty"
+    seed: int = 0
+    gram_weighting: str = "samples"
+    gram_ridge: float = 1e-6
+    gram_point: str = "closed-form"
+
+    def __post_init__(self) -> None:
+        check_option(self.kind, "kind", SPACE_KINDS)
+        check_option(self.no_intersection, "no_intersection", NO_INTERSECTION_FALLBACKS)
+        check_option(self.gram_weighting, "gram_weighting", GRAM_WEIGHTINGS)
+        check_option(self.gram_point, "gram_point", GRAM_POINTS)
+
+    @classmethod
+    def from_settings(cls, settings: object) -> "AggregateOptions":
+        names = [n for n in cls.__dataclass_fields__ if n != "kind"]
+        return cls(kind=settings.space, **{n: getattr(settings, n) for n in names})
+
+
+@dataclass
+class LayerSpace:
+    """A linear layer's good-enough space and how it was found."""
+
+    space: Space | GramSpace
+    certified_radius: float
+    center_accuracy: float
+    factor: np.ndarray | None = None  # the rank-r factor of G sent instead of G
+
+
+class SpaceKind:
+    """One kind of good-enough space (subclasses below; one instance each)."""
+
+    name: str
+    units: str  # what a radius of this kind measures
+    r_max: float  # default upper end of the radius bisection, in those units
+    extra_record: str | None = None  # the wire record sent beside the center, if any
+    needs_train_inputs = False  # whether build() reads the training inputs
+
+    def build(self, center: np.ndarray, train_inputs: np.ndarray | None,
+              val_inputs: np.ndarray, y_val: np.ndarray, options: SpaceOptions,
+              seed: int) -> LayerSpace:
+        raise NotImplementedError
+
+    def make(self, center: np.ndarray, radius: float, certified: float,
+             extra: np.ndarray | None) -> Space | GramSpace:
+        """The space from what a reply carries (``extra``: this kind's extra record)."""
+        raise NotImplementedError
+
+    def aggregate(self, spaces: Sequence, num_train: Sequence[float],
+                  options: AggregateOptions) -> IntersectionResult:
+        """The verified intersection (Dykstra, then the ``no-intersection`` fallback)."""
+        return find_intersection(list(spaces), fallback=options.no_intersection,
+                                 seed=options.seed)
+
+    def report(self, result: IntersectionResult, options: AggregateOptions) -> str:
+        """The server's log line on the aggregation."""
+        n = len(result.inside)
+        if result.found:
+            return f"Intersection found ({result.method}): h_G lies in all {n} spaces"
+        return (f"NO INTERSECTION of the {n} spaces; fallback '{result.method}' used; h_G "
+                f"misses {sum(not i for i in result.inside)} space(s), total miss "
+                f"{result.objective:.4g}")
+
+    def where(self, found: bool, method: str, inside: list[bool]) -> str:
+        """Where ``h_G`` ended up, in words (the results' note)."""
+        if found:
+            return "h_G inside every space (verified intersection)"
+        return f"NO INTERSECTION: fallback '{method}'"
+
+
+class _Parameter(SpaceKind):
+    """The paper's parameter-space spaces: the batched bisection over random directions."""
+
+    units = "parameter norm"
+
+    @property
+    def r_max(self) -> float:
+        return SPACE_R_MAX[self.name]
+
+    def _axes(self, center: np.ndarray, val_inputs: np.ndarray,
+              options: SpaceOptions) -> np.ndarray | None:
+        return None
+
+    def build(self, center, train_inputs, val_inputs, y_val, options, seed) -> LayerSpace:
+        center = np.asarray(center, dtype=np.float64)
+        axes = self._axes(center, val_inputs, options)
+        search = search_radius(center, val_inputs, y_val, eps=options.eps,
+                               num_directions=options.num_directions, r_max=options.bound,
+                               delta=options.delta, seed=seed, axes=axes)
+        cert = certified_radius(center, val_inputs, y_val, options.eps, axes)
+        return LayerSpace(Space(center.reshape(-1), search.radius, axes), cert,
+                          search.center_accuracy)
+
+    def make(self, center, radius, certified, extra) -> Space:
+        return Space(center=center, radius=radius, axes=extra)
+
+
+class Ball(_Parameter):
+    name = "ball"
+
+
+class Ellipsoid(_Parameter):
+    name = "ellipsoid"
+    units = "axis-scaled parameter norm"
+    extra_record = "axes"
+
+    def _axes(self, center, val_inputs, options) -> np.ndarray:
+        return fisher_axes(diagonal_fisher(center, val_inputs), options.ellipsoid_c,
+                           options.ellipsoid_floor)
+
+
+class Gram(SpaceKind):
+    name = "gram"
+    units = "RMS logit change"
+    r_max = SPACE_R_MAX["gram"]  # gram_search.DEFAULT_R_MAX (100) is the library call's
+    extra_record = "gram"
+    needs_train_inputs = True
+
+    def build(self, center, train_inputs, val_inputs, y_val, options, seed) -> LayerSpace:
+        center = np.asarray(center, dtype=np.float64)
+        gram = gram_matrix(train_inputs)
+        factor = None
+        if options.gram_rank > 0:
+            factor = low_rank_factor(gram, min(options.gram_rank, gram.shape[0]))
+            gram = from_factor(factor)  # the node's space is the one the server will hold
+        search = search_gram_radius(center, gram, val_inputs, y_val, eps=options.eps,
+                                    num_directions=options.num_directions,
+                                    r_max=options.bound, delta=options.delta, seed=seed)
+        cert = certified_gram_radius(center, gram, val_inputs, y_val, options.eps)
+        return LayerSpace(GramSpace(center.reshape(-1), gram, search.radius, cert), cert,
+                          search.center_accuracy, factor)
+
+    def make(self, center, radius, certified, extra) -> GramSpace:
+        return GramSpace(center, extra, radius, certified)
+
+    def aggregate(self, spaces, num_train, options) -> IntersectionResult:
+        return aggregate_gram(list(spaces), list(num_train), weighting=options.gram_weighting,
+                              ridge=options.gram_ridge, point=options.gram_point)
+
+    def report(self, result: IntersectionResult, options: AggregateOptions) -> str:
+        details = result.details
+        shared = ""
+        if "spaces_share_a_point" in details:
+            verdict = details["spaces_share_a_point"]
+            # None: the minimax search ran out of iterations inside its bracket
+            text = ("may or may not share" if verdict is None else
+                    "share" if verdict else "do not share")
+            shared = (f"; the spaces {text} a point (minimax scaled distance between "
+                      f"{details['minimax_lower_bound']:.3g} and "
+                      f"{details['minimax_scaled_distance']:.3g})")
+        return (f"Gram center ({result.method}, weights by {options.gram_weighting}): h_G "
+                f"inside {sum(result.inside)} of {len(result.inside)} spaces{shared}")
+
+    def where(self, found, method, inside) -> str:
+        return f"h_G ({method}) inside {sum(inside)} of {len(inside)} Gram spaces"
+
+
+_KINDS: dict[str, SpaceKind] = {k.name: k for k in (Ball(), Ellipsoid(), Gram())}
+assert tuple(sorted(_KINDS)) == tuple(sorted(SPACE_KINDS)), "choices.SPACE_KINDS is the registry's names"
+
+
+def space_kind(name: str) -> SpaceKind:
+    """The registered kind called ``name`` (``ValueError`` naming the known ones)."""
+    try:
+        return _KINDS[name]
+    except KeyError:
+        raise ValueError(f"space kind {name!r} is not one of {', '.join(_KINDS)}") from None
+
+
+def build_layer_space(center: np.ndarray, train_inputs: np.ndarray | None,
+                      val_inputs: np.ndarray, y_val: np.ndarray, options: SpaceOptions,
+                      seed: int) -> LayerSpace:
+    """The good-enough space of the ``(C, n)`` layer ``center`` (bias last) on the node's
+    inputs to that layer: ``train_inputs`` for a Gram matrix (``None`` for the other
+    kinds), ``val_inputs`` ``(N, n - 1)`` and ``y_val`` ``(N,)`` for the radius search
+    and the certified radius."""
+    return space_kind(options.kind).build(center, train_inputs, val_inputs, y_val, options,
+                                          seed)

@@ -1,0 +1,379 @@
+"""Every reply the server receives, checked before any of it is used.
+
+The decoders (:func:`decode_reply`, :func:`decode_neuron_reply`,
+:func:`decode_identity_full`) turn one reply's records into spaces, arrays and counts,
+or raise :class:`ReplyError` saying what is wrong with it. :func:`validate_replies`
+runs a decoder over a round's replies, rejects the bad and the missing with a log line
+naming the node, and returns the rest in a canonical order; both strategies, the
+identity round and the evaluate round use it. The record layout is in
+:mod:`gems_fl.protocol.wire`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from logging import INFO, WARNING
+from typing import Any
+
+import numpy as np
+from flwr.app import Message, RecordDict
+from flwr.common.constant import ErrorCode
+from flwr.common.logger import log
+
+from gems_fl.geometry.gram import check_gram, from_factor, unpack_triangle
+from gems_fl.geometry.kinds import space_kind
+from gems_fl.geometry.spaces import GramSpace, Space
+from gems_fl.learning.models import state_to_vector
+from gems_fl.naming import describe_node, describe_nodes
+from gems_fl.protocol.wire import (
+    AXES_KEY,
+    CENTER_KEY,
+    GRAM_KEY,
+    IDENTITY_KEY,
+    IDENTITY_METRIC_KEYS,
+    IDENTITY_OPTIONAL_METRICS,
+    METRIC_KEYS,
+    METRICS_KEY,
+    NEURON_METRIC_KEYS,
+    NEURONS_KEY,
+    STATS_KEY,
+)
+
+
+class ReplyError(ValueError):
+    """A client reply that the server cannot use; the message says why.
+
+    ``node_name`` is set when the reply itself said who sent it (the identity round),
+    so the rejection can name a node the server does not know yet.
+    """
+
+    def __init__(self, message: str, node_name: str | None = None) -> None:
+        super().__init__(message)
+        self.node_name = node_name
+
+
+class NotEnoughRepliesError(RuntimeError):
+    """Fewer valid replies than ``min-replies``: no aggregate can be formed."""
+
+
+def decode_reply(
+    content: RecordDict, shapes: dict[str, tuple[int, ...]], kind: str, gram_rank: int = 0,
+) -> tuple[Space | GramSpace, dict[str, float]]:
+    """Validate a reply and turn it into a space of ``kind`` plus its metrics.
+
+    The kind (:func:`gems_fl.geometry.kinds.space_kind`) says which record it sends
+    beside the center (``axes``, ``gram`` or none); :data:`_EXTRA_READERS` reads it.
+
+    Raises
+    ------
+    ReplyError
+        Missing or extra records/keys, a shape that does not match the model, a
+        non-finite value, a negative radius, non-positive axes, or a Gram matrix that
+        is not symmetric positive semi-definite.
+    """
+    space_type = space_kind(kind)
+    extra_key = space_type.extra_record
+    expected = {CENTER_KEY, METRICS_KEY} | ({extra_key} if extra_key else set())
+    present = set(content.keys())
+    if present != expected:
+        missing, extra = sorted(expected - present), sorted(present - expected)
+        raise ReplyError(f"reply records {sorted(present)}: missing {missing}, unexpected {extra}")
+    center = _read_state(content, CENTER_KEY, shapes)
+    metrics = _read_metrics(content)
+    extra_value = (_EXTRA_READERS[extra_key](content, shapes, gram_rank)
+                   if extra_key else None)
+    certified = metrics["certified-radius"]
+    space = space_type.make(state_to_vector(center), metrics["radius"],
+                            math.inf if certified < 0 else certified, extra_value)
+    return space, metrics
+
+
+def _read_axes(content: RecordDict, shapes: dict[str, tuple[int, ...]], rank: int) -> np.ndarray:
+    """Relative ellipsoid axes, shaped like the model, all positive: as one vector."""
+    axes = state_to_vector(_read_state(content, AXES_KEY, shapes))
+    if np.any(axes <= 0):
+        raise ReplyError("'axes' has entries <= 0; relative axes must be positive")
+    return axes
+
+
+def _read_gram_record(content: RecordDict, shapes: dict[str, tuple[int, ...]],
+                      rank: int) -> np.ndarray:
+    return _read_gram(content, int(shapes["weight"][1]) + 1, rank)
+
+
+def _read_gram(content: RecordDict, n: int, rank: int) -> np.ndarray:
+    """The Gram matrix of a reply, checked: finite, the right shape, symmetric, PSD."""
+    record = content.array_records.get(GRAM_KEY)
+    if record is None:
+        raise ReplyError(f"'{GRAM_KEY}' is not an ArrayRecord")
+    key = "factor" if rank > 0 else "triangle"
+    if set(record.keys()) != {key}:
+        raise ReplyError(f"'{GRAM_KEY}' holds {sorted(record.keys())}, expected ['{key}'] "
+                         f"(gram-rank={rank})")
+    try:
+        arr = np.asarray(record[key].numpy(), dtype=np.float64)
+    except Exception as exc:  # noqa: BLE001 - any decode failure is a bad reply
+        raise ReplyError(f"'{GRAM_KEY}.{key}' cannot be decoded: {exc}") from exc
+    if not np.all(np.isfinite(arr)):
+        raise ReplyError(f"'{GRAM_KEY}.{key}' contains NaN or infinite values")
+    try:
+        if rank > 0:
+            expected = (n, min(rank, n))
+            if arr.shape != expected:
+                raise ValueError(f"factor has shape {arr.shape}, expected {expected}")
+            gram = from_factor(arr)
+        else:
+            if arr.shape != (n * (n + 1) // 2,):
+                raise ValueError(f"triangle has shape {arr.shape}, expected ({n * (n + 1) // 2},) "
+                                 f"for a {n} x {n} matrix")
+            gram = unpack_triangle(arr, n)
+        check_gram(gram, n)
+    except ValueError as exc:
+        raise ReplyError(f"'{GRAM_KEY}': {exc}") from None
+    return gram
+
+
+def _read_state(content: RecordDict, key: str, shapes: dict[str, tuple[int, ...]]) -> dict[str, np.ndarray]:
+    record = content.array_records.get(key)
+    if record is None:
+        raise ReplyError(f"'{key}' is not an ArrayRecord")
+    if set(record.keys()) != set(shapes):
+        raise ReplyError(f"'{key}' holds arrays {sorted(record.keys())}, expected {sorted(shapes)}")
+    state = {}
+    for name, shape in shapes.items():
+        try:
+            arr = record[name].numpy()
+        except Exception as exc:  # noqa: BLE001 - any decode failure is a bad reply
+            raise ReplyError(f"'{key}.{name}' cannot be decoded as a numpy array: {exc}") from exc
+        if tuple(arr.shape) != tuple(shape):
+            raise ReplyError(f"'{key}.{name}' has shape {tuple(arr.shape)}, expected {tuple(shape)}")
+        if not np.issubdtype(arr.dtype, np.floating):
+            raise ReplyError(f"'{key}.{name}' has dtype {arr.dtype}, expected a float type")
+        if not np.all(np.isfinite(arr)):
+            raise ReplyError(f"'{key}.{name}' contains NaN or infinite values")
+        state[name] = arr
+    return state
+
+
+def _read_metrics(content: RecordDict, keys: tuple[str, ...] = METRIC_KEYS) -> dict[str, float]:
+    record = content.metric_records.get(METRICS_KEY)
+    if record is None:
+        raise ReplyError(f"'{METRICS_KEY}' is not a MetricRecord")
+    if set(record.keys()) != set(keys):
+        missing = sorted(set(keys) - set(record.keys()))
+        extra = sorted(set(record.keys()) - set(keys))
+        raise ReplyError(f"'{METRICS_KEY}' keys: missing {missing}, unexpected {extra}")
+    metrics = {}
+    for key in keys:
+        value = record[key]
+        if isinstance(value, list) or isinstance(value, bool) or not math.isfinite(value):
+            raise ReplyError(f"metric '{key}'={value!r} is not a finite number")
+        metrics[key] = float(value)
+    if metrics.get("radius", 0.0) < 0:
+        raise ReplyError(f"radius={metrics['radius']} is negative")
+    if "eps" in metrics and not 0.0 <= metrics["eps"] <= 1.0:
+        raise ReplyError(f"eps={metrics['eps']} is outside [0, 1]")
+    if not 0.0 <= metrics["local-val-accuracy"] <= 1.0:
+        raise ReplyError(f"local-val-accuracy={metrics['local-val-accuracy']} is outside [0, 1]")
+    for key in ("num-train-examples", "num-val-examples"):
+        if metrics[key] < 1 or not float(metrics[key]).is_integer():
+            raise ReplyError(f"{key}={metrics[key]} must be a positive integer")
+    return metrics
+
+
+def decode_neuron_reply(
+    content: RecordDict, width: int, fan_in: int
+) -> tuple[np.ndarray, np.ndarray, dict[str, float]]:
+    """Validate a layer-wise reply: ``(centers (width, fan_in + 1), radii, metrics)``."""
+    expected = {NEURONS_KEY, METRICS_KEY}
+    present = set(content.keys())
+    if present != expected:
+        raise ReplyError(f"reply records {sorted(present)}: missing {sorted(expected - present)}, "
+                         f"unexpected {sorted(present - expected)}")
+    shapes = {"weight": (width, fan_in), "bias": (width,), "radius": (width,)}
+    state = _read_state(content, NEURONS_KEY, shapes)
+    if np.any(state["radius"] < 0):
+        raise ReplyError("'neurons.radius' has negative entries")
+    metrics = _read_metrics(content, NEURON_METRIC_KEYS)
+    centers = np.concatenate([state["weight"], state["bias"][:, None]], axis=1).astype(np.float64)
+    return centers, state["radius"].astype(np.float64), metrics
+
+
+@dataclass
+class Identity:
+    """A node's answer to the identity query, checked."""
+
+    name: str
+    source: str
+    counts: dict[str, int]
+    labels: list[str] = field(default_factory=list)  # class names the node holds
+    stats: tuple[int, np.ndarray, np.ndarray] | None = None  # (n, sum, sum of squares)
+    num_test: int = 0
+
+
+def decode_identity_full(content: RecordDict) -> Identity:
+    """Validate a ``query`` reply.
+
+    Raises
+    ------
+    ReplyError
+        The node reported an error about its data (``node_name`` set), or missing
+        records or keys, an empty name, counts that are not positive integers, or
+        statistics of the wrong shape or not finite.
+    """
+    record = content.config_records.get(IDENTITY_KEY)
+    if record is None or not isinstance(record.get("node-name"), str) or not record["node-name"]:
+        raise ReplyError(f"identity reply lacks a '{IDENTITY_KEY}' ConfigRecord with a non-empty "
+                         "'node-name'")
+    name = str(record["node-name"])
+    if record.get("error"):
+        raise ReplyError(str(record["error"]), node_name=name)
+    metrics = content.metric_records.get(METRICS_KEY)
+    keys = set(metrics.keys()) if metrics is not None else set()
+    if metrics is None or not set(IDENTITY_METRIC_KEYS) <= keys <= \
+            set(IDENTITY_METRIC_KEYS) | set(IDENTITY_OPTIONAL_METRICS):
+        raise ReplyError(f"identity reply '{METRICS_KEY}' must hold exactly "
+                         f"{', '.join(IDENTITY_METRIC_KEYS)}", node_name=name)
+    counts = {}
+    for key in IDENTITY_METRIC_KEYS:
+        value = metrics[key]
+        if isinstance(value, (list, bool)) or not float(value).is_integer() or value < 1:
+            raise ReplyError(f"identity reply: {key}={value!r} must be a positive integer",
+                             node_name=name)
+        counts[key] = int(value)
+    labels = [str(v) for v in record.get("labels", [])] if isinstance(record.get("labels", []), list) else []
+    stats = None
+    if STATS_KEY in content.array_records:
+        arrays = content.array_records[STATS_KEY]
+        try:
+            total, squares = (np.asarray(arrays[k].numpy(), dtype=np.float64) for k in ("sum", "sumsq"))
+        except Exception as exc:  # noqa: BLE001 - any decode failure is a bad reply
+            raise ReplyError(f"identity reply: '{STATS_KEY}' cannot be decoded: {exc}",
+                             node_name=name) from None
+        if total.shape != (counts["num-features"],) or squares.shape != total.shape \
+                or not np.all(np.isfinite(total)) or not np.all(np.isfinite(squares)):
+            raise ReplyError(f"identity reply: '{STATS_KEY}' must hold finite sum and sumsq of "
+                             f"shape ({counts['num-features']},)", node_name=name)
+        stats = (counts["num-train-examples"], total, squares)
+    num_test = int(metrics["num-test-examples"]) if "num-test-examples" in keys else 0
+    return Identity(name, str(record.get("data-source", "")), counts, labels, stats, num_test)
+
+
+def decode_identity(content: RecordDict) -> tuple[str, str, dict[str, int]]:
+    """Validate a ``query`` reply: ``(node name, data source, counts)``
+    (:func:`decode_identity_full` has the labels and statistics too)."""
+    identity = decode_identity_full(content)
+    return identity.name, identity.source, identity.counts
+
+
+def validate_replies(
+    replies: Iterable[Message],
+    sent_to: Iterable[int],
+    decode: Callable[[RecordDict], tuple[Any, ...]],
+    log_prefix: str = "",
+    names: Mapping[int, str] | None = None,
+    messages: Iterable[Message] | None = None,
+) -> tuple[list[tuple[int, tuple[Any, ...]]], list[dict[str, object]]]:
+    """Decode every reply; reject the bad and the missing with a log line naming the node.
+
+    ``decode`` raises :class:`gems_fl.protocol.ReplyError` for a bad reply; its result's
+    first item is a :class:`Space` or an array. Accepted replies come back as
+    ``(node_id, decoded)`` in a canonical order (a hash of that first item), not by
+    random node id or arrival, so the aggregate and every number stay reproducible.
+    ``names`` maps node ids to the nodes' stable names (their node config's
+    ``node-name``) for the log lines and the rejection records.
+
+    ``messages`` (the messages sent, their ids set by the Grid) maps each reply to the
+    node it answers for: an error the SuperLink itself returns for a dead node (Flower's
+    ``NODE_UNAVAILABLE``, sent from the SuperLink's own id) is recorded against that
+    node. Each node gets at most one rejection entry.
+    """
+    names = names or {}
+    by_message = {m.metadata.message_id: m.metadata.dst_node_id for m in messages or []
+                  if m.metadata.message_id}
+    accepted: list[tuple[int, tuple[Any, ...]]] = []
+    rejected: list[dict[str, object]] = []
+    seen: set[int] = set()
+    sent_to = list(sent_to)
+    for reply in replies:
+        node_id = reply_node(reply, by_message)
+        if node_id in seen:
+            continue
+        seen.add(node_id)
+        try:
+            if reply.has_error():
+                raise ReplyError(error_reason(reply))
+            accepted.append((node_id, decode(reply.content)))
+        except ReplyError as exc:
+            entry = _rejection(node_id, names, str(exc))
+            if exc.node_name and "node_name" not in entry:
+                entry["node_name"] = exc.node_name
+            log(WARNING, "%sRejected reply from node %s: %s", log_prefix,
+                describe_node(node_id, {node_id: str(entry["node_name"])}
+                              if "node_name" in entry else names), exc)
+            rejected.append(entry)
+    for node_id in sent_to:
+        if node_id not in seen:
+            log(WARNING, "%sNo reply from node %s (timed out or lost)", log_prefix,
+                describe_node(node_id, names))
+            rejected.append(_rejection(node_id, names, "no reply"))
+    accepted.sort(key=lambda item: _canonical_key(item[1][0]))
+    log(INFO, "%sReplies from %d of %d nodes: accepted %s; rejected or missing %s", log_prefix,
+        len(accepted), len(sent_to), describe_nodes([n for n, _ in accepted], names),
+        ", ".join(describe_node(int(r["node_id"]), names) for r in rejected) or "none")
+    return accepted, rejected
+
+
+def reply_node(reply: Message, by_message: Mapping[str, int]) -> int:
+    """The node a reply answers for: the destination of the message it replies to (the
+    SuperLink answers for a dead node from its own id), else its source."""
+    return int(by_message.get(reply.metadata.reply_to_message_id, reply.metadata.src_node_id))
+
+
+def error_reason(reply: Message) -> str:
+    """A reply's error in words; Flower's NODE_UNAVAILABLE says what it means here."""
+    if reply.error.code == ErrorCode.NODE_UNAVAILABLE:
+        return ("node unavailable: the SuperLink got no heartbeat from it (SuperNode stopped "
+                "or disconnected)")
+    return f"client error {reply.error.code}: {reply.error.reason}"
+
+
+def dedupe_rejections(entries: Iterable[dict[str, object]]) -> list[dict[str, object]]:
+    """One entry per node (the first), so a node is never counted twice."""
+    out: list[dict[str, object]] = []
+    seen: set[int] = set()
+    for entry in entries:
+        node_id = int(entry["node_id"])
+        if node_id in seen:
+            continue
+        seen.add(node_id)
+        out.append(entry)
+    return out
+
+
+
+
+
+
+
+
+def _rejection(node_id: int, names: Mapping[int, str], reason: str) -> dict[str, object]:
+    entry: dict[str, object] = {"node_id": node_id, "reason": reason}
+    if node_id in names:
+        entry["node_name"] = names[node_id]
+    return entry
+
+
+def _canonical_key(first: Any) -> str:
+    array = first.center if isinstance(first, (Space, GramSpace)) else np.asarray(first)
+    return hashlib.sha256(np.ascontiguousarray(array).tobytes()).hexdigest()
+
+
+# How the wire format reads each kind's extra record (:attr:`SpaceKind.extra_record`).
+_EXTRA_READERS: dict[str, Callable[[RecordDict, dict[str, tuple[int, ...]], int], np.ndarray]] = {
+    AXES_KEY: _read_axes,
+    GRAM_KEY: _read_gram_record,
+}

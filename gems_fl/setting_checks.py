@@ -1,0 +1,114 @@
+"""The constraints a run setting can declare, and the setting declaration itself.
+
+Each setting of :class:`gems_fl.settings.Settings` is one :func:`setting` call: its
+default (which fixes its type), its meaning (the README's "Settings" table and
+``gems-fl run --help`` are generated from it), its constraint, and whether nodes need
+it. A constraint is a callable ``check(key, value)`` that raises
+:class:`SettingsError` with a message naming the key and saying what is allowed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Collection
+from dataclasses import Field, field
+from typing import Any
+
+Check = Callable[[str, Any], None]
+
+
+class SettingsError(ValueError):
+    """A run setting has an invalid value; the message names the key."""
+
+
+def setting(default: Any, meaning: str, check: Check | None = None, *, node: bool = False) -> Any:
+    """Declare one run setting (a dataclass field with its description as metadata).
+
+    ``meaning`` is the README table's text (backticks for code); settings that share
+    one README row (``hidden`` and ``dropout``) pass the same text and sit side by side.
+    ``node=True``: node code reads it, so it travels to the nodes in every message;
+    the others stay on the server.
+    """
+    return field(default=default, metadata={"meaning": meaning, "check": check, "node": node})
+
+
+def key_of(f: Field) -> str:
+    """A field's ``pyproject.toml`` key (``r_max`` -> ``r-max``)."""
+    return f.name.replace("_", "-")
+
+
+def one_of(choices: Collection[str]) -> Check:
+    """The value must be one of ``choices``."""
+    def check(key: str, value: Any) -> None:
+        if value not in choices:
+            raise SettingsError(f"{key}={value!r} is not one of {', '.join(choices)}")
+    return check
+
+
+def positive(key: str, value: Any) -> None:
+    """The value must be > 0."""
+    if not value > 0:
+        raise SettingsError(f"{key}={value!r} must be > 0")
+
+
+def at_least(low: float, why: str = "") -> Check:
+    """The value must be >= ``low``; ``why`` says what the bound means."""
+    def check(key: str, value: Any) -> None:
+        if value < low:
+            raise SettingsError(f"{key}={value!r} must be >= {low}{f' ({why})' if why else ''}")
+    return check
+
+
+def in_range(low: float, high: float, meaning: str, *, closed: str = "both") -> Check:
+    """``low <= value <= high``; ``closed`` says which ends belong: ``both``, ``left``
+    (``low <= value < high``) or ``right`` (``low < value <= high``)."""
+    left, right = closed in ("both", "left"), closed in ("both", "right")
+    bounds = f"{'[' if left else '('}{low}, {high}{']' if right else ')'}"
+
+    def check(key: str, value: Any) -> None:
+        above = value >= low if left else value > low
+        below = value <= high if right else value < high
+        if not (above and below):
+            raise SettingsError(f"{key}={value!r} must be in {bounds}: {meaning}")
+    return check
+
+
+def parses(parse: Callable[[Any], Any]) -> Check:
+    """``parse(value)`` must not raise ``ValueError`` (its message is kept)."""
+    def check(key: str, value: Any) -> None:
+        try:
+            parse(value)
+        except SettingsError:
+            raise
+        except ValueError as exc:
+            raise SettingsError(str(exc)) from None
+    return check
+
+
+def non_empty(message: str) -> Check:
+    """A text value that must not be empty."""
+    def check(key: str, value: Any) -> None:
+        if not str(value).strip():
+            raise SettingsError(message)
+    return check
+
+
+def coerce(key: str, value: Any, default: Any) -> Any:
+    """``value`` as the type of ``default`` (ints are accepted for floats), else an error."""
+    expected = type(default)
+    if expected is bool:
+        if isinstance(value, bool):
+            return value
+    elif expected is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        if isinstance(value, float) and value.is_integer():
+            return int(value)
+    elif expected is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+    elif isinstance(value, str):
+        return value
+    raise SettingsError(
+        f"{key}={value!r} has type {type(value).__name__}, expected "
+        f"{expected.__name__} (like the default {default!r})"
+    )
