@@ -1,0 +1,291 @@
+"""GEMS without Flower: build a node's space, aggregate spaces, check a model, and load a
+finished run's model to predict on new rows.
+
+A notebook needs nothing else::
+
+    from gems_fl.api import node_space, aggregate, check, load_model
+
+    spaces = [node_space(w_k, x_tr, y_tr, x_val, y_val, eps=0.7) for ...]  # one per node
+    merged = aggregate(spaces)             # h_G, and whether it lies in every space
+    check(merged.weights, spaces[0])       # distance, radius, inside
+    model = load_model("gems-results/run-1")
+    model.predict(x_new)                   # class names, with the run's own scaling
+
+A linear layer ``W`` is the ``(C, d + 1)`` matrix ``[weight | bias]``: ``C`` classes,
+``d`` input features, the bias last (what ``torch.nn.Linear`` holds as ``weight`` and
+``bias``). Everything here is numpy in, numpy out; nothing imports ``flwr``.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from gems_fl.geometry.kinds import (
+    AggregateOptions,
+    LayerSpace,
+    SpaceOptions,
+    build_layer_space,
+    space_kind,
+)
+from gems_fl.geometry.spaces import GramSpace, Space
+
+__all__ = ["Aggregate", "Check", "GEMSModel", "NodeSpace", "aggregate", "check", "load_model",
+           "node_space"]
+
+MODEL_FILE = "gems_model.npz"  # what a run writes beside results.json
+RESULTS_FILE = "results.json"
+
+
+@dataclass(frozen=True)
+class NodeSpace:
+    """One node's good-enough space and what it was found from.
+
+    Attributes
+    ----------
+    space : Space or GramSpace
+        The space: ``space.center`` is the node's ``W`` flattened (``C * (d + 1)``),
+        ``space.radius`` its radius in the kind's units.
+    kind : str
+        ``"gram"``, ``"ball"`` or ``"ellipsoid"``.
+    certified_radius : float
+        Closed-form radius within which no model drops below ``eps`` on the node's
+        validation data (``inf`` when ``eps`` is 0).
+    center_accuracy : float
+        The node's own model's validation accuracy.
+    num_train : int
+        The node's training-sample count (its weight in :func:`aggregate`).
+    shape : tuple of int
+        ``(C, d + 1)``, the shape of the node's ``W``.
+    """
+
+    space: Space | GramSpace
+    kind: str
+    certified_radius: float
+    center_accuracy: float
+    num_train: int
+    shape: tuple[int, int]
+
+    @property
+    def weights(self) -> np.ndarray:
+        """The node's ``W``, shape ``(C, d + 1)``."""
+        return self.space.center.reshape(self.shape)
+
+
+@dataclass(frozen=True)
+class Aggregate:
+    """``h_G`` and where it lies.
+
+    Attributes
+    ----------
+    weights : np.ndarray
+        ``h_G`` as ``(C, d + 1)`` ``[weight | bias]``.
+    inside : list of bool
+        Per space, whether ``h_G`` lies in it.
+    found : bool
+        ``h_G`` lies in every space.
+    method : str
+        How ``h_G`` was chosen (``closed-form``, ``shared``, ``dykstra``, a fallback).
+    """
+
+    weights: np.ndarray
+    inside: list[bool]
+    found: bool
+    method: str
+
+
+@dataclass(frozen=True)
+class Check:
+    """A model against one space: ``distance <= radius`` means inside."""
+
+    distance: float
+    radius: float
+    inside: bool
+
+
+def _matrix(name: str, value: np.ndarray, ndim: int) -> np.ndarray:
+    arr = np.asarray(value, dtype=np.float64)
+    if arr.ndim != ndim:
+        raise ValueError(f"{name} must be {ndim}-D; got shape {arr.shape}")
+    if not np.all(np.isfinite(arr)):
+        raise ValueError(f"{name} contains NaN or infinite entries")
+    return arr
+
+
+def node_space(
+    weights: np.ndarray,
+    x_train: np.ndarray,
+    y_train: np.ndarray,
+    x_val: np.ndarray,
+    y_val: np.ndarray,
+    *,
+    kind: str = "gram",
+    eps: float = 0.4,
+    seed: int = 0,
+    num_directions: int = 500,
+    r_max: float = 0.0,
+    delta: float = 0.01,
+    gram_rank: int = 0,
+) -> NodeSpace:
+    """A node's good-enough space around its trained linear model.
+
+    Parameters
+    ----------
+    weights : np.ndarray, shape (C, d + 1)
+        The node's trained model ``[weight | bias]``.
+    x_train : np.ndarray, shape (n, d)
+        The node's training inputs (the Gram matrix of ``kind='gram'``).
+    y_train : np.ndarray, shape (n,)
+        Its training labels in ``[0, C)`` (their count weighs the node in :func:`aggregate`).
+    x_val : np.ndarray, shape (m, d)
+        Validation inputs: the radius keeps accuracy ``>= eps`` on them.
+    y_val : np.ndarray, shape (m,)
+        Validation labels in ``[0, C)``.
+    kind : {"gram", "ball", "ellipsoid"}
+        The kind of space (README "Good-enough spaces").
+    eps : float
+        Minimum validation accuracy of a good-enough model, in ``[0, 1]``.
+    seed, num_directions, r_max, delta, gram_rank
+        The radius search (as the run settings of the same names).
+
+    Returns
+    -------
+    NodeSpace
+    """
+    w = _matrix("weights", weights, 2)
+    xt, xv = _matrix("x_train", x_train, 2), _matrix("x_val", x_val, 2)
+    yt, yv = np.asarray(y_train), np.asarray(y_val)
+    if w.shape[1] != xt.shape[1] + 1 or xv.shape[1] != xt.shape[1]:
+        raise ValueError(f"weights has shape {w.shape}, x_train {xt.shape}, x_val {xv.shape}: "
+                         "weights must be (C, d + 1) for d input features (bias last)")
+    if yt.shape != (len(xt),) or yv.shape != (len(xv),):
+        raise ValueError(f"y_train {yt.shape} / y_val {yv.shape} must hold one label per row "
+                         f"of x_train ({len(xt)}) / x_val ({len(xv)})")
+    options = SpaceOptions(kind=kind, eps=eps, num_directions=num_directions, r_max=r_max,
+                           delta=delta, gram_rank=gram_rank)
+    layer: LayerSpace = build_layer_space(w, xt if space_kind(kind).needs_train_inputs else None,
+                                          xv, yv, options, seed)
+    return NodeSpace(layer.space, kind, layer.certified_radius, layer.center_accuracy, len(yt),
+                     (int(w.shape[0]), int(w.shape[1])))
+
+
+def aggregate(spaces: Sequence[NodeSpace], *, seed: int = 0, no_intersection: str = "min-penalty",
+              gram_weighting: str = "samples", gram_ridge: float = 1e-6,
+              gram_point: str = "closed-form") -> Aggregate:
+    """``h_G`` for the spaces of several nodes (all of one kind and one layer shape).
+
+    Parameters
+    ----------
+    spaces : sequence of NodeSpace
+        One per node, from :func:`node_space`.
+    seed, no_intersection, gram_weighting, gram_ridge, gram_point
+        As the run settings of the same names.
+
+    Returns
+    -------
+    Aggregate
+        ``weights`` has shape ``(C, d + 1)``.
+    """
+    if not spaces:
+        raise ValueError("aggregate() needs at least one NodeSpace")
+    kinds = {s.kind for s in spaces}
+    if len(kinds) != 1:
+        raise ValueError(f"spaces of several kinds {sorted(kinds)}: aggregate one kind at a time")
+    kind = kinds.pop()
+    options = AggregateOptions(kind=kind, no_intersection=no_intersection, seed=seed,
+                               gram_weighting=gram_weighting, gram_ridge=gram_ridge,
+                               gram_point=gram_point)
+    result = space_kind(kind).aggregate([s.space for s in spaces], [s.num_train for s in spaces],
+                                        options)
+    shape = spaces[0].weights.shape
+    return Aggregate(np.asarray(result.point, dtype=np.float64).reshape(shape),
+                     [bool(i) for i in result.inside], bool(result.found), str(result.method))
+
+
+def check(weights: np.ndarray, space: NodeSpace) -> Check:
+    """Whether the model ``weights`` ``(C, d + 1)`` lies in ``space``."""
+    w = _matrix("weights", weights, 2)
+    if w.size != space.space.center.size:
+        raise ValueError(f"weights has {w.size} entries; the space's models have "
+                         f"{space.space.center.size}")
+    distance = space.space.distance(w.reshape(-1))
+    return Check(float(distance), float(space.space.radius), bool(space.space.contains(w.reshape(-1))))
+
+
+@dataclass(frozen=True)
+class GEMSModel:
+    """A finished run's ``h_G`` with the run's class names and feature scaling.
+
+    Attributes
+    ----------
+    layers : list of (weight, bias)
+        Hidden layers (ReLU) then the output layer; a logistic model has only the latter.
+    classes : list of str
+        Class names in index order (the identity round's agreement).
+    mean, std : np.ndarray or None
+        The run's federated standardisation, applied before the model; None when the
+        run did not scale features (``standardize='off'``).
+    """
+
+    layers: list[tuple[np.ndarray, np.ndarray]]
+    classes: list[str]
+    mean: np.ndarray | None = None
+    std: np.ndarray | None = None
+
+    @property
+    def num_features(self) -> int:
+        return int(self.layers[0][0].shape[1])
+
+    def logits(self, x: np.ndarray) -> np.ndarray:
+        """Logits ``(n, C)`` for rows ``x`` ``(n, d)`` in the run's raw feature units."""
+        z = _matrix("x", x, 2)
+        if z.shape[1] != self.num_features:
+            raise ValueError(f"x has {z.shape[1]} features; the model takes {self.num_features}")
+        if self.mean is not None:
+            z = (z - self.mean) / self.std
+        for i, (w, b) in enumerate(self.layers):
+            z = z @ w.T + b
+            if i < len(self.layers) - 1:
+                z = np.maximum(z, 0.0)
+        return z
+
+    def predict(self, x: np.ndarray) -> np.ndarray:
+        """Class names ``(n,)`` for rows ``x`` ``(n, d)``."""
+        return np.asarray(self.classes, dtype=object)[self.logits(x).argmax(axis=1)]
+
+
+def load_model(run_folder: str | Path) -> GEMSModel:
+    """The ``h_G`` a run wrote (``gems_model.npz``) with its classes and scaling.
+
+    Parameters
+    ----------
+    run_folder : str or Path
+        The run's folder (``<output-dir>/run-<id>``) holding ``results.json`` and
+        ``gems_model.npz``.
+    """
+    folder = Path(run_folder).expanduser()
+    model_path, results_path = folder / MODEL_FILE, folder / RESULTS_FILE
+    for path in (model_path, results_path):
+        if not path.is_file():
+            raise FileNotFoundError(f"{path} not found: pass the folder of a finished run "
+                                    "(<output-dir>/run-<id>)")
+    dataset = json.loads(results_path.read_text()).get("dataset", {})
+    if dataset.get("standardize") == "node":
+        raise ValueError(f"{folder}: the run used standardize='node' (each node scaled its "
+                         "features its own way), so there is no one scaling for new rows; "
+                         "rerun with standardize='federated' or 'off'")
+    with np.load(model_path) as state:
+        hidden = sorted({int(k.split(".")[1]) for k in state.files if k.startswith("hidden.")})
+        layers = [(state[f"hidden.{i}.weight"], state[f"hidden.{i}.bias"]) for i in hidden]
+        out = "output." if hidden else ""
+        layers.append((state[f"{out}weight"], state[f"{out}bias"]))
+    layers = [(np.asarray(w, dtype=np.float64), np.asarray(b, dtype=np.float64)) for w, b in layers]
+    classes = [str(c) for c in dataset.get("classes", range(layers[-1][0].shape[0]))]
+    scale = dataset.get("scale")
+    mean = None if scale is None else np.asarray(scale["mean"], dtype=np.float64)
+    std = None if scale is None else np.asarray(scale["std"], dtype=np.float64)
+    return GEMSModel(layers, classes, mean, std)
