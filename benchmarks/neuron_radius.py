@@ -84,7 +84,7 @@ def _layer() -> tuple[np.ndarray, np.ndarray, np.ndarray, str]:
         x_val = rng.random((1000, 784), dtype=np.float32)
         data = "random uniform data (Fashion-MNIST not installed)"
     with compute_threads():
-        model = train_local_mlp(x_tr, y_tr, 10, DEFAULTS, [], seed=0)
+        model = train_local_mlp(x_tr, y_tr, 10, DEFAULTS.local_training, [], seed=0)
     hidden = model.hidden[0]
     w = hidden.weight.detach().double().numpy()
     b = hidden.bias.detach().double().numpy()

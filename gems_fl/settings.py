@@ -24,7 +24,7 @@ from gems_fl.geometry.choices import (
     SPACE_KINDS,
     SPACE_R_MAX,
 )
-from gems_fl.learning.recipe import TrainRecipe, TuneRecipe
+from gems_fl.learning.recipe import LocalTraining, TrainRecipe, TuneRecipe
 from gems_fl.learning.widths import parse_hidden
 from gems_fl.setting_checks import (
     SettingsError,
@@ -449,12 +449,15 @@ class Settings:
         """How GEMS tuned, Raw and every model of the fine-tuning study are tuned."""
         return TuneRecipe(epochs=self.tune_epochs, lr=self.tune_lr, batch_size=self.batch_size)
 
+    @property
+    def local_training(self) -> LocalTraining:
+        """How local models are built and trained (``model``, ``hidden``, ``dropout``, recipe)."""
+        return LocalTraining(self.model, tuple(self.hidden_widths), self.dropout,
+                             self.local_recipe)
+
     def new_model(self, num_features: int, num_classes: int) -> "nn.Module":
         """A fresh model of the configured kind (``model``, ``hidden``, ``dropout``)."""
-        from gems_fl.learning.models import build_model
-
-        return build_model(self.model, num_features, num_classes, self.hidden_widths,
-                           self.dropout)
+        return self.local_training.new_model(num_features, num_classes)
 
     def to_config(self) -> dict[str, Any]:
         """Settings as a flat ``{key: value}`` dict with ``pyproject.toml`` keys."""

@@ -220,6 +220,15 @@ def test_fedavg_and_fedprox_learn_and_count_bytes():
         run_federated(cfg, 3, "fedsgd", num_rounds=1)
 
 
+def test_fedavg_mlp_is_deterministic_whatever_ran_before():
+    # dropout draws from torch's global generator, which earlier work in the process moves
+    cfg = {**app_defaults(), **FAST, "model": "mlp", "hidden": "16"}
+    first = run_federated(cfg, 3, "fedavg", num_rounds=2, local_epochs=1)
+    torch.rand(1000)
+    again = run_federated(cfg, 3, "fedavg", num_rounds=2, local_epochs=1)
+    assert again.accuracy == first.accuracy
+
+
 SGD_CFG = {**app_defaults(), **FAST, "label-division": "0,1,2,3,4/5,6,7,8,9"}
 
 

@@ -65,9 +65,11 @@ def train(msg: Message, context: Context) -> Message:
     round_index = int(config["server-round"])
     # Adam keeps the run's local-lr (the GEMS recipe); SGD gets the rate the server chose.
     lr = float(config["lr"]) if "lr" in config else settings.local_lr
+    seed = data.seed + 7919 * round_index
+    torch.manual_seed(seed)  # dropout draws from the global generator: same seed, same masks
     fine_tune(model, data.x_train, data.y_train, epochs=int(config["local-epochs"]),
               lr=lr, batch_size=settings.batch_size,
-              seed=data.seed + 7919 * round_index,
+              seed=seed,
               proximal_mu=float(config.get("proximal-mu", 0.0)),
               optimizer=str(config.get("optimizer", "adam")))
     content = RecordDict({"arrays": ArrayRecord(model.state_dict()),

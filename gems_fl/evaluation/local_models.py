@@ -23,7 +23,8 @@ from gems_fl.settings import Settings
 def reproduce_local_models(settings: Settings, node_parts: list[tuple], num_classes: int) -> list[MLP]:
     """Each node's round-1 local MLP, retrained from its data and seed."""
     return [
-        train_local_mlp(x_tr, y_tr, num_classes, settings, [], round_seed(node_seed(settings.seed, k), 1))
+        train_local_mlp(x_tr, y_tr, num_classes, settings.local_training, [],
+                        round_seed(node_seed(settings.seed, k), 1))
         for k, (x_tr, y_tr, _, _) in enumerate(node_parts)
     ]
 

@@ -51,3 +51,22 @@ class TuneRecipe:
 
         return fine_tune(model, x, y, epochs=self.epochs, lr=self.lr,
                          batch_size=self.batch_size, seed=seed, proximal_mu=proximal_mu)
+
+
+@dataclass(frozen=True)
+class LocalTraining:
+    """How a node builds and trains its local model: the model kind, its hidden widths
+    and dropout (MLP), and the recipe it is trained with until convergence."""
+
+    model: str
+    hidden: tuple[int, ...]
+    dropout: float
+    recipe: TrainRecipe
+
+    def new_model(self, num_features: int, num_classes: int,
+                  hidden: list[int] | tuple[int, ...] | None = None) -> nn.Module:
+        """A fresh model; ``hidden`` overrides the configured widths (merged layers)."""
+        from gems_fl.learning.models import build_model
+
+        widths = list(self.hidden if hidden is None else hidden)
+        return build_model(self.model, num_features, num_classes, widths, self.dropout)

@@ -24,13 +24,14 @@ from gems_fl.data.nodes import (
     node_name,
 )
 from gems_fl.data.site_files import feature_stats
-from gems_fl.geometry.kinds import LayerSpace, SpaceOptions, build_layer_space
+from gems_fl.geometry.kinds import LayerSpace, build_layer_space
 from gems_fl.geometry.spaces import GramSpace, Space
 from gems_fl.learning.models import model_to_vector, vector_to_state
 from gems_fl.learning.threads import compute_threads
 from gems_fl.learning.train import TrainReport, accuracy, set_default_device
 from gems_fl.protocol import wire
 from gems_fl.protocol.node_layerwise import (
+    NodeWork,
     hidden_layer_spaces,
     output_layer_space,
     round_seed,
@@ -62,21 +63,20 @@ def build_local_space(
     x_val: np.ndarray,
     y_val: np.ndarray,
     num_classes: int,
-    settings: Settings,
+    work: NodeWork,
     seed: int,
 ) -> LocalSpace:
-    """Train the local model and find its good-enough space (``settings.space``).
+    """Train the local model and find its good-enough space (``work.space``).
 
     The radius is searched on the validation split with Q = accuracy >= ``eps``; a
     model that already fails Q at its center gets radius 0.
     """
     torch.manual_seed(seed)
     num_features = x_train.shape[1]
-    model = settings.new_model(num_features, num_classes)
-    report = settings.local_recipe.train(model, x_train, y_train, seed)
+    model = work.training.new_model(num_features, num_classes)
+    report = work.training.recipe.train(model, x_train, y_train, seed)
     center = model_to_vector(model).reshape(num_classes, num_features + 1)
-    layer = build_layer_space(center, x_train, x_val, y_val, SpaceOptions.from_settings(settings),
-                              seed)
+    layer = build_layer_space(center, x_train, x_val, y_val, work.space, seed)
     return LocalSpace(layer=layer, training=report, num_train=len(y_train), num_val=len(y_val),
                       val_accuracy=accuracy(model, x_val, y_val))
 
@@ -105,13 +105,15 @@ def _layer_round_reply(
     x_tr, y_tr, x_val, y_val = data
     seed = round_seed(seed, round_index)
     if len(fixed) < len(settings.hidden_widths):
-        spaces = hidden_layer_spaces(x_tr, y_tr, x_val, y_val, num_classes, settings, fixed, seed)
+        spaces = hidden_layer_spaces(x_tr, y_tr, x_val, y_val, num_classes,
+                                     NodeWork.from_settings(settings), fixed, seed)
         logger.info("round %d: layer %d, %d neurons, median radius %.4g", round_index,
                     len(fixed) + 1, len(spaces.radius), float(np.median(spaces.radius)))
         return wire.encode_neuron_reply(
             spaces.weight, spaces.bias, spaces.radius, num_train_examples=len(y_tr),
             num_val_examples=len(y_val), local_val_accuracy=spaces.val_accuracy)
-    layer, val_acc = output_layer_space(x_tr, y_tr, x_val, y_val, num_classes, settings, fixed, seed)
+    layer, val_acc = output_layer_space(x_tr, y_tr, x_val, y_val, num_classes,
+                                        NodeWork.from_settings(settings), fixed, seed)
     return encode_layer_space(layer, fixed[-1][0].shape[0], num_classes, eps=settings.eps,
                               num_train=len(y_tr), num_val=len(y_val), val_accuracy=val_acc)
 
@@ -127,7 +129,8 @@ def handle_train(msg: Message, context: Context) -> Message:
         if settings.model == "mlp":
             content = _layer_round_reply(msg, settings, data.num_classes, data.arrays, data.seed)
             return Message(content=content, reply_to=msg)
-        local = build_local_space(*data.arrays, data.num_classes, settings, seed=data.seed)
+        local = build_local_space(*data.arrays, data.num_classes, NodeWork.from_settings(settings),
+                                  seed=data.seed)
     logger.info(
         "node %s (%s): %d train / %d val, val acc %.3f, %s radius %.4f (certified %.4g)",
         data.name, data.source, local.num_train, local.num_val,

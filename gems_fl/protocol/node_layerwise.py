@@ -13,12 +13,12 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from gems_fl.geometry.kinds import LayerSpace, SpaceOptions, build_layer_space, space_kind
 from gems_fl.geometry.neurons import NeuronSearch, neuron_radii
 from gems_fl.learning.models import MLP, build_model
+from gems_fl.learning.recipe import LocalTraining
 from gems_fl.learning.threads import single_thread
 from gems_fl.learning.train import accuracy
-from gems_fl.geometry.kinds import LayerSpace, SpaceOptions, build_layer_space, space_kind
-from gems_fl.settings import Settings
 
 Layer = tuple[np.ndarray, np.ndarray]  # (weight (out, in), bias (out,))
 
@@ -28,17 +28,42 @@ def round_seed(seed: int, round_index: int) -> int:
     return seed + 1_000_003 * round_index
 
 
+@dataclass(frozen=True)
+class NodeWork:
+    """What a node's work in the protocol needs to know, from the settings it received:
+    how it trains (:class:`LocalTraining`), how it finds a linear layer's space
+    (:class:`SpaceOptions`) and how it searches its neurons' radii (MLP)."""
+
+    training: LocalTraining
+    space: SpaceOptions
+    neuron_eps: float = 0.1
+    neuron_delta: float = 0.01
+    neuron_criterion: str = "rms"
+
+    @classmethod
+    def from_settings(cls, settings: object) -> "NodeWork":
+        return cls(settings.local_training, SpaceOptions.from_settings(settings),
+                   settings.eps_neuron, settings.neuron_delta, settings.neuron_criterion)
+
+    def neuron_search(self, seed: int) -> NeuronSearch:
+        """The per-neuron radius search: neuron balls live in parameter space."""
+        return NeuronSearch(eps=self.neuron_eps, num_directions=self.space.num_directions,
+                            r_max=self.space.r_max or space_kind("ball").r_max,
+                            delta=self.neuron_delta, seed=seed,
+                            criterion=self.neuron_criterion)
+
+
 def build_partial_mlp(
-    num_features: int, num_classes: int, settings: Settings, fixed: list[Layer], seed: int
+    num_features: int, num_classes: int, training: LocalTraining, fixed: list[Layer], seed: int
 ) -> MLP:
     """An MLP whose first ``len(fixed)`` hidden layers are the given frozen layers.
 
     The layers above take their configured widths and a fresh (seeded) initialisation,
     since their input width is whatever the server's aggregation decided.
     """
-    widths = [w.shape[0] for w, _ in fixed] + settings.hidden_widths[len(fixed):]
+    widths = [w.shape[0] for w, _ in fixed] + list(training.hidden[len(fixed):])
     torch.manual_seed(seed)
-    model = build_model("mlp", num_features, num_classes, widths, settings.dropout)
+    model = build_model("mlp", num_features, num_classes, widths, training.dropout)
     for layer, (weight, bias) in zip(model.hidden, fixed):
         layer.weight.data = torch.as_tensor(weight, dtype=torch.float32).clone()
         layer.bias.data = torch.as_tensor(bias, dtype=torch.float32).clone()
@@ -48,15 +73,15 @@ def build_partial_mlp(
 
 
 def train_local_mlp(
-    x: np.ndarray, y: np.ndarray, num_classes: int, settings: Settings, fixed: list[Layer],
-    seed: int, *, output_only: bool = False,
+    x: np.ndarray, y: np.ndarray, num_classes: int, training: LocalTraining,
+    fixed: list[Layer], seed: int, *, output_only: bool = False,
 ) -> MLP:
     """Build the round's model and train it (Adam, until training accuracy converges)."""
-    model = build_partial_mlp(x.shape[1], num_classes, settings, fixed, seed)
+    model = build_partial_mlp(x.shape[1], num_classes, training, fixed, seed)
     if output_only:
         for layer in model.hidden:
             layer.requires_grad_(False)
-    settings.local_recipe.train(model, x, y, seed)
+    training.recipe.train(model, x, y, seed)
     return model
 
 
@@ -79,40 +104,34 @@ class NeuronSpaces:
 
 def hidden_layer_spaces(
     x_tr: np.ndarray, y_tr: np.ndarray, x_val: np.ndarray, y_val: np.ndarray,
-    num_classes: int, settings: Settings, fixed: list[Layer], seed: int,
+    num_classes: int, work: NodeWork, fixed: list[Layer], seed: int,
 ) -> NeuronSpaces:
     """Round ``len(fixed) + 1``: train, then per-neuron radii of the next hidden layer."""
-    model = train_local_mlp(x_tr, y_tr, num_classes, settings, fixed, seed)
+    model = train_local_mlp(x_tr, y_tr, num_classes, work.training, fixed, seed)
     j = len(fixed)
     z = layer_inputs(model, x_val, j)
     layer = model.hidden[j]
     weight = layer.weight.detach().double().numpy()
     bias = layer.bias.detach().double().numpy()
     with single_thread():  # a stream of small ops: see geometry.neurons
-        search = NeuronSearch(
-            eps=settings.eps_neuron, num_directions=settings.num_directions,
-            r_max=settings.r_max or space_kind("ball").r_max, delta=settings.neuron_delta,
-            seed=seed,
-            criterion=settings.neuron_criterion,
-        )
-        radii = neuron_radii(weight, bias, z, search).radii
+        radii = neuron_radii(weight, bias, z, work.neuron_search(seed)).radii
     return NeuronSpaces(weight, bias, np.asarray(radii, dtype=np.float64),
                         accuracy(model, x_val, y_val))
 
 
 def output_layer_space(
     x_tr: np.ndarray, y_tr: np.ndarray, x_val: np.ndarray, y_val: np.ndarray,
-    num_classes: int, settings: Settings, fixed: list[Layer], seed: int,
+    num_classes: int, work: NodeWork, fixed: list[Layer], seed: int,
 ) -> tuple[LayerSpace, float]:
     """Final round: train the output layer on frozen hidden layers; its convex space
     over the hidden features (training features for a Gram matrix, validation features
     for the radius search)."""
-    model = train_local_mlp(x_tr, y_tr, num_classes, settings, fixed, seed, output_only=True)
+    model = train_local_mlp(x_tr, y_tr, num_classes, work.training, fixed, seed,
+                            output_only=True)
     center = np.concatenate([model.output.weight.detach().double().numpy(),
                              model.output.bias.detach().double().numpy()[:, None]], axis=1)
-    options = SpaceOptions.from_settings(settings)
     train_feats = (layer_inputs(model, x_tr, len(fixed))
-                   if space_kind(options.kind).needs_train_inputs else None)
+                   if space_kind(work.space.kind).needs_train_inputs else None)
     layer = build_layer_space(center, train_feats, layer_inputs(model, x_val, len(fixed)),
-                              y_val, options, seed)
+                              y_val, work.space, seed)
     return layer, accuracy(model, x_val, y_val)
