@@ -25,6 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
+from gems_fl.geometry import _linalg
 from gems_fl.geometry.kinds import (
     AggregateOptions,
     LayerSpace,
@@ -107,13 +108,9 @@ class Check:
     inside: bool
 
 
-def _matrix(name: str, value: np.ndarray, ndim: int) -> np.ndarray:
-    arr = np.asarray(value, dtype=np.float64)
-    if arr.ndim != ndim:
-        raise ValueError(f"{name} must be {ndim}-D; got shape {arr.shape}")
-    if not np.all(np.isfinite(arr)):
-        raise ValueError(f"{name} contains NaN or infinite entries")
-    return arr
+def _matrix(name: str, value: np.ndarray) -> np.ndarray:
+    """A finite 2-D float64 array, else ``ValueError`` naming ``name``."""
+    return _linalg._matrix(name, value).numpy()
 
 
 def node_space(
@@ -156,8 +153,8 @@ def node_space(
     -------
     NodeSpace
     """
-    w = _matrix("weights", weights, 2)
-    xt, xv = _matrix("x_train", x_train, 2), _matrix("x_val", x_val, 2)
+    w = _matrix("weights", weights)
+    xt, xv = _matrix("x_train", x_train), _matrix("x_val", x_val)
     yt, yv = np.asarray(y_train), np.asarray(y_val)
     if w.shape[1] != xt.shape[1] + 1 or xv.shape[1] != xt.shape[1]:
         raise ValueError(f"weights has shape {w.shape}, x_train {xt.shape}, x_val {xv.shape}: "
@@ -208,7 +205,7 @@ def aggregate(spaces: Sequence[NodeSpace], *, seed: int = 0, no_intersection: st
 
 def check(weights: np.ndarray, space: NodeSpace) -> Check:
     """Whether the model ``weights`` ``(C, d + 1)`` lies in ``space``."""
-    w = _matrix("weights", weights, 2)
+    w = _matrix("weights", weights)
     if w.size != space.space.center.size:
         raise ValueError(f"weights has {w.size} entries; the space's models have "
                          f"{space.space.center.size}")
@@ -242,7 +239,7 @@ class GEMSModel:
 
     def logits(self, x: np.ndarray) -> np.ndarray:
         """Logits ``(n, C)`` for rows ``x`` ``(n, d)`` in the run's raw feature units."""
-        z = _matrix("x", x, 2)
+        z = _matrix("x", x)
         if z.shape[1] != self.num_features:
             raise ValueError(f"x has {z.shape[1]} features; the model takes {self.num_features}")
         if self.mean is not None:

@@ -16,7 +16,7 @@ import torch
 
 from gems_fl.geometry._linalg import EIGEN_FLOOR, _center_for, _labels, _range_basis, _square, augment
 from gems_fl.geometry.eps import check_eps, pass_count
-from gems_fl.geometry.radius import bisect_radius, margin_intervals
+from gems_fl.geometry.radius import RadiusResult, bisect_radius, margin_intervals
 
 #: Default upper end of the radius bisection, in logit units (RMS of the L2 logit
 #: change). Trained softmax layers have logit margins of order 1 to 20; a change of
@@ -77,7 +77,7 @@ def sample_gram_directions(
 
 
 @dataclass(frozen=True)
-class GramRadiusResult:
+class GramRadiusResult(RadiusResult):
     """Outcome of one Gram radius search (radii in logit units, metric ``G``).
 
     ``radius`` is the largest radius that was tested and at which every sampled
@@ -88,12 +88,6 @@ class GramRadiusResult:
     eigen-directions of ``G`` the directions span, per class.
     """
 
-    radius: float
-    center_accuracy: float
-    center_passes: bool
-    min_accuracy_at_radius: float
-    steps: int
-    saturated: bool
     failed_radius: float = math.inf
     rank: int = 0
 

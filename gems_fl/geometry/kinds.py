@@ -24,14 +24,7 @@ import numpy as np
 
 from gems_fl.geometry._checks import check_option
 from gems_fl.geometry.certify import certified_gram_radius, certified_radius
-from gems_fl.geometry.choices import (
-    ELLIPSOID_FLOORS,
-    GRAM_POINTS,
-    GRAM_WEIGHTINGS,
-    NO_INTERSECTION_FALLBACKS,
-    SPACE_KINDS,
-    SPACE_R_MAX,
-)
+from gems_fl.geometry import choices
 from gems_fl.geometry.fisher import diagonal_fisher, fisher_axes
 from gems_fl.geometry.gram import from_factor, gram_matrix, low_rank_factor
 from gems_fl.geometry.gram_merge import aggregate_gram
@@ -43,8 +36,17 @@ from gems_fl.geometry.spaces import GramSpace, Space
 __all__ = ["AggregateOptions", "LayerSpace", "SpaceKind", "SpaceOptions", "space_kind"]
 
 
+class _FromSettings:
+    """Options read from run settings: ``space`` is the kind, the other fields by name."""
+
+    @classmethod
+    def from_settings(cls, settings: object):  # noqa: ANN206 - the subclass
+        names = [n for n in cls.__dataclass_fields__ if n != "kind"]
+        return cls(kind=settings.space, **{n: getattr(settings, n) for n in names})
+
+
 @dataclass(frozen=True)
-class SpaceOptions:
+class SpaceOptions(_FromSettings):
     """How a node finds the good-enough space of a linear layer.
 
     Parameters
@@ -75,14 +77,8 @@ class SpaceOptions:
     gram_rank: int = 0
 
     def __post_init__(self) -> None:
-        check_option(self.kind, "kind", SPACE_KINDS)
-        check_option(self.ellipsoid_floor, "ellipsoid_floor", ELLIPSOID_FLOORS)
-
-    @classmethod
-    def from_settings(cls, settings: object) -> "SpaceOptions":
-        """From run settings (``space`` is the kind; the other fields by name)."""
-        names = [n for n in cls.__dataclass_fields__ if n != "kind"]
-        return cls(kind=settings.space, **{n: getattr(settings, n) for n in names})
+        check_option(self.kind, "kind", choices.SPACE_KINDS)
+        check_option(self.ellipsoid_floor, "ellipsoid_floor", choices.ELLIPSOID_FLOORS)
 
     @property
     def bound(self) -> float:
@@ -91,7 +87,7 @@ class SpaceOptions:
 
 
 @dataclass(frozen=True)
-class AggregateOptions:
+class AggregateOptions(_FromSettings):
     """How the server picks ``h_G`` among the accepted spaces of one linear layer.
 
     ``no_intersection`` and ``seed`` serve balls and ellipsoids (the fallback when they
@@ -107,15 +103,11 @@ class AggregateOptions:
     gram_point: str = "closed-form"
 
     def __post_init__(self) -> None:
-        check_option(self.kind, "kind", SPACE_KINDS)
-        check_option(self.no_intersection, "no_intersection", NO_INTERSECTION_FALLBACKS)
-        check_option(self.gram_weighting, "gram_weighting", GRAM_WEIGHTINGS)
-        check_option(self.gram_point, "gram_point", GRAM_POINTS)
-
-    @classmethod
-    def from_settings(cls, settings: object) -> "AggregateOptions":
-        names = [n for n in cls.__dataclass_fields__ if n != "kind"]
-        return cls(kind=settings.space, **{n: getattr(settings, n) for n in names})
+        for name, allowed in (("kind", choices.SPACE_KINDS),
+                              ("no_intersection", choices.NO_INTERSECTION_FALLBACKS),
+                              ("gram_weighting", choices.GRAM_WEIGHTINGS),
+                              ("gram_point", choices.GRAM_POINTS)):
+            check_option(getattr(self, name), name, allowed)
 
 
 @dataclass
@@ -176,7 +168,7 @@ class _Parameter(SpaceKind):
 
     @property
     def r_max(self) -> float:
-        return SPACE_R_MAX[self.name]
+        return choices.SPACE_R_MAX[self.name]
 
     def _axes(self, center: np.ndarray, val_inputs: np.ndarray,
               options: SpaceOptions) -> np.ndarray | None:
@@ -213,7 +205,7 @@ class Ellipsoid(_Parameter):
 class Gram(SpaceKind):
     name = "gram"
     units = "RMS logit change"
-    r_max = SPACE_R_MAX["gram"]  # gram_search.DEFAULT_R_MAX (100) is the library call's
+    r_max = choices.SPACE_R_MAX["gram"]  # gram_search.DEFAULT_R_MAX (100) is the library call's
     extra_record = "gram"
     needs_train_inputs = True
 
@@ -257,7 +249,7 @@ class Gram(SpaceKind):
 
 
 _KINDS: dict[str, SpaceKind] = {k.name: k for k in (Ball(), Ellipsoid(), Gram())}
-assert tuple(sorted(_KINDS)) == tuple(sorted(SPACE_KINDS)), "choices.SPACE_KINDS is the registry's names"
+assert tuple(sorted(_KINDS)) == tuple(sorted(choices.SPACE_KINDS)), "choices.SPACE_KINDS is the registry's names"
 
 
 def space_kind(name: str) -> SpaceKind:

@@ -1,7 +1,8 @@
 """The GEMS protocol on Flower's Message API.
 
-Owns the wire format, what a node does (convex and layer-wise), the server's
-strategies, the identity round and the in-process Grid used by the tests and the
+Owns the wire format (``wire``) and the checks of every reply (``replies``), what a node
+does (convex and layer-wise), the strategies and their shared state (``base``), the
+identity and evaluate rounds, and the in-process Grid used by the tests and the
 reproduction harness. Imports geometry, learning, data, settings and Flower; never
-evaluation or running.
+evaluation, serverapp or running.
 """

@@ -1,3 +1,4 @@
-"""Running GEMS: the ServerApp's run (protocol, then evaluation), the ``gems-fl``
-command line, and the local and TLS launchers. May import everything above it.
+"""What an operator runs outside Flower: the ``gems-fl`` command line, the local and
+TLS launchers, ``submit`` and ``check-data``. May import everything below it; the
+ServerApp's run itself is :mod:`gems_fl.serverapp`.
 """
