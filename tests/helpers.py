@@ -22,10 +22,12 @@ def app_defaults() -> dict:
 
 
 def run_in_process(num_nodes: int, tmp_path: Path, reply_hook=None, node_configs=None,
-                   return_grid: bool = False, evaluate_hook=None, **overrides):
-    """One GEMS run through the real apps over an in-process Grid; returns results."""
+                   return_grid: bool = False, evaluate_hook=None, client=None, **overrides):
+    """One GEMS run through the real apps over an in-process Grid; returns results.
+
+    ``client`` replaces the ClientApp (e.g. a wrapper that records what nodes receive)."""
     cfg = {**app_defaults(), **FAST, "output-dir": str(tmp_path), **overrides}
-    grid = InProcessGrid(client_app, num_nodes, cfg, reply_hook=reply_hook,
+    grid = InProcessGrid(client or client_app, num_nodes, cfg, reply_hook=reply_hook,
                          node_configs=node_configs, evaluate_hook=evaluate_hook)
     ctx = Context(run_id=1, node_id=1, node_config={}, state=RecordDict(), run_config=cfg)
     results = run_server(grid, ctx)

@@ -60,3 +60,50 @@ def test_readme_documents_every_setting():
     rows = [line for line in (ROOT / "README.md").read_text().splitlines() if line.startswith("| `")]
     documented = {key for line in rows for key in re.findall(r"`([a-z0-9-]+)`", line.split("|")[1])}
     assert set(app_defaults()) <= documented, sorted(set(app_defaults()) - documented)
+
+
+# ---- what the nodes receive ---------------------------------------------------------------
+
+
+def test_settings_declare_meaning_constraint_and_scope():
+    from gems_fl.settings import node_keys
+
+    nodes = set(node_keys())
+    # server-side paths and the server's own choices never leave the server
+    assert {"output-dir", "public-data", "min-replies", "round-timeout", "gram-point",
+            "gram-weighting", "gram-ridge", "no-intersection", "tune-lr", "clusters",
+            "max-width", "evaluate-on-server"}.isdisjoint(nodes)
+    assert {"dataset", "eps", "space", "seed", "local-lr", "standardize"} <= nodes
+    for f in fields(Settings):
+        assert f.metadata["meaning"], f.name
+
+
+def test_a_node_holds_only_node_settings_and_fails_loudly_on_the_rest():
+    node = Settings.from_node_config(Settings(dataset="digits", eps=0.5).for_nodes())
+    assert node.eps == 0.5 and node.output_dir is None and node.min_replies is None
+    with pytest.raises(SettingsError, match="eps=2.0 must be in"):
+        Settings.from_node_config({"eps": 2.0})
+
+
+def test_every_message_to_the_nodes_carries_only_node_settings(tmp_path):
+    from client_app import app as client_app
+    from gems_fl.data.agreement import CLASSES_KEY, FEATURES_KEY
+    from gems_fl.protocol.wire import ROUND_KEY
+    from gems_fl.settings import node_keys
+    from tests.helpers import run_in_process
+
+    seen: dict[str, set[str]] = {}
+
+    def recording_app(msg, context):
+        config = msg.content.config_records.get("config")
+        if config is not None:
+            seen.setdefault(msg.metadata.message_type, set()).update(config.keys())
+        return client_app(msg, context)
+
+    run_in_process(3, tmp_path, client=recording_app, **{"model": "mlp", "hidden": "8",
+                                                        "clusters": 8})
+    assert set(seen) == {"query", "train", "evaluate"}
+    allowed = set(node_keys()) | {FEATURES_KEY, CLASSES_KEY, ROUND_KEY}
+    for kind, keys in seen.items():
+        assert keys <= allowed, (kind, sorted(keys - allowed))
+        assert "output-dir" not in keys and "public-data" not in keys
