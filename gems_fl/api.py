@@ -164,8 +164,7 @@ def node_space(
                          f"of x_train ({len(xt)}) / x_val ({len(xv)})")
     options = SpaceOptions(kind=kind, eps=eps, num_directions=num_directions, r_max=r_max,
                            delta=delta, gram_rank=gram_rank)
-    layer: LayerSpace = build_layer_space(w, xt if space_kind(kind).needs_train_inputs else None,
-                                          xv, yv, options, seed)
+    layer: LayerSpace = build_layer_space(w, (xt, yt), xv, yv, options, seed)
     return NodeSpace(layer.space, kind, layer.certified_radius, layer.center_accuracy, len(yt),
                      (int(w.shape[0]), int(w.shape[1])))
 

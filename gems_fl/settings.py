@@ -123,7 +123,9 @@ class Settings:
         node=True)
     label_division: str = setting(
         'paper',
-        '`paper` (the appendix table, K = 2, 3, 5), `classes-per-node:N`, `iid`, or '
+        '`paper` (the appendix table, K = 2, 3, 5), `classes-per-node:N`, `iid`, '
+        '`dirichlet:ALPHA` (each class split over the nodes by a Dirichlet(ALPHA) draw, '
+        'seeded; `dirichlet:ALPHA:MIN`: every node at least MIN samples, default 10), or '
         'explicit groups such as `0,1/2,3/4,5/6,7/8,9`',
         node=True)
     model: str = setting(
@@ -192,8 +194,15 @@ class Settings:
         'closed-form',
         '`gram` only: `closed-form` always uses the weighted center; `shared` uses the '
         'point minimising the largest scaled distance when the center misses a space and '
-        'that point lies in all of them',
+        'that point lies in all of them; `pooled` the ridge least-squares classifier of '
+        'all nodes\' data, from their Gram matrices and label moments; `best` the best '
+        'pooled fit inside every node\'s space (the pooled point when they share none)',
         one_of(GRAM_POINTS))
+    pooled_ridge: float = setting(
+        1e-3,
+        '`gram-point` `pooled` and `best`: ridge of the pooled least-squares fit (relative '
+        'to one mean Gram matrix)',
+        at_least(0))
     ellipsoid_floor: str = setting(
         'quantile',
         'ellipsoid axes `max(F_ref / F_i, c)`: `quantile` takes F_ref as the 5 % quantile '

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from flwr.app import Array, Message
 
-from gems_fl.geometry.gram import gram_matrix, pack_triangle
+from gems_fl.geometry.gram import gram_matrix, label_moments, pack_triangle
 from gems_fl.protocol import replies, wire
 from tests.helpers import run_in_process
 
@@ -19,11 +19,13 @@ N = 5  # inputs + 1
 
 def _gram_reply(gram: np.ndarray | None = None) -> object:
     rng = np.random.default_rng(0)
+    x = rng.standard_normal((40, 4))
     if gram is None:
-        gram = gram_matrix(rng.standard_normal((40, 4)))
+        gram = gram_matrix(x)
     return wire.encode_reply({"weight": rng.standard_normal((3, 4)), "bias": np.zeros(3)}, None,
                              radius=2.0, certified_radius=0.5, eps=0.4, num_train_examples=40,
-                             num_val_examples=10, local_val_accuracy=0.9, gram=gram)
+                             num_val_examples=10, local_val_accuracy=0.9, gram=gram,
+                             labels=label_moments(x, np.arange(40) % 3, 3))
 
 
 def test_decode_accepts_a_gram_reply_and_rebuilds_the_matrix():
@@ -33,6 +35,8 @@ def test_decode_accepts_a_gram_reply_and_rebuilds_the_matrix():
     assert space.kind == "gram" and space.radius == 2.0 and space.certified_radius == 0.5
     np.testing.assert_allclose(space.gram, gram, rtol=1e-6, atol=1e-6)  # float32 on the wire
     assert metrics["eps"] == 0.4
+    assert space.class_counts.tolist() == [14, 13, 13]
+    np.testing.assert_allclose(space.moments[:, -1], [14 / 40, 13 / 40, 13 / 40], rtol=1e-6)
 
 
 def _set_triangle(content, values: np.ndarray) -> None:
@@ -64,7 +68,36 @@ def _not_symmetric_factor(c):
     c["gram"] = wire.array_record({"factor": np.ones((N, 2), dtype=np.float32)})
 
 
+def _counts_off(c):
+    c["labels"]["counts"] = Array(np.array([14, 13, 14], dtype=np.int64))  # 41 rows, not 40
+
+
+def _moments_nan(c):
+    moments = c["labels"]["moments"].numpy().copy()
+    moments[0, 0] = np.nan
+    c["labels"]["moments"] = Array(moments)
+
+
+def _moments_shape(c):
+    c["labels"]["moments"] = Array(np.zeros((3, N + 1), dtype=np.float32))
+
+
+def _moments_bias(c):
+    moments = c["labels"]["moments"].numpy().copy()
+    moments[:, -1] = 1.0 / 3.0 + 0.01  # not the class shares
+    c["labels"]["moments"] = Array(moments)
+
+
+def _no_labels(c):
+    del c["labels"]
+
+
 BAD_GRAMS = {
+    "counts-off": (_counts_off, "summing to the node's 40 training samples"),
+    "moments-nan": (_moments_nan, "NaN"),
+    "moments-shape": (_moments_shape, "label moments have shape"),
+    "moments-bias": (_moments_bias, "last column differs"),
+    "no-labels": (_no_labels, "missing \\['labels'\\]"),
     "not-psd": (_not_psd, "positive semi-definite|PSD|eigenvalue"),
     "nan": (_nan, "NaN"),
     "wrong-shape": (_wrong_shape, "shape"),

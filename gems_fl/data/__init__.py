@@ -18,6 +18,7 @@ from gems_fl.data.datasets import (
     load_dataset,
 )
 from gems_fl.data.idx import read_idx, write_idx
+from gems_fl.data.dirichlet import DirichletDivision
 from gems_fl.data.partition import (
     PAPER_DIVISIONS,
     check_division,
@@ -34,6 +35,7 @@ __all__ = [
     "DATASET_SHAPES",
     "DEFAULT_FASHION_MNIST_DIR",
     "DatasetSplits",
+    "DirichletDivision",
     "FeatureOptions",
     "LabelDivisionPartitioner",
     "PAPER_DIVISIONS",

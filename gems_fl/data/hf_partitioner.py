@@ -13,6 +13,7 @@ import numpy as np
 from datasets import Dataset
 from flwr_datasets.partitioner import Partitioner
 
+from gems_fl.data.dirichlet import DirichletDivision
 from gems_fl.data.partition import check_division, parse_division, partition_indices
 
 
@@ -55,7 +56,11 @@ class LabelDivisionPartitioner(Partitioner):
         cls, spec: str, num_partitions: int, num_classes: int, partition_by: str = "label", seed: int = 42
     ) -> LabelDivisionPartitioner:
         """Build the partitioner from a ``label-division`` setting string (see ``parse_division``)."""
-        return cls(parse_division(spec, num_partitions, num_classes), partition_by=partition_by, seed=seed)
+        division = parse_division(spec, num_partitions, num_classes)
+        if isinstance(division, DirichletDivision):
+            raise ValueError(f"label-division {spec!r} is a Dirichlet division: use "
+                             "flwr_datasets.partitioner.DirichletPartitioner directly")
+        return cls(division, partition_by=partition_by, seed=seed)
 
     @property
     def division(self) -> list[list[int]]:

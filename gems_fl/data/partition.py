@@ -2,7 +2,9 @@
 
 A *division* is a list with one entry per node, each the sorted list of class
 labels that node holds. Samples of a class are shared out among the nodes that
-hold it without repetition, so no sample is ever given to two nodes.
+hold it without repetition, so no sample is ever given to two nodes. A Dirichlet
+division (:class:`gems_fl.data.dirichlet.DirichletDivision`) instead draws each class's
+shares over the nodes; :func:`node_data` and :func:`check_partition_sizes` take both.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from gems_fl.data.datasets import DatasetSplits
+from gems_fl.data.dirichlet import DirichletDivision, dirichlet_shares, parse_dirichlet
 
 PAPER_DIVISIONS: dict[int, list[list[int]]] = {
     2: [[0, 1, 2, 3, 4], [0, 1, 2, 3, 4]],
@@ -36,7 +39,9 @@ PAPER_DIVISIONS_BY_CLASSES: dict[int, dict[int, list[list[int]]]] = {
 
 _ACCEPTED = (
     "Accepted: 'paper' (the GEMS paper's table, K in {ks}), 'iid' (every node holds every "
-    "class), 'classes-per-node:N' (node k holds classes (k*N + i) % num_classes, i < N), or "
+    "class), 'classes-per-node:N' (node k holds classes (k*N + i) % num_classes, i < N), "
+    "'dirichlet:ALPHA' or 'dirichlet:ALPHA:MIN' (each class's shares over the nodes drawn "
+    "from Dirichlet(ALPHA); every node at least MIN samples, default 10), or "
     "an explicit division with one group of comma-separated class labels per node, groups "
     "separated by '/', e.g. '0,1/2,3/4,5/6,7/8,9'."
 )
@@ -130,7 +135,8 @@ def _explicit_division(spec: str, num_nodes: int, num_classes: int) -> list[list
     return [_parse_group(spec, node, group, num_classes) for node, group in enumerate(groups)]
 
 
-def parse_division(spec: str, num_nodes: int, num_classes: int) -> list[list[int]]:
+def parse_division(spec: str, num_nodes: int,
+                   num_classes: int) -> list[list[int]] | DirichletDivision:
     """Turn the ``label-division`` setting into the classes held by each node.
 
     Parameters
@@ -146,9 +152,10 @@ def parse_division(spec: str, num_nodes: int, num_classes: int) -> list[list[int
 
     Returns
     -------
-    list of list of int
+    list of list of int, or DirichletDivision
         One sorted, non-empty list of class labels per node. Classes held by
         no node are allowed; their samples are simply not used by any node.
+        ``dirichlet:...`` gives a :class:`DirichletDivision` instead.
 
     Raises
     ------
@@ -166,6 +173,8 @@ def parse_division(spec: str, num_nodes: int, num_classes: int) -> list[list[int
         return _paper_division(text, num_nodes, num_classes)
     if keyword == "iid":
         return [list(range(num_classes)) for _ in range(num_nodes)]
+    if keyword.startswith("dirichlet:"):
+        return parse_dirichlet(text, keyword.partition(":")[2], num_nodes)
     if keyword.startswith("classes-per-node"):
         head, sep, value = keyword.partition(":")
         if head != "classes-per-node" or not sep:
@@ -321,6 +330,7 @@ def check_partition_sizes(
     division: Sequence[Sequence[int]],
     *,
     spec: str = "",
+    seed: int = 0,
     min_train_per_class: int = 1,
     min_val: int = 1,
     min_val_per_class: int = 0,
@@ -340,6 +350,8 @@ def check_partition_sizes(
         Classes held by each node (see :func:`parse_division`).
     spec : str
         The ``label-division`` setting, named in the message.
+    seed : int
+        The run's seed (a Dirichlet division's draw depends on it; the others do not).
 
     Returns
     -------
@@ -353,6 +365,9 @@ def check_partition_sizes(
         the fix: the largest number of nodes (and for ``classes-per-node:N`` the largest
         ``N``) with which every node gets enough data.
     """
+    if isinstance(division, DirichletDivision):  # raises with the fix when a node falls short
+        shares = dirichlet_shares(train_labels, val_labels, division, seed)
+        return np.array([[len(tr), len(va)] for tr, va in shares])
     division = check_division(division)
     limits = dict(min_train_per_class=min_train_per_class, min_val=min_val,
                   min_val_per_class=min_val_per_class)
@@ -446,8 +461,16 @@ def node_data(
     x_train, y_train, x_val, y_val : np.ndarray
         Fresh copies of the node's samples.
     """
-    division = check_division(division, splits.num_classes)
     valid_id = isinstance(node_id, numbers.Integral) and not isinstance(node_id, bool)
+    if isinstance(division, DirichletDivision):
+        if not valid_id or not 0 <= node_id < division.num_nodes:
+            raise ValueError(f"node_id must be an integer in 0..{division.num_nodes - 1}, "
+                             f"got {node_id!r}.")
+        train_idx, val_idx = dirichlet_shares(splits.train_y, splits.val_y, division,
+                                              _check_seed(seed))[node_id]
+        return (splits.train_x[train_idx], splits.train_y[train_idx],
+                splits.val_x[val_idx], splits.val_y[val_idx])
+    division = check_division(division, splits.num_classes)
     if not valid_id or not 0 <= node_id < len(division):
         raise ValueError(
             f"node_id must be an integer in 0..{len(division) - 1} (the division has "
@@ -460,3 +483,10 @@ def node_data(
         splits.train_x[train_idx], splits.train_y[train_idx],
         splits.val_x[val_idx], splits.val_y[val_idx],
     )
+
+
+def division_json(division: Sequence[Sequence[int]] | DirichletDivision) -> object:
+    """A division as the results record it: the class lists, or the Dirichlet parameters."""
+    if isinstance(division, DirichletDivision):
+        return division.to_json()
+    return [list(map(int, group)) for group in division]

@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 
 from gems_fl.data import FeatureOptions, load_dataset, node_data
+from gems_fl.data.partition import division_json
 from gems_fl.settings import Settings
 
 
@@ -76,7 +77,7 @@ def load_server_data(
         node_parts=parts, pool_x=splits.public_x, pool_y=splits.public_y,
     )
     meta = {
-        "name": settings.dataset, "num_nodes": num_nodes, "label_division": division,
+        "name": settings.dataset, "num_nodes": num_nodes, "label_division": division_json(division),
         "num_features": splits.num_features, "num_classes": splits.num_classes,
         "node_train_total": int(len(data.train_y)),
         "node_val_total": int(sum(len(p[3]) for p in parts)),

@@ -5,7 +5,7 @@ SPACE_KINDS = ("ball", "ellipsoid", "gram")
 PAPER_SPACE_KINDS = ("ball", "ellipsoid")  # the paper's parameter-space spaces
 ELLIPSOID_FLOORS = ("quantile", "paper")
 GRAM_WEIGHTINGS = ("samples", "radius")
-GRAM_POINTS = ("closed-form", "shared")
+GRAM_POINTS = ("closed-form", "shared", "pooled", "best")
 NO_INTERSECTION_FALLBACKS = ("min-penalty", "mean")
 # Each kind's default upper end of the radius bisection, in the units of its radius
 # (gems_fl.geometry.kinds says which). 4000 is the paper's R_max; gram keeps the bound its

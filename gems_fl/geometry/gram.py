@@ -37,7 +37,7 @@ import math
 import numpy as np
 import torch
 
-from gems_fl.geometry._linalg import _matrix, _square, _center_for
+from gems_fl.geometry._linalg import _center_for, _labels, _matrix, _square
 
 
 
@@ -60,6 +60,51 @@ def gram_matrix(x: np.ndarray | torch.Tensor) -> np.ndarray:
     g[:d, d] = g[d, :d] = xt.sum(dim=0)
     g[d, d] = num
     return (g / num).numpy()
+
+
+def label_moments(x: np.ndarray | torch.Tensor, y, num_classes: int) -> tuple[np.ndarray, np.ndarray]:
+    """``mean_n e_{y_n} x~_n^T`` and the class counts: the node's label moments.
+
+    Returns ``(moments (C, d + 1) float64, counts (C,) int64)``. With one-hot labels
+    ``Y`` and ``X~ = [X, 1]`` the moments are ``Y^T X~ / N``; their last column is
+    ``counts / N``. Beside the Gram matrix (``X~^T X~ / N``) they give the pooled
+    least-squares classifier of all nodes from sums alone (:mod:`gems_fl.geometry.pooled`).
+    """
+    xt = _matrix("x", x)
+    num = len(xt)
+    if num == 0:
+        raise ValueError("x has no rows: label moments are a mean over inputs and need one")
+    yt = _labels(y, num, int(num_classes))
+    counts = torch.bincount(yt, minlength=int(num_classes))
+    sums = torch.zeros(int(num_classes), xt.shape[1], dtype=torch.float64).index_add_(0, yt, xt)
+    moments = torch.cat([sums, counts.to(torch.float64).unsqueeze(1)], dim=1) / num
+    return moments.numpy(), counts.numpy().astype(np.int64)
+
+
+def check_moments(moments, counts, shape: tuple[int, int], num_rows: int,
+                  *, tol: float = 1e-5) -> tuple[np.ndarray, np.ndarray]:
+    """Validate label moments received from a node; return them as float64 and int64.
+
+    Raises ``ValueError`` naming the first problem: a shape other than ``shape``
+    (``(C, d + 1)``) and ``(C,)``; NaN or infinite entries; counts that are not
+    non-negative integers summing to ``num_rows`` (the node's training-sample count);
+    a bias column (the last) farther than ``tol`` from ``counts / num_rows``.
+    """
+    m = np.asarray(moments, dtype=np.float64)
+    c = np.asarray(counts, dtype=np.float64)
+    if m.shape != tuple(shape) or c.shape != (shape[0],):
+        raise ValueError(f"label moments have shape {m.shape} and counts {c.shape}; expected "
+                         f"{tuple(shape)} and ({shape[0]},) = (classes, features + 1), (classes,)")
+    if not (np.all(np.isfinite(m)) and np.all(np.isfinite(c))):
+        raise ValueError("label moments or counts contain NaN or infinite entries")
+    if np.any(c < 0) or np.any(c != np.round(c)) or int(c.sum()) != int(num_rows):
+        raise ValueError(f"class counts {c.astype(np.int64).tolist()} must be non-negative "
+                         f"integers summing to the node's {num_rows} training samples")
+    gap = float(np.abs(m[:, -1] - c / num_rows).max())
+    if gap > tol:
+        raise ValueError(f"label moments' last column differs from counts / n by {gap:.3g}: "
+                         "a mean of e_y [x, 1]^T has the class shares there")
+    return m, c.astype(np.int64)
 
 
 def pack_triangle(g: np.ndarray) -> np.ndarray:

@@ -26,6 +26,7 @@ from gems_fl.geometry._linalg import _center_for, _matrix, _solve_right, _square
 from gems_fl.geometry.choices import GRAM_POINTS as POINTS
 from gems_fl.geometry.choices import GRAM_WEIGHTINGS as WEIGHTINGS
 from gems_fl.geometry.intersect import IntersectionResult
+from gems_fl.geometry.pooled import best_point, pooled_point
 from gems_fl.geometry.spaces import GramSpace
 
 def _node_inputs(centers: Sequence, grams: Sequence, what: str = "grams"):
@@ -299,9 +300,16 @@ def merge_weights(spaces: Sequence[GramSpace], num_train: Sequence[float], weigh
 
 def aggregate_gram(
     spaces: Sequence[GramSpace], num_train: Sequence[float], *, weighting: str = "samples",
-    ridge: float = 1e-6, point: str = "closed-form",
+    ridge: float = 1e-6, point: str = "closed-form", pooled_ridge: float = 1e-3,
 ) -> IntersectionResult:
-    """Choose ``h_G`` for the Gram spaces and report membership in each of them."""
+    """Choose ``h_G`` for the Gram spaces and report membership in each of them.
+
+    ``point``: ``closed-form`` (the weighted center), ``shared`` (the minimax point when
+    the center misses a space and that point lies in all), ``pooled`` (the pooled ridge
+    classifier from the label moments, :func:`gems_fl.geometry.pooled.pooled_point`) or
+    ``best`` (the best pooled fit inside every space, :func:`~gems_fl.geometry.pooled.
+    best_point`; the pooled point when the spaces share no point, and ``details`` says so).
+    """
     if not spaces:
         raise ValueError("no spaces to aggregate")
     if point not in POINTS:
@@ -315,18 +323,12 @@ def aggregate_gram(
     chosen, method = closed, "closed-form"
     details: dict[str, object] = {"weighting": weighting, "ridge": float(ridge),
                                   "weights": [float(v) for v in lam]}
-    inside = [s.contains(closed) for s in spaces]
-    if not all(inside) and all(s.radius > 0 for s in spaces):
-        shared, worst, info = minimax_gram_point(
-            [s.matrix for s in spaces], [s.gram for s in spaces], [s.radius for s in spaces],
-            return_info=True, decide_at=1.0)
-        # The search stops once its bracket settles "<= 1?": the distance reported is the
-        # best point's (an upper bound on the optimum), with the certified lower bound.
-        details["minimax_scaled_distance"] = float(worst)
-        details["minimax_lower_bound"] = float(info["lower_bound"])
-        details["spaces_share_a_point"] = (True if worst <= 1.0 else
-                                           False if info["lower_bound"] > 1.0 else None)
-        if point == "shared" and worst <= 1.0:
+    if point in ("pooled", "best"):
+        chosen, method = _pooled_choice(spaces, num_train, point, pooled_ridge, details)
+    inside = [s.contains(chosen) for s in spaces]
+    if not all(inside) and all(s.radius > 0 for s in spaces) and "spaces_share_a_point" not in details:
+        shared, _ = _minimax(spaces, details)
+        if point == "shared" and details["spaces_share_a_point"]:
             chosen, method = np.asarray(shared), "shared"
     point_vec = np.asarray(chosen, dtype=np.float64).reshape(-1)
     inside = [s.contains(point_vec) for s in spaces]
@@ -340,3 +342,47 @@ def aggregate_gram(
         miss=[0.0 if ins else pen for ins, pen in zip(inside, penalties)],
         iterations=0, details=details,
     )
+
+
+def _minimax(spaces: Sequence[GramSpace], details: dict) -> tuple[np.ndarray, float]:
+    """The minimax point, with what it says about the spaces recorded in ``details``."""
+    shared, worst, info = minimax_gram_point(
+        [s.matrix for s in spaces], [s.gram for s in spaces], [s.radius for s in spaces],
+        return_info=True, decide_at=1.0)
+    # The search stops once its bracket settles "<= 1?": the distance reported is the
+    # best point's (an upper bound on the optimum), with the certified lower bound.
+    details["minimax_scaled_distance"] = float(worst)
+    details["minimax_lower_bound"] = float(info["lower_bound"])
+    details["spaces_share_a_point"] = (True if worst <= 1.0 else
+                                       False if info["lower_bound"] > 1.0 else None)
+    return np.asarray(shared), float(worst)
+
+
+def _pooled_choice(spaces: Sequence[GramSpace], num_train: Sequence[float], point: str,
+                   pooled_ridge: float, details: dict) -> tuple[np.ndarray, str]:
+    """The ``pooled`` or ``best`` point, and the method that says which one was used."""
+    missing = [k for k, s in enumerate(spaces) if s.moments is None]
+    if missing:
+        raise ValueError(f"gram-point='{point}' needs every node's label moments; spaces "
+                         f"{missing} have none")
+    grams, moments = [s.gram for s in spaces], [s.moments for s in spaces]
+    pooled = pooled_point(grams, moments, num_train, pooled_ridge)
+    details["pooled_ridge"] = float(pooled_ridge)
+    if point == "pooled":
+        return pooled, "pooled"
+    if all(s.contains(pooled) for s in spaces):
+        details["best"] = "the pooled point lies in every space"
+        return pooled, "best"
+    if not all(s.radius > 0 for s in spaces):
+        details["best"] = "a node's radius is 0 (its model fails its eps): pooled point used"
+        return pooled, "pooled"
+    shared, _ = _minimax(spaces, details)
+    if not details["spaces_share_a_point"]:
+        details["best"] = "the spaces share no point (or it was not found): pooled point used"
+        return pooled, "pooled"
+    best, info = best_point([s.matrix for s in spaces], grams, [s.radius for s in spaces],
+                            moments, num_train, ridge=pooled_ridge, feasible=shared)
+    details["best"] = (f"best pooled fit inside every space ({info['iterations']} dual "
+                       f"iterations, step {info['blend']:.3g} toward the minimax point)")
+    details["multipliers"] = info["multipliers"]
+    return best, "best"

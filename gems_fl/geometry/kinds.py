@@ -26,7 +26,7 @@ from gems_fl.geometry._checks import check_option
 from gems_fl.geometry.certify import certified_gram_radius, certified_radius
 from gems_fl.geometry import choices
 from gems_fl.geometry.fisher import diagonal_fisher, fisher_axes
-from gems_fl.geometry.gram import from_factor, gram_matrix, low_rank_factor
+from gems_fl.geometry.gram import from_factor, gram_matrix, label_moments, low_rank_factor
 from gems_fl.geometry.gram_merge import aggregate_gram
 from gems_fl.geometry.gram_search import search_gram_radius
 from gems_fl.geometry.intersect import IntersectionResult, find_intersection
@@ -91,8 +91,8 @@ class AggregateOptions(_FromSettings):
     """How the server picks ``h_G`` among the accepted spaces of one linear layer.
 
     ``no_intersection`` and ``seed`` serve balls and ellipsoids (the fallback when they
-    share no point); ``gram_weighting``, ``gram_ridge`` and ``gram_point`` the Gram
-    center (see :func:`gems_fl.geometry.gram_merge.aggregate_gram`).
+    share no point); ``gram_weighting``, ``gram_ridge``, ``gram_point`` and
+    ``pooled_ridge`` the Gram points (see :func:`gems_fl.geometry.gram_merge.aggregate_gram`).
     """
 
     kind: str = "gram"
@@ -101,6 +101,7 @@ class AggregateOptions(_FromSettings):
     gram_weighting: str = "samples"
     gram_ridge: float = 1e-6
     gram_point: str = "closed-form"
+    pooled_ridge: float = 1e-3
 
     def __post_init__(self) -> None:
         for name, allowed in (("kind", choices.SPACE_KINDS),
@@ -126,17 +127,17 @@ class SpaceKind:
     name: str
     units: str  # what a radius of this kind measures
     r_max: float  # default upper end of the radius bisection, in those units
-    extra_record: str | None = None  # the wire record sent beside the center, if any
-    needs_train_inputs = False  # whether build() reads the training inputs
+    extra_records: tuple[str, ...] = ()  # the wire records sent beside the center
+    needs_train_inputs = False  # whether build() reads the training inputs and labels
 
-    def build(self, center: np.ndarray, train_inputs: np.ndarray | None,
+    def build(self, center: np.ndarray, train: tuple[np.ndarray, np.ndarray] | None,
               val_inputs: np.ndarray, y_val: np.ndarray, options: SpaceOptions,
               seed: int) -> LayerSpace:
         raise NotImplementedError
 
     def make(self, center: np.ndarray, radius: float, certified: float,
-             extra: np.ndarray | None) -> Space | GramSpace:
-        """The space from what a reply carries (``extra``: this kind's extra record)."""
+             extras: dict) -> Space | GramSpace:
+        """The space from what a reply carries (``extras``: this kind's extra records)."""
         raise NotImplementedError
 
     def aggregate(self, spaces: Sequence, num_train: Sequence[float],
@@ -174,7 +175,7 @@ class _Parameter(SpaceKind):
               options: SpaceOptions) -> np.ndarray | None:
         return None
 
-    def build(self, center, train_inputs, val_inputs, y_val, options, seed) -> LayerSpace:
+    def build(self, center, train, val_inputs, y_val, options, seed) -> LayerSpace:
         center = np.asarray(center, dtype=np.float64)
         axes = self._axes(center, val_inputs, options)
         search = search_radius(center, val_inputs, y_val, eps=options.eps,
@@ -184,8 +185,8 @@ class _Parameter(SpaceKind):
         return LayerSpace(Space(center.reshape(-1), search.radius, axes), cert,
                           search.center_accuracy)
 
-    def make(self, center, radius, certified, extra) -> Space:
-        return Space(center=center, radius=radius, axes=extra)
+    def make(self, center, radius, certified, extras) -> Space:
+        return Space(center=center, radius=radius, axes=extras.get("axes"))
 
 
 class Ball(_Parameter):
@@ -195,7 +196,7 @@ class Ball(_Parameter):
 class Ellipsoid(_Parameter):
     name = "ellipsoid"
     units = "axis-scaled parameter norm"
-    extra_record = "axes"
+    extra_records = ("axes",)
 
     def _axes(self, center, val_inputs, options) -> np.ndarray:
         return fisher_axes(diagonal_fisher(center, val_inputs), options.ellipsoid_c,
@@ -206,12 +207,14 @@ class Gram(SpaceKind):
     name = "gram"
     units = "RMS logit change"
     r_max = choices.SPACE_R_MAX["gram"]  # gram_search.DEFAULT_R_MAX (100) is the library call's
-    extra_record = "gram"
+    extra_records = ("gram", "labels")  # G_k, and the label moments with class counts
     needs_train_inputs = True
 
-    def build(self, center, train_inputs, val_inputs, y_val, options, seed) -> LayerSpace:
+    def build(self, center, train, val_inputs, y_val, options, seed) -> LayerSpace:
         center = np.asarray(center, dtype=np.float64)
+        train_inputs, train_labels = train
         gram = gram_matrix(train_inputs)
+        moments, counts = label_moments(train_inputs, train_labels, center.shape[0])
         factor = None
         if options.gram_rank > 0:
             factor = low_rank_factor(gram, min(options.gram_rank, gram.shape[0]))
@@ -220,15 +223,17 @@ class Gram(SpaceKind):
                                     num_directions=options.num_directions,
                                     r_max=options.bound, delta=options.delta, seed=seed)
         cert = certified_gram_radius(center, gram, val_inputs, y_val, options.eps)
-        return LayerSpace(GramSpace(center.reshape(-1), gram, search.radius, cert), cert,
-                          search.center_accuracy, factor)
+        return LayerSpace(GramSpace(center.reshape(-1), gram, search.radius, cert, moments,
+                                    counts), cert, search.center_accuracy, factor)
 
-    def make(self, center, radius, certified, extra) -> GramSpace:
-        return GramSpace(center, extra, radius, certified)
+    def make(self, center, radius, certified, extras) -> GramSpace:
+        moments, counts = extras["labels"]
+        return GramSpace(center, extras["gram"], radius, certified, moments, counts)
 
     def aggregate(self, spaces, num_train, options) -> IntersectionResult:
         return aggregate_gram(list(spaces), list(num_train), weighting=options.gram_weighting,
-                              ridge=options.gram_ridge, point=options.gram_point)
+                              ridge=options.gram_ridge, point=options.gram_point,
+                              pooled_ridge=options.pooled_ridge)
 
     def report(self, result: IntersectionResult, options: AggregateOptions) -> str:
         details = result.details
@@ -260,12 +265,11 @@ def space_kind(name: str) -> SpaceKind:
         raise ValueError(f"space kind {name!r} is not one of {', '.join(_KINDS)}") from None
 
 
-def build_layer_space(center: np.ndarray, train_inputs: np.ndarray | None,
+def build_layer_space(center: np.ndarray, train: tuple[np.ndarray, np.ndarray] | None,
                       val_inputs: np.ndarray, y_val: np.ndarray, options: SpaceOptions,
                       seed: int) -> LayerSpace:
     """The good-enough space of the ``(C, n)`` layer ``center`` (bias last) on the node's
-    inputs to that layer: ``train_inputs`` for a Gram matrix (``None`` for the other
-    kinds), ``val_inputs`` ``(N, n - 1)`` and ``y_val`` ``(N,)`` for the radius search
-    and the certified radius."""
-    return space_kind(options.kind).build(center, train_inputs, val_inputs, y_val, options,
-                                          seed)
+    inputs to that layer: ``train = (inputs (M, n - 1), labels (M,))`` for the Gram matrix
+    and label moments (``None`` for the other kinds), ``val_inputs`` ``(N, n - 1)`` and
+    ``y_val`` ``(N,)`` for the radius search and the certified radius."""
+    return space_kind(options.kind).build(center, train, val_inputs, y_val, options, seed)

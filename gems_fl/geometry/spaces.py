@@ -104,12 +104,16 @@ class GramSpace:
     ``x~ x~^T`` over the node's training inputs, so the distance is the root-mean-square
     change of the node's logits. ``certified_radius`` is the closed-form radius in the
     node's validation-logit metric within which no model can drop below eps.
+    ``moments`` ``(C, n)`` and ``class_counts`` ``(C,)`` are the node's label moments
+    (:func:`gems_fl.geometry.gram.label_moments`), which the pooled points need.
     """
 
     center: np.ndarray
     gram: np.ndarray
     radius: float
     certified_radius: float = 0.0
+    moments: np.ndarray | None = None
+    class_counts: np.ndarray | None = None
 
     def __post_init__(self) -> None:
         gram = np.asarray(self.gram, dtype=np.float64)

@@ -76,7 +76,7 @@ def build_local_space(
     model = work.training.new_model(num_features, num_classes)
     report = work.training.recipe.train(model, x_train, y_train, seed)
     center = model_to_vector(model).reshape(num_classes, num_features + 1)
-    layer = build_layer_space(center, x_train, x_val, y_val, work.space, seed)
+    layer = build_layer_space(center, (x_train, y_train), x_val, y_val, work.space, seed)
     return LocalSpace(layer=layer, training=report, num_train=len(y_train), num_val=len(y_val),
                       val_accuracy=accuracy(model, x_val, y_val))
 
@@ -93,6 +93,8 @@ def encode_layer_space(layer: LayerSpace, num_inputs: int, num_classes: int, *, 
         local_val_accuracy=val_accuracy,
         gram=space.gram if isinstance(space, GramSpace) and layer.factor is None else None,
         gram_factor=layer.factor,
+        labels=((space.moments, space.class_counts) if isinstance(space, GramSpace)
+                else None),
     )
 
 

@@ -130,8 +130,8 @@ def output_layer_space(
                             output_only=True)
     center = np.concatenate([model.output.weight.detach().double().numpy(),
                              model.output.bias.detach().double().numpy()[:, None]], axis=1)
-    train_feats = (layer_inputs(model, x_tr, len(fixed))
-                   if space_kind(work.space.kind).needs_train_inputs else None)
-    layer = build_layer_space(center, train_feats, layer_inputs(model, x_val, len(fixed)),
+    train = ((layer_inputs(model, x_tr, len(fixed)), y_tr)
+             if space_kind(work.space.kind).needs_train_inputs else None)
+    layer = build_layer_space(center, train, layer_inputs(model, x_val, len(fixed)),
                               y_val, work.space, seed)
     return layer, accuracy(model, x_val, y_val)

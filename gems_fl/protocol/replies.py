@@ -23,7 +23,7 @@ from flwr.app import Message, RecordDict
 from flwr.common.constant import ErrorCode
 from flwr.common.logger import log
 
-from gems_fl.geometry.gram import check_gram, from_factor, unpack_triangle
+from gems_fl.geometry.gram import check_gram, check_moments, from_factor, unpack_triangle
 from gems_fl.geometry.kinds import space_kind
 from gems_fl.geometry.spaces import GramSpace, Space
 from gems_fl.learning.models import state_to_vector
@@ -32,6 +32,7 @@ from gems_fl.protocol.wire import (
     AXES_KEY,
     CENTER_KEY,
     GRAM_KEY,
+    LABELS_KEY,
     IDENTITY_KEY,
     IDENTITY_METRIC_KEYS,
     IDENTITY_OPTIONAL_METRICS,
@@ -64,34 +65,36 @@ def decode_reply(
 ) -> tuple[Space | GramSpace, dict[str, float]]:
     """Validate a reply and turn it into a space of ``kind`` plus its metrics.
 
-    The kind (:func:`gems_fl.geometry.kinds.space_kind`) says which record it sends
-    beside the center (``axes``, ``gram`` or none); :data:`_EXTRA_READERS` reads it.
+    The kind (:func:`gems_fl.geometry.kinds.space_kind`) says which records it sends
+    beside the center (``axes``; ``gram`` and ``labels``; or none); :data:`_EXTRA_READERS`
+    reads each.
 
     Raises
     ------
     ReplyError
         Missing or extra records/keys, a shape that does not match the model, a
-        non-finite value, a negative radius, non-positive axes, or a Gram matrix that
-        is not symmetric positive semi-definite.
+        non-finite value, a negative radius, non-positive axes, a Gram matrix that is
+        not symmetric positive semi-definite, or label moments inconsistent with the
+        node's training-sample count.
     """
     space_type = space_kind(kind)
-    extra_key = space_type.extra_record
-    expected = {CENTER_KEY, METRICS_KEY} | ({extra_key} if extra_key else set())
+    expected = {CENTER_KEY, METRICS_KEY} | set(space_type.extra_records)
     present = set(content.keys())
     if present != expected:
         missing, extra = sorted(expected - present), sorted(present - expected)
         raise ReplyError(f"reply records {sorted(present)}: missing {missing}, unexpected {extra}")
     center = _read_state(content, CENTER_KEY, shapes)
     metrics = _read_metrics(content)
-    extra_value = (_EXTRA_READERS[extra_key](content, shapes, gram_rank)
-                   if extra_key else None)
+    extras = {key: _EXTRA_READERS[key](content, shapes, gram_rank, metrics)
+              for key in space_type.extra_records}
     certified = metrics["certified-radius"]
     space = space_type.make(state_to_vector(center), metrics["radius"],
-                            math.inf if certified < 0 else certified, extra_value)
+                            math.inf if certified < 0 else certified, extras)
     return space, metrics
 
 
-def _read_axes(content: RecordDict, shapes: dict[str, tuple[int, ...]], rank: int) -> np.ndarray:
+def _read_axes(content: RecordDict, shapes: dict[str, tuple[int, ...]], rank: int,
+               metrics: dict[str, float]) -> np.ndarray:
     """Relative ellipsoid axes, shaped like the model, all positive: as one vector."""
     axes = state_to_vector(_read_state(content, AXES_KEY, shapes))
     if np.any(axes <= 0):
@@ -99,9 +102,28 @@ def _read_axes(content: RecordDict, shapes: dict[str, tuple[int, ...]], rank: in
     return axes
 
 
-def _read_gram_record(content: RecordDict, shapes: dict[str, tuple[int, ...]],
-                      rank: int) -> np.ndarray:
+def _read_gram_record(content: RecordDict, shapes: dict[str, tuple[int, ...]], rank: int,
+                      metrics: dict[str, float]) -> np.ndarray:
     return _read_gram(content, int(shapes["weight"][1]) + 1, rank)
+
+
+def _read_labels(content: RecordDict, shapes: dict[str, tuple[int, ...]], rank: int,
+                 metrics: dict[str, float]) -> tuple[np.ndarray, np.ndarray]:
+    """Label moments and class counts, checked against the model and the node's count."""
+    record = content.array_records.get(LABELS_KEY)
+    if record is None:
+        raise ReplyError(f"'{LABELS_KEY}' is not an ArrayRecord")
+    if set(record.keys()) != {"moments", "counts"}:
+        raise ReplyError(f"'{LABELS_KEY}' holds {sorted(record.keys())}, expected "
+                         "['counts', 'moments']")
+    try:
+        moments, counts = (np.asarray(record[k].numpy()) for k in ("moments", "counts"))
+        classes, n = shapes["weight"][0], shapes["weight"][1] + 1
+        return check_moments(moments, counts, (classes, n), int(metrics["num-train-examples"]))
+    except ReplyError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - any decode or check failure is a bad reply
+        raise ReplyError(f"'{LABELS_KEY}': {exc}") from None
 
 
 def _read_gram(content: RecordDict, n: int, rank: int) -> np.ndarray:
@@ -373,7 +395,8 @@ def _canonical_key(first: Any) -> str:
 
 
 # How the wire format reads each kind's extra record (:attr:`SpaceKind.extra_record`).
-_EXTRA_READERS: dict[str, Callable[[RecordDict, dict[str, tuple[int, ...]], int], np.ndarray]] = {
+_EXTRA_READERS: dict[str, Callable[..., Any]] = {
     AXES_KEY: _read_axes,
     GRAM_KEY: _read_gram_record,
+    LABELS_KEY: _read_labels,
 }

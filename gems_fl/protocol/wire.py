@@ -29,6 +29,8 @@ Client -> server (the reply; nothing else leaves the client)::
     "axes":    ArrayRecord   relative ellipsoid axes, same keys and shapes (ellipsoid only)
     "gram":    ArrayRecord   gram only: "triangle", the upper triangle of G (float32), or
                              "factor", F with G = F F^T (gram-rank > 0)
+    "labels":  ArrayRecord   gram only: "moments", mean of e_y [x, 1]^T over the training
+                             rows (C x (d+1), float32), and "counts", the class counts
     "metrics": MetricRecord  radius, certified-radius (-1: infinite), eps (the node's
                              own), num-train-examples, num-val-examples,
                              local-val-accuracy
@@ -60,6 +62,7 @@ METRICS_KEY = "metrics"
 METRIC_KEYS = ("radius", "certified-radius", "eps", "num-train-examples", "num-val-examples",
                "local-val-accuracy")
 GRAM_KEY = "gram"
+LABELS_KEY = "labels"
 
 
 
@@ -132,6 +135,7 @@ def encode_reply(
     local_val_accuracy: float,
     gram: np.ndarray | None = None,
     gram_factor: np.ndarray | None = None,
+    labels: tuple[np.ndarray, np.ndarray] | None = None,
 ) -> RecordDict:
     """A node's reply: its good-enough space and a few counts.
 
@@ -145,6 +149,10 @@ def encode_reply(
         records[GRAM_KEY] = array_record({"factor": np.asarray(gram_factor, dtype=np.float32)})
     elif gram is not None:
         records[GRAM_KEY] = array_record({"triangle": pack_triangle(gram)})
+    if labels is not None:
+        moments, counts = labels
+        records[LABELS_KEY] = array_record({"moments": np.asarray(moments, dtype=np.float32),
+                                            "counts": np.asarray(counts, dtype=np.int64)})
     records[METRICS_KEY] = MetricRecord(
         {
             "radius": float(radius),

@@ -86,7 +86,7 @@ def check_partition(settings: Settings, num_nodes: int) -> None:
     division = parse_division(settings.label_division, num_nodes, splits.num_classes)
     try:
         check_partition_sizes(splits.train_y, splits.val_y, division,
-                              spec=settings.label_division)
+                              spec=settings.label_division, seed=settings.seed)
     except ValueError as exc:
         raise PreflightError(f"{_one_line(str(exc))} (with --nodes {num_nodes})") from None
 
@@ -147,9 +147,10 @@ def check_division(settings: Settings, num_nodes: int) -> None:
 
 
 def is_explicit_division(spec: str) -> bool:
-    """Whether ``spec`` is hand-written groups (not ``paper``, ``iid``, ``classes-per-node``)."""
+    """Whether ``spec`` is hand-written groups (not ``paper``, ``iid``,
+    ``classes-per-node:N`` or ``dirichlet:ALPHA``)."""
     keyword = spec.strip().lower().replace(" ", "")
-    return not (keyword in ("paper", "iid") or keyword.startswith("classes-per-node"))
+    return not (keyword in ("paper", "iid") or keyword.startswith(("classes-per-node", "dirichlet")))
 
 
 def check_data_files(settings: Settings) -> None:

@@ -1,0 +1,126 @@
+"""The pooled points: the ridge least-squares classifier of all nodes from sums of their
+statistics, and the best pooled fit inside every node's Gram space."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from gems_fl.geometry.gram import gram_distance, gram_matrix, label_moments
+from gems_fl.geometry.gram_merge import aggregate_gram, minimax_gram_point
+from gems_fl.geometry.pooled import best_point, pooled_point
+from gems_fl.geometry.spaces import GramSpace
+
+C, D = 3, 4
+
+
+def _data(seed: int, num: int = 300):
+    rng = np.random.default_rng(seed)
+    y = rng.integers(0, C, num)
+    x = rng.normal(size=(num, D)) + np.eye(C, D)[y] * 2.0
+    return x, y
+
+
+def _pooled_direct(x, y, ridge):
+    xa = np.hstack([x, np.ones((len(x), 1))])
+    yy = np.eye(C)[y]
+    a = xa.T @ xa / len(x) + ridge * np.eye(D + 1)
+    return np.linalg.solve(a, xa.T @ yy / len(x)).T
+
+
+def _nodes(x, y, parts):
+    grams, moments, counts = [], [], []
+    for rows in parts:
+        grams.append(gram_matrix(x[rows]))
+        moments.append(label_moments(x[rows], y[rows], C)[0])
+        counts.append(len(rows))
+    return grams, moments, counts
+
+
+@pytest.mark.parametrize("ridge", [0.0, 1e-3, 1e-1])
+def test_pooled_point_is_the_pooled_ridge_fit_whatever_the_split(ridge):
+    x, y = _data(0)
+    direct = _pooled_direct(x, y, ridge)
+    by_label = [np.flatnonzero(y == c) for c in range(C)]  # each node one class
+    uneven = [np.arange(0, 20), np.arange(20, 250), np.arange(250, 300)]
+    for parts in (by_label, uneven):
+        got = pooled_point(*_nodes(x, y, parts), ridge=ridge)
+        np.testing.assert_allclose(got, direct, rtol=1e-9, atol=1e-10)
+
+
+def _spaces(x, y, parts, radii):
+    """Each node's Gram space around its own least-squares model (radius per node, or one)."""
+    grams, moments, counts = _nodes(x, y, parts)
+    radii = np.broadcast_to(np.asarray(radii, dtype=np.float64), (len(parts),))
+    spaces = []
+    for rows, g, m, radius in zip(parts, grams, moments, radii):
+        w = _pooled_direct(x[rows], y[rows], 1e-2)
+        spaces.append(GramSpace(w.reshape(-1), g, float(radius), 0.0, m,
+                                np.bincount(y[rows], minlength=C)))
+    return spaces, counts
+
+
+def _fit(w, a_b):
+    a, b = a_b
+    return float(((w @ a) * w).sum() - 2 * (b * w).sum())
+
+
+def test_best_point_is_inside_every_space_and_fits_better_than_other_inside_points():
+    x, y = _data(1)
+    parts = np.array_split(np.argsort(y, kind="stable"), 3)  # label-skewed nodes
+    spaces, counts = _spaces(x, y, parts, [0.3, 1.0, 1.0])  # node 0's space binds
+    centers = [s.matrix for s in spaces]
+    grams, moments = [s.gram for s in spaces], [s.moments for s in spaces]
+    radii = [s.radius for s in spaces]
+    pooled = pooled_point(grams, moments, counts, 1e-3)
+    assert not all(s.contains(pooled) for s in spaces), "the test needs a binding constraint"
+    shared, worst = minimax_gram_point(centers, grams, radii)
+    assert worst < 1.0
+    best, info = best_point(centers, grams, radii, moments, counts, ridge=1e-3, feasible=shared)
+    assert all(s.contains(best) for s in spaces)
+    from gems_fl.geometry.pooled import pooled_system
+    a_b = tuple(t.numpy() for t in pooled_system(grams, moments, counts, 1e-3))
+    # no point inside every space fits better: the segment to the minimax point and
+    # random inside points (blended toward it until inside) all fit worse
+    rng = np.random.default_rng(0)
+    for _ in range(50):
+        probe = best + rng.normal(scale=0.05, size=best.shape)
+        t = 0.0
+        while not all(s.contains(probe) for s in spaces) and t < 1:
+            t += 0.05
+            probe = (1 - t) * probe + t * shared
+        if all(s.contains(probe) for s in spaces):
+            assert _fit(best, a_b) <= _fit(probe, a_b) + 1e-9
+    # complementary slackness: a node with a positive multiplier is on its boundary
+    for s, mu in zip(spaces, info["multipliers"]):
+        if mu > 1e-6:
+            assert gram_distance(best, s.matrix, s.gram) == pytest.approx(s.radius, rel=1e-3)
+
+
+def test_best_point_is_the_pooled_point_when_that_lies_in_every_space():
+    x, y = _data(2)
+    parts = np.array_split(np.arange(len(y)), 3)  # iid nodes: the pooled fit is near each
+    spaces, counts = _spaces(x, y, parts, 5.0)
+    result = aggregate_gram(spaces, counts, point="best", pooled_ridge=1e-3)
+    pooled = pooled_point([s.gram for s in spaces], [s.moments for s in spaces], counts, 1e-3)
+    assert result.method == "best" and result.found
+    np.testing.assert_array_equal(result.point, pooled.reshape(-1))
+    assert "pooled point lies in every space" in result.details["best"]
+
+
+def test_best_falls_back_to_the_pooled_point_when_the_spaces_share_none():
+    x, y = _data(3)
+    parts = [np.flatnonzero(y == c) for c in range(C)]
+    spaces, counts = _spaces(x, y, parts, 1e-3)  # tiny, disjoint
+    result = aggregate_gram(spaces, counts, point="best")
+    assert result.method == "pooled" and not result.found
+    assert result.details["spaces_share_a_point"] is False
+    assert "share no point" in result.details["best"]
+
+
+def test_pooled_points_need_label_moments():
+    x, y = _data(4)
+    spaces, counts = _spaces(x, y, np.array_split(np.arange(len(y)), 2), 1.0)
+    bare = [GramSpace(s.center, s.gram, s.radius) for s in spaces]
+    with pytest.raises(ValueError, match="needs every node's label moments"):
+        aggregate_gram(bare, counts, point="pooled")
