@@ -127,6 +127,7 @@ def node_space(
     r_max: float = 0.0,
     delta: float = 0.01,
     gram_rank: int = 0,
+    label_moments: bool = True,
 ) -> NodeSpace:
     """A node's good-enough space around its trained linear model.
 
@@ -148,6 +149,9 @@ def node_space(
         Minimum validation accuracy of a good-enough model, in ``[0, 1]``.
     seed, num_directions, r_max, delta, gram_rank
         The radius search (as the run settings of the same names).
+    label_moments : bool
+        ``kind='gram'``: keep the label moments, which :func:`aggregate`'s
+        ``gram_point='pooled'`` and ``'best'`` need.
 
     Returns
     -------
@@ -163,7 +167,7 @@ def node_space(
         raise ValueError(f"y_train {yt.shape} / y_val {yv.shape} must hold one label per row "
                          f"of x_train ({len(xt)}) / x_val ({len(xv)})")
     options = SpaceOptions(kind=kind, eps=eps, num_directions=num_directions, r_max=r_max,
-                           delta=delta, gram_rank=gram_rank)
+                           delta=delta, gram_rank=gram_rank, label_moments=label_moments)
     layer: LayerSpace = build_layer_space(w, (xt, yt), xv, yv, options, seed)
     return NodeSpace(layer.space, kind, layer.certified_radius, layer.center_accuracy, len(yt),
                      (int(w.shape[0]), int(w.shape[1])))
@@ -171,14 +175,14 @@ def node_space(
 
 def aggregate(spaces: Sequence[NodeSpace], *, seed: int = 0, no_intersection: str = "min-penalty",
               gram_weighting: str = "samples", gram_ridge: float = 1e-6,
-              gram_point: str = "closed-form") -> Aggregate:
+              gram_point: str = "closed-form", pooled_ridge: float = 1e-3) -> Aggregate:
     """``h_G`` for the spaces of several nodes (all of one kind and one layer shape).
 
     Parameters
     ----------
     spaces : sequence of NodeSpace
         One per node, from :func:`node_space`.
-    seed, no_intersection, gram_weighting, gram_ridge, gram_point
+    seed, no_intersection, gram_weighting, gram_ridge, gram_point, pooled_ridge
         As the run settings of the same names.
 
     Returns
@@ -194,7 +198,7 @@ def aggregate(spaces: Sequence[NodeSpace], *, seed: int = 0, no_intersection: st
     kind = kinds.pop()
     options = AggregateOptions(kind=kind, no_intersection=no_intersection, seed=seed,
                                gram_weighting=gram_weighting, gram_ridge=gram_ridge,
-                               gram_point=gram_point)
+                               gram_point=gram_point, pooled_ridge=pooled_ridge)
     result = space_kind(kind).aggregate([s.space for s in spaces], [s.num_train for s in spaces],
                                         options)
     shape = spaces[0].weights.shape

@@ -198,6 +198,12 @@ class Settings:
         'all nodes\' data, from their Gram matrices and label moments; `best` the best '
         'pooled fit inside every node\'s space (the pooled point when they share none)',
         one_of(GRAM_POINTS))
+    label_moments: bool = setting(
+        False,
+        '`gram` only: nodes also send their label moments (mean of `e_y [x, 1]^T` over their '
+        'training rows, one model\'s size) and class counts; `gram-point` `pooled` and '
+        '`best` need them',
+        node=True)
     pooled_ridge: float = setting(
         1e-3,
         '`gram-point` `pooled` and `best`: ridge of the pooled least-squares fit (relative '
@@ -378,6 +384,11 @@ class Settings:
         self._check_dataset_shape()
         if not node_only:
             self._check_node_files()
+            if self.gram_point in ("pooled", "best") and not (self.space == "gram"
+                                                              and self.label_moments):
+                raise SettingsError(
+                    f"gram-point='{self.gram_point}' fits the labels of all nodes from their "
+                    "label moments: set space='gram' and label-moments=true")
 
     def _check_dataset_shape(self) -> None:
         """``num-features`` and ``classes`` pin ``node-files`` runs; a named dataset has its own."""

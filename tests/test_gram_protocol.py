@@ -31,7 +31,7 @@ def _gram_reply(gram: np.ndarray | None = None) -> object:
 def test_decode_accepts_a_gram_reply_and_rebuilds_the_matrix():
     rng = np.random.default_rng(0)
     gram = gram_matrix(rng.standard_normal((40, 4)))
-    space, metrics = replies.decode_reply(_gram_reply(gram), SHAPES, "gram")
+    space, metrics = replies.decode_reply(_gram_reply(gram), SHAPES, "gram", labels=True)
     assert space.kind == "gram" and space.radius == 2.0 and space.certified_radius == 0.5
     np.testing.assert_allclose(space.gram, gram, rtol=1e-6, atol=1e-6)  # float32 on the wire
     assert metrics["eps"] == 0.4
@@ -112,7 +112,24 @@ def test_bad_gram_replies_are_rejected_with_a_reason(name):
     content = _gram_reply()
     corrupt(content)
     with pytest.raises(replies.ReplyError, match=reason):
-        replies.decode_reply(content, SHAPES, "gram")
+        replies.decode_reply(content, SHAPES, "gram", labels=True)
+
+
+def test_label_moments_are_sent_only_when_the_run_asks_for_them():
+    with pytest.raises(replies.ReplyError, match="unexpected \\['labels'\\]"):
+        replies.decode_reply(_gram_reply(), SHAPES, "gram")  # label-moments=false
+    content = _gram_reply()
+    del content["labels"]
+    space, _ = replies.decode_reply(content, SHAPES, "gram")
+    assert space.moments is None and space.class_counts is None
+
+
+def test_pooled_points_need_label_moments_in_the_settings():
+    from gems_fl.settings import Settings, SettingsError
+
+    with pytest.raises(SettingsError, match="label-moments=true"):
+        Settings(gram_point="best")
+    Settings(gram_point="best", label_moments=True)
 
 
 def test_a_non_symmetric_full_matrix_is_rejected():

@@ -124,3 +124,27 @@ def test_pooled_points_need_label_moments():
     bare = [GramSpace(s.center, s.gram, s.radius) for s in spaces]
     with pytest.raises(ValueError, match="needs every node's label moments"):
         aggregate_gram(bare, counts, point="pooled")
+
+
+@pytest.mark.parametrize("point", ["pooled", "best"])
+def test_a_run_with_the_pooled_points(tmp_path, point):
+    from tests.helpers import run_in_process
+
+    results = run_in_process(3, tmp_path, **{"gram-point": point, "label-moments": True,
+                                            "label-division": "paper"})
+    inter = results["intersection"]
+    assert inter["method"] in ({"pooled"} if point == "pooled" else {"best", "pooled"})
+    assert results["rows"]["GEMS"]["accuracy"] > 0.5
+    if inter["method"] == "best":
+        assert inter["found"]
+
+
+def test_the_api_offers_the_pooled_points():
+    from gems_fl.api import aggregate, node_space
+
+    x, y = _data(5)
+    parts = np.array_split(np.arange(len(y)), 3)
+    spaces = [node_space(_pooled_direct(x[r], y[r], 1e-2), x[r], y[r], x[r], y[r], eps=0.5)
+              for r in parts]
+    merged = aggregate(spaces, gram_point="pooled")
+    np.testing.assert_allclose(merged.weights, _pooled_direct(x, y, 1e-3), rtol=1e-6, atol=1e-6)

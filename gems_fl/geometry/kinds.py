@@ -65,6 +65,8 @@ class SpaceOptions(_FromSettings):
         ``ellipsoid`` only: shortest relative axis and the Fisher floor rule.
     gram_rank : int
         ``gram`` only: 0 keeps the full Gram matrix, ``r > 0`` its rank-r factor.
+    label_moments : bool
+        ``gram`` only: also compute the label moments and class counts (the pooled points).
     """
 
     kind: str = "gram"
@@ -75,6 +77,7 @@ class SpaceOptions(_FromSettings):
     ellipsoid_c: float = 0.1
     ellipsoid_floor: str = "quantile"
     gram_rank: int = 0
+    label_moments: bool = False
 
     def __post_init__(self) -> None:
         check_option(self.kind, "kind", choices.SPACE_KINDS)
@@ -128,6 +131,7 @@ class SpaceKind:
     units: str  # what a radius of this kind measures
     r_max: float  # default upper end of the radius bisection, in those units
     extra_records: tuple[str, ...] = ()  # the wire records sent beside the center
+    optional_records: tuple[str, ...] = ()  # records sent when the run asks for them
     needs_train_inputs = False  # whether build() reads the training inputs and labels
 
     def build(self, center: np.ndarray, train: tuple[np.ndarray, np.ndarray] | None,
@@ -207,14 +211,16 @@ class Gram(SpaceKind):
     name = "gram"
     units = "RMS logit change"
     r_max = choices.SPACE_R_MAX["gram"]  # gram_search.DEFAULT_R_MAX (100) is the library call's
-    extra_records = ("gram", "labels")  # G_k, and the label moments with class counts
+    extra_records = ("gram",)
+    optional_records = ("labels",)  # the label moments, sent with label-moments=true
     needs_train_inputs = True
 
     def build(self, center, train, val_inputs, y_val, options, seed) -> LayerSpace:
         center = np.asarray(center, dtype=np.float64)
         train_inputs, train_labels = train
         gram = gram_matrix(train_inputs)
-        moments, counts = label_moments(train_inputs, train_labels, center.shape[0])
+        moments, counts = (label_moments(train_inputs, train_labels, center.shape[0])
+                           if options.label_moments else (None, None))
         factor = None
         if options.gram_rank > 0:
             factor = low_rank_factor(gram, min(options.gram_rank, gram.shape[0]))
@@ -227,7 +233,7 @@ class Gram(SpaceKind):
                                     counts), cert, search.center_accuracy, factor)
 
     def make(self, center, radius, certified, extras) -> GramSpace:
-        moments, counts = extras["labels"]
+        moments, counts = extras.get("labels", (None, None))
         return GramSpace(center, extras["gram"], radius, certified, moments, counts)
 
     def aggregate(self, spaces, num_train, options) -> IntersectionResult:

@@ -181,7 +181,8 @@ class LayerwiseGEMS(GEMSBase):
         shapes = {"weight": (self.num_classes, fan_in), "bias": (self.num_classes,)}
         accepted = self._accept(
             record, replies,
-            lambda c: decode_reply(c, shapes, self.settings.space, self.settings.gram_rank))
+            lambda c: decode_reply(c, shapes, self.settings.space, self.settings.gram_rank,
+                                   labels=self.settings.label_moments))
         nodes = [NodeReply(node, space, metrics) for node, (space, metrics) in accepted]
         log(INFO, "Output layer:")
         result = aggregate_layer_spaces(nodes, AggregateOptions.from_settings(self.settings),

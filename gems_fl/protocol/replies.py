@@ -62,12 +62,13 @@ class NotEnoughRepliesError(RuntimeError):
 
 def decode_reply(
     content: RecordDict, shapes: dict[str, tuple[int, ...]], kind: str, gram_rank: int = 0,
+    *, labels: bool = False,
 ) -> tuple[Space | GramSpace, dict[str, float]]:
     """Validate a reply and turn it into a space of ``kind`` plus its metrics.
 
     The kind (:func:`gems_fl.geometry.kinds.space_kind`) says which records it sends
-    beside the center (``axes``; ``gram`` and ``labels``; or none); :data:`_EXTRA_READERS`
-    reads each.
+    beside the center (``axes``; ``gram``; or none); ``labels=True`` (``label-moments``)
+    expects a Gram reply's ``labels`` too. :data:`_EXTRA_READERS` reads each.
 
     Raises
     ------
@@ -78,7 +79,8 @@ def decode_reply(
         node's training-sample count.
     """
     space_type = space_kind(kind)
-    expected = {CENTER_KEY, METRICS_KEY} | set(space_type.extra_records)
+    records = space_type.extra_records + (space_type.optional_records if labels else ())
+    expected = {CENTER_KEY, METRICS_KEY} | set(records)
     present = set(content.keys())
     if present != expected:
         missing, extra = sorted(expected - present), sorted(present - expected)
@@ -86,7 +88,7 @@ def decode_reply(
     center = _read_state(content, CENTER_KEY, shapes)
     metrics = _read_metrics(content)
     extras = {key: _EXTRA_READERS[key](content, shapes, gram_rank, metrics)
-              for key in space_type.extra_records}
+              for key in records}
     certified = metrics["certified-radius"]
     space = space_type.make(state_to_vector(center), metrics["radius"],
                             math.inf if certified < 0 else certified, extras)

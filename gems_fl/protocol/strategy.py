@@ -102,6 +102,7 @@ class GEMS(GEMSBase):
         decoded, rejected = validate_replies(
             replies, self._sent_to,
             lambda content: decode_reply(content, self.shapes, self.settings.space,
-                                         self.settings.gram_rank),
+                                         self.settings.gram_rank,
+                                         labels=self.settings.label_moments),
             log_prefix=f"Round {len(self.rounds)}: ", names=self.names, messages=self._messages)
         return [NodeReply(node, space, metrics) for node, (space, metrics) in decoded], rejected

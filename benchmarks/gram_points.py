@@ -1,0 +1,121 @@
+"""Which Gram point is best, on every division: closed-form (RegMean), pooled, best.
+
+    python3 benchmarks/gram_points.py --seeds 0 1 2 3 4
+
+For each label division and seed, on Fashion-MNIST with the run's defaults (logistic
+model, ``space='gram'``, eps 0.4), every node does what a node does in a run
+(``gems_fl.protocol.node.build_local_space``: train its model, find its Gram space, label
+moments included) and its reply goes through the wire format and the server's checks
+(``encode_layer_space`` -> ``decode_reply``). The server's three points are then formed
+from the same replies (``aggregate_gram``) and scored on the 5000 test images; each node
+checks each point on its own validation data against its eps (the evaluate round's rule),
+and the table says on how many nodes it is good enough. Averaged is the plain mean of
+the local models. Untuned, no public data, one round.
+
+Prints a table and writes JSON (``--out``, default ``benchmarks/out/gram_points.json``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # run from a checkout without installing it
+
+from gems_fl.data import load_dataset, node_data, parse_division  # noqa: E402
+from gems_fl.data.nodes import node_seed  # noqa: E402
+from gems_fl.geometry.eps import passes  # noqa: E402
+from gems_fl.geometry.gram_merge import aggregate_gram  # noqa: E402
+from gems_fl.learning.threads import compute_threads  # noqa: E402
+from gems_fl.protocol.node import build_local_space, encode_layer_space  # noqa: E402
+from gems_fl.protocol.node_layerwise import NodeWork  # noqa: E402
+from gems_fl.protocol.replies import decode_reply  # noqa: E402
+from gems_fl.settings import Settings  # noqa: E402
+
+DIVISIONS = [("paper", 5), ("dirichlet:0.5", 5), ("dirichlet:0.1", 5), ("dirichlet:0.1", 20)]
+POINTS = ("closed-form", "pooled", "best")
+
+
+def _correct(w: np.ndarray, x: np.ndarray, y: np.ndarray) -> int:
+    return int(((x @ w[:, :-1].T + w[:, -1]).argmax(axis=1) == y).sum())
+
+
+def trial(division_spec: str, num_nodes: int, seed: int) -> dict:
+    settings = Settings(dataset="fashion-mnist", label_division=division_spec, seed=seed,
+                        label_moments=True)
+    splits = load_dataset("fashion-mnist", seed=seed)
+    division = parse_division(division_spec, num_nodes, splits.num_classes)
+    work = NodeWork.from_settings(settings)
+    shapes = {"weight": (10, splits.num_features), "bias": (10,)}
+    spaces, counts, vals, locals_ = [], [], [], []
+    t0 = time.perf_counter()
+    for k in range(num_nodes):
+        x_tr, y_tr, x_val, y_val = node_data(splits, division, k, seed)
+        local = build_local_space(x_tr, y_tr, x_val, y_val, 10, work, node_seed(seed, k))
+        reply = encode_layer_space(local.layer, splits.num_features, 10, eps=settings.eps,
+                                   num_train=local.num_train, num_val=local.num_val,
+                                   val_accuracy=local.val_accuracy)
+        space, metrics = decode_reply(reply, shapes, "gram", labels=True)
+        spaces.append(space)
+        counts.append(metrics["num-train-examples"])
+        vals.append((x_val, y_val))
+        locals_.append(space.matrix)
+    nodes_s = time.perf_counter() - t0
+    test_acc = lambda w: _correct(w, splits.test_x, splits.test_y) / len(splits.test_y)  # noqa: E731
+    out = {"division": division_spec, "nodes": num_nodes, "seed": seed, "nodes_s": nodes_s,
+           "averaged": test_acc(np.mean(locals_, axis=0)),
+           "local_mean": float(np.mean([test_acc(w) for w in locals_])), "points": {}}
+    for point in POINTS:
+        t1 = time.perf_counter()
+        result = aggregate_gram(spaces, counts, point=point, ridge=settings.gram_ridge,
+                                pooled_ridge=settings.pooled_ridge)
+        w = result.point.reshape(10, -1)
+        good = sum(passes(_correct(w, x, y), len(y), settings.eps) for x, y in vals)
+        out["points"][point] = {
+            "accuracy": test_acc(w), "method": result.method, "inside": sum(result.inside),
+            "good_enough": int(good), "server_s": time.perf_counter() - t1,
+            "note": result.details.get("best", ""),
+        }
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0])
+    parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "out" / "gram_points.json")
+    args = parser.parse_args()
+    rows = []
+    with compute_threads():
+        for spec, k in DIVISIONS:
+            for seed in args.seeds:
+                row = trial(spec, k, seed)
+                rows.append(row)
+                cells = "  ".join(f"{p} {v['accuracy']:.3f} ({v['good_enough']}/{k})"
+                                  for p, v in row["points"].items())
+                print(f"{spec} K={k} seed {seed}: averaged {row['averaged']:.3f}  {cells}",
+                      flush=True)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps({"seeds": args.seeds, "trials": rows}, indent=2) + "\n")
+    print()
+    print("| division | K | Averaged | " + " | ".join(POINTS) + " |")
+    print("| --- | --- | --- | " + " | ".join("---" for _ in POINTS) + " |")
+    for spec, k in DIVISIONS:
+        mine = [r for r in rows if r["division"] == spec and r["nodes"] == k]
+        cell = lambda vals: f"{np.mean(vals):.3f} ({np.std(vals):.3f})"  # noqa: E731
+        cells = []
+        for p in POINTS:
+            acc = [r["points"][p]["accuracy"] for r in mine]
+            good = min(r["points"][p]["good_enough"] for r in mine)
+            cells.append(f"{cell(acc)}, good enough on >= {good}/{k}")
+        print(f"| {spec} | {k} | {cell([r['averaged'] for r in mine])} | " + " | ".join(cells) + " |")
+    print(f"\nmean (std) test accuracy over seeds {args.seeds}; JSON: {args.out}")
+
+
+if __name__ == "__main__":
+    main()
