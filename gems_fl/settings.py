@@ -204,6 +204,13 @@ class Settings:
         'training rows, one model\'s size) and class counts; `gram-point` `pooled` and '
         '`best` need them',
         node=True)
+    refine_rounds: int = setting(
+        0,
+        '`gram`, logistic model: rounds after the one-shot `h_G` in which every node sends '
+        'its cross-entropy gradient at the current model (model-sized) and the server steps '
+        '`W <- W - 2 g (G + pooled-ridge I)^-1` with the Gram matrices it holds (Bohning '
+        '1992: the pooled loss never increases). 0: one-shot',
+        at_least(0))
     pooled_ridge: float = setting(
         1e-3,
         '`gram-point` `pooled` and `best`: ridge of the pooled least-squares fit (relative '
@@ -389,6 +396,11 @@ class Settings:
                 raise SettingsError(
                     f"gram-point='{self.gram_point}' fits the labels of all nodes from their "
                     "label moments: set space='gram' and label-moments=true")
+            if self.refine_rounds and not (self.space == "gram" and self.model == "logistic"):
+                raise SettingsError(
+                    f"refine-rounds={self.refine_rounds} steps with the nodes' Gram matrices: "
+                    "set space='gram' and model='logistic' (the MLP's output layer is not "
+                    "refined yet), or refine-rounds=0")
 
     def _check_dataset_shape(self) -> None:
         """``num-features`` and ``classes`` pin ``node-files`` runs; a named dataset has its own."""

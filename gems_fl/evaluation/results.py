@@ -66,6 +66,8 @@ def gems_note(results: dict[str, Any]) -> str:
     inside = list(inside.values()) if isinstance(inside, dict) else inside
     where = space_kind(results["settings"].get("space", "ball")).where(
         bool(inter["found"]), str(inter["method"]), inside)
+    if results.get("refinement"):
+        where += f"; then refined over {len(results['refinement']) - 1} rounds"
     ver = results.get("verification")
     if ver:
         answered = ver["answered"]
@@ -96,6 +98,23 @@ def markdown_table(results: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def refinement_table(results: dict[str, Any]) -> Table | None:
+    """The refinement rounds: test accuracy, the pooled loss and the bytes so far."""
+    rows = results.get("refinement")
+    if not rows:
+        return None
+    table = Table(title="Refinement: Bohning steps from the one-shot h_G (round 0); GEMS is "
+                  "the last model, membership below is the one-shot h_G's")
+    for col in ("round", "test acc", "pooled train loss before", "nodes", "bytes so far"):
+        table.add_column(col, justify="right")
+    for r in rows:
+        acc, loss = r.get("test_accuracy"), r.get("loss_before")
+        table.add_row(str(r["refine_round"]), "-" if acc is None else f"{acc:.4f}",
+                      "-" if loss is None else f"{loss:.4f}", str(r["nodes"]),
+                      f"{r['cumulative_bytes']:,}")
+    return table
+
+
 def print_results(results: dict[str, Any], console: Console | None = None) -> None:
     """Print the accuracy table, per-node spaces and rejections."""
     if console is None:
@@ -103,6 +122,9 @@ def print_results(results: dict[str, Any], console: Console | None = None) -> No
         if not console.is_terminal:  # a log stream: rich's 80-column default wraps every name
             console.width = max(console.width, 120)
     console.print(format_table(results))
+    refinement = refinement_table(results)
+    if refinement is not None:
+        console.print(refinement)
     nodes = Table(title="Per node: good-enough space, and h_G checked by the node on its own "
                   "validation data")
     for col in ("node", "train", "val", "eps", "local val acc", "radius", "certified",

@@ -26,7 +26,8 @@ from gems_fl.data.nodes import (
 from gems_fl.data.site_files import feature_stats
 from gems_fl.geometry.kinds import LayerSpace, build_layer_space
 from gems_fl.geometry.spaces import GramSpace, Space
-from gems_fl.learning.models import model_to_vector, vector_to_state
+from gems_fl.geometry.refine import softmax_gradient
+from gems_fl.learning.models import model_to_vector, state_to_vector, vector_to_state
 from gems_fl.learning.threads import compute_threads
 from gems_fl.learning.train import TrainReport, accuracy, set_default_device
 from gems_fl.protocol import wire
@@ -120,6 +121,17 @@ def _layer_round_reply(
                               num_train=len(y_tr), num_val=len(y_val), val_accuracy=val_acc)
 
 
+def _refine_reply(msg: Message, data) -> RecordDict:  # noqa: ANN001 - NodeData
+    """A refinement round: this node's cross-entropy gradient at the server's model."""
+    state = wire.decode_model(msg.content)
+    w = state_to_vector(state).reshape(data.num_classes, data.num_features + 1)
+    x_tr, y_tr = data.arrays[0], data.arrays[1]
+    gradient, loss = softmax_gradient(w, x_tr, y_tr)
+    return wire.encode_gradient_reply(
+        vector_to_state(gradient.reshape(-1), data.num_features, data.num_classes),
+        loss=loss, num_train_examples=len(y_tr))
+
+
 def handle_train(msg: Message, context: Context) -> Message:
     """Flower ``train`` handler: data -> local model -> good-enough space -> reply."""
     config = wire.decode_config(msg.content)
@@ -127,6 +139,8 @@ def handle_train(msg: Message, context: Context) -> Message:
     set_default_device(settings.device)
     data = cast_node_arrays(load_node_data(settings, context.node_config,
                                            DataAgreement.from_config(config)))
+    if wire.REFINE_KEY in config:
+        return Message(content=_refine_reply(msg, data), reply_to=msg)
     with compute_threads():  # one thread count for training and the search after it
         if settings.model == "mlp":
             content = _layer_round_reply(msg, settings, data.num_classes, data.arrays, data.seed)

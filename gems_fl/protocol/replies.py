@@ -31,6 +31,8 @@ from gems_fl.naming import describe_node, describe_nodes
 from gems_fl.protocol.wire import (
     AXES_KEY,
     CENTER_KEY,
+    GRADIENT_KEY,
+    GRADIENT_METRIC_KEYS,
     GRAM_KEY,
     LABELS_KEY,
     IDENTITY_KEY,
@@ -93,6 +95,29 @@ def decode_reply(
     space = space_type.make(state_to_vector(center), metrics["radius"],
                             math.inf if certified < 0 else certified, extras)
     return space, metrics
+
+
+def decode_gradient_reply(content: RecordDict, shapes: dict[str, tuple[int, ...]]
+                          ) -> tuple[np.ndarray, dict[str, float]]:
+    """Validate a refinement reply: ``(gradient (C, d + 1), metrics)``."""
+    expected = {GRADIENT_KEY, METRICS_KEY}
+    present = set(content.keys())
+    if present != expected:
+        raise ReplyError(f"reply records {sorted(present)}: missing {sorted(expected - present)}, "
+                         f"unexpected {sorted(present - expected)}")
+    gradient = state_to_vector(_read_state(content, GRADIENT_KEY, shapes))
+    record = content.metric_records.get(METRICS_KEY)
+    if record is None or set(record.keys()) != set(GRADIENT_METRIC_KEYS):
+        raise ReplyError(f"'{METRICS_KEY}' must hold exactly {', '.join(GRADIENT_METRIC_KEYS)}")
+    metrics = {k: record[k] for k in GRADIENT_METRIC_KEYS}
+    if any(isinstance(v, (list, bool)) or not math.isfinite(v) for v in metrics.values()):
+        raise ReplyError(f"refinement metrics {metrics} must be finite numbers")
+    if metrics["loss"] < 0:
+        raise ReplyError(f"loss={metrics['loss']} is negative")
+    if metrics["num-train-examples"] < 1 or not float(metrics["num-train-examples"]).is_integer():
+        raise ReplyError(f"num-train-examples={metrics['num-train-examples']} must be a "
+                         "positive integer")
+    return gradient.reshape(shapes["weight"][0], -1), {k: float(v) for k, v in metrics.items()}
 
 
 def _read_axes(content: RecordDict, shapes: dict[str, tuple[int, ...]], rank: int,

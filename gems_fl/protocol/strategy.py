@@ -10,18 +10,27 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable, Mapping
-from logging import INFO
+from logging import INFO, WARNING
 from typing import Any
 
+import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
 from flwr.common.logger import log
 from flwr.serverapp import Grid
 
 from gems_fl.geometry.kinds import AggregateOptions, SpaceOptions
 from gems_fl.learning.models import vector_to_state
+from gems_fl.naming import describe_node
 from gems_fl.protocol import wire
 from gems_fl.protocol.base import ConvexOutcome, GEMSBase, NodeReply, aggregate_layer_spaces, select_nodes
-from gems_fl.protocol.replies import NotEnoughRepliesError, decode_reply, validate_replies
+from gems_fl.geometry.refine import bohning_step, pooled_gradient
+from gems_fl.protocol.replies import (
+    NotEnoughRepliesError,
+    _rejection,
+    decode_gradient_reply,
+    decode_reply,
+    validate_replies,
+)
 from gems_fl.protocol.wire import content_bytes
 from gems_fl.settings import Settings
 
@@ -46,8 +55,14 @@ class GEMS(GEMSBase):
         super().__init__(settings, participants, names, extra_config)
         self.shapes = shapes
         self.rounds: list[dict[str, Any]] = []
+        self.point: np.ndarray | None = None  # h_G, then refined by each refinement round
         self._sent_to: list[int] = []
         self._gone: list[dict[str, object]] = []
+
+    @property
+    def num_rounds(self) -> int:
+        """The round of spaces, then ``refine-rounds`` refinement rounds."""
+        return 1 + self.settings.refine_rounds
 
     def summary(self) -> None:
         """Log the strategy's settings."""
@@ -63,6 +78,8 @@ class GEMS(GEMSBase):
     ) -> Iterable[Message]:
         """One train message per participating node, carrying the nodes' settings."""
         self._t0 = time.perf_counter()
+        if server_round > 1:
+            return self._configure_refine(server_round, grid)
         self._sent_to, self._gone = select_nodes(grid, self.participants, self.names)
         content = wire.encode_config(self.node_config())
         self.rounds.append({"round": server_round, "nodes": list(self._sent_to),
@@ -73,6 +90,8 @@ class GEMS(GEMSBase):
         self, server_round: int, replies: Iterable[Message]
     ) -> tuple[ArrayRecord | None, MetricRecord | None]:
         """Validate replies, intersect the accepted spaces, return ``h_G``."""
+        if server_round > 1:
+            return self._aggregate_refine(server_round, list(replies))
         replies = list(replies)
         self.rounds[-1]["bytes_received"] = sum(
             content_bytes(r.content) for r in replies if not r.has_error())
@@ -88,6 +107,7 @@ class GEMS(GEMSBase):
         result = aggregate_layer_spaces(accepted, AggregateOptions.from_settings(self.settings),
                                         self.names)
         self.outcome.intersection = result
+        self.point = np.asarray(result.point, dtype=np.float64)
         num_classes, num_features = self.shapes["weight"]
         state = vector_to_state(result.point, num_features, num_classes)
         metrics = MetricRecord({
@@ -106,3 +126,61 @@ class GEMS(GEMSBase):
                                          labels=self.settings.label_moments),
             log_prefix=f"Round {len(self.rounds)}: ", names=self.names, messages=self._messages)
         return [NodeReply(node, space, metrics) for node, (space, metrics) in decoded], rejected
+
+    # ---- refinement rounds (refine-rounds=R, space='gram') --------------------------------
+
+    def _configure_refine(self, server_round: int, grid: Grid) -> Iterable[Message]:
+        """The current model to every node whose space was accepted and is still there."""
+        accepted = [r.node_id for r in self.outcome.accepted]
+        self._sent_to, gone = select_nodes(grid, accepted, self.names,
+                                           log_prefix=f"Round {server_round}: ")
+        num_classes, num_features = self.shapes["weight"]
+        content = wire.encode_refine_round(self.node_config(), server_round - 1,
+                                           vector_to_state(self.point, num_features, num_classes))
+        self.rounds.append({"round": server_round, "refine": server_round - 1,
+                            "nodes": list(self._sent_to), "rejected": gone,
+                            "bytes_sent": content_bytes(content) * len(self._sent_to)})
+        return self._send(content, self._sent_to, server_round)
+
+    def _aggregate_refine(self, server_round: int,
+                          replies: list[Message]) -> tuple[ArrayRecord, MetricRecord]:
+        """Pool the nodes' gradients and take Bohning's step from the current model."""
+        record = self.rounds[-1]
+        record["bytes_received"] = sum(content_bytes(r.content) for r in replies
+                                       if not r.has_error())
+        spaces = {r.node_id: r for r in self.outcome.accepted}
+        decoded, rejected = validate_replies(
+            replies, self._sent_to,
+            lambda content: decode_gradient_reply(content, self.shapes),
+            log_prefix=f"Round {server_round}: ", names=self.names, messages=self._messages)
+        usable = []
+        for node_id, (gradient, metrics) in decoded:
+            expected = int(spaces[node_id].metrics["num-train-examples"])
+            if int(metrics["num-train-examples"]) != expected:
+                reason = (f"refinement reply counts {int(metrics['num-train-examples'])} "
+                          f"training rows; its space was fitted on {expected}")
+                log(WARNING, "Round %d: Rejected reply from node %s: %s", server_round,
+                    describe_node(node_id, self.names), reason)
+                rejected.append(_rejection(node_id, self.names, reason))
+                continue
+            usable.append((node_id, gradient, metrics))
+        record["rejected"] = record["rejected"] + rejected
+        if len(usable) < self.settings.min_replies:
+            raise NotEnoughRepliesError(
+                f"refinement round {server_round - 1}: only {len(usable)} valid replies; "
+                f"min-replies={self.settings.min_replies}")
+        counts = [m["num-train-examples"] for _, _, m in usable]
+        grams = [spaces[node_id].space.gram for node_id, _, _ in usable]
+        weights = np.asarray(counts) / np.sum(counts)
+        pooled_gram = np.tensordot(weights, np.stack(grams), 1)
+        gradient = pooled_gradient([g for _, g, _ in usable], counts)
+        loss = float(np.dot(weights, [m["loss"] for _, _, m in usable]))
+        num_classes = self.shapes["weight"][0]
+        self.point = bohning_step(self.point.reshape(num_classes, -1), gradient, pooled_gram,
+                                  self.settings.pooled_ridge).reshape(-1)
+        record.update({"nodes": [node_id for node_id, _, _ in usable], "loss_before": loss,
+                       "wall_s": time.perf_counter() - self._t0})
+        log(INFO, "Refinement round %d: pooled training loss %.4f at the model sent, %d nodes",
+            server_round - 1, loss, len(usable))
+        state = vector_to_state(self.point, self.shapes["weight"][1], num_classes)
+        return wire.array_record(state), MetricRecord({"loss": loss, "nodes": len(usable)})

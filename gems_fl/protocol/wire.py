@@ -23,6 +23,11 @@ Server -> client (message type ``train``, TTL ``round-timeout``)::
 
     "config":  ConfigRecord  every run setting (Settings.to_config())
 
+Refinement rounds (``refine-rounds=R``, after round 1): the server sends ``config`` with
+``gems-refine`` (the round's index) and ``model`` (the current ``h_G``, float64); the
+node replies ``gradient`` (its mean cross-entropy gradient, model-sized) and ``metrics``
+(``loss``, ``num-train-examples``).
+
 Client -> server (the reply; nothing else leaves the client)::
 
     "center":  ArrayRecord   the local optimum as the model's state_dict (weight, bias)
@@ -63,6 +68,10 @@ METRIC_KEYS = ("radius", "certified-radius", "eps", "num-train-examples", "num-v
                "local-val-accuracy")
 GRAM_KEY = "gram"
 LABELS_KEY = "labels"
+REFINE_KEY = "gems-refine"  # config key of a refinement round's message: its index (1..R)
+MODEL_KEY = "model"
+GRADIENT_KEY = "gradient"
+GRADIENT_METRIC_KEYS = ("loss", "num-train-examples")
 
 
 
@@ -114,6 +123,33 @@ def encode_neuron_reply(
     })
 
 
+
+
+def encode_refine_round(config: dict[str, Any], refine_round: int,
+                        state: dict[str, np.ndarray]) -> RecordDict:
+    """Refinement round, server -> client: settings, the round's index, the current model
+    (float64, so that the gradient is taken at exactly the server's point)."""
+    return RecordDict({
+        CONFIG_KEY: ConfigRecord({**config, REFINE_KEY: int(refine_round)}),
+        MODEL_KEY: array_record({k: np.asarray(v, dtype=np.float64) for k, v in state.items()}),
+    })
+
+
+def decode_model(content: RecordDict) -> dict[str, np.ndarray]:
+    """The model a refinement round's message carries."""
+    record = content.array_records.get(MODEL_KEY)
+    if record is None:
+        raise ValueError(f"refinement message has no '{MODEL_KEY}' ArrayRecord")
+    return {k: record[k].numpy() for k in record.keys()}
+
+
+def encode_gradient_reply(gradient: dict[str, np.ndarray], *, loss: float,
+                          num_train_examples: int) -> RecordDict:
+    """Refinement reply: the node's mean cross-entropy gradient (model-sized) and loss."""
+    return RecordDict({
+        GRADIENT_KEY: array_record({k: np.asarray(v, dtype=np.float64) for k, v in gradient.items()}),
+        METRICS_KEY: MetricRecord({"loss": float(loss), "num-train-examples": int(num_train_examples)}),
+    })
 
 
 def decode_config(content: RecordDict) -> dict[str, Any]:

@@ -9,6 +9,7 @@ which :func:`finish` turns into the results (table, ``results.json``, the model)
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from logging import INFO, WARNING
 from pathlib import Path
@@ -16,7 +17,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from flwr.app import ArrayRecord, Context
+from flwr.app import ArrayRecord, Context, MetricRecord
 from flwr.common.logger import log
 from flwr.serverapp import Grid
 from torch import nn
@@ -56,7 +57,7 @@ from gems_fl.learning.models import (
     param_shapes,
     vector_to_state,
 )
-from gems_fl.learning.train import set_default_device
+from gems_fl.learning.train import accuracy, set_default_device
 from gems_fl.protocol.layerwise import LayerwiseGEMS
 from gems_fl.protocol.roster import Roster, identify_nodes
 from gems_fl.protocol.base import ConvexOutcome
@@ -121,15 +122,25 @@ def _extra_config(roster: Roster) -> dict[str, Any]:
 
 
 def run_convex(grid: Grid, settings: Settings, roster: Roster, num_features: int,
-               num_classes: int) -> ProtocolRun:
-    """The convex protocol: one round of spaces, ``h_G`` from them."""
+               num_classes: int, test_accuracy: Callable[[np.ndarray], float] | None = None,
+               ) -> ProtocolRun:
+    """The convex protocol: one round of spaces, ``h_G`` from them, then ``refine-rounds``
+    refinement rounds (``test_accuracy`` scores the model after each round, if given)."""
     strategy = GEMS(settings, param_shapes(num_features, num_classes),
                     participants=roster.participants, names=roster.names,
                     extra_config=_extra_config(roster))
-    strategy.start(grid=grid, initial_arrays=ArrayRecord(), num_rounds=1,
-                   timeout=settings.round_timeout)
+    scores: dict[int, float] = {}
+
+    def evaluate(server_round: int, arrays: ArrayRecord) -> MetricRecord | None:
+        if server_round < 1 or test_accuracy is None:
+            return None
+        scores[server_round] = test_accuracy(strategy.point)
+        return MetricRecord({"test-accuracy": scores[server_round]})
+
+    strategy.start(grid=grid, initial_arrays=ArrayRecord(), num_rounds=strategy.num_rounds,
+                   timeout=settings.round_timeout, evaluate_fn=evaluate)
     outcome = strategy.outcome
-    point = outcome.intersection.point
+    point = strategy.point  # h_G, refined when refine-rounds > 0
     centers = {roster.names.get(r.node_id, str(r.node_id)): r.space.center for r in outcome.accepted}
     as_model = lambda v: model_from_vector(v, num_features, num_classes)  # noqa: E731
     average = np.mean(list(centers.values()), axis=0)
@@ -141,13 +152,29 @@ def run_convex(grid: Grid, settings: Settings, roster: Roster, num_features: int
     else:
         log(INFO, "Verify: %d nodes, so the nodes score h_G and Averaged only (each Local "
             "model on every node would send %d models to each)", len(centers), len(centers) + 2)
+    extra = {}
+    if settings.refine_rounds:
+        extra["refinement"] = refinement_report(strategy.rounds, scores)
     return ProtocolRun(
         gems_model=as_model(point), model_state=vector_to_state(point, num_features, num_classes),
         outcome=outcome, rounds=strategy.rounds, rejected=outcome.rejected,
         node_models=node_models,
         local_models={name: as_model(c) for name, c in centers.items()},
-        averaged=as_model(average),
+        averaged=as_model(average), extra=extra,
     )
+
+
+def refinement_report(rounds: list[dict[str, Any]], scores: dict[int, float]) -> list[dict[str, Any]]:
+    """Per round (0: the one-shot ``h_G``): test accuracy after it (None without a server
+    test set), the pooled training loss the nodes reported at the model they were sent,
+    and the bytes of the protocol so far (identity round excluded)."""
+    out, total = [], 0
+    for i, r in enumerate(rounds):
+        total += int(r.get("bytes_sent", 0)) + int(r.get("bytes_received", 0))
+        out.append({"refine_round": i, "test_accuracy": scores.get(i + 1),
+                    "loss_before": r.get("loss_before"), "nodes": len(r.get("nodes", [])),
+                    "cumulative_bytes": total})
+    return out
 
 
 def run_layerwise(grid: Grid, settings: Settings, roster: Roster, num_features: int,
@@ -294,8 +321,11 @@ def run_server(grid: Grid, context: Context) -> dict[str, Any]:
               "server_data": time.perf_counter() - t_data}
 
     t_round = time.perf_counter()
-    protocol = run_layerwise if settings.model == "mlp" else run_convex
-    run = protocol(grid, settings, roster, num_features, num_classes)
+    if settings.model == "mlp":
+        run = run_layerwise(grid, settings, roster, num_features, num_classes)
+    else:
+        run = run_convex(grid, settings, roster, num_features, num_classes,
+                         _test_accuracy(server_data, num_features, num_classes))
     timing["rounds"] = time.perf_counter() - t_round
 
     if public is not None and server_data is None:
@@ -311,6 +341,16 @@ def run_server(grid: Grid, context: Context) -> dict[str, Any]:
     timing["baselines"] = time.perf_counter() - t_base
     return finish(context, settings, run, roster, verification, rows, meta, notes,
                   timing=timing, started=started, t0=t0)
+
+
+def _test_accuracy(data: ServerData | None, num_features: int,
+                   num_classes: int) -> Callable[[np.ndarray], float] | None:
+    """Test accuracy of a logistic model given as a vector, as the GEMS row scores it
+    (None without a server test set)."""
+    if data is None:
+        return None
+    return lambda v: accuracy(model_from_vector(v, num_features, num_classes), data.test_x,
+                              data.test_y)
 
 
 def evaluate_baselines(run: ProtocolRun, data: ServerData | None, settings: Settings,

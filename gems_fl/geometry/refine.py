@@ -1,0 +1,60 @@
+"""Refinement rounds for a softmax-linear model: each node's cross-entropy gradient, and
+the server's preconditioned step with the Gram matrices it already holds.
+
+For softmax regression with ``W`` ``(C, n)`` on inputs ``x~`` (bias appended), the
+Hessian of the mean cross-entropy is bounded by Bohning's matrix (Bohning 1992):
+
+    H  <=  1/2 (I - 11^T / C)  (x)  mean x~ x~^T  <=  1/2 I (x) G,
+
+with ``G`` the pooled Gram matrix ``sum_k (n_k / N) G_k``. A step ``W <- W - 2 g
+(G + ridge I)^-1`` (``g`` the pooled gradient) therefore minimises a quadratic upper
+bound of the pooled loss around ``W``: it never increases the pooled loss. Nodes send
+only ``g_k`` and their loss (model-sized); the server forms ``g = sum_k (n_k / N) g_k``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+
+from gems_fl.geometry._linalg import _center_for, _labels, _solve_right, augment
+
+
+def softmax_gradient(w: np.ndarray, x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, float]:
+    """Mean cross-entropy of ``W`` ``(C, d + 1)`` on ``(x (N, d), y (N,))`` and its gradient.
+
+    Returns ``(gradient (C, d + 1), loss)``: ``(P - Y)^T X~ / N`` and
+    ``-mean log p_y``, with ``P`` the softmax of ``X~ W^T`` and ``Y`` the one-hot labels.
+    """
+    xa = augment(x)
+    wt = _center_for("w", w, xa.shape[1])
+    yt = _labels(y, len(xa), wt.shape[0])
+    if len(xa) == 0:
+        raise ValueError("a gradient needs at least one training row")
+    logits = xa @ wt.T
+    logp = torch.log_softmax(logits, dim=1)
+    loss = -float(logp.gather(1, yt.view(-1, 1)).mean())
+    residual = logp.exp()
+    residual[torch.arange(len(yt)), yt] -= 1.0
+    return (residual.T @ xa / len(xa)).numpy(), loss
+
+
+def pooled_gradient(gradients: Sequence[np.ndarray], num_train: Sequence[float]) -> np.ndarray:
+    """``sum_k (n_k / N) g_k``: the gradient of the pooled mean loss."""
+    n = np.asarray(num_train, dtype=np.float64)
+    if len(gradients) == 0 or n.shape != (len(gradients),) or np.any(n <= 0):
+        raise ValueError("pass one gradient and one positive row count per node")
+    return np.tensordot(n / n.sum(), np.stack([np.asarray(g, np.float64) for g in gradients]), 1)
+
+
+def bohning_step(w: np.ndarray, gradient: np.ndarray, pooled_gram: np.ndarray,
+                 ridge: float = 1e-3) -> np.ndarray:
+    """``W - 2 g (G + ridge I)^-1``, shape ``(C, d + 1)``: a step that never increases the
+    pooled cross-entropy (module docstring); ``ridge`` is relative to one mean Gram."""
+    g = torch.as_tensor(np.asarray(pooled_gram), dtype=torch.float64)
+    a = 0.5 * (g + g.T)
+    a.diagonal().add_(float(ridge))
+    step = _solve_right(a, torch.as_tensor(np.asarray(gradient), dtype=torch.float64))
+    return np.asarray(w, dtype=np.float64) - 2.0 * step.numpy()
