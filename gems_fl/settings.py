@@ -5,7 +5,7 @@ Every key of ``[tool.flwr.app.config]`` in ``pyproject.toml`` is one field of
 (hence its type), its meaning, its constraint, and whether nodes need it. From those
 declarations come the validation (:meth:`Settings.from_run_config` stops a bad
 ``--run-config`` at the start with a message naming the key), ``gems-fl run --help``,
-the README's "Settings" table (:func:`settings_table`, checked by a test), and what a
+the README's "Settings" table (:mod:`gems_fl.settings_doc`, checked by a test), and what a
 node receives (:meth:`Settings.for_nodes`: only the settings node code reads).
 """
 
@@ -42,7 +42,7 @@ from gems_fl.setting_checks import (
 if TYPE_CHECKING:
     from torch import nn
 
-__all__ = ["Settings", "SettingsError", "node_keys", "settings_table"]
+__all__ = ["Settings", "SettingsError", "node_keys"]
 
 # What `hidden = "auto"` means per dataset (the paper: 100 for CIFAR-10, 50 otherwise).
 AUTO_HIDDEN = {"cifar10": "100"}
@@ -509,46 +509,3 @@ def _known(config: Mapping[str, Any], node_only: bool = False) -> dict[str, Any]
     return {f.name: coerce(key_of(f), config[key_of(f)], f.default) for f in fields(Settings)
             if key_of(f) in config and (f.metadata["node"] or not node_only)}
 
-
-def settings_table() -> list[tuple[tuple[str, ...], tuple[Any, ...], str]]:
-    """The README "Settings" table: ``(keys, defaults, meaning)`` per row, in declaration
-    order; neighbouring settings with the same meaning share a row."""
-    rows: list[tuple[tuple[str, ...], tuple[Any, ...], str]] = []
-    for f in fields(Settings):
-        meaning = f.metadata["meaning"]
-        if rows and rows[-1][2] == meaning:
-            keys, defaults, _ = rows[-1]
-            rows[-1] = ((*keys, key_of(f)), (*defaults, f.default), meaning)
-        else:
-            rows.append(((key_of(f),), (f.default,), meaning))
-    return rows
-
-
-def format_default(value: Any) -> str:
-    """A default as the README table shows it (TOML spelling, ``""`` for empty text)."""
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, str):
-        return value if value else '""'
-    return repr(value).replace("e-0", "e-")
-
-
-def settings_markdown() -> str:
-    """The README's "Settings" table, generated (``python -m gems_fl.settings``)."""
-    lines = ["| key | default | meaning |", "| --- | --- | --- |"]
-    for keys, defaults, text in settings_table():
-        lines.append(f"| {', '.join(f'`{k}`' for k in keys)} | "
-                     f"{', '.join(f'`{format_default(d)}`' for d in defaults)} | {text} |")
-    return "\n".join(lines)
-
-
-def meaning(key: str) -> str:
-    """The README meaning of one setting (``KeyError`` if there is no such setting)."""
-    for f in fields(Settings):
-        if key_of(f) == key:
-            return f.metadata["meaning"]
-    raise KeyError(key)
-
-
-if __name__ == "__main__":
-    print(settings_markdown())
