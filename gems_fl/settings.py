@@ -508,4 +508,3 @@ def node_keys() -> tuple[str, ...]:
 def _known(config: Mapping[str, Any], node_only: bool = False) -> dict[str, Any]:
     return {f.name: coerce(key_of(f), config[key_of(f)], f.default) for f in fields(Settings)
             if key_of(f) in config and (f.metadata["node"] or not node_only)}
-
