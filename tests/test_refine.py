@@ -58,18 +58,67 @@ def test_refine_rounds_need_gram_and_the_logistic_model():
 
 
 def test_a_run_with_refinement_rounds_reports_each_round(tmp_path):
+    from gems_fl.evaluation.results import gems_note
+    from gems_fl.geometry.refine import TEMPERATURES
+
     results, grid = run_in_process(3, tmp_path, return_grid=True,
                                    **{"refine-rounds": 3, "label-division": "paper"})
     rounds = results["refinement"]
-    assert [r["refine_round"] for r in rounds] == [0, 1, 2, 3]
+    assert [r["kind"] for r in rounds] == ["spaces", "temperature", "step", "step", "step"]
+    assert [r["step"] for r in rounds] == [None, None, 1, 2, 3]
+    assert rounds[1]["temperature"] in TEMPERATURES
     assert all(r["test_accuracy"] is not None for r in rounds)
-    losses = [r["loss_before"] for r in rounds[1:]]
+    assert rounds[1]["test_accuracy"] == rounds[0]["test_accuracy"]  # a scale keeps argmax
+    losses = [r["loss_before"] for r in rounds[2:]]
     assert all(b <= a + 1e-9 for a, b in zip(losses, losses[1:]))  # monotone
     assert rounds[-1]["test_accuracy"] == results["rows"]["GEMS"]["accuracy"]
     bytes_so_far = [r["cumulative_bytes"] for r in rounds]
     assert all(b > a for a, b in zip(bytes_so_far, bytes_so_far[1:]))
     train = [e for e in grid.exchanges if e["type"] == "train"]
-    assert len(train) == 4 and train[1]["up"] < train[0]["up"]  # a gradient, not a space
-    from gems_fl.evaluation.results import gems_note
+    assert len(train) == 5 and train[2]["up"] < train[0]["up"]  # a gradient, not a space
+    assert "then refined by 3 Bohning steps" in gems_note(results)
+    chosen = results["rounds"][1]
+    assert min(chosen["val_losses"], key=chosen["val_losses"].get) == str(chosen["temperature"])
 
-    assert "then refined over 3 rounds" in gems_note(results)
+
+def test_a_bad_gradient_is_rejected_by_name_and_the_step_goes_on(tmp_path):
+    from flwr.app import Array
+
+    def hook(reply):
+        if reply.metadata.src_node_id == 1001 and "gradient" in reply.content:
+            weight = reply.content["gradient"]["weight"].numpy().copy()
+            weight[0, 0] = np.nan
+            reply.content["gradient"]["weight"] = Array(weight)
+        return reply
+
+    results = run_in_process(3, tmp_path, reply_hook=hook,
+                             **{"refine-rounds": 2, "label-division": "paper"})
+    steps = [r for r in results["rounds"] if r.get("refine", 0) > 0]
+    assert all(1001 not in r["nodes"] and len(r["nodes"]) == 2 for r in steps)
+    reasons = [x["reason"] for r in steps for x in r["rejected"]]
+    assert len(reasons) == 2 and all("NaN" in reason for reason in reasons)
+
+
+def test_replies_of_the_wrong_form_are_refused():
+    from gems_fl.protocol import wire
+    from gems_fl.protocol.replies import (
+        ReplyError,
+        decode_gradient_reply,
+        decode_temperature_reply,
+    )
+
+    shapes = {"weight": (3, 4), "bias": (3,)}
+    good = wire.encode_gradient_reply({"weight": np.zeros((3, 4)), "bias": np.zeros(3)},
+                                      loss=0.5, num_train_examples=10)
+    gradient, metrics = decode_gradient_reply(good, shapes)
+    assert gradient.shape == (3, 5) and metrics == {"loss": 0.5, "num-train-examples": 10.0}
+    with pytest.raises(ReplyError, match="shape"):
+        decode_gradient_reply(good, {"weight": (3, 5), "bias": (3,)})
+    bad_loss = wire.encode_gradient_reply({"weight": np.zeros((3, 4)), "bias": np.zeros(3)},
+                                          loss=-1.0, num_train_examples=10)
+    with pytest.raises(ReplyError, match="negative"):
+        decode_gradient_reply(bad_loss, shapes)
+    with pytest.raises(ReplyError, match="val-losses must be 7"):
+        decode_temperature_reply(wire.encode_temperature_reply([0.1, 0.2], 5), 7)
+    with pytest.raises(ReplyError, match="num-val-examples"):
+        decode_temperature_reply(wire.encode_temperature_reply([0.1] * 7, 0), 7)

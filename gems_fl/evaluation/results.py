@@ -67,7 +67,8 @@ def gems_note(results: dict[str, Any]) -> str:
     where = space_kind(results["settings"].get("space", "ball")).where(
         bool(inter["found"]), str(inter["method"]), inside)
     if results.get("refinement"):
-        where += f"; then refined over {len(results['refinement']) - 1} rounds"
+        steps = sum(r["kind"] == "step" for r in results["refinement"])
+        where += f"; then refined by {steps} Bohning steps"
     ver = results.get("verification")
     if ver:
         answered = ver["answered"]
@@ -103,13 +104,16 @@ def refinement_table(results: dict[str, Any]) -> Table | None:
     rows = results.get("refinement")
     if not rows:
         return None
-    table = Table(title="Refinement: Bohning steps from the one-shot h_G (round 0); GEMS is "
-                  "the last model, membership below is the one-shot h_G's")
-    for col in ("round", "test acc", "pooled train loss before", "nodes", "bytes so far"):
+    table = Table(title="Refinement: the one-shot h_G, a logit scale chosen on the nodes' "
+                  "validation data, Bohning steps; GEMS is the last model, membership below is "
+                  "the one-shot h_G's")
+    for col in ("round", "what", "test acc", "pooled train loss before", "nodes", "bytes so far"):
         table.add_column(col, justify="right")
     for r in rows:
         acc, loss = r.get("test_accuracy"), r.get("loss_before")
-        table.add_row(str(r["refine_round"]), "-" if acc is None else f"{acc:.4f}",
+        what = {"spaces": "one-shot h_G", "temperature": f"scale x{r.get('temperature')}",
+                "step": f"step {r.get('step')}"}[r["kind"]]
+        table.add_row(str(r["round"]), what, "-" if acc is None else f"{acc:.4f}",
                       "-" if loss is None else f"{loss:.4f}", str(r["nodes"]),
                       f"{r['cumulative_bytes']:,}")
     return table

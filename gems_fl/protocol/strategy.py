@@ -23,12 +23,13 @@ from gems_fl.learning.models import vector_to_state
 from gems_fl.naming import describe_node
 from gems_fl.protocol import wire
 from gems_fl.protocol.base import ConvexOutcome, GEMSBase, NodeReply, aggregate_layer_spaces, select_nodes
-from gems_fl.geometry.refine import bohning_step, pooled_gradient
+from gems_fl.geometry.refine import TEMPERATURES, bohning_step, pooled_gradient
 from gems_fl.protocol.replies import (
     NotEnoughRepliesError,
     _rejection,
     decode_gradient_reply,
     decode_reply,
+    decode_temperature_reply,
     validate_replies,
 )
 from gems_fl.protocol.wire import content_bytes
@@ -61,8 +62,8 @@ class GEMS(GEMSBase):
 
     @property
     def num_rounds(self) -> int:
-        """The round of spaces, then ``refine-rounds`` refinement rounds."""
-        return 1 + self.settings.refine_rounds
+        """The round of spaces; with ``refine-rounds=R``, a temperature round and R steps."""
+        return 1 + (self.settings.refine_rounds + 1 if self.settings.refine_rounds else 0)
 
     def summary(self) -> None:
         """Log the strategy's settings."""
@@ -130,24 +131,30 @@ class GEMS(GEMSBase):
     # ---- refinement rounds (refine-rounds=R, space='gram') --------------------------------
 
     def _configure_refine(self, server_round: int, grid: Grid) -> Iterable[Message]:
-        """The current model to every node whose space was accepted and is still there."""
+        """The current model to every node whose space was accepted and is still there
+        (round 2, the temperature round, asks for validation losses at each scale)."""
         accepted = [r.node_id for r in self.outcome.accepted]
         self._sent_to, gone = select_nodes(grid, accepted, self.names,
                                            log_prefix=f"Round {server_round}: ")
         num_classes, num_features = self.shapes["weight"]
-        content = wire.encode_refine_round(self.node_config(), server_round - 1,
-                                           vector_to_state(self.point, num_features, num_classes))
-        self.rounds.append({"round": server_round, "refine": server_round - 1,
+        step = server_round - 2  # 0: the temperature round
+        content = wire.encode_refine_round(
+            self.node_config(), step, vector_to_state(self.point, num_features, num_classes),
+            TEMPERATURES if step == 0 else None)
+        self.rounds.append({"round": server_round, "refine": step,
                             "nodes": list(self._sent_to), "rejected": gone,
                             "bytes_sent": content_bytes(content) * len(self._sent_to)})
         return self._send(content, self._sent_to, server_round)
 
     def _aggregate_refine(self, server_round: int,
                           replies: list[Message]) -> tuple[ArrayRecord, MetricRecord]:
-        """Pool the nodes' gradients and take Bohning's step from the current model."""
+        """Pool the nodes' gradients and take Bohning's step from the current model; in
+        the temperature round, scale the model by the best pooled validation scale."""
         record = self.rounds[-1]
         record["bytes_received"] = sum(content_bytes(r.content) for r in replies
                                        if not r.has_error())
+        if record["refine"] == 0:
+            return self._choose_temperature(server_round, record, replies)
         spaces = {r.node_id: r for r in self.outcome.accepted}
         decoded, rejected = validate_replies(
             replies, self._sent_to,
@@ -167,7 +174,7 @@ class GEMS(GEMSBase):
         record["rejected"] = record["rejected"] + rejected
         if len(usable) < self.settings.min_replies:
             raise NotEnoughRepliesError(
-                f"refinement round {server_round - 1}: only {len(usable)} valid replies; "
+                f"refinement step {record['refine']}: only {len(usable)} valid replies; "
                 f"min-replies={self.settings.min_replies}")
         counts = [m["num-train-examples"] for _, _, m in usable]
         grams = [spaces[node_id].space.gram for node_id, _, _ in usable]
@@ -180,7 +187,32 @@ class GEMS(GEMSBase):
                                   self.settings.pooled_ridge).reshape(-1)
         record.update({"nodes": [node_id for node_id, _, _ in usable], "loss_before": loss,
                        "wall_s": time.perf_counter() - self._t0})
-        log(INFO, "Refinement round %d: pooled training loss %.4f at the model sent, %d nodes",
-            server_round - 1, loss, len(usable))
+        log(INFO, "Refinement step %d: pooled training loss %.4f at the model sent, %d nodes",
+            record["refine"], loss, len(usable))
         state = vector_to_state(self.point, self.shapes["weight"][1], num_classes)
         return wire.array_record(state), MetricRecord({"loss": loss, "nodes": len(usable)})
+
+    def _choose_temperature(self, server_round: int, record: dict[str, Any],
+                            replies: list[Message]) -> tuple[ArrayRecord, MetricRecord]:
+        decoded, rejected = validate_replies(
+            replies, self._sent_to,
+            lambda content: decode_temperature_reply(content, len(TEMPERATURES)),
+            log_prefix=f"Round {server_round}: ", names=self.names, messages=self._messages)
+        record["rejected"] = record["rejected"] + rejected
+        if len(decoded) < self.settings.min_replies:
+            raise NotEnoughRepliesError(
+                f"temperature round: only {len(decoded)} valid replies; "
+                f"min-replies={self.settings.min_replies}")
+        rows = np.array([n for _, (_, n) in decoded], dtype=np.float64)
+        losses = np.tensordot(rows / rows.sum(), np.stack([v for _, (v, _) in decoded]), 1)
+        best = int(np.argmin(losses))
+        self.point = TEMPERATURES[best] * self.point
+        record.update({"nodes": [node_id for node_id, _ in decoded],
+                       "temperature": TEMPERATURES[best],
+                       "val_losses": dict(zip(map(str, TEMPERATURES), map(float, losses))),
+                       "wall_s": time.perf_counter() - self._t0})
+        log(INFO, "Temperature round: logit scale %g (pooled validation cross-entropy %.4f, "
+            "%d nodes)", TEMPERATURES[best], losses[best], len(decoded))
+        num_classes, num_features = self.shapes["weight"]
+        state = vector_to_state(self.point, num_features, num_classes)
+        return wire.array_record(state), MetricRecord({"temperature": TEMPERATURES[best]})

@@ -23,10 +23,12 @@ Server -> client (message type ``train``, TTL ``round-timeout``)::
 
     "config":  ConfigRecord  every run setting (Settings.to_config())
 
-Refinement rounds (``refine-rounds=R``, after round 1): the server sends ``config`` with
-``gems-refine`` (the round's index) and ``model`` (the current ``h_G``, float64); the
-node replies ``gradient`` (its mean cross-entropy gradient, model-sized) and ``metrics``
-(``loss``, ``num-train-examples``).
+Refinement (``refine-rounds=R``, after round 1): the server sends ``config`` with
+``gems-refine`` (the step's index) and ``model`` (the current ``h_G``, float64). In the
+temperature round (index 0) ``config`` also holds ``gems-temperatures`` and the node
+replies ``metrics`` ``val-losses`` (its validation cross-entropy at each scale) and
+``num-val-examples``; in a step round it replies ``gradient`` (its mean cross-entropy
+gradient, model-sized) and ``metrics`` (``loss``, ``num-train-examples``).
 
 Client -> server (the reply; nothing else leaves the client)::
 
@@ -72,6 +74,8 @@ REFINE_KEY = "gems-refine"  # config key of a refinement round's message: its in
 MODEL_KEY = "model"
 GRADIENT_KEY = "gradient"
 GRADIENT_METRIC_KEYS = ("loss", "num-train-examples")
+TEMPERATURES_KEY = "gems-temperatures"  # config key: the logit scales to score
+TEMPERATURE_METRIC_KEYS = ("val-losses", "num-val-examples")
 
 
 
@@ -126,11 +130,14 @@ def encode_neuron_reply(
 
 
 def encode_refine_round(config: dict[str, Any], refine_round: int,
-                        state: dict[str, np.ndarray]) -> RecordDict:
+                        state: dict[str, np.ndarray],
+                        temperatures: tuple[float, ...] | None = None) -> RecordDict:
     """Refinement round, server -> client: settings, the round's index, the current model
-    (float64, so that the gradient is taken at exactly the server's point)."""
+    (float64, so that the gradient is taken at exactly the server's point); with
+    ``temperatures``, the node scores those logit scales instead of sending a gradient."""
+    extra = {TEMPERATURES_KEY: [float(t) for t in temperatures]} if temperatures else {}
     return RecordDict({
-        CONFIG_KEY: ConfigRecord({**config, REFINE_KEY: int(refine_round)}),
+        CONFIG_KEY: ConfigRecord({**config, REFINE_KEY: int(refine_round), **extra}),
         MODEL_KEY: array_record({k: np.asarray(v, dtype=np.float64) for k, v in state.items()}),
     })
 
@@ -150,6 +157,13 @@ def encode_gradient_reply(gradient: dict[str, np.ndarray], *, loss: float,
         GRADIENT_KEY: array_record({k: np.asarray(v, dtype=np.float64) for k, v in gradient.items()}),
         METRICS_KEY: MetricRecord({"loss": float(loss), "num-train-examples": int(num_train_examples)}),
     })
+
+
+def encode_temperature_reply(val_losses: list[float], num_val_examples: int) -> RecordDict:
+    """Temperature round reply: validation cross-entropy at each scale, and the row count."""
+    return RecordDict({METRICS_KEY: MetricRecord({
+        "val-losses": [float(v) for v in val_losses],
+        "num-val-examples": int(num_val_examples)})})
 
 
 def decode_config(content: RecordDict) -> dict[str, Any]:

@@ -165,13 +165,17 @@ def run_convex(grid: Grid, settings: Settings, roster: Roster, num_features: int
 
 
 def refinement_report(rounds: list[dict[str, Any]], scores: dict[int, float]) -> list[dict[str, Any]]:
-    """Per round (0: the one-shot ``h_G``): test accuracy after it (None without a server
-    test set), the pooled training loss the nodes reported at the model they were sent,
-    and the bytes of the protocol so far (identity round excluded)."""
+    """Per protocol round: what it did (``spaces``: the one-shot ``h_G``; ``temperature``:
+    the logit scale chosen on the nodes' validation data; ``step`` k), the test accuracy
+    after it (None without a server test set), the pooled training loss the nodes
+    reported at the model they were sent, and the protocol's bytes so far (identity round
+    excluded)."""
     out, total = [], 0
     for i, r in enumerate(rounds):
         total += int(r.get("bytes_sent", 0)) + int(r.get("bytes_received", 0))
-        out.append({"refine_round": i, "test_accuracy": scores.get(i + 1),
+        kind = "spaces" if "refine" not in r else "temperature" if r["refine"] == 0 else "step"
+        out.append({"round": i + 1, "kind": kind, "step": r.get("refine") or None,
+                    "temperature": r.get("temperature"), "test_accuracy": scores.get(i + 1),
                     "loss_before": r.get("loss_before"), "nodes": len(r.get("nodes", [])),
                     "cumulative_bytes": total})
     return out
