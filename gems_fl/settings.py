@@ -206,10 +206,11 @@ class Settings:
         node=True)
     refine_rounds: int = setting(
         0,
-        '`gram`, logistic model: rounds after the one-shot `h_G` in which every node sends '
-        'its cross-entropy gradient at the current model (model-sized) and the server steps '
-        '`W <- W - 2 g (G + pooled-ridge I)^-1` with the Gram matrices it holds (Bohning '
-        '1992: the pooled loss never increases). 0: one-shot',
+        '`gram`, logistic model: R steps after the one-shot `h_G`. A temperature round first '
+        'scales `h_G` by the logit scale with the lowest pooled validation cross-entropy; '
+        'then in each step every node sends its cross-entropy gradient at the current model '
+        '(model-sized) and the server steps `W <- W - 2 g (G + pooled-ridge I)^-1` with the '
+        'Gram matrices it holds (Bohning 1992: the pooled loss never increases). 0: one-shot',
         at_least(0))
     pooled_ridge: float = setting(
         1e-3,
