@@ -29,7 +29,11 @@ def main() -> None:
     parser.add_argument("--nodes", type=int, default=5)
     parser.add_argument("--divisions", nargs="+", default=["paper", "dirichlet:0.1"])
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "out" / "refinement.json")
+    parser.add_argument("--show", type=Path, help="print the tables of a saved JSON and stop")
     args = parser.parse_args()
+    if args.show:
+        print_tables(json.loads(args.show.read_text())["runs"])
+        return
 
     from flwr.app import Context, RecordDict
 
@@ -57,6 +61,18 @@ def main() -> None:
                          "global": results["rows"]["Global"]["accuracy"]})
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({"rounds": args.rounds, "runs": runs}, indent=2) + "\n")
+    print_tables(runs)
+    print(f"JSON: {args.out}")
+
+
+def _what(r: dict) -> str:
+    if r["kind"] == "temperature":
+        return f"scale x{r['temperature']:g}"
+    return "one-shot h_G" if r["kind"] == "spaces" else f"step {r['step']}"
+
+
+def print_tables(runs: list[dict]) -> None:
+    """One markdown table per run (also: ``--show JSON`` prints a saved run's tables)."""
     print()
     for run in runs:
         print(f"{run['division']}, seed {run['seed']}, {run['nodes']} nodes: h_G {run['method']}, "
@@ -65,11 +81,9 @@ def main() -> None:
         print("| round | what | test accuracy | bytes so far |")
         print("| --- | --- | --- | --- |")
         for r in run["refinement"]:
-            what = {"spaces": "one-shot h_G", "temperature": f"scale x{r['temperature']:g}",
-                    "step": f"step {r['step']}"}[r["kind"]]
-            print(f"| {r['round']} | {what} | {r['test_accuracy']:.4f} | {r['cumulative_bytes']:,} |")
+            print(f"| {r['round']} | {_what(r)} | {r['test_accuracy']:.4f} | "
+                  f"{r['cumulative_bytes']:,} |")
         print()
-    print(f"JSON: {args.out}")
 
 
 if __name__ == "__main__":
