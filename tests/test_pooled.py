@@ -148,3 +148,23 @@ def test_the_api_offers_the_pooled_points():
               for r in parts]
     merged = aggregate(spaces, gram_point="pooled")
     np.testing.assert_allclose(merged.weights, _pooled_direct(x, y, 1e-3), rtol=1e-6, atol=1e-6)
+
+
+def test_the_step_into_the_spaces_is_the_smallest_one():
+    import torch
+
+    from gems_fl.geometry.pooled import _blend_inside
+
+    x, y = _data(6)
+    parts = np.array_split(np.argsort(y, kind="stable"), 3)
+    spaces, _ = _spaces(x, y, parts, [0.3, 1.0, 1.0])
+    ws = [torch.as_tensor(s.matrix) for s in spaces]
+    gs = [torch.as_tensor(s.gram) for s in spaces]
+    radii = np.array([s.radius for s in spaces])
+    shared, worst = minimax_gram_point([s.matrix for s in spaces], [s.gram for s in spaces], radii)
+    assert worst < 1.0
+    outside = torch.as_tensor(spaces[1].matrix + 0.5)  # far outside node 0's space
+    point, t = _blend_inside(outside, torch.as_tensor(shared), ws, gs, radii)
+    assert 0.0 < t < 1.0 and all(s.contains(point.numpy()) for s in spaces)
+    earlier = outside + (t - 1e-4) * (torch.as_tensor(shared) - outside)
+    assert not all(s.contains(earlier.numpy()) for s in spaces)
