@@ -135,10 +135,20 @@ def best_point(
     w, q = solve(mu)
     info["iterations"] = int(res.nit)
     info["multipliers"] = [float(v) for v in mu]
-    if feasible is not None and not np.all(within_radius(np.sqrt(q), r)):
+    # Decide with the distances GramSpace.contains computes: the expanded q above can
+    # round a boundary point inside that the membership check puts outside.
+    if feasible is not None and not _inside_all(w, ws, gs, r):
         w, info["blend"] = _blend_inside(w, torch.as_tensor(feasible, dtype=torch.float64),
                                          ws, gs, r)
     return w.numpy(), info
+
+
+def _inside_all(p: torch.Tensor, ws, gs, r: np.ndarray) -> bool:
+    """Whether ``p`` lies in every space, by :meth:`GramSpace.contains`'s own arithmetic."""
+    x = p.numpy()
+    dist = [math.sqrt(max(0.0, float(np.sum(((x - wk.numpy()) @ gk.numpy()) * (x - wk.numpy())))))
+            for wk, gk in zip(ws, gs)]
+    return bool(np.all(within_radius(np.array(dist), r)))
 
 
 def _blend_inside(w: torch.Tensor, inside: torch.Tensor, ws, gs,
@@ -160,11 +170,6 @@ def _blend_inside(w: torch.Tensor, inside: torch.Tensor, ws, gs,
         lows.append((-qb - math.sqrt(max(qb * qb - 4.0 * qa * qc, 0.0))) / (2.0 * qa))
     t = min(max(lows), 1.0)
 
-    def ok(t: float) -> bool:
-        p = w + t * d
-        dist = [math.sqrt(max(float((((p - wk) @ gk) * (p - wk)).sum()), 0.0))
-                for wk, gk in zip(ws, gs)]
-        return bool(np.all(within_radius(np.array(dist), r)))
-    while t < 1.0 and not ok(t):
+    while t < 1.0 and not _inside_all(w + t * d, ws, gs, r):
         t = min(1.0, t + (1.0 - t) * 1e-6 + 1e-12)
     return w + t * d, t
