@@ -24,6 +24,7 @@ import torch
 
 from gems_fl.geometry._linalg import _center_for, _matrix, _solve_right, _square
 from gems_fl.geometry.choices import GRAM_POINTS as POINTS
+from gems_fl.geometry.gram import expanded_sq_distances
 from gems_fl.geometry.choices import GRAM_WEIGHTINGS as WEIGHTINGS
 from gems_fl.geometry.intersect import IntersectionResult
 from gems_fl.geometry.pooled import best_point, pooled_point
@@ -192,14 +193,8 @@ def minimax_gram_point(
                     a.add_(gk, alpha=lk * s)
                     b.add_(hk, alpha=lk * s)
             w = _solve_right(0.5 * (a + a.T), b)
-            # q_k = <G_k, W^T W> - 2 <W_k G_k, W> + tr(W_k G_k W_k^T): one pass over each
-            # G_k (n^2) instead of the product (W - W_k) G_k (C n^2), C times the work.
-            # A loop, not one stacked (K, n, n) tensor: the pass is memory-bound either
-            # way, and a stack would copy every Gram matrix (0.5 GB at 100 nodes, n = 785).
-            wtw = (w.T @ w).reshape(-1)
-            q = torch.tensor([max(float(torch.dot(gk.reshape(-1), wtw))
-                                  - 2.0 * float((hk * w).sum()) + ck, 0.0) * s
-                              for gk, hk, ck, s in zip(ga, h, c, inv_r2)], dtype=torch.float64)
+            q = torch.tensor([qk * s for qk, s in zip(expanded_sq_distances(w, ga, h, c), inv_r2)],
+                             dtype=torch.float64)
             return w, q
 
         lam = torch.full((len(active),), 1.0 / len(active), dtype=torch.float64)

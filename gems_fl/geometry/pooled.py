@@ -32,7 +32,8 @@ import torch
 from scipy.optimize import minimize
 
 from gems_fl.geometry._linalg import _solve_right
-from gems_fl.geometry.spaces import within_radius
+from gems_fl.geometry.gram import expanded_sq_distances
+from gems_fl.geometry.spaces import GramSpace, within_radius
 
 _MAX_ITER = 200
 
@@ -113,10 +114,7 @@ def best_point(
                 a.add_(gk, alpha=m)
                 b.add_(hk, alpha=m)
         w = _solve_right(0.5 * (a + a.T), b)
-        wtw = (w.T @ w).reshape(-1)
-        q = np.array([max(float(torch.dot(gk.reshape(-1), wtw)) - 2.0 * float((hk * w).sum())
-                          + ck, 0.0) for gk, hk, ck in zip(gs, hs, cs)])
-        return w, q
+        return w, np.array(expanded_sq_distances(w, gs, hs, cs))
 
     def negative_dual(mu: np.ndarray) -> tuple[float, np.ndarray]:
         w, q = solve(mu)
@@ -144,11 +142,11 @@ def best_point(
 
 
 def _inside_all(p: torch.Tensor, ws, gs, r: np.ndarray) -> bool:
-    """Whether ``p`` lies in every space, by :meth:`GramSpace.contains`'s own arithmetic."""
-    x = p.numpy()
-    dist = [math.sqrt(max(0.0, float(np.sum(((x - wk.numpy()) @ gk.numpy()) * (x - wk.numpy())))))
-            for wk, gk in zip(ws, gs)]
-    return bool(np.all(within_radius(np.array(dist), r)))
+    """Whether ``p`` lies in every space, by the membership check itself
+    (:meth:`GramSpace.contains`), which the aggregation reports."""
+    x = p.numpy().reshape(-1)
+    return all(GramSpace(wk.numpy(), gk.numpy(), float(rk)).contains(x)
+               for wk, gk, rk in zip(ws, gs, r))
 
 
 def _blend_inside(w: torch.Tensor, inside: torch.Tensor, ws, gs,
