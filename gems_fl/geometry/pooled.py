@@ -45,6 +45,13 @@ def _normalised(num_train: Sequence[float]) -> np.ndarray:
     return n / n.sum()
 
 
+def pooled_gram(grams: Sequence[np.ndarray], num_train: Sequence[float]) -> torch.Tensor:
+    """``sum_k (n_k / N) G_k``, float64 torch, summed one node at a time (no stack of K
+    matrices)."""
+    w = _normalised(num_train)
+    return sum(float(wk) * torch.as_tensor(g, dtype=torch.float64) for wk, g in zip(w, grams))
+
+
 def pooled_system(grams: Sequence[np.ndarray], moments: Sequence[np.ndarray],
                   num_train: Sequence[float], ridge: float) -> tuple[torch.Tensor, torch.Tensor]:
     """``(A, B)`` of the pooled problem (see the module docstring), float64 torch."""
@@ -54,7 +61,7 @@ def pooled_system(grams: Sequence[np.ndarray], moments: Sequence[np.ndarray],
     if not (math.isfinite(ridge) and ridge >= 0):
         raise ValueError(f"ridge must be finite and >= 0; got {ridge}")
     w = _normalised(num_train)
-    a = sum(float(wk) * torch.as_tensor(g, dtype=torch.float64) for wk, g in zip(w, grams))
+    a = pooled_gram(grams, num_train)
     b = sum(float(wk) * torch.as_tensor(m, dtype=torch.float64) for wk, m in zip(w, moments))
     if a.shape[0] != b.shape[1]:
         raise ValueError(f"label moments have {b.shape[1]} columns; the Gram matrices are "

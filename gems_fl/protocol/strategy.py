@@ -23,6 +23,7 @@ from gems_fl.learning.models import vector_to_state
 from gems_fl.naming import describe_node
 from gems_fl.protocol import wire
 from gems_fl.protocol.base import ConvexOutcome, GEMSBase, NodeReply, aggregate_layer_spaces, select_nodes
+from gems_fl.geometry.pooled import pooled_gram
 from gems_fl.geometry.refine import TEMPERATURES, bohning_step, pooled_gradient
 from gems_fl.protocol.replies import (
     NotEnoughRepliesError,
@@ -57,6 +58,7 @@ class GEMS(GEMSBase):
         self.shapes = shapes
         self.rounds: list[dict[str, Any]] = []
         self.point: np.ndarray | None = None  # h_G, then refined by each refinement round
+        self._pooled_gram: tuple[tuple[int, ...], np.ndarray | None] = ((), None)
         self._sent_to: list[int] = []
         self._gone: list[dict[str, object]] = []
 
@@ -177,13 +179,16 @@ class GEMS(GEMSBase):
                 f"refinement step {record['refine']}: only {len(usable)} valid replies; "
                 f"min-replies={self.settings.min_replies}")
         counts = [m["num-train-examples"] for _, _, m in usable]
-        grams = [spaces[node_id].space.gram for node_id, _, _ in usable]
+        nodes = tuple(node_id for node_id, _, _ in usable)
+        if self._pooled_gram[0] != nodes:  # the same nodes every step: sum their G_k once
+            self._pooled_gram = (nodes, pooled_gram([spaces[n].space.gram for n in nodes],
+                                                    counts).numpy())
         weights = np.asarray(counts) / np.sum(counts)
-        pooled_gram = np.tensordot(weights, np.stack(grams), 1)
         gradient = pooled_gradient([g for _, g, _ in usable], counts)
         loss = float(np.dot(weights, [m["loss"] for _, _, m in usable]))
         num_classes = self.shapes["weight"][0]
-        self.point = bohning_step(self.point.reshape(num_classes, -1), gradient, pooled_gram,
+        self.point = bohning_step(self.point.reshape(num_classes, -1), gradient,
+                                  self._pooled_gram[1],
                                   self.settings.pooled_ridge).reshape(-1)
         record.update({"nodes": [node_id for node_id, _, _ in usable], "loss_before": loss,
                        "wall_s": time.perf_counter() - self._t0})
