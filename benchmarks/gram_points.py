@@ -1,4 +1,5 @@
-"""Which Gram point is best, on every division: closed-form (RegMean), pooled, best.
+"""Which Gram point is best, on every division: closed-form (RegMean), pooled, best, and
+the default (pooled, its ridge chosen on the nodes' validation data).
 
     python3 benchmarks/gram_points.py --seeds 0 1 2 3 4
 
@@ -10,7 +11,12 @@ moments included) and its reply goes through the wire format and the server's ch
 from the same replies (``aggregate_gram``) and scored on the 5000 test images; each node
 checks each point on its own validation data against its eps (the evaluate round's rule),
 and the table says on how many nodes it is good enough. Averaged is the plain mean of
-the local models. Untuned, no public data, one round.
+the local models. Untuned, no public data, one round of spaces. ``auto`` is the run's
+default (``gram-point=pooled pooled-ridge=auto``): the pooled point for every ridge of
+``POOLED_RIDGES`` is scored on each node's validation split
+(:func:`gems_fl.geometry.selection.score_candidates`, what a node does in the selection
+round) and the server keeps the best by pooled validation accuracy
+(:func:`~gems_fl.geometry.selection.choose_candidate`), as the strategy does.
 
 Prints a table and writes JSON (``--out``, default ``benchmarks/out/gram_points.json``).
 """
@@ -30,7 +36,9 @@ sys.path.insert(0, str(ROOT))  # run from a checkout without installing it
 
 from gems_fl.data import load_dataset, node_data, parse_division  # noqa: E402
 from gems_fl.data.nodes import node_seed  # noqa: E402
+from gems_fl.geometry.choices import POOLED_RIDGES  # noqa: E402
 from gems_fl.geometry.eps import passes  # noqa: E402
+from gems_fl.geometry.selection import TEMPERATURES, choose_candidate, score_candidates  # noqa: E402
 from gems_fl.geometry.gram_merge import aggregate_gram  # noqa: E402
 from gems_fl.learning.threads import compute_threads  # noqa: E402
 from gems_fl.protocol.node import build_local_space, encode_layer_space  # noqa: E402
@@ -38,8 +46,10 @@ from gems_fl.protocol.node_layerwise import NodeWork  # noqa: E402
 from gems_fl.protocol.replies import decode_reply  # noqa: E402
 from gems_fl.settings import Settings  # noqa: E402
 
-DIVISIONS = [("paper", 5), ("dirichlet:0.5", 5), ("dirichlet:0.1", 5), ("dirichlet:0.1", 20)]
-POINTS = ("closed-form", "pooled", "best")
+DIVISIONS = [("paper", 2), ("paper", 3), ("paper", 5),
+             ("dirichlet:0.05", 5), ("dirichlet:0.1", 5), ("dirichlet:0.5", 5),
+             ("dirichlet:0.05", 20), ("dirichlet:0.1", 20), ("dirichlet:0.5", 20)]
+POINTS = ("closed-form", "pooled", "best", "auto")
 
 
 def _correct(w: np.ndarray, x: np.ndarray, y: np.ndarray) -> int:
@@ -73,39 +83,60 @@ def trial(division_spec: str, num_nodes: int, seed: int) -> dict:
            "local_mean": float(np.mean([test_acc(w) for w in locals_])), "points": {}}
     for point in POINTS:
         t1 = time.perf_counter()
-        result = aggregate_gram(spaces, counts, point=point, ridge=settings.gram_ridge,
-                                pooled_ridge=settings.pooled_ridge)
+        if point == "auto":
+            result, ridge = _selected(spaces, counts, vals, settings)
+        else:
+            result, ridge = aggregate_gram(spaces, counts, point=point, ridge=settings.gram_ridge,
+                                           pooled_ridge=1e-3), 1e-3
         w = result.point.reshape(10, -1)
         good = sum(passes(_correct(w, x, y), len(y), settings.eps) for x, y in vals)
         out["points"][point] = {
             "accuracy": test_acc(w), "method": result.method, "inside": sum(result.inside),
             "good_enough": int(good), "server_s": time.perf_counter() - t1,
-            "note": result.details.get("best", ""),
+            "note": result.details.get("best", ""), "pooled_ridge": ridge,
         }
     return out
+
+
+def _selected(spaces, counts, vals, settings):  # noqa: ANN001, ANN202
+    """The default point: one pooled point per ridge, scored on the nodes' validation data."""
+    results = [aggregate_gram(spaces, counts, point="pooled", ridge=settings.gram_ridge,
+                              pooled_ridge=r) for r in POOLED_RIDGES]
+    candidates = np.stack([r.point.reshape(10, -1) for r in results])
+    scores = [score_candidates(candidates, x, y, TEMPERATURES) for x, y in vals]
+    choice = choose_candidate([s[0] for s in scores], [s[1] for s in scores],
+                              [len(y) for _, y in vals], TEMPERATURES)
+    return results[choice.index], POOLED_RIDGES[choice.index]
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seeds", type=int, nargs="+", default=[0])
+    parser.add_argument("--divisions", nargs="+", default=None,
+                        help="SPEC:K items, e.g. paper:5 dirichlet:0.1:20 (default: all)")
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "out" / "gram_points.json")
     args = parser.parse_args()
+    divisions = DIVISIONS if not args.divisions else [
+        (d.rsplit(":", 1)[0], int(d.rsplit(":", 1)[1])) for d in args.divisions]
     rows = []
+    args.out.parent.mkdir(parents=True, exist_ok=True)
     with compute_threads():
-        for spec, k in DIVISIONS:
-            for seed in args.seeds:
+        for seed in args.seeds:  # seed-major: a stopped run still covers every division
+            for spec, k in divisions:
                 row = trial(spec, k, seed)
                 rows.append(row)
+                args.out.write_text(json.dumps({"seeds": args.seeds, "trials": rows,
+                                                "complete": False}, indent=2) + "\n")
                 cells = "  ".join(f"{p} {v['accuracy']:.3f} ({v['good_enough']}/{k})"
                                   for p, v in row["points"].items())
                 print(f"{spec} K={k} seed {seed}: averaged {row['averaged']:.3f}  {cells}",
                       flush=True)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({"seeds": args.seeds, "trials": rows}, indent=2) + "\n")
+    args.out.write_text(json.dumps({"seeds": args.seeds, "trials": rows, "complete": True},
+                                   indent=2) + "\n")
     print()
     print("| division | K | Averaged | " + " | ".join(POINTS) + " |")
     print("| --- | --- | --- | " + " | ".join("---" for _ in POINTS) + " |")
-    for spec, k in DIVISIONS:
+    for spec, k in divisions:
         mine = [r for r in rows if r["division"] == spec and r["nodes"] == k]
         cell = lambda vals: f"{np.mean(vals):.3f} ({np.std(vals):.3f})"  # noqa: E731
         cells = []

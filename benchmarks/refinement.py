@@ -4,9 +4,9 @@
         --divisions paper dirichlet:0.1
 
 Each run is a whole GEMS run (``server_app``'s ``run_server`` over the in-process Grid
-whose nodes run the project's ClientApp) on Fashion-MNIST, 5 nodes, with
-``gram-point='best' label-moments=true refine-rounds=R``: the one-shot ``h_G``, the
-temperature round, then R Bohning steps. Prints each run's refinement table and writes
+whose nodes run the project's ClientApp) on Fashion-MNIST, 5 nodes, with the run's
+defaults and ``refine-rounds=R``: the one-shot ``h_G``, the selection round (pooled ridge
+and logit scale), then R Bohning steps. Prints each run's refinement table and writes
 the JSON (``--out``, default ``benchmarks/out/refinement.json``).
 """
 
@@ -47,8 +47,7 @@ def main() -> None:
         for seed in args.seeds:
             with tempfile.TemporaryDirectory() as out:
                 cfg = {**app_config(ROOT), "dataset": "fashion-mnist", "label-division": division,
-                       "seed": seed, "gram-point": "best", "label-moments": True,
-                       "refine-rounds": args.rounds, "public-samples": 0, "output-dir": out}
+                       "seed": seed, "refine-rounds": args.rounds, "public-samples": 0, "output-dir": out}
                 grid = InProcessGrid(build_client_app(), args.nodes, cfg)
                 ctx = Context(run_id=1, node_id=1, node_config={}, state=RecordDict(),
                               run_config=cfg)
@@ -66,8 +65,8 @@ def main() -> None:
 
 
 def _what(r: dict) -> str:
-    if r["kind"] == "temperature":
-        return f"scale x{r['temperature']:g}"
+    if r["kind"] == "selection":
+        return selection_text(r)
     return "one-shot h_G" if r["kind"] == "spaces" else f"step {r['step']}"
 
 

@@ -108,6 +108,8 @@ def coerce(key: str, value: Any, default: Any) -> Any:
             return float(value)
     elif isinstance(value, str):
         return value
+    elif isinstance(value, (int, float)) and not isinstance(value, bool):
+        return str(value)  # a text setting that also takes numbers (`--run-config "k=0.01"`)
     raise SettingsError(
         f"{key}={value!r} has type {type(value).__name__}, expected "
         f"{expected.__name__} (like the default {default!r})"

@@ -11,6 +11,7 @@ node receives (:meth:`Settings.for_nodes`: only the settings node code reads).
 
 from __future__ import annotations
 
+import math
 from dataclasses import InitVar, asdict, dataclass, fields
 from typing import TYPE_CHECKING, Any, Mapping
 
@@ -21,10 +22,12 @@ from gems_fl.geometry.choices import (
     GRAM_POINTS,
     GRAM_WEIGHTINGS,
     NO_INTERSECTION_FALLBACKS,
+    POOLED_POINTS,
+    POOLED_RIDGES,
     SPACE_KINDS,
     SPACE_R_MAX,
 )
-from gems_fl.learning.recipe import LocalTraining, TrainRecipe, TuneRecipe
+from gems_fl.learning.recipe import TUNE_STOPS, LocalTraining, TrainRecipe, TuneRecipe
 from gems_fl.learning.widths import parse_hidden
 from gems_fl.setting_checks import (
     SettingsError,
@@ -69,6 +72,21 @@ def parse_tune_curve(text: str) -> list[int]:
     if any(n <= 0 for n in sizes):
         raise SettingsError(f"tune-curve={text!r}: every size must be > 0")
     return sizes
+
+
+def parse_pooled_ridge(value: str) -> tuple[float, ...]:
+    """The ridges ``pooled-ridge`` names: ``auto`` -> the selection round's candidates."""
+    text = str(value).strip().lower()
+    if text == "auto":
+        return POOLED_RIDGES
+    try:
+        ridge = float(text)
+    except ValueError:
+        raise SettingsError(f"pooled-ridge={value!r}: give 'auto' (chosen on the nodes' "
+                            "validation data) or a number >= 0") from None
+    if not math.isfinite(ridge) or ridge < 0:
+        raise SettingsError(f"pooled-ridge={value!r} must be 'auto' or a finite number >= 0")
+    return (ridge,)
 
 
 def _hidden(text: str) -> None:
@@ -191,32 +209,36 @@ class Settings:
         'or `radius` (1 / rho_k^2)',
         one_of(GRAM_WEIGHTINGS))
     gram_point: str = setting(
-        'closed-form',
-        '`gram` only: `closed-form` always uses the weighted center; `shared` uses the '
-        'point minimising the largest scaled distance when the center misses a space and '
-        'that point lies in all of them; `pooled` the ridge least-squares classifier of '
-        'all nodes\' data, from their Gram matrices and label moments; `best` the best '
-        'pooled fit inside every node\'s space (the pooled point when they share none)',
+        'pooled',
+        '`gram` only: `pooled` (the default) is the ridge least-squares classifier of all '
+        'nodes\' data, from their Gram matrices and label moments (the best on every '
+        'division measured, see "Good-enough spaces"); `best` the best pooled fit inside '
+        'every node\'s space (the pooled point when they share none); `closed-form` the '
+        'weighted center of the spaces (RegMean); `shared` the point minimising the largest '
+        'scaled distance when the center misses a space and that point lies in all of them',
         one_of(GRAM_POINTS))
     label_moments: bool = setting(
-        False,
+        True,
         '`gram` only: nodes also send their label moments (mean of `e_y [x, 1]^T` over their '
         'training rows, one model\'s size) and class counts; `gram-point` `pooled` and '
         '`best` need them',
         node=True)
     refine_rounds: int = setting(
         0,
-        '`gram`, logistic model: R steps after the one-shot `h_G`. A temperature round first '
-        'scales `h_G` by the logit scale with the lowest pooled validation cross-entropy; '
-        'then in each step every node sends its cross-entropy gradient at the current model '
-        '(model-sized) and the server steps `W <- W - 2 g (G + pooled-ridge I)^-1` with the '
-        'Gram matrices it holds (Bohning 1992: the pooled loss never increases). 0: one-shot',
+        '`gram`, logistic model: R steps after the one-shot `h_G`, which the selection round '
+        'first scales by the logit scale with the lowest pooled validation cross-entropy; '
+        'in each step every node sends its cross-entropy gradient at the current model '
+        '(model-sized) and the server steps `W <- W - 2 g (G + ridge I)^-1` with the Gram '
+        'matrices it holds (Bohning 1992: the pooled loss never increases). 0: one-shot',
         at_least(0))
-    pooled_ridge: float = setting(
-        1e-3,
-        '`gram-point` `pooled` and `best`: ridge of the pooled least-squares fit (relative '
-        'to one mean Gram matrix)',
-        at_least(0))
+    pooled_ridge: str = setting(
+        'auto',
+        '`gram-point` `pooled` and `best`: ridge of the pooled least-squares fit, relative to '
+        'one mean Gram matrix; `auto` lets the nodes choose it: a selection round after the '
+        'spaces sends the point for each of ' + ', '.join(f'{r:g}' for r in POOLED_RIDGES)
+        + ' and keeps the one with the best pooled validation accuracy (logistic model; the '
+        'MLP\'s output layer uses 0.001)',
+        parses(lambda v: parse_pooled_ridge(v)))
     ellipsoid_floor: str = setting(
         'quantile',
         'ellipsoid axes `max(F_ref / F_i, c)`: `quantile` takes F_ref as the 5 % quantile '
@@ -277,6 +299,17 @@ class Settings:
         0.001,
         _ROW_TUNE_EPOCHS,
         positive)
+    tune_stop: str = setting(
+        'holdout',
+        'how fine-tuning (GEMS tuned, Raw, the fine-tuning study) stops: `holdout` holds out '
+        '20 % of the public sample and keeps the epoch that does best there (the starting '
+        'model included, at most `tune-max-epochs`, 5 epochs without a new best end it); '
+        "`fixed` runs exactly `tune-epochs` epochs on all of it (the paper's recipe)",
+        one_of(TUNE_STOPS))
+    tune_max_epochs: int = setting(
+        50,
+        '`tune-stop=holdout`: at most this many fine-tuning epochs',
+        at_least(0))
     min_replies: int = setting(
         2,
         'fewer valid replies than this stops the run with an error',
@@ -392,11 +425,11 @@ class Settings:
         self._check_dataset_shape()
         if not node_only:
             self._check_node_files()
-            if self.gram_point in ("pooled", "best") and not (self.space == "gram"
-                                                              and self.label_moments):
+            if (self.space == "gram" and self.gram_point in POOLED_POINTS
+                    and not self.label_moments):
                 raise SettingsError(
                     f"gram-point='{self.gram_point}' fits the labels of all nodes from their "
-                    "label moments: set space='gram' and label-moments=true")
+                    "label moments: set label-moments=true, or gram-point='closed-form'")
             if self.refine_rounds and not (self.space == "gram" and self.model == "logistic"):
                 raise SettingsError(
                     f"refine-rounds={self.refine_rounds} steps with the nodes' Gram matrices: "
@@ -467,6 +500,12 @@ class Settings:
         return parse_hidden(self.hidden)
 
     @property
+    def pooled_ridges(self) -> tuple[float, ...]:
+        """The pooled ridges to use (``pooled-ridge`` parsed): one, or the candidates of
+        the selection round for ``auto``."""
+        return parse_pooled_ridge(self.pooled_ridge)
+
+    @property
     def tune_sizes(self) -> list[int]:
         """Public sample sizes of the fine-tuning study (``tune-curve`` parsed)."""
         return parse_tune_curve(self.tune_curve)
@@ -480,7 +519,8 @@ class Settings:
     @property
     def tune_recipe(self) -> TuneRecipe:
         """How GEMS tuned, Raw and every model of the fine-tuning study are tuned."""
-        return TuneRecipe(epochs=self.tune_epochs, lr=self.tune_lr, batch_size=self.batch_size)
+        return TuneRecipe(epochs=self.tune_epochs, lr=self.tune_lr, batch_size=self.batch_size,
+                          stop=self.tune_stop, max_epochs=self.tune_max_epochs)
 
     @property
     def local_training(self) -> LocalTraining:

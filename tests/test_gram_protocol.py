@@ -128,8 +128,10 @@ def test_pooled_points_need_label_moments_in_the_settings():
     from gems_fl.settings import Settings, SettingsError
 
     with pytest.raises(SettingsError, match="label-moments=true"):
-        Settings(gram_point="best")
+        Settings(gram_point="best", label_moments=False)
     Settings(gram_point="best", label_moments=True)
+    assert Settings().gram_point == "pooled" and Settings().label_moments  # the defaults agree
+    Settings(space="ball", label_moments=False)  # the Gram point is not asked for a ball
 
 
 def test_a_non_symmetric_full_matrix_is_rejected():
@@ -164,7 +166,8 @@ def _not_psd_full(content) -> None:
 
 
 def test_gram_run_reports_per_node_verification(tmp_path):
-    results = run_in_process(3, tmp_path, space="gram", **{"label-division": "classes-per-node:4"})
+    results = run_in_process(3, tmp_path, space="gram", **{"label-division": "classes-per-node:4",
+                                                           "gram-point": "closed-form"})
     assert results["intersection"]["method"] == "closed-form"
     nodes = results["nodes"]
     assert [n["name"] for n in nodes] == sorted(n["name"] for n in nodes)
@@ -192,7 +195,9 @@ def test_closed_form_center_is_what_h_g_is(tmp_path):
         return reply
 
     results, grid = run_in_process(3, tmp_path, reply_hook=hook, space="gram",
-                                   return_grid=True, **{"label-division": "classes-per-node:4"})
+                                   return_grid=True, **{"label-division": "classes-per-node:4",
+                                                        "gram-point": "closed-form",
+                                                        "label-moments": False})
     spaces = [s for s, _ in captured]
     weights = [m["num-train-examples"] for _, m in captured]
     expected = gram_center([s.matrix for s in spaces], [s.gram for s in spaces], weights, 1e-6)

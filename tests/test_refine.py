@@ -59,15 +59,17 @@ def test_refine_rounds_need_gram_and_the_logistic_model():
 
 def test_a_run_with_refinement_rounds_reports_each_round(tmp_path):
     from gems_fl.evaluation.results import gems_note
-    from gems_fl.geometry.refine import TEMPERATURES
+    from gems_fl.geometry.selection import TEMPERATURES
 
     results, grid = run_in_process(3, tmp_path, return_grid=True,
-                                   **{"refine-rounds": 3, "label-division": "paper"})
+                                   **{"refine-rounds": 3, "label-division": "paper",
+                                      "pooled-ridge": 0.001})
     rounds = results["refinement"]
-    assert [r["kind"] for r in rounds] == ["spaces", "temperature", "step", "step", "step"]
+    assert [r["kind"] for r in rounds] == ["spaces", "selection", "step", "step", "step"]
     assert [r["step"] for r in rounds] == [None, None, 1, 2, 3]
     assert rounds[1]["temperature"] in TEMPERATURES
     assert all(r["test_accuracy"] is not None for r in rounds)
+    assert rounds[1]["pooled_ridge"] is None  # one ridge set: only the scale is chosen
     assert rounds[1]["test_accuracy"] == rounds[0]["test_accuracy"]  # a scale keeps argmax
     losses = [r["loss_before"] for r in rounds[2:]]
     assert all(b <= a + 1e-9 for a, b in zip(losses, losses[1:]))  # monotone
@@ -104,7 +106,7 @@ def test_replies_of_the_wrong_form_are_refused():
     from gems_fl.protocol.replies import (
         ReplyError,
         decode_gradient_reply,
-        decode_temperature_reply,
+        decode_selection_reply,
     )
 
     shapes = {"weight": (3, 4), "bias": (3,)}
@@ -118,7 +120,71 @@ def test_replies_of_the_wrong_form_are_refused():
                                           loss=-1.0, num_train_examples=10)
     with pytest.raises(ReplyError, match="negative"):
         decode_gradient_reply(bad_loss, shapes)
-    with pytest.raises(ReplyError, match="val-losses must be 7"):
-        decode_temperature_reply(wire.encode_temperature_reply([0.1, 0.2], 5), 7)
+    good = wire.encode_selection_reply(np.full((2, 7), 0.1), [3, 4], 5)
+    losses, correct, rows = decode_selection_reply(good, 2, 7)
+    assert losses.shape == (2, 7) and list(correct) == [3, 4] and rows == 5
+    with pytest.raises(ReplyError, match="val-losses must be 2 x 7"):
+        decode_selection_reply(wire.encode_selection_reply(np.full((2, 3), 0.1), [3, 4], 5), 2, 7)
     with pytest.raises(ReplyError, match="num-val-examples"):
-        decode_temperature_reply(wire.encode_temperature_reply([0.1] * 7, 0), 7)
+        decode_selection_reply(wire.encode_selection_reply(np.full((2, 7), 0.1), [0, 0], 0), 2, 7)
+    with pytest.raises(ReplyError, match=r"val-correct must be 2 whole counts in \[0, 5\]"):
+        decode_selection_reply(wire.encode_selection_reply(np.full((2, 7), 0.1), [3, 6], 5), 2, 7)
+
+
+def test_candidates_are_scored_in_one_batch_like_one_by_one():
+    from gems_fl.geometry.refine import cross_entropy
+    from gems_fl.geometry.selection import score_candidates
+
+    rng = np.random.default_rng(3)
+    x, y = rng.normal(size=(40, 6)), rng.integers(0, 4, 40)
+    candidates = rng.normal(size=(3, 4, 7))
+    scales = (0.5, 1.0, 4.0)
+    losses, correct = score_candidates(candidates, x, y, scales)
+    for i, w in enumerate(candidates):
+        for j, t in enumerate(scales):
+            assert losses[i, j] == pytest.approx(cross_entropy(t * w, x, y), rel=1e-12)
+        assert correct[i] == int(((x @ w[:, :-1].T + w[:, -1]).argmax(1) == y).sum())
+    with pytest.raises(ValueError, match="candidates must be"):
+        score_candidates(candidates[:, :, :5], x, y, scales)
+
+
+def test_the_choice_pools_by_rows_accuracy_first_then_loss():
+    from gems_fl.geometry.selection import choose_candidate
+
+    scales = (1.0, 2.0)
+    # node A (10 rows) prefers candidate 0, node B (30 rows) candidate 1: rows decide
+    losses = [np.array([[0.5, 0.4], [0.9, 0.8]]), np.array([[0.9, 0.8], [0.5, 0.6]])]
+    choice = choose_candidate(losses, [np.array([9, 5]), np.array([10, 25])], [10, 30], scales)
+    assert choice.index == 1 and choice.val_accuracy == pytest.approx([19 / 40, 30 / 40])
+    assert choice.temperature == 1.0  # 0.25*0.8+0.75*0.6 > 0.25*0.9+0.75*0.5
+    # equal accuracy: the lower cross-entropy at its best scale wins
+    tie = choose_candidate([np.array([[0.7, 0.6], [0.7, 0.3]])], [np.array([5, 5])], [10], scales)
+    assert tie.index == 1 and tie.temperature == 2.0
+
+
+def test_pooled_ridge_auto_is_chosen_on_the_nodes_validation_data(tmp_path):
+    from gems_fl.geometry.choices import POOLED_RIDGES
+
+    results = run_in_process(3, tmp_path, **{"label-division": "paper"})
+    assert results["settings"]["pooled-ridge"] == "auto"
+    kinds = [r["kind"] for r in results["refinement"]]
+    assert kinds == ["spaces", "selection"]
+    chosen = results["rounds"][1]
+    accuracies = [c["val_accuracy"] for c in chosen["candidates"]]
+    assert [c["pooled_ridge"] for c in chosen["candidates"]] == list(POOLED_RIDGES)
+    assert chosen["val_accuracy"] == max(accuracies)
+    assert chosen["pooled_ridge"] == POOLED_RIDGES[accuracies.index(max(accuracies))] or \
+        accuracies.count(max(accuracies)) > 1
+    details = results["intersection"]
+    assert details["method"] == "pooled" and details["pooled_ridge"] == chosen["pooled_ridge"]
+    assert details["selection"]["scale_applied"] == chosen["temperature"]
+    assert results["refinement"][-1]["test_accuracy"] == results["rows"]["GEMS"]["accuracy"]
+
+
+def test_pooled_ridge_takes_auto_or_a_number():
+    assert Settings(pooled_ridge="0.01").pooled_ridges == (0.01,)
+    assert Settings.from_run_config({"pooled-ridge": 0.01}).pooled_ridges == (0.01,)
+    with pytest.raises(SettingsError, match="give 'auto'"):
+        Settings(pooled_ridge="large")
+    with pytest.raises(SettingsError, match="finite number >= 0"):
+        Settings(pooled_ridge="-1")

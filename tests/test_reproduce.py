@@ -356,6 +356,16 @@ def test_reproduce_quick_writes_every_table_and_plot_with_every_row(tmp_path):
     assert "FedAvg-SGD (lr=" in text and "FedAvg (Adam)" in text
     assert re.search(r"FedAvg-SGD \(lr=[^)]*\) (reaches|does not reach) GEMS \(gram\)", text)
     assert re.search(r"FedAvg-SGD \(lr=[^)]*\) (reaches|does not reach) GEMS tuned \(gram\)", text)
+    dirichlet = json.loads((out / "study7_dirichlet.json").read_text())
+    spec = f"dirichlet:{options.dirichlet_alphas[0]:g}"
+    for model in ("logistic", "mlp"):
+        cell = dirichlet[model][f"{options.dirichlet_ks[0]}:{spec}"]
+        for point in options.dirichlet_points:
+            assert len([a for a in cell[point]["GEMS"] if a is not None]) == len(options.seeds)
+    steps = dirichlet["logistic"][f"{options.dirichlet_ks[0]}:{spec}"]["refined"]
+    assert sorted(steps, key=int) == ["1", str(options.refine_rounds)]
+    assert all(len(v["accuracy"]) == len(options.seeds) for v in steps.values())
+    assert "GEMS pooled" in (out / "study7_dirichlet.md").read_text()
     # A second invocation reuses every stored trial.
     assert main(["reproduce", "--quick", "--out", str(out)]) == 0
 
@@ -372,3 +382,16 @@ def test_tuning_pool_is_the_public_split_no_node_uses():
     # (test_data.test_digits_split_sizes_and_disjointness).
     assert meta["node_train_total"] <= len(splits.train_y)
     assert meta["node_val_total"] <= len(splits.val_y)
+
+
+def test_plan_runs_the_dirichlet_study_for_both_models_and_the_refined_trial():
+    options = Options(seeds=(0, 1), studies=(7,))
+    plan = build_plan(options)
+    per_seed = len(options.dirichlet_alphas) * len(options.dirichlet_ks) * (
+        2 * len(options.dirichlet_points) + 1)
+    assert len(plan) == 2 * per_seed
+    refined = [t for t in plan if t.labels["point"] == "refined"]
+    assert refined and all(t.run_config["refine-rounds"] == options.refine_rounds
+                           and t.run_config["model"] == "logistic" for t in refined)
+    assert {t.run_config["label-division"] for t in plan} == {
+        f"dirichlet:{a:g}" for a in options.dirichlet_alphas}

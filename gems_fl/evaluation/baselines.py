@@ -87,23 +87,31 @@ def evaluate_rows(
             rows[name] = {"accuracy": None, "skipped": reason}
         return rows
     tune = settings.tune_recipe
-    log(INFO, "GEMS tuned (%s layer%s) and Raw: %d epochs on %d public samples; Raw "
+    log(INFO, "GEMS tuned (%s layer%s) and Raw: %s on %d public samples; Raw "
         "converged: until convergence", settings.tune_layers,
-        "" if settings.tune_layers == "last" else "s", tune.epochs, len(data.public_y))
+        "" if settings.tune_layers == "last" else "s", tune.describe(), len(data.public_y))
     tuned = copy.deepcopy(models.gems)
     if settings.tune_layers == "last":
         freeze_hidden(tuned)
-    tune.tune(tuned, data.public_x, data.public_y, settings.seed)
-    rows["GEMS tuned"] = row(tuned, tuned_layers=settings.tune_layers)
+    report = tune.tune(tuned, data.public_x, data.public_y, settings.seed)
+    rows["GEMS tuned"] = row(tuned, tuned_layers=settings.tune_layers, **_tuned(report))
 
     torch.manual_seed(settings.seed + 1)
     raw = settings.new_model(num_features, num_classes)
     raw_converged = copy.deepcopy(raw)
-    tune.tune(raw, data.public_x, data.public_y, settings.seed)
-    rows["Raw"] = row(raw)
+    report = tune.tune(raw, data.public_x, data.public_y, settings.seed)
+    rows["Raw"] = row(raw, **_tuned(report))
     report = settings.local_recipe.train(raw_converged, data.public_x, data.public_y, settings.seed)
     rows["Raw converged"] = row(raw_converged, epochs=report.epochs)
     return rows
+
+
+def _tuned(report) -> dict[str, object]:  # noqa: ANN001 - TrainReport
+    """How a fine-tuning went, for its row: epochs run and, held out, the epoch kept."""
+    out: dict[str, object] = {"tune_epochs": report.epochs}
+    if report.best_epoch is not None:
+        out["kept_epoch"] = report.best_epoch
+    return out
 
 
 def ensemble_predict(models: list[nn.Module], x: np.ndarray, seed: int) -> np.ndarray:

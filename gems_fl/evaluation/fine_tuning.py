@@ -2,8 +2,8 @@
 
 For each public sample size ``n`` (setting ``tune-curve``), the server takes the first
 ``n`` rows of one seeded permutation of its public pool (so the samples are nested) and
-fine-tunes, with the identical optimiser (Adam), learning rate, batch size and number of
-epochs (``tune-lr``, ``batch-size``, ``tune-epochs``):
+fine-tunes, with the identical recipe (Adam, ``tune-lr``, ``batch-size``, and the
+``tune-stop`` rule: held-out early stopping or ``tune-epochs`` fixed epochs):
 
 - **GEMS tuned**: the aggregated model ``h_G``;
 - **Local tuned**: each node's local model (the row is their mean accuracy);
@@ -26,7 +26,7 @@ from flwr.common.logger import log
 from torch import nn
 
 from gems_fl.learning.models import freeze_hidden
-from gems_fl.learning.train import accuracy, fine_tune
+from gems_fl.learning.train import accuracy
 from gems_fl.settings import Settings
 
 CURVE_ROWS = ("GEMS tuned", "Local tuned", "Averaged tuned", "Raw")
@@ -55,14 +55,13 @@ def fine_tuning_curve(
     """Test accuracy of every curve row at every size of ``settings.tune_sizes``."""
     sizes = settings.tune_sizes
     samples = nested_samples(pool[0], pool[1], sizes, settings.seed)
-    recipe = dict(epochs=settings.tune_epochs, lr=settings.tune_lr,
-                  batch_size=settings.batch_size, seed=settings.seed)
+    recipe = settings.tune_recipe
 
     def tuned_accuracy(start: nn.Module, x: np.ndarray, y: np.ndarray, pretrained: bool) -> float:
         model = copy.deepcopy(start)
         if pretrained and settings.tune_layers == "last":
             freeze_hidden(model)
-        fine_tune(model, x, y, **recipe)
+        recipe.tune(model, x, y, settings.seed)
         return accuracy(model, *test)
 
     curve: dict[str, list[float]] = {name: [] for name in CURVE_ROWS}
@@ -76,4 +75,5 @@ def fine_tuning_curve(
         torch.manual_seed(settings.seed + 1)
         curve["Raw"].append(tuned_accuracy(fresh_model(), x, y, False))
     return {"sizes": list(sizes), "accuracy": curve, "epochs": settings.tune_epochs,
+            "stop": settings.tune_stop, "max_epochs": settings.tune_max_epochs,
             "lr": settings.tune_lr, "tuned_layers": settings.tune_layers}

@@ -104,19 +104,25 @@ def refinement_table(results: dict[str, Any]) -> Table | None:
     rows = results.get("refinement")
     if not rows:
         return None
-    table = Table(title="Refinement: the one-shot h_G, a logit scale chosen on the nodes' "
-                  "validation data, Bohning steps; GEMS is the last model, membership below is "
-                  "the one-shot h_G's")
+    table = Table(title="Rounds: the one-shot h_G, the selection round (pooled ridge and logit "
+                  "scale chosen on the nodes' validation data), Bohning steps; GEMS is the last "
+                  "model, membership below is the selected h_G's")
     for col in ("round", "what", "test acc", "pooled train loss before", "nodes", "bytes so far"):
         table.add_column(col, justify="right")
     for r in rows:
         acc, loss = r.get("test_accuracy"), r.get("loss_before")
-        what = {"spaces": "one-shot h_G", "temperature": f"scale x{r.get('temperature')}",
-                "step": f"step {r.get('step')}"}[r["kind"]]
+        what = ("one-shot h_G" if r["kind"] == "spaces" else selection_text(r)
+                if r["kind"] == "selection" else f"step {r.get('step')}")
         table.add_row(str(r["round"]), what, "-" if acc is None else f"{acc:.4f}",
                       "-" if loss is None else f"{loss:.4f}", str(r["nodes"]),
                       f"{r['cumulative_bytes']:,}")
     return table
+
+
+def selection_text(r: dict[str, Any]) -> str:
+    """What the selection round chose, in a few words."""
+    ridge = r.get("pooled_ridge")
+    return (f"ridge {ridge:g}, " if ridge is not None else "") + f"scale x{r.get('temperature'):g}"
 
 
 def print_results(results: dict[str, Any], console: Console | None = None) -> None:

@@ -177,7 +177,7 @@ def tune_on_public(run, public: PublicData, settings: Settings, num_features: in
 
     import torch
 
-    if len(public.y) == 0 or settings.tune_epochs == 0:
+    if len(public.y) == 0 or not settings.tune_recipe.active:
         return {}
     tune = settings.tune_recipe
     tuned = copy.deepcopy(run.gems_model)

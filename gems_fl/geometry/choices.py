@@ -6,6 +6,11 @@ PAPER_SPACE_KINDS = ("ball", "ellipsoid")  # the paper's parameter-space spaces
 ELLIPSOID_FLOORS = ("quantile", "paper")
 GRAM_WEIGHTINGS = ("samples", "radius")
 GRAM_POINTS = ("closed-form", "shared", "pooled", "best")
+POOLED_POINTS = ("pooled", "best")  # the points fitted to the labels (need label moments)
+# pooled-ridge=auto: the ridges the selection round scores on the nodes' validation data
+# (relative to one mean Gram matrix), and the one a layer without that round uses.
+POOLED_RIDGES = (1e-4, 1e-3, 1e-2, 1e-1)
+DEFAULT_POOLED_RIDGE = 1e-3
 NO_INTERSECTION_FALLBACKS = ("min-penalty", "mean")
 # Each kind's default upper end of the radius bisection, in the units of its radius
 # (gems_fl.geometry.kinds says which). 4000 is the paper's R_max; gram keeps the bound its

@@ -325,7 +325,13 @@ def aggregate_gram(
         shared, _ = _minimax(spaces, details)
         if point == "shared" and details["spaces_share_a_point"]:
             chosen, method = np.asarray(shared), "shared"
-    point_vec = np.asarray(chosen, dtype=np.float64).reshape(-1)
+    return gram_result(spaces, chosen, method, details)
+
+
+def gram_result(spaces: Sequence[GramSpace], point: np.ndarray, method: str,
+                details: dict[str, object]) -> IntersectionResult:
+    """``point`` as the run's ``h_G``: its membership in each space, and the distances."""
+    point_vec = np.asarray(point, dtype=np.float64).reshape(-1)
     inside = [s.contains(point_vec) for s in spaces]
     penalties = [s.penalty(point_vec) for s in spaces]
     details["distance"] = [s.distance(point_vec) for s in spaces]

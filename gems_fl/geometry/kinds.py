@@ -104,7 +104,17 @@ class AggregateOptions(_FromSettings):
     gram_weighting: str = "samples"
     gram_ridge: float = 1e-6
     gram_point: str = "closed-form"
-    pooled_ridge: float = 1e-3
+    pooled_ridge: float = choices.DEFAULT_POOLED_RIDGE
+
+    @classmethod
+    def from_settings(cls, settings: object) -> "AggregateOptions":
+        """The settings' options; ``pooled-ridge=auto`` gives the default ridge here (the
+        convex strategy's selection round scores the others, see ``Settings.pooled_ridges``)."""
+        ridges = settings.pooled_ridges
+        return cls(kind=settings.space, no_intersection=settings.no_intersection,
+                   seed=settings.seed, gram_weighting=settings.gram_weighting,
+                   gram_ridge=settings.gram_ridge, gram_point=settings.gram_point,
+                   pooled_ridge=ridges[0] if len(ridges) == 1 else choices.DEFAULT_POOLED_RIDGE)
 
     def __post_init__(self) -> None:
         for name, allowed in (("kind", choices.SPACE_KINDS),

@@ -10,8 +10,8 @@ with ``G`` the pooled Gram matrix ``sum_k (n_k / N) G_k``. A step ``W <- W - 2 g
 (G + ridge I)^-1`` (``g`` the pooled gradient) therefore minimises a quadratic upper
 bound of the pooled loss around ``W``: it never increases the pooled loss. Nodes send
 only ``g_k`` and their loss (model-sized); the server forms ``g = sum_k (n_k / N) g_k``.
-Before the first step the server picks a temperature ``t`` (``W <- t W``) from
-:data:`TEMPERATURES` by the nodes' pooled validation cross-entropy.
+Before the first step the selection round (:mod:`gems_fl.geometry.selection`) scales
+``W`` by the temperature with the lowest pooled validation cross-entropy.
 """
 
 from __future__ import annotations
@@ -49,12 +49,6 @@ def cross_entropy(w: np.ndarray, x: np.ndarray, y: np.ndarray) -> float:
     wt = _center_for("w", w, xa.shape[1])
     yt = _labels(y, len(xa), wt.shape[0])
     return -float(torch.log_softmax(xa @ wt.T, dim=1).gather(1, yt.view(-1, 1)).mean())
-
-
-#: Logit scales the temperature round scores on the nodes' validation data. The pooled
-#: least-squares point has logits of order 1 (it regresses one-hot labels); the step
-#: from a scale that fits the data's confidence makes faster progress.
-TEMPERATURES = (0.5, 1.0, 2.0, 5.0, 10.0, 20.0, 50.0)
 
 
 def pooled_gradient(gradients: Sequence[np.ndarray], num_train: Sequence[float]) -> np.ndarray:

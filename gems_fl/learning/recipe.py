@@ -36,19 +36,50 @@ class TrainRecipe:
                                      seed=seed)
 
 
+TUNE_STOPS = ("holdout", "fixed")
+
+
 @dataclass(frozen=True)
 class TuneRecipe:
-    """Adam for exactly ``epochs`` epochs (see ``fine_tune``)."""
+    """Adam on a public sample: ``stop='holdout'`` holds out ``holdout_fraction`` of it and
+    keeps the best epoch there (at most ``max_epochs``, stopping after ``patience`` epochs
+    without a new best; see ``fine_tune_holdout``); ``stop='fixed'`` runs exactly
+    ``epochs`` epochs on all of it (the paper's recipe; see ``fine_tune``)."""
 
     epochs: int
     lr: float
     batch_size: int
+    stop: str = "fixed"
+    max_epochs: int = 50
+    patience: int = 5
+    holdout_fraction: float = 0.2
+
+    def __post_init__(self) -> None:
+        if self.stop not in TUNE_STOPS:
+            raise ValueError(f"stop={self.stop!r} is not one of {', '.join(TUNE_STOPS)}")
+
+    @property
+    def active(self) -> bool:
+        """Whether this recipe tunes at all (``fixed`` with 0 epochs does not)."""
+        return self.max_epochs > 0 if self.stop == "holdout" else self.epochs > 0
+
+    def describe(self) -> str:
+        """The recipe in a few words, for logs."""
+        if self.stop == "holdout":
+            return (f"up to {self.max_epochs} epochs, the best on a held-out "
+                    f"{self.holdout_fraction:.0%} of the sample")
+        return f"{self.epochs} epochs"
 
     def tune(self, model: nn.Module, x: np.ndarray, y: np.ndarray, seed: int,
              proximal_mu: float = 0.0) -> TrainReport:
         """Fine-tune the trainable weights of ``model`` in place on ``(x, y)``."""
-        from gems_fl.learning.train import fine_tune
+        from gems_fl.learning.train import fine_tune, fine_tune_holdout
 
+        if self.stop == "holdout" and proximal_mu == 0.0:
+            return fine_tune_holdout(model, x, y, max_epochs=self.max_epochs,
+                                     patience=self.patience,
+                                     holdout_fraction=self.holdout_fraction, lr=self.lr,
+                                     batch_size=self.batch_size, seed=seed)
         return fine_tune(model, x, y, epochs=self.epochs, lr=self.lr,
                          batch_size=self.batch_size, seed=seed, proximal_mu=proximal_mu)
 

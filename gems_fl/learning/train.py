@@ -76,6 +76,7 @@ class TrainReport:
     epochs: int = 0
     train_accuracy: list[float] = field(default_factory=list)
     stopped_by: str = ""
+    best_epoch: int | None = None  # held-out early stopping: the epoch whose weights were kept
 
 
 def _tensors(x: np.ndarray, y: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
@@ -119,6 +120,7 @@ def _run_epochs(
     proximal_mu: float = 0.0,
     optimizer: str = "adam",
     device: str | None = None,
+    holdout: tuple[np.ndarray, np.ndarray] | None = None,
 ) -> TrainReport:
     if len(y) == 0:
         raise ValueError("cannot train on an empty set")
@@ -127,7 +129,9 @@ def _run_epochs(
     try:
         return _epochs_on(model, x, y, device, lr=lr, batch_size=batch_size,
                           max_epochs=max_epochs, patience=patience, seed=seed,
-                          proximal_mu=proximal_mu, optimizer=optimizer)
+                          proximal_mu=proximal_mu, optimizer=optimizer,
+                          holdout=None if holdout is None else
+                          tuple(t.to(device) for t in _tensors(*holdout)))
     finally:
         model.to("cpu")
 
@@ -135,7 +139,7 @@ def _run_epochs(
 def _epochs_on(
     model: nn.Module, x: np.ndarray, y: np.ndarray, device: torch.device, *, lr: float,
     batch_size: int, max_epochs: int, patience: int | None, seed: int, proximal_mu: float,
-    optimizer: str = "adam",
+    optimizer: str = "adam", holdout: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> TrainReport:
     xt, yt = (t.to(device) for t in _tensors(x, y))
     gen = torch.Generator().manual_seed(seed)  # on the CPU: the same order on every device
@@ -151,6 +155,8 @@ def _epochs_on(
     loss_fn = nn.CrossEntropyLoss()
     report = TrainReport(stopped_by="max-epochs")
     best_acc, best_loss, since_best = -1.0, float("inf"), 0
+    if holdout is not None:  # the weights before any epoch are a candidate too
+        keeper = _HoldoutKeeper(model, *holdout)
     for _ in range(max_epochs):
         model.train()
         order = torch.randperm(len(yt), generator=gen).to(device)
@@ -172,6 +178,10 @@ def _epochs_on(
         report.epochs += 1
         acc = int((_predict_tensor(model, xt) == yt).sum()) / len(yt)
         report.train_accuracy.append(acc)
+        if holdout is not None:
+            if keeper.update(model, report.epochs) >= patience:
+                break
+            continue
         if patience is None:
             continue
         # A flat accuracy while the loss still falls fast is a plateau, not convergence
@@ -182,7 +192,73 @@ def _epochs_on(
         if since_best >= patience:
             report.stopped_by = "converged"
             break
+    if holdout is not None:
+        keeper.restore(model)
+        report.best_epoch = keeper.best_epoch
+        report.stopped_by = "holdout"
     return report
+
+
+class _HoldoutKeeper:
+    """The weights with the best held-out accuracy so far (ties: the lower loss)."""
+
+    def __init__(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> None:
+        self.x, self.y = x, y
+        self.best: tuple[float, float] = (-1.0, float("inf"))
+        self.best_epoch, self.since = 0, 0
+        self.state: dict[str, torch.Tensor] = {}
+        self.update(model, 0)
+
+    @torch.no_grad()
+    def update(self, model: nn.Module, epoch: int) -> int:
+        """Score ``model``; keep it if it is the best. Returns epochs since the best."""
+        model.eval()
+        logits = model(self.x)
+        score = (float((logits.argmax(dim=1) == self.y).float().mean()),
+                 -float(nn.functional.cross_entropy(logits, self.y)))
+        if score[0] > self.best[0] or (score[0] == self.best[0] and score[1] > self.best[1]):
+            self.best, self.best_epoch, self.since = score, epoch, 0
+            self.state = {k: v.detach().clone() for k, v in model.state_dict().items()}
+        else:
+            self.since += 1
+        return self.since
+
+    def restore(self, model: nn.Module) -> None:
+        model.load_state_dict(self.state)
+
+
+def fine_tune_holdout(
+    model: nn.Module,
+    x: np.ndarray,
+    y: np.ndarray,
+    *,
+    max_epochs: int,
+    patience: int,
+    holdout_fraction: float,
+    lr: float,
+    batch_size: int,
+    seed: int,
+    device: str | None = None,
+) -> TrainReport:
+    """Fine-tune on part of ``(x, y)`` and keep the weights that do best on the rest.
+
+    A seeded ``holdout_fraction`` of the rows (at least one) is held out; the model is
+    tuned on the others with Adam, and after every epoch scored on the held-out rows
+    (accuracy, ties broken by cross-entropy). Training stops after ``patience`` epochs
+    without a new best, or after ``max_epochs``; the best weights are loaded back. The
+    weights before tuning are a candidate too, so tuning never makes the model worse on
+    the held-out rows. Fewer than 2 rows: tuning is skipped.
+    """
+    if not 0 < holdout_fraction < 1:
+        raise ValueError(f"holdout_fraction={holdout_fraction} must lie in (0, 1)")
+    if len(y) < 2 or max_epochs == 0:
+        return TrainReport(stopped_by="too-few-rows" if len(y) < 2 else "no-epochs")
+    order = np.random.default_rng(seed).permutation(len(y))
+    held = min(len(y) - 1, max(1, int(round(holdout_fraction * len(y)))))
+    keep, hold = order[held:], order[:held]
+    return _run_epochs(model, x[keep], y[keep], lr=lr, batch_size=batch_size,
+                       max_epochs=max_epochs, patience=patience, seed=seed, device=device,
+                       holdout=(x[hold], y[hold]))
 
 
 def train_until_converged(

@@ -26,7 +26,8 @@ from gems_fl.data.nodes import (
 from gems_fl.data.site_files import feature_stats
 from gems_fl.geometry.kinds import LayerSpace, build_layer_space
 from gems_fl.geometry.spaces import GramSpace, Space
-from gems_fl.geometry.refine import cross_entropy, softmax_gradient
+from gems_fl.geometry.refine import softmax_gradient
+from gems_fl.geometry.selection import score_candidates
 from gems_fl.learning.models import model_to_vector, state_to_vector, vector_to_state
 from gems_fl.learning.threads import compute_threads
 from gems_fl.learning.train import TrainReport, accuracy, set_default_device
@@ -122,15 +123,17 @@ def _layer_round_reply(
 
 
 def _refine_reply(msg: Message, data) -> RecordDict:  # noqa: ANN001 - NodeData
-    """A refinement round: this node's cross-entropy gradient at the server's model, or,
-    in the temperature round, its validation cross-entropy at each logit scale."""
+    """A refinement step: this node's cross-entropy gradient at the server's model; in the
+    selection round, each candidate's validation cross-entropy at each logit scale and its
+    correct validation predictions."""
+    x_tr, y_tr, x_val, y_val = data.arrays
+    if wire.CANDIDATES_KEY in msg.content.array_records:
+        scales = msg.content.config_records[wire.CONFIG_KEY][wire.TEMPERATURES_KEY]
+        losses, correct = score_candidates(wire.decode_candidates(msg.content), x_val, y_val,
+                                           scales)
+        return wire.encode_selection_reply(losses, list(correct), len(y_val))
     state = wire.decode_model(msg.content)
     w = state_to_vector(state).reshape(data.num_classes, data.num_features + 1)
-    x_tr, y_tr, x_val, y_val = data.arrays
-    scales = msg.content.config_records[wire.CONFIG_KEY].get(wire.TEMPERATURES_KEY)
-    if scales:
-        return wire.encode_temperature_reply([cross_entropy(t * w, x_val, y_val) for t in scales],
-                                             len(y_val))
     gradient, loss = softmax_gradient(w, x_tr, y_tr)
     return wire.encode_gradient_reply(
         vector_to_state(gradient.reshape(-1), data.num_features, data.num_classes),

@@ -34,7 +34,7 @@ from gems_fl.protocol.wire import (
     GRADIENT_KEY,
     GRADIENT_METRIC_KEYS,
     GRAM_KEY,
-    TEMPERATURE_METRIC_KEYS,
+    SELECTION_METRIC_KEYS,
     LABELS_KEY,
     IDENTITY_KEY,
     IDENTITY_METRIC_KEYS,
@@ -121,20 +121,28 @@ def decode_gradient_reply(content: RecordDict, shapes: dict[str, tuple[int, ...]
     return gradient.reshape(shapes["weight"][0], -1), {k: float(v) for k, v in metrics.items()}
 
 
-def decode_temperature_reply(content: RecordDict, num_scales: int) -> tuple[np.ndarray, int]:
-    """Validate a temperature round's reply: ``(validation losses (num_scales,), rows)``."""
+def decode_selection_reply(content: RecordDict, num_candidates: int, num_scales: int
+                           ) -> tuple[np.ndarray, np.ndarray, int]:
+    """Validate a selection round's reply: ``(validation losses (m, T), correct
+    predictions (m,), validation rows)``."""
     record = content.metric_records.get(METRICS_KEY)
     if set(content.keys()) != {METRICS_KEY} or record is None or \
-            set(record.keys()) != set(TEMPERATURE_METRIC_KEYS):
-        raise ReplyError(f"a temperature reply holds only '{METRICS_KEY}' with "
-                         f"{', '.join(TEMPERATURE_METRIC_KEYS)}")
-    losses = np.asarray(record["val-losses"], dtype=np.float64)
+            set(record.keys()) != set(SELECTION_METRIC_KEYS):
+        raise ReplyError(f"a selection reply holds only '{METRICS_KEY}' with "
+                         f"{', '.join(SELECTION_METRIC_KEYS)}")
     rows = record["num-val-examples"]
-    if losses.shape != (num_scales,) or not np.all(np.isfinite(losses)) or np.any(losses < 0):
-        raise ReplyError(f"val-losses must be {num_scales} finite non-negative numbers")
     if isinstance(rows, (list, bool)) or rows < 1 or not float(rows).is_integer():
         raise ReplyError(f"num-val-examples={rows!r} must be a positive integer")
-    return losses, int(rows)
+    losses = np.asarray(record["val-losses"], dtype=np.float64)
+    if losses.shape != (num_candidates * num_scales,) or not np.all(np.isfinite(losses)) \
+            or np.any(losses < 0):
+        raise ReplyError(f"val-losses must be {num_candidates} x {num_scales} finite "
+                         "non-negative numbers")
+    correct = np.asarray(record["val-correct"], dtype=np.float64)
+    if correct.shape != (num_candidates,) or np.any(correct < 0) or np.any(correct > rows) \
+            or not np.all(correct == np.round(correct)):
+        raise ReplyError(f"val-correct must be {num_candidates} whole counts in [0, {int(rows)}]")
+    return losses.reshape(num_candidates, num_scales), correct.astype(np.int64), int(rows)
 
 
 def _read_axes(content: RecordDict, shapes: dict[str, tuple[int, ...]], rank: int,

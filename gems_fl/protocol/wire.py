@@ -75,7 +75,8 @@ MODEL_KEY = "model"
 GRADIENT_KEY = "gradient"
 GRADIENT_METRIC_KEYS = ("loss", "num-train-examples")
 TEMPERATURES_KEY = "gems-temperatures"  # config key: the logit scales to score
-TEMPERATURE_METRIC_KEYS = ("val-losses", "num-val-examples")
+CANDIDATES_KEY = "candidates"  # selection round: the candidate models, one array (m, C, d + 1)
+SELECTION_METRIC_KEYS = ("val-losses", "val-correct", "num-val-examples")
 
 
 
@@ -130,16 +131,35 @@ def encode_neuron_reply(
 
 
 def encode_refine_round(config: dict[str, Any], refine_round: int,
-                        state: dict[str, np.ndarray],
-                        temperatures: tuple[float, ...] | None = None) -> RecordDict:
-    """Refinement round, server -> client: settings, the round's index, the current model
-    (float64, so that the gradient is taken at exactly the server's point); with
-    ``temperatures``, the node scores those logit scales instead of sending a gradient."""
-    extra = {TEMPERATURES_KEY: [float(t) for t in temperatures]} if temperatures else {}
+                        state: dict[str, np.ndarray]) -> RecordDict:
+    """Refinement step, server -> client: settings, the step's index (1..R) and the
+    current model (float64, so that the gradient is taken at exactly the server's point)."""
     return RecordDict({
-        CONFIG_KEY: ConfigRecord({**config, REFINE_KEY: int(refine_round), **extra}),
+        CONFIG_KEY: ConfigRecord({**config, REFINE_KEY: int(refine_round)}),
         MODEL_KEY: array_record({k: np.asarray(v, dtype=np.float64) for k, v in state.items()}),
     })
+
+
+def encode_selection_round(config: dict[str, Any], candidates: np.ndarray,
+                           temperatures: tuple[float, ...]) -> RecordDict:
+    """Selection round, server -> client (``REFINE_KEY`` 0): the candidate models
+    ``(m, C, d + 1)`` (float64) and the logit scales at which each node scores them."""
+    candidates = np.asarray(candidates, dtype=np.float64)
+    if candidates.ndim != 3:
+        raise ValueError(f"candidates must be (m, C, d + 1), got shape {candidates.shape}")
+    return RecordDict({
+        CONFIG_KEY: ConfigRecord({**config, REFINE_KEY: 0,
+                                  TEMPERATURES_KEY: [float(t) for t in temperatures]}),
+        CANDIDATES_KEY: array_record({"points": candidates}),
+    })
+
+
+def decode_candidates(content: RecordDict) -> np.ndarray:
+    """The candidate models ``(m, C, d + 1)`` a selection round's message carries."""
+    record = content.array_records.get(CANDIDATES_KEY)
+    if record is None or "points" not in record:
+        raise ValueError(f"selection message has no '{CANDIDATES_KEY}' ArrayRecord with 'points'")
+    return record["points"].numpy()
 
 
 def decode_model(content: RecordDict) -> dict[str, np.ndarray]:
@@ -159,10 +179,13 @@ def encode_gradient_reply(gradient: dict[str, np.ndarray], *, loss: float,
     })
 
 
-def encode_temperature_reply(val_losses: list[float], num_val_examples: int) -> RecordDict:
-    """Temperature round reply: validation cross-entropy at each scale, and the row count."""
+def encode_selection_reply(val_losses: np.ndarray, val_correct: list[int],
+                           num_val_examples: int) -> RecordDict:
+    """Selection round reply: validation cross-entropy of every candidate at every scale
+    (``(m, T)``, flattened row-major), correct validation predictions per candidate, rows."""
     return RecordDict({METRICS_KEY: MetricRecord({
-        "val-losses": [float(v) for v in val_losses],
+        "val-losses": [float(v) for v in np.asarray(val_losses).reshape(-1)],
+        "val-correct": [int(c) for c in val_correct],
         "num-val-examples": int(num_val_examples)})})
 
 

@@ -30,7 +30,8 @@ def expected_files(options: Options) -> list[str]:
                  "study3_fine_tuning_logistic.png", "study3_fine_tuning_mlp.png"],
              4: ["study4_model_size.md", "study4_model_size.json", "study4_model_size.png"],
              5: ["study5_intersection.md", "study5_intersection.json", "study5_intersection.png"],
-             6: ["study6_federated.md", "study6_federated.json", "study6_accuracy_vs_bytes.png"]}
+             6: ["study6_federated.md", "study6_federated.json", "study6_accuracy_vs_bytes.png"],
+             7: ["study7_dirichlet.md", "study7_dirichlet.json", "study7_dirichlet.png"]}
     return [f for s in sorted(options.studies) for f in files[s]] + ["results.json", "README.md"]
 
 
@@ -73,6 +74,8 @@ def reproduce(options: Options, out: Path, jobs: int = 2, fresh: bool = False,
         report.intersection(list(options.intersection_eps))
     if 6 in studies:
         report.federated()
+    if 7 in studies:
+        report.dirichlet(options)
     header = (f"# GEMS reproduction on {options.dataset}\n\n"
               f"Command: `{command or 'gems-fl reproduce'}`\n\n"
               f"{len(trials)} trials, seeds {list(options.seeds)}, {jobs} worker process(es). "

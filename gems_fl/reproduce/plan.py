@@ -30,6 +30,7 @@ STUDIES = {
     4: "model size",
     5: "intersection analysis",
     6: "FedAvg / FedProx vs GEMS",
+    7: "Dirichlet divisions: the Gram points and refinement rounds",
 }
 
 
@@ -41,7 +42,7 @@ class Options:
     data_dir: str = ""
     seeds: tuple[int, ...] = (0, 1, 2, 3, 4)
     ks: tuple[int, ...] = (2, 3, 5)
-    studies: tuple[int, ...] = (1, 2, 3, 4, 5, 6)
+    studies: tuple[int, ...] = (1, 2, 3, 4, 5, 6, 7)
     convex_eps: float = 0.4
     tune_sizes: tuple[int, ...] = (100, 200, 300, 400, 500, 600, 700, 800, 900, 1000)
     size_grid: tuple[tuple[int, float], ...] = ((50, 0.05), (75, 0.1), (100, 0.2), (150, 0.05))
@@ -55,6 +56,10 @@ class Options:
     gram_ranks: tuple[int, ...] = (5, 20, 50, 100, 0)  # study 1, convex K=5; 0 = full Gram
     sgd_lrs: tuple[float, ...] = (0.01, 0.03, 0.1, 0.3)  # study 6, local SGD's grid
     sgd_tune_rounds: int = 10  # rounds of each short run that scores an SGD rate
+    dirichlet_alphas: tuple[float, ...] = (0.05, 0.1, 0.5)  # study 7's label priors
+    dirichlet_ks: tuple[int, ...] = (5, 20)  # study 7's node counts
+    dirichlet_points: tuple[str, ...] = ("closed-form", "pooled")  # study 7, gram-point
+    refine_rounds: int = 10  # study 7: the refined trial (logistic); rows after 1, 5 and R
     overrides: tuple[tuple[str, object], ...] = ()  # run-config keys for every trial
     quick: bool = False
 
@@ -65,7 +70,8 @@ class Options:
             dataset="digits", seeds=(0, 1), tune_sizes=(50, 100, 200),
             size_grid=((20, 0.1), (40, 0.1)), intersection_eps=(0.3, 0.6, 0.9),
             fed_rounds=4, quick=True, nn_spaces=("ellipsoid", "gram"), gram_ranks=(5, 0),
-            sgd_lrs=(0.03, 0.3), sgd_tune_rounds=2,
+            sgd_lrs=(0.03, 0.3), sgd_tune_rounds=2, dirichlet_alphas=(0.5,),
+            dirichlet_ks=(3,), refine_rounds=2,
             overrides=(("num-directions", 100), ("local-max-epochs", 20)),
         )
         base.update(changes)
@@ -201,4 +207,18 @@ def build_plan(options: Options) -> list[Trial]:
             for space in ("ellipsoid", "gram"):
                 add(6, "gems", {**base, "space": space}, 5,
                     {"K": 5, "division": "paper", "model": model, "space": space})
+    if 7 in wanted:
+        for alpha in options.dirichlet_alphas:
+            spec = f"dirichlet:{alpha:g}"
+            for k in options.dirichlet_ks:
+                where = {"K": k, "division": spec}
+                for model, base in (("logistic", convex), ("mlp", mlp)):
+                    for point in options.dirichlet_points:
+                        add(7, "gems", {**base, "label-division": spec, "space": "gram",
+                                        "gram-point": point}, k,
+                            {**where, "model": model, "point": point})
+                if options.refine_rounds:
+                    add(7, "gems", {**convex, "label-division": spec, "space": "gram",
+                                    "refine-rounds": options.refine_rounds}, k,
+                        {**where, "model": "logistic", "point": "refined"})
     return list(trials.values())

@@ -52,6 +52,7 @@ def _compact_gems(results: dict, exchanges: list[dict]) -> dict:
         "intersection_found": bool(results["intersection"]["found"]),
         "hidden_widths": results.get("hidden_widths"),
         "fine_tuning": results.get("fine_tuning"),
+        "refinement": results.get("refinement"),  # per round: test accuracy, bytes so far
         "bytes_per_round": rounds,
         "bytes_other": other,  # the server's identity check before round 1
         "radii": [n["radius"] for n in results["nodes"]],

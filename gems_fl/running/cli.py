@@ -77,7 +77,7 @@ def _parser() -> argparse.ArgumentParser:
     rep.add_argument("--quick", action="store_true",
                      help="small preset on the embedded digits data (2 seeds, coarse grids)")
     rep.add_argument("--out", default="reproduction", help="output folder (default: reproduction)")
-    rep.add_argument("--studies", default="1,2,3,4,5,6", help="comma-separated, e.g. 1,6")
+    rep.add_argument("--studies", default="1,2,3,4,5,6,7", help="comma-separated, e.g. 1,6,7")
     rep.add_argument("--seeds", type=int, default=None,
                      help="number of seeds 0..N-1 (default: 5, quick: 2)")
     rep.add_argument("--dataset", default=None, help="default: fashion-mnist (quick: digits)")

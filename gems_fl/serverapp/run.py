@@ -153,7 +153,7 @@ def run_convex(grid: Grid, settings: Settings, roster: Roster, num_features: int
         log(INFO, "Verify: %d nodes, so the nodes score h_G and Averaged only (each Local "
             "model on every node would send %d models to each)", len(centers), len(centers) + 2)
     extra = {}
-    if settings.refine_rounds:
+    if strategy.selects:
         extra["refinement"] = refinement_report(strategy.rounds, scores)
     return ProtocolRun(
         gems_model=as_model(point), model_state=vector_to_state(point, num_features, num_classes),
@@ -165,17 +165,19 @@ def run_convex(grid: Grid, settings: Settings, roster: Roster, num_features: int
 
 
 def refinement_report(rounds: list[dict[str, Any]], scores: dict[int, float]) -> list[dict[str, Any]]:
-    """Per protocol round: what it did (``spaces``: the one-shot ``h_G``; ``temperature``:
-    the logit scale chosen on the nodes' validation data; ``step`` k), the test accuracy
+    """Per protocol round: what it did (``spaces``: the one-shot ``h_G``; ``selection``:
+    the pooled ridge and logit scale chosen on the nodes' validation data; ``step`` k),
+    the test accuracy
     after it (None without a server test set), the pooled training loss the nodes
     reported at the model they were sent, and the protocol's bytes so far (identity round
     excluded)."""
     out, total = [], 0
     for i, r in enumerate(rounds):
         total += int(r.get("bytes_sent", 0)) + int(r.get("bytes_received", 0))
-        kind = "spaces" if "refine" not in r else "temperature" if r["refine"] == 0 else "step"
+        kind = "spaces" if "refine" not in r else "selection" if r["refine"] == 0 else "step"
         out.append({"round": i + 1, "kind": kind, "step": r.get("refine") or None,
-                    "temperature": r.get("temperature"), "test_accuracy": scores.get(i + 1),
+                    "temperature": r.get("temperature"), "pooled_ridge": r.get("pooled_ridge"),
+                    "test_accuracy": scores.get(i + 1),
                     "loss_before": r.get("loss_before"), "nodes": len(r.get("nodes", [])),
                     "cumulative_bytes": total})
     return out
