@@ -65,6 +65,8 @@ def main() -> None:
 
 
 def _what(r: dict) -> str:
+    from gems_fl.evaluation.results import selection_text
+
     if r["kind"] == "selection":
         return selection_text(r)
     return "one-shot h_G" if r["kind"] == "spaces" else f"step {r['step']}"

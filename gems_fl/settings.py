@@ -225,7 +225,8 @@ class Settings:
         node=True)
     refine_rounds: int = setting(
         0,
-        '`gram`, logistic model: R steps after the one-shot `h_G`, which the selection round '
+        '`gram`: R steps after the one-shot `h_G` (the logistic model, or the MLP\'s output '
+        'layer on the merged hidden layers), which the selection round '
         'first scales by the logit scale with the lowest pooled validation cross-entropy; '
         'in each step every node sends its cross-entropy gradient at the current model '
         '(model-sized) and the server steps `W <- W - 2 g (G + ridge I)^-1` with the Gram '
@@ -430,11 +431,10 @@ class Settings:
                 raise SettingsError(
                     f"gram-point='{self.gram_point}' fits the labels of all nodes from their "
                     "label moments: set label-moments=true, or gram-point='closed-form'")
-            if self.refine_rounds and not (self.space == "gram" and self.model == "logistic"):
+            if self.refine_rounds and self.space != "gram":
                 raise SettingsError(
                     f"refine-rounds={self.refine_rounds} steps with the nodes' Gram matrices: "
-                    "set space='gram' and model='logistic' (the MLP's output layer is not "
-                    "refined yet), or refine-rounds=0")
+                    "set space='gram', or refine-rounds=0")
 
     def _check_dataset_shape(self) -> None:
         """``num-features`` and ``classes`` pin ``node-files`` runs; a named dataset has its own."""

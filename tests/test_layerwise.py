@@ -25,13 +25,13 @@ def test_two_hidden_layers_one_round_per_layer_plus_output(tmp_path):
         content = reply.content
         if wire.NEURONS_KEY in content:
             seen.append((int(reply.metadata.group_id), content[wire.NEURONS_KEY]["weight"].numpy().shape))
-        else:
+        elif wire.CENTER_KEY in content:
             seen.append((int(reply.metadata.group_id), content[wire.CENTER_KEY]["weight"].numpy().shape))
         return reply
 
     results = run_in_process(3, tmp_path, reply_hook=hook, **MLP_FAST)
-    rounds = results["rounds"]
-    assert [r["round"] for r in rounds] == [1, 2, 3]
+    rounds = results["rounds"][:3]
+    assert [r["round"] for r in results["rounds"]] == [1, 2, 3, 4]  # 4: the selection round
     assert [r["layer"] for r in rounds] == [1, 2, None]
     widths = results["hidden_widths"]
     assert widths == [rounds[0]["width"], rounds[1]["width"]]
@@ -60,9 +60,10 @@ def test_node_rejected_in_a_round_takes_no_part_later(tmp_path):
         return reply
 
     results = run_in_process(3, tmp_path, reply_hook=hook, **MLP_FAST)
-    first, second, final = results["rounds"]
+    first, second, final, selection = results["rounds"]
     assert [r["node_id"] for r in first["rejected"]] == [1001]
     assert 1001 not in second["nodes"] and 1001 not in final["nodes"]
+    assert 1001 not in selection["nodes"]
     assert "1001" in results["excluded_nodes"]
     assert len(results["nodes"]) == 2
 
@@ -84,7 +85,7 @@ def test_two_hidden_layer_flwr_simulation(tmp_path):
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     (path,) = tmp_path.glob("run-*/results.json")
     results = json.loads(path.read_text())
-    assert [r["layer"] for r in results["rounds"]] == [1, 2, None]
+    assert [r["layer"] for r in results["rounds"]] == [1, 2, None, None]  # 4: selection
     assert results["local_models_match_sent_layers"] is True
     assert "Ensemble" in proc.stdout
 
@@ -101,3 +102,31 @@ def test_freeze_hidden_makes_the_hidden_layers_a_fixed_extractor():
     assert torch.equal(model.features(x), model.features(x))  # off after freezing
     assert not any(p.requires_grad for p in model.hidden.parameters())
     assert model.output.weight.requires_grad
+
+
+def test_the_mlp_output_layer_ridge_is_chosen_on_the_nodes_validation_features(tmp_path):
+    from gems_fl.geometry.choices import POOLED_RIDGES
+
+    exchanged = []
+
+    def hook(reply: Message) -> Message:
+        exchanged.append((reply.metadata.group_id, set(reply.content.keys())))
+        return reply
+
+    results = run_in_process(3, tmp_path, reply_hook=hook, **MLP_FAST)
+    selection = results["rounds"][-1]["selection"]
+    accuracies = [c["val_accuracy"] for c in selection["candidates"]]
+    assert [c["pooled_ridge"] for c in selection["candidates"]] == list(POOLED_RIDGES)
+    assert selection["val_accuracy"] == max(accuracies)
+    assert results["intersection"]["pooled_ridge"] == selection["pooled_ridge"]
+    assert results["intersection"]["method"] == "pooled"
+    # the nodes answered with numbers only: no model, no space
+    assert {keys == {"metrics"} for group, keys in exchanged if group == "4"} == {True}
+    # the returned MLP's output layer is the selected, scaled candidate
+    fixed = run_in_process(3, tmp_path / "fixed", **{**MLP_FAST,
+                                                     "pooled-ridge": selection["pooled_ridge"]})
+    assert [r["round"] for r in fixed["rounds"]] == [1, 2, 3]
+    saved = np.load(tmp_path / "run-1" / "gems_model.npz")
+    one_ridge = np.load(tmp_path / "fixed" / "run-1" / "gems_model.npz")
+    np.testing.assert_allclose(saved["output.weight"],
+                               selection["temperature"] * one_ridge["output.weight"], rtol=1e-5)

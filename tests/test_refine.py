@@ -50,11 +50,25 @@ def test_bohning_steps_never_increase_the_pooled_loss(seed, nodes, ridge):
         loss = new
 
 
-def test_refine_rounds_need_gram_and_the_logistic_model():
-    with pytest.raises(SettingsError, match="refine-rounds=2 .* space='gram' and model='logistic'"):
+def test_refine_rounds_need_gram_spaces():
+    with pytest.raises(SettingsError, match="refine-rounds=2 .* set space='gram'"):
         Settings(refine_rounds=2, space="ball")
-    with pytest.raises(SettingsError, match="model='logistic'"):
-        Settings(refine_rounds=1, model="mlp")
+    Settings(refine_rounds=1, model="mlp")
+
+
+def test_the_mlp_output_layer_is_refined_on_the_merged_hidden_features(tmp_path):
+    results, grid = run_in_process(3, tmp_path, return_grid=True, model="mlp", hidden="12",
+                                   clusters=6, **{"num-directions": 20, "eps-neuron": 0.5,
+                                                  "refine-rounds": 3, "label-division": "paper"})
+    rounds = results["refinement"]
+    assert [r["kind"] for r in rounds] == ["layer", "spaces", "selection", "step", "step", "step"]
+    assert rounds[0]["test_accuracy"] is None  # no output layer yet
+    losses = [r["loss_before"] for r in rounds[3:]]
+    assert all(b <= a + 1e-9 for a, b in zip(losses, losses[1:]))  # monotone
+    assert rounds[-1]["test_accuracy"] == results["rows"]["GEMS"]["accuracy"]
+    steps = [e for e in grid.exchanges if e["type"] == "train"][3:]
+    output = [e for e in grid.exchanges if e["type"] == "train"][1]
+    assert len(steps) == 3 and all(e["up"] < output["up"] for e in steps)  # gradients only
 
 
 def test_a_run_with_refinement_rounds_reports_each_round(tmp_path):

@@ -112,7 +112,8 @@ def refinement_table(results: dict[str, Any]) -> Table | None:
     for r in rows:
         acc, loss = r.get("test_accuracy"), r.get("loss_before")
         what = ("one-shot h_G" if r["kind"] == "spaces" else selection_text(r)
-                if r["kind"] == "selection" else f"step {r.get('step')}")
+                if r["kind"] == "selection" else f"hidden layer {r.get('layer')}"
+                if r["kind"] == "layer" else f"step {r.get('step')}")
         table.add_row(str(r["round"]), what, "-" if acc is None else f"{acc:.4f}",
                       "-" if loss is None else f"{loss:.4f}", str(r["nodes"]),
                       f"{r['cumulative_bytes']:,}")

@@ -39,6 +39,15 @@ from gems_fl.protocol.replies import (
     decode_reply,
     validate_replies,
 )
+from gems_fl.geometry.selection import TEMPERATURES
+from gems_fl.learning.models import vector_to_state
+from gems_fl.protocol.selection_round import (
+    Refiner,
+    candidate_points,
+    select,
+    step_ridge,
+    wants_ridge_choice,
+)
 from gems_fl.protocol.wire import content_bytes
 from gems_fl.settings import Settings
 
@@ -62,6 +71,8 @@ class LayerRound:
     bytes_received: int = 0
     wall_s: float = 0.0
     rejected: list[dict[str, object]] = field(default_factory=list)
+    selection: dict[str, Any] = field(default_factory=dict)  # the selection round's choice
+    refine: dict[str, Any] = field(default_factory=dict)  # a refinement step: index, loss
 
 
 class LayerwiseGEMS(GEMSBase):
@@ -79,11 +90,26 @@ class LayerwiseGEMS(GEMSBase):
         self.rounds: list[LayerRound] = []
         self.excluded: dict[int, str] = {}
         self.first_layer_centers: list[np.ndarray] = []
+        self._candidates: list = []  # the selection round's (ridge, point) pairs
+        self._refiner: Refiner | None = None
+        self.point: np.ndarray | None = None  # the output layer: h_G, then refined
+
+    @property
+    def selects(self) -> bool:
+        """Whether a selection round follows the output layer: to choose the pooled ridge
+        (``pooled-ridge=auto``) or the logit scale the refinement steps start from."""
+        return bool(self.settings.refine_rounds) or wants_ridge_choice(self.settings)
 
     @property
     def num_rounds(self) -> int:
-        """Hidden layers plus the output layer."""
-        return len(self.widths) + 1
+        """Hidden layers, the output layer, the selection round (:attr:`selects`) and
+        ``refine-rounds`` steps on the output layer."""
+        return len(self.widths) + 1 + int(self.selects) + self.settings.refine_rounds
+
+    @property
+    def _output_shapes(self) -> dict[str, tuple[int, ...]]:
+        fan_in = self.layers[-1][0].shape[0]
+        return {"weight": (self.num_classes, fan_in), "bias": (self.num_classes,)}
 
     def summary(self) -> None:
         """Log the strategy's settings."""
@@ -98,6 +124,8 @@ class LayerwiseGEMS(GEMSBase):
     ) -> Iterable[Message]:
         """Settings plus the aggregated layers so far, to every node still taking part."""
         self._t0 = time.perf_counter()
+        if server_round > len(self.widths) + 1:
+            return self._configure_after_output(server_round, grid)
         connected, gone = select_nodes(grid, self.participants, self.names,
                                        log_prefix=f"Round {server_round}: ")
         nodes = [n for n in connected if n not in self.excluded]
@@ -118,7 +146,11 @@ class LayerwiseGEMS(GEMSBase):
         record = self.rounds[-1]
         replies = list(replies)
         record.bytes_received = sum(content_bytes(r.content) for r in replies if not r.has_error())
-        if record.layer is not None:
+        if record.round == len(self.widths) + 2:
+            self._select(record, replies)
+        elif record.round > len(self.widths) + 2:
+            self._step(record, replies)
+        elif record.layer is not None:
             self._merge_hidden(record, replies)
         else:
             self._intersect_output(record, replies)
@@ -185,10 +217,63 @@ class LayerwiseGEMS(GEMSBase):
                                    labels=self.settings.label_moments))
         nodes = [NodeReply(node, space, metrics) for node, (space, metrics) in accepted]
         log(INFO, "Output layer:")
-        result = aggregate_layer_spaces(nodes, AggregateOptions.from_settings(self.settings),
-                                        self.names)
+        options = AggregateOptions.from_settings(self.settings)
+        result = aggregate_layer_spaces(nodes, options, self.names)
         self.outcome = ConvexOutcome(accepted=nodes, rejected=record.rejected, intersection=result)
         record.width = self.num_classes
+        self.point = np.asarray(result.point, dtype=np.float64)
+        if self.selects:
+            self._candidates = candidate_points(nodes, options, result,
+                                                self.settings.pooled_ridges)
+
+    def _configure_after_output(self, server_round: int, grid: Grid) -> list[Message]:
+        """The selection round (the output layer's candidates, one per pooled ridge), then
+        the refinement steps (the current output layer), each with the merged hidden
+        layers beneath, to every node whose output space was accepted."""
+        accepted = [r.node_id for r in self.outcome.accepted]
+        nodes, gone = select_nodes(grid, accepted, self.names,
+                                   log_prefix=f"Round {server_round}: ")
+        self.rounds.append(LayerRound(server_round, None, nodes, rejected=list(gone)))
+        step = server_round - len(self.widths) - 2  # 0: the selection round
+        if step == 0:
+            points = np.stack([r.point.reshape(self.num_classes, -1)
+                               for _, r in self._candidates])
+            content = wire.encode_selection_round(self.node_config(), points, TEMPERATURES,
+                                                  self.layers)
+        else:
+            fan_in = self._output_shapes["weight"][1]
+            content = wire.encode_refine_round(
+                self.node_config(), step, vector_to_state(self.point, fan_in, self.num_classes),
+                self.layers)
+        self.rounds[-1].bytes_sent = content_bytes(content) * len(nodes)
+        return self._send(content, nodes, server_round)
+
+    def _select(self, record: LayerRound, replies: list[Message]) -> None:
+        chosen = select(record.round, replies, record.nodes, self._candidates,
+                        self.outcome.accepted, scale_always=bool(self.settings.refine_rounds),
+                        min_replies=self.settings.min_replies, names=self.names,
+                        messages=self._messages)
+        self.outcome.intersection = chosen.result
+        self.point = np.asarray(chosen.result.point, dtype=np.float64)
+        record.rejected += chosen.rejected
+        record.nodes = chosen.nodes
+        record.width = self.num_classes
+        record.selection = {"pooled_ridge": chosen.ridge, "temperature": chosen.scale,
+                            "val_accuracy": chosen.val_accuracy, "candidates": chosen.candidates}
+
+    def _step(self, record: LayerRound, replies: list[Message]) -> None:
+        if self._refiner is None:
+            self._refiner = Refiner(
+                self.outcome.accepted, self._output_shapes,
+                step_ridge(self.outcome.intersection, AggregateOptions.from_settings(self.settings)),
+                self.settings.min_replies, self.names)
+        step = record.round - len(self.widths) - 2
+        self.point, loss, nodes, rejected = self._refiner.step(
+            step, record.round, self.point, replies, record.nodes, self._messages)
+        record.rejected += rejected
+        record.nodes = nodes
+        record.width = self.num_classes
+        record.refine = {"step": step, "loss_before": loss}
 
     def round_reports(self) -> list[dict[str, Any]]:
         """JSON-friendly per-round records."""

@@ -34,6 +34,8 @@ from gems_fl.learning.train import TrainReport, accuracy, set_default_device
 from gems_fl.protocol import wire
 from gems_fl.protocol.node_layerwise import (
     NodeWork,
+    build_partial_mlp,
+    layer_inputs,
     hidden_layer_spaces,
     output_layer_space,
     round_seed,
@@ -122,21 +124,26 @@ def _layer_round_reply(
                               num_train=len(y_tr), num_val=len(y_val), val_accuracy=val_acc)
 
 
-def _refine_reply(msg: Message, data) -> RecordDict:  # noqa: ANN001 - NodeData
+def _refine_reply(msg: Message, data, settings: Settings) -> RecordDict:  # noqa: ANN001 - NodeData
     """A refinement step: this node's cross-entropy gradient at the server's model; in the
     selection round, each candidate's validation cross-entropy at each logit scale and its
-    correct validation predictions."""
+    correct validation predictions (for the MLP, on the merged hidden layers' features)."""
     x_tr, y_tr, x_val, y_val = data.arrays
+    if wire.LAYERS_KEY in msg.content.array_records:  # the MLP: its output layer's inputs
+        fixed = wire.decode_layers(msg.content)
+        model = build_partial_mlp(data.num_features, data.num_classes,
+                                  settings.local_training, fixed, data.seed)
+        x_tr, x_val = (layer_inputs(model, x, len(fixed)) for x in (x_tr, x_val))
     if wire.CANDIDATES_KEY in msg.content.array_records:
         scales = msg.content.config_records[wire.CONFIG_KEY][wire.TEMPERATURES_KEY]
         losses, correct = score_candidates(wire.decode_candidates(msg.content), x_val, y_val,
                                            scales)
         return wire.encode_selection_reply(losses, list(correct), len(y_val))
     state = wire.decode_model(msg.content)
-    w = state_to_vector(state).reshape(data.num_classes, data.num_features + 1)
+    w = state_to_vector(state).reshape(data.num_classes, x_tr.shape[1] + 1)
     gradient, loss = softmax_gradient(w, x_tr, y_tr)
     return wire.encode_gradient_reply(
-        vector_to_state(gradient.reshape(-1), data.num_features, data.num_classes),
+        vector_to_state(gradient.reshape(-1), x_tr.shape[1], data.num_classes),
         loss=loss, num_train_examples=len(y_tr))
 
 
@@ -148,7 +155,7 @@ def handle_train(msg: Message, context: Context) -> Message:
     data = cast_node_arrays(load_node_data(settings, context.node_config,
                                            DataAgreement.from_config(config)))
     if wire.REFINE_KEY in config:
-        return Message(content=_refine_reply(msg, data), reply_to=msg)
+        return Message(content=_refine_reply(msg, data, settings), reply_to=msg)
     with compute_threads():  # one thread count for training and the search after it
         if settings.model == "mlp":
             content = _layer_round_reply(msg, settings, data.num_classes, data.arrays, data.seed)

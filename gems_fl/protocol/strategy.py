@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable, Mapping
-from logging import INFO, WARNING
+from logging import INFO
 from typing import Any
 
 import numpy as np
@@ -18,25 +18,22 @@ from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
 from flwr.common.logger import log
 from flwr.serverapp import Grid
 
-from dataclasses import replace
-
-from gems_fl.geometry.choices import POOLED_POINTS
-from gems_fl.geometry.gram_merge import gram_result
 from gems_fl.geometry.intersect import IntersectionResult
-from gems_fl.geometry.kinds import AggregateOptions, SpaceOptions, space_kind
+from gems_fl.geometry.kinds import AggregateOptions, SpaceOptions
 from gems_fl.learning.models import vector_to_state
-from gems_fl.naming import describe_node
 from gems_fl.protocol import wire
 from gems_fl.protocol.base import ConvexOutcome, GEMSBase, NodeReply, aggregate_layer_spaces, select_nodes
-from gems_fl.geometry.pooled import pooled_gram
-from gems_fl.geometry.refine import bohning_step, pooled_gradient
-from gems_fl.geometry.selection import TEMPERATURES, choose_candidate
+from gems_fl.geometry.selection import TEMPERATURES
+from gems_fl.protocol.selection_round import (
+    Refiner,
+    candidate_points,
+    select,
+    step_ridge,
+    wants_ridge_choice,
+)
 from gems_fl.protocol.replies import (
     NotEnoughRepliesError,
-    _rejection,
-    decode_gradient_reply,
     decode_reply,
-    decode_selection_reply,
     validate_replies,
 )
 from gems_fl.protocol.wire import content_bytes
@@ -64,7 +61,7 @@ class GEMS(GEMSBase):
         self.shapes = shapes
         self.rounds: list[dict[str, Any]] = []
         self.point: np.ndarray | None = None  # h_G, then refined by each refinement round
-        self._pooled_gram: tuple[tuple[int, ...], np.ndarray | None] = ((), None)
+        self._refiner: Refiner | None = None  # the refinement steps, from the first one
         self._sent_to: list[int] = []
         self._gone: list[dict[str, object]] = []
         # the selection round's candidates: (pooled ridge or None, the one-shot result)
@@ -74,9 +71,7 @@ class GEMS(GEMSBase):
     def selects(self) -> bool:
         """Whether a selection round follows the spaces: to choose the pooled ridge
         (``pooled-ridge=auto``) or the logit scale the refinement steps start from."""
-        s = self.settings
-        return bool(s.refine_rounds) or (s.space == "gram" and s.gram_point in POOLED_POINTS
-                                         and len(s.pooled_ridges) > 1)
+        return bool(self.settings.refine_rounds) or wants_ridge_choice(self.settings)
 
     @property
     def num_rounds(self) -> int:
@@ -127,7 +122,8 @@ class GEMS(GEMSBase):
         result = aggregate_layer_spaces(accepted, options, self.names)
         self.outcome.intersection = result
         if self.selects:
-            self._candidates = self._candidate_points(accepted, options, result)
+            self._candidates = candidate_points(accepted, options, result,
+                                                self.settings.pooled_ridges)
         self.point = np.asarray(result.point, dtype=np.float64)
         num_classes, num_features = self.shapes["weight"]
         state = vector_to_state(result.point, num_features, num_classes)
@@ -149,19 +145,6 @@ class GEMS(GEMSBase):
         return [NodeReply(node, space, metrics) for node, (space, metrics) in decoded], rejected
 
     # ---- the selection round and the refinement steps (space='gram') --------------------
-
-    def _candidate_points(self, accepted: list[NodeReply], options: AggregateOptions,
-                          result: IntersectionResult) -> list[tuple[float | None, IntersectionResult]]:
-        """The one-shot point for each pooled ridge (``pooled-ridge=auto``), else ``h_G``."""
-        ridges = self.settings.pooled_ridges
-        if not (options.gram_point in POOLED_POINTS and len(ridges) > 1):
-            return [(None, result)]
-        kind = space_kind(options.kind)
-        spaces = [r.space for r in accepted]
-        counts = [r.metrics["num-train-examples"] for r in accepted]
-        return [(r, result if r == options.pooled_ridge else
-                 kind.aggregate(spaces, counts, replace(options, pooled_ridge=r)))
-                for r in ridges]
 
     def _configure_refine(self, server_round: int, grid: Grid) -> Iterable[Message]:
         """Round 2, the selection round: the candidate models and the logit scales to score
@@ -192,99 +175,35 @@ class GEMS(GEMSBase):
                                        if not r.has_error())
         if record["refine"] == 0:
             return self._select(server_round, record, replies)
-        spaces = {r.node_id: r for r in self.outcome.accepted}
-        decoded, rejected = validate_replies(
-            replies, self._sent_to,
-            lambda content: decode_gradient_reply(content, self.shapes),
-            log_prefix=f"Round {server_round}: ", names=self.names, messages=self._messages)
-        usable = []
-        for node_id, (gradient, metrics) in decoded:
-            expected = int(spaces[node_id].metrics["num-train-examples"])
-            if int(metrics["num-train-examples"]) != expected:
-                reason = (f"refinement reply counts {int(metrics['num-train-examples'])} "
-                          f"training rows; its space was fitted on {expected}")
-                log(WARNING, "Round %d: Rejected reply from node %s: %s", server_round,
-                    describe_node(node_id, self.names), reason)
-                rejected.append(_rejection(node_id, self.names, reason))
-                continue
-            usable.append((node_id, gradient, metrics))
+        if self._refiner is None:
+            self._refiner = Refiner(
+                self.outcome.accepted, self.shapes,
+                step_ridge(self.outcome.intersection, AggregateOptions.from_settings(self.settings)),
+                self.settings.min_replies, self.names)
+        self.point, loss, nodes, rejected = self._refiner.step(
+            record["refine"], server_round, self.point, replies, self._sent_to, self._messages)
         record["rejected"] = record["rejected"] + rejected
-        if len(usable) < self.settings.min_replies:
-            raise NotEnoughRepliesError(
-                f"refinement step {record['refine']}: only {len(usable)} valid replies; "
-                f"min-replies={self.settings.min_replies}")
-        counts = [m["num-train-examples"] for _, _, m in usable]
-        nodes = tuple(node_id for node_id, _, _ in usable)
-        if self._pooled_gram[0] != nodes:  # the same nodes every step: sum their G_k once
-            self._pooled_gram = (nodes, pooled_gram([spaces[n].space.gram for n in nodes],
-                                                    counts).numpy())
-        weights = np.asarray(counts) / np.sum(counts)
-        gradient = pooled_gradient([g for _, g, _ in usable], counts)
-        loss = float(np.dot(weights, [m["loss"] for _, _, m in usable]))
-        num_classes = self.shapes["weight"][0]
-        self.point = bohning_step(self.point.reshape(num_classes, -1), gradient,
-                                  self._pooled_gram[1], self._step_ridge).reshape(-1)
-        record.update({"nodes": [node_id for node_id, _, _ in usable], "loss_before": loss,
+        record.update({"nodes": nodes, "loss_before": loss,
                        "wall_s": time.perf_counter() - self._t0})
-        log(INFO, "Refinement step %d: pooled training loss %.4f at the model sent, %d nodes",
-            record["refine"], loss, len(usable))
-        state = vector_to_state(self.point, self.shapes["weight"][1], num_classes)
-        return wire.array_record(state), MetricRecord({"loss": loss, "nodes": len(usable)})
-
-    @property
-    def _step_ridge(self) -> float:
-        """The ridge of Bohning's step: the pooled ridge chosen (or set), else the default."""
-        chosen = self.outcome.intersection.details.get("pooled_ridge")
-        return float(chosen) if chosen is not None else AggregateOptions.from_settings(
-            self.settings).pooled_ridge
+        num_classes, num_features = self.shapes["weight"]
+        state = vector_to_state(self.point, num_features, num_classes)
+        return wire.array_record(state), MetricRecord({"loss": loss, "nodes": len(nodes)})
 
     def _select(self, server_round: int, record: dict[str, Any],
                 replies: list[Message]) -> tuple[ArrayRecord, MetricRecord]:
-        """Keep the candidate with the best pooled validation accuracy; scale it by the
-        logit scale with the lowest pooled validation cross-entropy when the model is the
-        pooled point or is refined next (the closed-form and best points keep their scale,
-        which places them in the spaces)."""
-        m = len(self._candidates)
-        decoded, rejected = validate_replies(
-            replies, self._sent_to,
-            lambda content: decode_selection_reply(content, m, len(TEMPERATURES)),
-            log_prefix=f"Round {server_round}: ", names=self.names, messages=self._messages)
-        record["rejected"] = record["rejected"] + rejected
-        if len(decoded) < self.settings.min_replies:
-            raise NotEnoughRepliesError(
-                f"selection round: only {len(decoded)} valid replies; "
-                f"min-replies={self.settings.min_replies}")
-        choice = choose_candidate([v[0] for _, v in decoded], [v[1] for _, v in decoded],
-                                  [v[2] for _, v in decoded], TEMPERATURES)
-        ridge, result = self._candidates[choice.index]
-        scale = (choice.temperature if self.settings.refine_rounds
-                 or result.method == "pooled" else 1.0)
-        details = dict(result.details)
-        details["selection"] = {
-            "candidates": [{"pooled_ridge": r, "val_accuracy": float(a),
-                            "val_loss": float(min(loss))}
-                           for (r, _), a, loss in zip(self._candidates, choice.val_accuracy,
-                                                      choice.val_loss)],
-            "temperature": choice.temperature, "scale_applied": scale}
-        if scale != 1.0 or len(self._candidates) > 1:
-            spaces = [r.space for r in self.outcome.accepted]
-            result = gram_result(spaces, scale * result.point, result.method, details)
-        else:
-            result.details.update(details)
-        self.outcome.intersection = result
-        self.point = np.asarray(result.point, dtype=np.float64)
-        best = choice.val_loss[choice.index]
-        record.update({"nodes": [node_id for node_id, _ in decoded],
-                       "pooled_ridge": ridge, "temperature": scale,
-                       "val_accuracy": float(choice.val_accuracy[choice.index]),
-                       "val_losses": dict(zip(map(str, TEMPERATURES), map(float, best))),
-                       "candidates": details["selection"]["candidates"],
+        """The selection round's choice (:func:`gems_fl.protocol.selection_round.select`);
+        the logit scale is applied to any point that refinement steps follow."""
+        chosen = select(server_round, replies, self._sent_to, self._candidates,
+                        self.outcome.accepted, scale_always=bool(self.settings.refine_rounds),
+                        min_replies=self.settings.min_replies, names=self.names,
+                        messages=self._messages)
+        self.outcome.intersection = chosen.result
+        self.point = np.asarray(chosen.result.point, dtype=np.float64)
+        record["rejected"] = record["rejected"] + chosen.rejected
+        record.update({"nodes": chosen.nodes, "pooled_ridge": chosen.ridge,
+                       "temperature": chosen.scale, "val_accuracy": chosen.val_accuracy,
+                       "val_losses": chosen.val_losses, "candidates": chosen.candidates,
                        "wall_s": time.perf_counter() - self._t0})
-        ridge_text = f"pooled ridge {ridge:g}, " if ridge is not None else ""
-        log(INFO, "Selection round: %slogit scale %g (pooled validation accuracy %.4f, "
-            "cross-entropy %.4f; %d nodes); h_G lies in %d of %d spaces", ridge_text, scale,
-            choice.val_accuracy[choice.index], float(np.min(best)), len(decoded),
-            sum(result.inside), len(result.inside))
         num_classes, num_features = self.shapes["weight"]
         state = vector_to_state(self.point, num_features, num_classes)
-        return wire.array_record(state), MetricRecord({"temperature": scale})
+        return wire.array_record(state), MetricRecord({"temperature": chosen.scale})

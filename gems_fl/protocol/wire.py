@@ -131,27 +131,38 @@ def encode_neuron_reply(
 
 
 def encode_refine_round(config: dict[str, Any], refine_round: int,
-                        state: dict[str, np.ndarray]) -> RecordDict:
+                        state: dict[str, np.ndarray],
+                        layers: list[tuple[np.ndarray, np.ndarray]] | None = None) -> RecordDict:
     """Refinement step, server -> client: settings, the step's index (1..R) and the
-    current model (float64, so that the gradient is taken at exactly the server's point)."""
-    return RecordDict({
+    current model (float64, so that the gradient is taken at exactly the server's point);
+    for the MLP, the model is the output layer and ``layers`` the merged hidden layers."""
+    records = {
         CONFIG_KEY: ConfigRecord({**config, REFINE_KEY: int(refine_round)}),
         MODEL_KEY: array_record({k: np.asarray(v, dtype=np.float64) for k, v in state.items()}),
-    })
+    }
+    if layers:
+        records[LAYERS_KEY] = encode_layer_round({}, 0, layers)[LAYERS_KEY]
+    return RecordDict(records)
 
 
 def encode_selection_round(config: dict[str, Any], candidates: np.ndarray,
-                           temperatures: tuple[float, ...]) -> RecordDict:
+                           temperatures: tuple[float, ...],
+                           layers: list[tuple[np.ndarray, np.ndarray]] | None = None) -> RecordDict:
     """Selection round, server -> client (``REFINE_KEY`` 0): the candidate models
-    ``(m, C, d + 1)`` (float64) and the logit scales at which each node scores them."""
+    ``(m, C, d + 1)`` (float64) and the logit scales at which each node scores them; for
+    the MLP, the candidates are output layers and ``layers`` the merged hidden layers
+    beneath them (float32, as in :func:`encode_layer_round`)."""
     candidates = np.asarray(candidates, dtype=np.float64)
     if candidates.ndim != 3:
         raise ValueError(f"candidates must be (m, C, d + 1), got shape {candidates.shape}")
-    return RecordDict({
+    records = {
         CONFIG_KEY: ConfigRecord({**config, REFINE_KEY: 0,
                                   TEMPERATURES_KEY: [float(t) for t in temperatures]}),
         CANDIDATES_KEY: array_record({"points": candidates}),
-    })
+    }
+    if layers:
+        records[LAYERS_KEY] = encode_layer_round({}, 0, layers)[LAYERS_KEY]
+    return RecordDict(records)
 
 
 def decode_candidates(content: RecordDict) -> np.ndarray:

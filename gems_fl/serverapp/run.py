@@ -183,23 +183,57 @@ def refinement_report(rounds: list[dict[str, Any]], scores: dict[int, float]) ->
     return out
 
 
+def layerwise_refinement_report(rounds: list[dict[str, Any]],
+                                scores: dict[int, float]) -> list[dict[str, Any]]:
+    """:func:`refinement_report` for the layer-wise protocol's rounds (``layer``: a hidden
+    layer's round; ``spaces``: the output layer's one-shot point)."""
+    out, total = [], 0
+    for r in rounds:
+        total += int(r.get("bytes_sent", 0)) + int(r.get("bytes_received", 0))
+        kind = ("layer" if r["layer"] is not None else "selection" if r["selection"]
+                else "step" if r["refine"] else "spaces")
+        out.append({"round": r["round"], "kind": kind, "layer": r["layer"],
+                    "step": r["refine"].get("step"),
+                    "temperature": r["selection"].get("temperature"),
+                    "pooled_ridge": r["selection"].get("pooled_ridge"),
+                    "test_accuracy": scores.get(r["round"]),
+                    "loss_before": r["refine"].get("loss_before"), "nodes": len(r["nodes"]),
+                    "cumulative_bytes": total})
+    return out
+
+
 def run_layerwise(grid: Grid, settings: Settings, roster: Roster, num_features: int,
-                  num_classes: int) -> ProtocolRun:
-    """The layer-wise protocol: one round per hidden layer, then the output layer."""
+                  num_classes: int, test_accuracy: Callable[[nn.Module], float] | None = None,
+                  ) -> ProtocolRun:
+    """The layer-wise protocol: one round per hidden layer, then the output layer, then
+    the selection round and ``refine-rounds`` steps on the output layer where they run
+    (``test_accuracy`` scores the MLP after each of those rounds, if given)."""
     strategy = LayerwiseGEMS(settings, num_features, num_classes,
                              participants=roster.participants, names=roster.names,
                              extra_config=_extra_config(roster))
+    scores: dict[int, float] = {}
+    as_mlp = lambda point: assemble_mlp(strategy.layers, point, num_features,  # noqa: E731
+                                        num_classes, settings)
+
+    def evaluate(server_round: int, arrays: ArrayRecord) -> MetricRecord | None:
+        if server_round <= len(strategy.widths) or test_accuracy is None or strategy.point is None:
+            return None
+        scores[server_round] = test_accuracy(as_mlp(strategy.point))
+        return MetricRecord({"test-accuracy": scores[server_round]})
+
     strategy.start(grid=grid, initial_arrays=ArrayRecord(), num_rounds=strategy.num_rounds,
-                   timeout=settings.round_timeout)
+                   timeout=settings.round_timeout, evaluate_fn=evaluate)
     outcome = strategy.outcome
-    model = assemble_mlp(strategy.layers, outcome.intersection.point, num_features,
-                         num_classes, settings)
+    model = as_mlp(strategy.point)
+    extra = {}
+    if strategy.selects:
+        extra["refinement"] = layerwise_refinement_report(strategy.round_reports(), scores)
     state = {k: v.detach().numpy() for k, v in model.state_dict().items()}
     return ProtocolRun(
         gems_model=model, model_state=state, outcome=outcome, rounds=strategy.round_reports(),
         rejected=[item for r in strategy.rounds for item in r.rejected],
         node_models={GEMS_KEY: state},
-        extra={"excluded_nodes": {str(k): v for k, v in strategy.excluded.items()},
+        extra={**extra, "excluded_nodes": {str(k): v for k, v in strategy.excluded.items()},
                "hidden_widths": [w.shape[0] for w, _ in strategy.layers],
                "first_layer_centers": strategy.first_layer_centers},
     )
@@ -328,7 +362,9 @@ def run_server(grid: Grid, context: Context) -> dict[str, Any]:
 
     t_round = time.perf_counter()
     if settings.model == "mlp":
-        run = run_layerwise(grid, settings, roster, num_features, num_classes)
+        run = run_layerwise(grid, settings, roster, num_features, num_classes,
+                            None if server_data is None else
+                            lambda m: accuracy(m, server_data.test_x, server_data.test_y))
     else:
         run = run_convex(grid, settings, roster, num_features, num_classes,
                          _test_accuracy(server_data, num_features, num_classes))

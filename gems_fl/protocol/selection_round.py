@@ -1,0 +1,161 @@
+"""The selection round of both strategies: the candidates sent, the nodes' scores checked,
+the choice made (the arithmetic is :mod:`gems_fl.geometry.selection`).
+
+The convex strategy runs it after its round of spaces (``pooled-ridge=auto``, or before
+refinement steps); the layer-wise strategy after its output round (``pooled-ridge=auto``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from logging import INFO, WARNING
+from typing import Any
+
+import numpy as np
+from flwr.app import Message
+from flwr.common.logger import log
+
+from gems_fl.geometry.choices import POOLED_POINTS
+from gems_fl.geometry.gram_merge import gram_result
+from gems_fl.geometry.intersect import IntersectionResult
+from gems_fl.geometry.kinds import AggregateOptions, space_kind
+from gems_fl.geometry.selection import TEMPERATURES, choose_candidate
+from gems_fl.protocol.base import NodeReply
+from gems_fl.protocol.replies import NotEnoughRepliesError, decode_selection_reply, validate_replies
+
+Candidate = tuple[float | None, IntersectionResult]  # (pooled ridge or None, the point)
+
+
+def wants_ridge_choice(settings: Any) -> bool:
+    """Whether ``settings`` leave the pooled ridge to the selection round."""
+    return (settings.space == "gram" and settings.gram_point in POOLED_POINTS
+            and len(settings.pooled_ridges) > 1)
+
+
+def candidate_points(accepted: list[NodeReply], options: AggregateOptions,
+                     result: IntersectionResult, ridges: tuple[float, ...]) -> list[Candidate]:
+    """The one-shot point for each pooled ridge (``pooled-ridge=auto``), else ``result``
+    alone (only its logit scale is then chosen)."""
+    if not (options.kind == "gram" and options.gram_point in POOLED_POINTS and len(ridges) > 1):
+        return [(None, result)]
+    kind = space_kind(options.kind)
+    spaces = [r.space for r in accepted]
+    counts = [r.metrics["num-train-examples"] for r in accepted]
+    return [(r, result if r == options.pooled_ridge else
+             kind.aggregate(spaces, counts, replace(options, pooled_ridge=r)))
+            for r in ridges]
+
+
+@dataclass
+class Selected:
+    """The selection round's outcome."""
+
+    result: IntersectionResult  # h_G as returned: the candidate, scaled, membership rescored
+    ridge: float | None
+    scale: float
+    val_accuracy: float
+    val_losses: dict[str, float]  # the kept candidate's pooled validation loss per scale
+    candidates: list[dict[str, Any]]  # every candidate's pooled validation figures
+    nodes: list[int]
+    rejected: list[dict[str, object]]
+
+
+def select(server_round: int, replies: list[Message], sent_to: list[int],
+           candidates: list[Candidate], accepted: list[NodeReply], *, scale_always: bool,
+           min_replies: int, names: Mapping[int, str], messages: list[Message]) -> Selected:
+    """Check the nodes' scores, keep the candidate with the best pooled validation
+    accuracy, and scale it by the logit scale with the lowest pooled validation
+    cross-entropy when ``scale_always`` or the candidate is the pooled point (the
+    closed-form and best points keep their scale, which places them in the spaces)."""
+    m = len(candidates)
+    decoded, rejected = validate_replies(
+        replies, sent_to, lambda content: decode_selection_reply(content, m, len(TEMPERATURES)),
+        log_prefix=f"Round {server_round}: ", names=names, messages=messages)
+    if len(decoded) < min_replies:
+        raise NotEnoughRepliesError(f"selection round: only {len(decoded)} valid replies; "
+                                    f"min-replies={min_replies}")
+    choice = choose_candidate([v[0] for _, v in decoded], [v[1] for _, v in decoded],
+                              [v[2] for _, v in decoded], TEMPERATURES)
+    ridge, result = candidates[choice.index]
+    scale = choice.temperature if scale_always or result.method == "pooled" else 1.0
+    table = [{"pooled_ridge": r, "val_accuracy": float(a), "val_loss": float(min(loss))}
+             for (r, _), a, loss in zip(candidates, choice.val_accuracy, choice.val_loss)]
+    details = {**result.details, "selection": {
+        "candidates": table, "temperature": choice.temperature, "scale_applied": scale}}
+    result = gram_result([r.space for r in accepted], scale * result.point, result.method,
+                         details)
+    best = choice.val_loss[choice.index]
+    log(INFO, "Selection round: %slogit scale %g (pooled validation accuracy %.4f, "
+        "cross-entropy %.4f; %d nodes); h_G lies in %d of %d spaces",
+        f"pooled ridge {ridge:g}, " if ridge is not None else "", scale,
+        choice.val_accuracy[choice.index], float(np.min(best)), len(decoded),
+        sum(result.inside), len(result.inside))
+    return Selected(result, ridge, scale, float(choice.val_accuracy[choice.index]),
+                    dict(zip(map(str, TEMPERATURES), map(float, best))), table,
+                    [node_id for node_id, _ in decoded], rejected)
+
+
+class Refiner:
+    """Bohning steps on one linear layer (the convex model, or the MLP's output layer).
+
+    Holds the accepted spaces (their Gram matrices are the curvature), sums the Gram
+    matrices of the answering nodes once per node set, checks every gradient reply and
+    steps. ``shapes`` are the layer's state-dict shapes.
+    """
+
+    def __init__(self, accepted: list[NodeReply], shapes: dict[str, tuple[int, ...]],
+                 ridge: float, min_replies: int, names: Mapping[int, str]) -> None:
+        self.spaces = {r.node_id: r for r in accepted}
+        self.shapes = shapes
+        self.ridge = ridge
+        self.min_replies = min_replies
+        self.names = names
+        self._pooled: tuple[tuple[int, ...], np.ndarray | None] = ((), None)
+
+    def step(self, step: int, server_round: int, point: np.ndarray, replies: list[Message],
+             sent_to: list[int], messages: list[Message]
+             ) -> tuple[np.ndarray, float, list[int], list[dict[str, object]]]:
+        """``(new point (flat), pooled training loss at the old one, nodes used, rejected)``."""
+        from gems_fl.geometry.pooled import pooled_gram
+        from gems_fl.geometry.refine import bohning_step, pooled_gradient
+        from gems_fl.naming import describe_node
+        from gems_fl.protocol.replies import _rejection, decode_gradient_reply
+
+        decoded, rejected = validate_replies(
+            replies, sent_to, lambda content: decode_gradient_reply(content, self.shapes),
+            log_prefix=f"Round {server_round}: ", names=self.names, messages=messages)
+        usable = []
+        for node_id, (gradient, metrics) in decoded:
+            expected = int(self.spaces[node_id].metrics["num-train-examples"])
+            if int(metrics["num-train-examples"]) != expected:
+                reason = (f"refinement reply counts {int(metrics['num-train-examples'])} "
+                          f"training rows; its space was fitted on {expected}")
+                log(WARNING, "Round %d: Rejected reply from node %s: %s", server_round,
+                    describe_node(node_id, self.names), reason)
+                rejected.append(_rejection(node_id, self.names, reason))
+                continue
+            usable.append((node_id, gradient, metrics))
+        if len(usable) < self.min_replies:
+            raise NotEnoughRepliesError(f"refinement step {step}: only {len(usable)} valid "
+                                        f"replies; min-replies={self.min_replies}")
+        counts = [m["num-train-examples"] for _, _, m in usable]
+        nodes = tuple(node_id for node_id, _, _ in usable)
+        if self._pooled[0] != nodes:  # the same nodes every step: sum their G_k once
+            self._pooled = (nodes, pooled_gram([self.spaces[n].space.gram for n in nodes],
+                                               counts).numpy())
+        weights = np.asarray(counts) / np.sum(counts)
+        gradient = pooled_gradient([g for _, g, _ in usable], counts)
+        loss = float(np.dot(weights, [m["loss"] for _, _, m in usable]))
+        num_classes = self.shapes["weight"][0]
+        new = bohning_step(np.asarray(point).reshape(num_classes, -1), gradient,
+                           self._pooled[1], self.ridge).reshape(-1)
+        log(INFO, "Refinement step %d: pooled training loss %.4f at the model sent, %d nodes",
+            step, loss, len(usable))
+        return new, loss, list(nodes), rejected
+
+
+def step_ridge(result: IntersectionResult, options: AggregateOptions) -> float:
+    """The ridge of Bohning's step: the pooled ridge chosen (or set), else the default."""
+    chosen = result.details.get("pooled_ridge")
+    return float(chosen) if chosen is not None else options.pooled_ridge
