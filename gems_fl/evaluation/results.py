@@ -66,8 +66,14 @@ def gems_note(results: dict[str, Any]) -> str:
     inside = list(inside.values()) if isinstance(inside, dict) else inside
     where = space_kind(results["settings"].get("space", "ball")).where(
         bool(inter["found"]), str(inter["method"]), inside)
-    if results.get("refinement"):
-        steps = sum(r["kind"] == "step" for r in results["refinement"])
+    selection = inter.get("selection")
+    if selection:
+        ridge = inter.get("pooled_ridge") if len(selection["candidates"]) > 1 else None
+        where += (f"; {'ridge ' + format(ridge, 'g') + ', ' if ridge is not None else ''}"
+                  f"logit scale x{selection['scale_applied']:g} chosen on the nodes' "
+                  "validation data")
+    steps = sum(r["kind"] == "step" for r in results.get("refinement") or [])
+    if steps:
         where += f"; then refined by {steps} Bohning steps"
     ver = results.get("verification")
     if ver:
