@@ -63,6 +63,24 @@ def test_an_impossible_minimum_is_refused_with_the_fix(digits):
                               spec="dirichlet:0.05:700", seed=0)
 
 
+def test_a_draw_that_leaves_a_node_without_validation_rows_is_redrawn(digits, monkeypatch):
+    import gems_fl.data.dirichlet as dirichlet
+
+    division = parse_division("dirichlet:0.3", 12, 10)
+    dirichlet._shares.cache_clear()
+    monkeypatch.setattr(dirichlet, "DRAWS", 1)  # the seed's own draw alone: a node lacks val
+    with pytest.raises(ValueError, match="in 1 draws some node always lacked .* validation"):
+        dirichlet.dirichlet_shares(digits.train_y, digits.val_y, division, 3)
+    dirichlet._shares.cache_clear()
+    monkeypatch.setattr(dirichlet, "DRAWS", 10)
+    shares = dirichlet.dirichlet_shares(digits.train_y, digits.val_y, division, 3)
+    assert all(len(tr) and len(va) for tr, va in shares)
+    again = dirichlet.dirichlet_shares(digits.train_y, digits.val_y, division, 3)
+    assert all(np.array_equal(a[0], b[0]) and np.array_equal(a[1], b[1])
+               for a, b in zip(shares, again))
+    dirichlet._shares.cache_clear()
+
+
 def test_a_run_on_a_dirichlet_division(tmp_path):
     results = run_in_process(4, tmp_path, **{"label-division": "dirichlet:0.5"})
     assert results["dataset"]["label_division"] == {"dirichlet": 0.5, "min_size": 10, "nodes": 4}

@@ -62,11 +62,36 @@ def dirichlet_shares(train_labels: np.ndarray, val_labels: np.ndarray,
                    np.ascontiguousarray(val_labels, dtype=np.int64).tobytes(), division, int(seed))
 
 
+#: Draws tried before a division is refused: a draw must give every node ``min_size``
+#: samples (flwr-datasets retries that itself) and at least one training and one
+#: validation row (we retry that, with the next draw of the same seed).
+DRAWS = 10
+
+
 @lru_cache(maxsize=8)  # every node of a process asks for the same partition
 def _shares(train_bytes: bytes, val_bytes: bytes, division: DirichletDivision,
             seed: int) -> list[tuple[np.ndarray, np.ndarray]]:
     train = np.frombuffer(train_bytes, dtype=np.int64)
     val = np.frombuffer(val_bytes, dtype=np.int64)
+    spec = f"dirichlet:{division.alpha:g}:{division.min_size}"
+    short = ""
+    for draw in range(DRAWS):  # draw 0 is the seed's own; later ones only when it fails
+        shares = _draw(train, val, division, seed + 7919 * draw, spec)
+        empty = [(k, len(tr), len(va)) for k, (tr, va) in enumerate(shares)
+                 if len(tr) == 0 or len(va) == 0]
+        if not empty:
+            return shares
+        k, n_tr, n_va = empty[0]
+        short = f"node {k} got {n_tr} training and {n_va} validation samples"
+    raise ValueError(
+        f"label-division '{spec}' with {division.num_nodes} nodes: in {DRAWS} draws some "
+        f"node always lacked training or validation samples (last: {short}); every node "
+        "needs both: raise MIN ('dirichlet:ALPHA:MIN'), alpha, or use fewer nodes")
+
+
+def _draw(train: np.ndarray, val: np.ndarray, division: DirichletDivision, seed: int,
+          spec: str) -> list[tuple[np.ndarray, np.ndarray]]:
+    """One seeded Dirichlet draw over the training and validation pools together."""
     from datasets import Dataset
     from flwr_datasets.partitioner import DirichletPartitioner
 
@@ -76,7 +101,6 @@ def _shares(train_bytes: bytes, val_bytes: bytes, division: DirichletDivision,
                                 alpha=division.alpha, min_partition_size=division.min_size,
                                 self_balancing=False, shuffle=True, seed=seed)
     part.dataset = Dataset.from_dict({"label": labels[order], "row": order})
-    spec = f"dirichlet:{division.alpha:g}:{division.min_size}"
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # it warns at every retry; we say it once below
@@ -87,13 +111,5 @@ def _shares(train_bytes: bytes, val_bytes: bytes, division: DirichletDivision,
             f"label-division '{spec}' with {division.num_nodes} nodes: no Dirichlet draw "
             f"gave every node {division.min_size} samples in 10 tries; use a larger alpha, "
             "a smaller MIN ('dirichlet:ALPHA:MIN') or fewer nodes") from None
-    shares = []
-    for k, r in enumerate(rows):
-        tr, va = np.sort(r[r < len(train)]), np.sort(r[r >= len(train)] - len(train))
-        if len(tr) == 0 or len(va) == 0:
-            raise ValueError(
-                f"label-division '{spec}' with {division.num_nodes} nodes gives node {k} "
-                f"{len(tr)} training and {len(va)} validation samples; every node needs both: "
-                "raise MIN ('dirichlet:ALPHA:MIN'), alpha, or use fewer nodes")
-        shares.append((tr, va))
-    return shares
+    return [(np.sort(r[r < len(train)]), np.sort(r[r >= len(train)] - len(train)))
+            for r in rows]
