@@ -116,15 +116,20 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, nargs="+", default=[0])
     parser.add_argument("--divisions", nargs="+", default=None,
                         help="SPEC:K items, e.g. paper:5 dirichlet:0.1:20 (default: all)")
+    parser.add_argument("--resume", action="store_true",
+                        help="keep the trials already in --out and run only the others")
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "out" / "gram_points.json")
     args = parser.parse_args()
     divisions = DIVISIONS if not args.divisions else [
         (d.rsplit(":", 1)[0], int(d.rsplit(":", 1)[1])) for d in args.divisions]
-    rows = []
+    rows = json.loads(args.out.read_text())["trials"] if args.resume and args.out.exists() else []
+    done = {(r["division"], r["nodes"], r["seed"]) for r in rows}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     with compute_threads():
         for seed in args.seeds:  # seed-major: a stopped run still covers every division
             for spec, k in divisions:
+                if (spec, k, seed) in done:
+                    continue
                 row = trial(spec, k, seed)
                 rows.append(row)
                 args.out.write_text(json.dumps({"seeds": args.seeds, "trials": rows,
@@ -139,7 +144,8 @@ def main() -> None:
     print("| division | K | Averaged | " + " | ".join(POINTS) + " |")
     print("| --- | --- | --- | " + " | ".join("---" for _ in POINTS) + " |")
     for spec, k in divisions:
-        mine = [r for r in rows if r["division"] == spec and r["nodes"] == k]
+        mine = [r for r in rows if r["division"] == spec and r["nodes"] == k
+                and r["seed"] in args.seeds]
         cell = lambda vals: f"{np.mean(vals):.3f} ({np.std(vals):.3f})"  # noqa: E731
         cells = []
         for p in POINTS:
