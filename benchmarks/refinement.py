@@ -28,6 +28,8 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, nargs="+", default=[0])
     parser.add_argument("--nodes", type=int, default=5)
     parser.add_argument("--divisions", nargs="+", default=["paper", "dirichlet:0.1"])
+    parser.add_argument("--methods", nargs="+", default=["monotone"],
+                        choices=["monotone", "accelerated"], help="refine-method values")
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "out" / "refinement.json")
     parser.add_argument("--show", type=Path, help="print the tables of a saved JSON and stop")
     args = parser.parse_args()
@@ -43,21 +45,23 @@ def main() -> None:
     from gems_fl.serverapp import run_server
 
     runs = []
-    for division in args.divisions:
-        for seed in args.seeds:
-            with tempfile.TemporaryDirectory() as out:
-                cfg = {**app_config(ROOT), "dataset": "fashion-mnist", "label-division": division,
-                       "seed": seed, "refine-rounds": args.rounds, "public-samples": 0, "output-dir": out}
-                grid = InProcessGrid(build_client_app(), args.nodes, cfg)
-                ctx = Context(run_id=1, node_id=1, node_config={}, state=RecordDict(),
-                              run_config=cfg)
-                results = run_server(grid, ctx)
-            runs.append({"division": division, "seed": seed, "nodes": args.nodes,
-                         "refinement": results["refinement"],
-                         "method": results["intersection"]["method"],
-                         "verification": {k: results["verification"].get(k)
-                                          for k in ("answered", "good_enough")},
-                         "global": results["rows"]["Global"]["accuracy"]})
+    trials = [(d, s, m) for d in args.divisions for s in args.seeds for m in args.methods]
+    for division, seed, method in trials:
+        with tempfile.TemporaryDirectory() as out:
+            cfg = {**app_config(ROOT), "dataset": "fashion-mnist", "label-division": division,
+                   "seed": seed, "refine-rounds": args.rounds, "refine-method": method,
+                   "public-samples": 0, "output-dir": out}
+            grid = InProcessGrid(build_client_app(), args.nodes, cfg)
+            ctx = Context(run_id=1, node_id=1, node_config={}, state=RecordDict(),
+                          run_config=cfg)
+            results = run_server(grid, ctx)
+        runs.append({"division": division, "seed": seed, "nodes": args.nodes, "method": method,
+                     "refinement": results["refinement"],
+                     "h_g": results["intersection"]["method"],
+                     "pooled_ridge": results["intersection"].get("pooled_ridge"),
+                     "verification": {k: results["verification"].get(k)
+                                      for k in ("answered", "good_enough")},
+                     "global": results["rows"]["Global"]["accuracy"]})
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({"rounds": args.rounds, "runs": runs}, indent=2) + "\n")
     print_tables(runs)
@@ -76,7 +80,8 @@ def print_tables(runs: list[dict]) -> None:
     """One markdown table per run (also: ``--show JSON`` prints a saved run's tables)."""
     print()
     for run in runs:
-        print(f"{run['division']}, seed {run['seed']}, {run['nodes']} nodes: h_G {run['method']}, "
+        print(f"{run['division']}, seed {run['seed']}, {run['nodes']} nodes, "
+              f"{run.get('method', 'monotone')} steps: h_G {run['h_g']}, "
               f"Global {run['global']:.3f}, final model good enough on "
               f"{run['verification']['good_enough']} of {run['verification']['answered']} nodes")
         print("| round | what | test accuracy | bytes so far |")

@@ -24,6 +24,7 @@ from gems_fl.geometry.choices import (
     NO_INTERSECTION_FALLBACKS,
     POOLED_POINTS,
     POOLED_RIDGES,
+    REFINE_METHODS,
     SPACE_KINDS,
     SPACE_R_MAX,
 )
@@ -232,6 +233,12 @@ class Settings:
         '(model-sized) and the server steps `W <- W - 2 g (G + ridge I)^-1` with the Gram '
         'matrices it holds (Bohning 1992: the pooled loss never increases). 0: one-shot',
         at_least(0))
+    refine_method: str = setting(
+        'monotone',
+        '`refine-rounds`: `monotone` steps from the current model (the pooled loss never '
+        'increases); `accelerated` sends Nesterov\'s extrapolation and steps from there, '
+        'restarting the momentum when the pooled loss rises',
+        one_of(REFINE_METHODS))
     pooled_ridge: str = setting(
         'auto',
         '`gram-point` `pooled` and `best`: ridge of the pooled least-squares fit, relative to '

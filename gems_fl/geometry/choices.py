@@ -11,6 +11,7 @@ POOLED_POINTS = ("pooled", "best")  # the points fitted to the labels (need labe
 # (relative to one mean Gram matrix), and the one a layer without that round uses.
 POOLED_RIDGES = (1e-4, 1e-3, 1e-2, 1e-1)
 DEFAULT_POOLED_RIDGE = 1e-3
+REFINE_METHODS = ("monotone", "accelerated")  # refine-method: Bohning steps, or with momentum
 NO_INTERSECTION_FALLBACKS = ("min-penalty", "mean")
 # Each kind's default upper end of the radius bisection, in the units of its radius
 # (gems_fl.geometry.kinds says which). 4000 is the paper's R_max; gram keeps the bound its

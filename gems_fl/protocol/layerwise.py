@@ -242,9 +242,16 @@ class LayerwiseGEMS(GEMSBase):
                                                   self.layers)
         else:
             fan_in = self._output_shapes["weight"][1]
+            if self._refiner is None:
+                self._refiner = Refiner(
+                    self.outcome.accepted, self._output_shapes,
+                    step_ridge(self.outcome.intersection,
+                               AggregateOptions.from_settings(self.settings)),
+                    self.settings.min_replies, self.names, start=self.point,
+                    method=self.settings.refine_method)
             content = wire.encode_refine_round(
-                self.node_config(), step, vector_to_state(self.point, fan_in, self.num_classes),
-                self.layers)
+                self.node_config(), step,
+                vector_to_state(self._refiner.query(), fan_in, self.num_classes), self.layers)
         self.rounds[-1].bytes_sent = content_bytes(content) * len(nodes)
         return self._send(content, nodes, server_round)
 
@@ -262,14 +269,10 @@ class LayerwiseGEMS(GEMSBase):
                             "val_accuracy": chosen.val_accuracy, "candidates": chosen.candidates}
 
     def _step(self, record: LayerRound, replies: list[Message]) -> None:
-        if self._refiner is None:
-            self._refiner = Refiner(
-                self.outcome.accepted, self._output_shapes,
-                step_ridge(self.outcome.intersection, AggregateOptions.from_settings(self.settings)),
-                self.settings.min_replies, self.names)
         step = record.round - len(self.widths) - 2
-        self.point, loss, nodes, rejected = self._refiner.step(
-            step, record.round, self.point, replies, record.nodes, self._messages)
+        loss, nodes, rejected = self._refiner.step(step, record.round, replies, record.nodes,
+                                                   self._messages)
+        self.point = self._refiner.x
         record.rejected += rejected
         record.nodes = nodes
         record.width = self.num_classes

@@ -7,6 +7,7 @@ refinement steps); the layer-wise strategy after its output round (``pooled-ridg
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from logging import INFO, WARNING
@@ -16,7 +17,7 @@ import numpy as np
 from flwr.app import Message
 from flwr.common.logger import log
 
-from gems_fl.geometry.choices import POOLED_POINTS
+from gems_fl.geometry.choices import POOLED_POINTS, REFINE_METHODS
 from gems_fl.geometry.gram_merge import gram_result
 from gems_fl.geometry.intersect import IntersectionResult
 from gems_fl.geometry.kinds import AggregateOptions, space_kind
@@ -101,27 +102,53 @@ class Refiner:
 
     Holds the accepted spaces (their Gram matrices are the curvature), sums the Gram
     matrices of the answering nodes once per node set, checks every gradient reply and
-    steps. ``shapes`` are the layer's state-dict shapes.
+    steps. ``shapes`` are the layer's state-dict shapes; ``start`` the selected ``h_G``.
+
+    ``monotone``: the nodes take their gradient at the current model ``x`` and
+    ``x <- x - 2 g (G + ridge I)^-1``, which never increases the pooled loss.
+    ``accelerated``: Nesterov's extrapolation ``y = x + (k - 1) / (k + 2) (x - x_prev)``
+    is sent instead and the step is taken from ``y``; when the pooled loss the nodes
+    report at ``y`` rises above the last one, the momentum restarts (O'Donoghue and
+    Candes 2015), so a bad extrapolation costs one step.
     """
 
     def __init__(self, accepted: list[NodeReply], shapes: dict[str, tuple[int, ...]],
-                 ridge: float, min_replies: int, names: Mapping[int, str]) -> None:
+                 ridge: float, min_replies: int, names: Mapping[int, str], *,
+                 start: np.ndarray, method: str = "monotone") -> None:
+        if method not in REFINE_METHODS:
+            raise ValueError(f"method={method!r} is not one of {', '.join(REFINE_METHODS)}")
         self.spaces = {r.node_id: r for r in accepted}
         self.shapes = shapes
         self.ridge = ridge
         self.min_replies = min_replies
         self.names = names
+        self.method = method
+        self.x = self.x_prev = np.asarray(start, dtype=np.float64).reshape(-1)
+        self._k = 0  # steps since the momentum (re)started
+        self._last_loss = math.inf
+        self._sent: np.ndarray | None = None
         self._pooled: tuple[tuple[int, ...], np.ndarray | None] = ((), None)
 
-    def step(self, step: int, server_round: int, point: np.ndarray, replies: list[Message],
+    def query(self) -> np.ndarray:
+        """The model to send for the next step: ``x``, or the extrapolated ``y``."""
+        if self.method == "accelerated" and self._k > 0:
+            self._sent = self.x + (self._k - 1) / (self._k + 2) * (self.x - self.x_prev)
+        else:
+            self._sent = self.x
+        return self._sent
+
+    def step(self, step: int, server_round: int, replies: list[Message],
              sent_to: list[int], messages: list[Message]
-             ) -> tuple[np.ndarray, float, list[int], list[dict[str, object]]]:
-        """``(new point (flat), pooled training loss at the old one, nodes used, rejected)``."""
+             ) -> tuple[float, list[int], list[dict[str, object]]]:
+        """Step from the model last sent; returns ``(pooled training loss there, nodes
+        used, rejected)``. The new model is :attr:`x`."""
         from gems_fl.geometry.pooled import pooled_gram
         from gems_fl.geometry.refine import bohning_step, pooled_gradient
         from gems_fl.naming import describe_node
         from gems_fl.protocol.replies import _rejection, decode_gradient_reply
 
+        if self._sent is None:
+            raise RuntimeError("query() gives the model to send before a step")
         decoded, rejected = validate_replies(
             replies, sent_to, lambda content: decode_gradient_reply(content, self.shapes),
             log_prefix=f"Round {server_round}: ", names=self.names, messages=messages)
@@ -148,11 +175,15 @@ class Refiner:
         gradient = pooled_gradient([g for _, g, _ in usable], counts)
         loss = float(np.dot(weights, [m["loss"] for _, _, m in usable]))
         num_classes = self.shapes["weight"][0]
-        new = bohning_step(np.asarray(point).reshape(num_classes, -1), gradient,
+        new = bohning_step(self._sent.reshape(num_classes, -1), gradient,
                            self._pooled[1], self.ridge).reshape(-1)
-        log(INFO, "Refinement step %d: pooled training loss %.4f at the model sent, %d nodes",
-            step, loss, len(usable))
-        return new, loss, list(nodes), rejected
+        restarted = self.method == "accelerated" and loss > self._last_loss
+        self.x_prev, self.x = self.x, new
+        self._k = 1 if restarted else self._k + 1
+        self._last_loss = loss
+        log(INFO, "Refinement step %d: pooled training loss %.4f at the model sent, %d nodes%s",
+            step, loss, len(usable), "; momentum restarted" if restarted else "")
+        return loss, list(nodes), rejected
 
 
 def step_ridge(result: IntersectionResult, options: AggregateOptions) -> float:

@@ -159,8 +159,16 @@ class GEMS(GEMSBase):
             points = np.stack([r.point.reshape(num_classes, -1) for _, r in self._candidates])
             content = wire.encode_selection_round(self.node_config(), points, TEMPERATURES)
         else:
+            if self._refiner is None:
+                self._refiner = Refiner(
+                    self.outcome.accepted, self.shapes,
+                    step_ridge(self.outcome.intersection,
+                               AggregateOptions.from_settings(self.settings)),
+                    self.settings.min_replies, self.names, start=self.point,
+                    method=self.settings.refine_method)
             content = wire.encode_refine_round(
-                self.node_config(), step, vector_to_state(self.point, num_features, num_classes))
+                self.node_config(), step,
+                vector_to_state(self._refiner.query(), num_features, num_classes))
         self.rounds.append({"round": server_round, "refine": step,
                             "nodes": list(self._sent_to), "rejected": gone,
                             "bytes_sent": content_bytes(content) * len(self._sent_to)})
@@ -175,13 +183,9 @@ class GEMS(GEMSBase):
                                        if not r.has_error())
         if record["refine"] == 0:
             return self._select(server_round, record, replies)
-        if self._refiner is None:
-            self._refiner = Refiner(
-                self.outcome.accepted, self.shapes,
-                step_ridge(self.outcome.intersection, AggregateOptions.from_settings(self.settings)),
-                self.settings.min_replies, self.names)
-        self.point, loss, nodes, rejected = self._refiner.step(
-            record["refine"], server_round, self.point, replies, self._sent_to, self._messages)
+        loss, nodes, rejected = self._refiner.step(
+            record["refine"], server_round, replies, self._sent_to, self._messages)
+        self.point = self._refiner.x
         record["rejected"] = record["rejected"] + rejected
         record.update({"nodes": nodes, "loss_before": loss,
                        "wall_s": time.perf_counter() - self._t0})
