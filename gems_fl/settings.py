@@ -448,10 +448,12 @@ class Settings:
         from gems_fl.data.site_files import parse_classes
 
         if self.dataset == NODE_FILES:
+            self._check_gram_rank(self.num_features)
             return
         from gems_fl.data.datasets import DATASET_SHAPES
 
         features, count = DATASET_SHAPES[self.dataset]
+        self._check_gram_rank(features)
         classes = parse_classes(self.classes)
         if self.num_features not in (0, features):
             raise SettingsError(f"num-features={self.num_features} but dataset='{self.dataset}' "
@@ -459,6 +461,18 @@ class Settings:
         if classes is not None and (classes if isinstance(classes, int) else len(classes)) != count:
             raise SettingsError(f"classes={self.classes!r} but dataset='{self.dataset}' has "
                                 f"{count} classes; classes pins dataset='node-files' runs")
+
+    def _check_gram_rank(self, features: int) -> None:
+        """A rank-r factor of the logistic model's (d+1) x (d+1) Gram matrix is smaller
+        than the matrix only for r < d + 1 (``features`` 0: not known before the run)."""
+        if self.space != "gram" or self.model != "logistic" or not features \
+                or self.gram_rank < features + 1:
+            return
+        raise SettingsError(
+            f"gram-rank={self.gram_rank} but the Gram matrix is {features + 1} x {features + 1} "
+            f"({features} features and the bias): a rank-{self.gram_rank} factor would send "
+            f"more than the matrix itself; use gram-rank=0 (the full matrix) or a rank below "
+            f"{features + 1}")
 
     def _check_node_files(self) -> None:
         """What the server needs for ``dataset='node-files'`` (it holds no node's data)."""

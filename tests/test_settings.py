@@ -88,7 +88,7 @@ def test_a_node_holds_only_node_settings_and_fails_loudly_on_the_rest():
 def test_every_message_to_the_nodes_carries_only_node_settings(tmp_path):
     from client_app import app as client_app
     from gems_fl.data.agreement import CLASSES_KEY, FEATURES_KEY
-    from gems_fl.protocol.wire import ROUND_KEY
+    from gems_fl.protocol.wire import REFINE_KEY, ROUND_KEY, TEMPERATURES_KEY
     from gems_fl.settings import node_keys
     from tests.helpers import run_in_process
 
@@ -103,7 +103,22 @@ def test_every_message_to_the_nodes_carries_only_node_settings(tmp_path):
     run_in_process(3, tmp_path, client=recording_app, **{"model": "mlp", "hidden": "8",
                                                         "clusters": 8})
     assert set(seen) == {"query", "train", "evaluate"}
-    allowed = set(node_keys()) | {FEATURES_KEY, CLASSES_KEY, ROUND_KEY}
+    # the settings nodes read, the data agreement, and the protocol's own keys (the round,
+    # the selection round's index 0 and its logit scales)
+    allowed = set(node_keys()) | {FEATURES_KEY, CLASSES_KEY, ROUND_KEY, REFINE_KEY,
+                                  TEMPERATURES_KEY}
     for kind, keys in seen.items():
         assert keys <= allowed, (kind, sorted(keys - allowed))
         assert "output-dir" not in keys and "public-data" not in keys
+
+
+def test_a_gram_rank_at_or_above_the_matrix_size_is_refused_before_the_run():
+    with pytest.raises(SettingsError, match=r"gram-rank=5000 but the Gram matrix is 65 x 65"):
+        Settings(gram_rank=5000)  # digits: 64 features and the bias
+    with pytest.raises(SettingsError, match="gram-rank=65"):
+        Settings(gram_rank=65)
+    Settings(gram_rank=64)
+    Settings(gram_rank=5000, model="mlp")  # the output layer's width is known only later
+    with pytest.raises(SettingsError, match="is 31 x 31"):
+        Settings(dataset="node-files", num_features=30, gram_rank=31,
+                 evaluate_on_server=False)
