@@ -142,7 +142,7 @@ def build_plan(options: Options) -> list[Trial]:
 
     def add(study: int, kind: str, cfg: dict, num_nodes: int, labels: dict,
             node_configs: list[dict] | None = None, optimizer: str = "adam") -> None:
-        settings = Settings.from_run_config(cfg)
+        settings = Settings.from_run_config(options.trial_config(**cfg))
         if (kind == "gems" and num_nodes == 5 and curve and settings.public_samples > 0
                 and settings.space == "ellipsoid" and settings.label_division == "paper"):
             cfg = {**cfg, "tune-curve": curve}
