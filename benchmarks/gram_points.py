@@ -12,8 +12,8 @@ from the same replies (``aggregate_gram``) and scored on the 5000 test images; e
 checks each point on its own validation data against its eps (the evaluate round's rule),
 and the table says on how many nodes it is good enough. Averaged is the plain mean of
 the local models. Untuned, no public data, one round of spaces. ``auto`` is the run's
-default (``gram-point=pooled pooled-ridge=auto``): the pooled point for every ridge of
-``POOLED_RIDGES`` is scored on each node's validation split
+default (``gram-point=auto pooled-ridge=auto``): the pooled point for every ridge of
+``POOLED_RIDGES`` and the closed-form center are scored on each node's validation split
 (:func:`gems_fl.geometry.selection.score_candidates`, what a node does in the selection
 round) and the server keeps the best by pooled validation accuracy
 (:func:`~gems_fl.geometry.selection.choose_candidate`), as the strategy does.
@@ -96,19 +96,23 @@ def trial(division_spec: str, num_nodes: int, seed: int) -> dict:
             "accuracy": test_acc(w), "method": result.method, "inside": sum(result.inside),
             "good_enough": int(good), "server_s": time.perf_counter() - t1,
             "note": result.details.get("best", ""), "pooled_ridge": ridge,
+            "chosen": result.method,
         }
     return out
 
 
 def _selected(spaces, counts, vals, settings):  # noqa: ANN001, ANN202
-    """The default point: one pooled point per ridge, scored on the nodes' validation data."""
+    """The default point (``gram-point=auto pooled-ridge=auto``): the pooled point for each
+    ridge and the closed-form center, scored on the nodes' validation data."""
     results = [aggregate_gram(spaces, counts, point="pooled", ridge=settings.gram_ridge,
                               pooled_ridge=r) for r in POOLED_RIDGES]
+    results.append(aggregate_gram(spaces, counts, point="closed-form", ridge=settings.gram_ridge))
+    ridges = list(POOLED_RIDGES) + [None]
     candidates = np.stack([r.point.reshape(10, -1) for r in results])
     scores = [score_candidates(candidates, x, y, TEMPERATURES) for x, y in vals]
     choice = choose_candidate([s[0] for s in scores], [s[1] for s in scores],
                               [len(y) for _, y in vals], TEMPERATURES)
-    return results[choice.index], POOLED_RIDGES[choice.index]
+    return results[choice.index], ridges[choice.index]
 
 
 def main() -> None:

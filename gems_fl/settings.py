@@ -210,19 +210,20 @@ class Settings:
         'or `radius` (1 / rho_k^2)',
         one_of(GRAM_WEIGHTINGS))
     gram_point: str = setting(
-        'pooled',
-        '`gram` only: `pooled` (the default) is the ridge least-squares classifier of all '
-        'nodes\' data, from their Gram matrices and label moments (the best on every '
-        'division measured, see "Good-enough spaces"); `best` the best pooled fit inside '
-        'every node\'s space (the pooled point when they share none); `closed-form` the '
-        'weighted center of the spaces (RegMean); `shared` the point minimising the largest '
-        'scaled distance when the center misses a space and that point lies in all of them',
+        'auto',
+        '`gram` only: `auto` (the default) lets the selection round choose, on the nodes\' '
+        'validation data, between `pooled` and `closed-form` (see "Good-enough spaces"); '
+        '`pooled` is the ridge least-squares classifier of all nodes\' data, from their Gram '
+        'matrices and label moments; `best` the best pooled fit inside every node\'s space '
+        '(the pooled point when they share none); `closed-form` the weighted center of the '
+        'spaces (RegMean); `shared` the point minimising the largest scaled distance when '
+        'the center misses a space and that point lies in all of them',
         one_of(GRAM_POINTS))
     label_moments: bool = setting(
         True,
         '`gram` only: nodes also send their label moments (mean of `e_y [x, 1]^T` over their '
-        'training rows, one model\'s size) and class counts; `gram-point` `pooled` and '
-        '`best` need them',
+        'training rows, one model\'s size) and class counts; `gram-point` `auto`, `pooled` '
+        'and `best` need them',
         node=True)
     refine_rounds: int = setting(
         0,
@@ -241,11 +242,11 @@ class Settings:
         one_of(REFINE_METHODS))
     pooled_ridge: str = setting(
         'auto',
-        '`gram-point` `pooled` and `best`: ridge of the pooled least-squares fit, relative to '
-        'one mean Gram matrix; `auto` lets the nodes choose it: a selection round after the '
-        'spaces sends the point for each of ' + ', '.join(f'{r:g}' for r in POOLED_RIDGES)
-        + ' and keeps the one with the best pooled validation accuracy (logistic model; the '
-        'MLP\'s output layer uses 0.001)',
+        '`gram-point` `auto`, `pooled` and `best`: ridge of the pooled least-squares fit, '
+        'relative to one mean Gram matrix; `auto` lets the nodes choose it: a selection round '
+        'after the spaces sends the point for each of '
+        + ', '.join(f'{r:g}' for r in POOLED_RIDGES)
+        + ' and keeps the one with the best pooled validation accuracy',
         parses(lambda v: parse_pooled_ridge(v)))
     ellipsoid_floor: str = setting(
         'quantile',

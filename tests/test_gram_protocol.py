@@ -130,7 +130,7 @@ def test_pooled_points_need_label_moments_in_the_settings():
     with pytest.raises(SettingsError, match="label-moments=true"):
         Settings(gram_point="best", label_moments=False)
     Settings(gram_point="best", label_moments=True)
-    assert Settings().gram_point == "pooled" and Settings().label_moments  # the defaults agree
+    assert Settings().gram_point == "auto" and Settings().label_moments  # the defaults agree
     Settings(space="ball", label_moments=False)  # the Gram point is not asked for a ball
 
 

@@ -104,7 +104,7 @@ def test_freeze_hidden_makes_the_hidden_layers_a_fixed_extractor():
     assert model.output.weight.requires_grad
 
 
-def test_the_mlp_output_layer_ridge_is_chosen_on_the_nodes_validation_features(tmp_path):
+def test_the_mlp_output_layer_is_chosen_on_the_nodes_validation_features(tmp_path):
     from gems_fl.geometry.choices import POOLED_RIDGES
 
     exchanged = []
@@ -115,18 +115,22 @@ def test_the_mlp_output_layer_ridge_is_chosen_on_the_nodes_validation_features(t
 
     results = run_in_process(3, tmp_path, reply_hook=hook, **MLP_FAST)
     selection = results["rounds"][-1]["selection"]
-    accuracies = [c["val_accuracy"] for c in selection["candidates"]]
-    assert [c["pooled_ridge"] for c in selection["candidates"]] == list(POOLED_RIDGES)
+    table = selection["candidates"]
+    accuracies = [c["val_accuracy"] for c in table]
+    assert [(c["point"], c["pooled_ridge"]) for c in table] == \
+        [("pooled", r) for r in POOLED_RIDGES] + [("closed-form", None)]
     assert selection["val_accuracy"] == max(accuracies)
-    assert results["intersection"]["pooled_ridge"] == selection["pooled_ridge"]
-    assert results["intersection"]["method"] == "pooled"
+    kept = min((c for c in table if c["val_accuracy"] == max(accuracies)),
+               key=lambda c: c["val_loss"])
+    assert results["intersection"]["method"] == kept["point"]
     # the nodes answered with numbers only: no model, no space
     assert {keys == {"metrics"} for group, keys in exchanged if group == "4"} == {True}
-    # the returned MLP's output layer is the selected, scaled candidate
-    fixed = run_in_process(3, tmp_path / "fixed", **{**MLP_FAST,
-                                                     "pooled-ridge": selection["pooled_ridge"]})
-    assert [r["round"] for r in fixed["rounds"]] == [1, 2, 3]
+    # the returned MLP's output layer is the selected candidate (scaled, if pooled)
+    alone = ({"gram-point": "pooled", "pooled-ridge": kept["pooled_ridge"]}
+             if kept["point"] == "pooled" else {"gram-point": "closed-form"})
+    fixed = run_in_process(3, tmp_path / "fixed", **{**MLP_FAST, **alone})
+    assert [r["round"] for r in fixed["rounds"]] == [1, 2, 3]  # nothing left to choose
     saved = np.load(tmp_path / "run-1" / "gems_model.npz")
-    one_ridge = np.load(tmp_path / "fixed" / "run-1" / "gems_model.npz")
+    one = np.load(tmp_path / "fixed" / "run-1" / "gems_model.npz")
     np.testing.assert_allclose(saved["output.weight"],
-                               selection["temperature"] * one_ridge["output.weight"], rtol=1e-5)
+                               selection["temperature"] * one["output.weight"], rtol=1e-5)

@@ -77,13 +77,14 @@ def test_a_run_with_refinement_rounds_reports_each_round(tmp_path):
 
     results, grid = run_in_process(3, tmp_path, return_grid=True,
                                    **{"refine-rounds": 3, "label-division": "paper",
-                                      "pooled-ridge": 0.001})
+                                      "gram-point": "pooled", "pooled-ridge": 0.001})
     rounds = results["refinement"]
     assert [r["kind"] for r in rounds] == ["spaces", "selection", "step", "step", "step"]
     assert [r["step"] for r in rounds] == [None, None, 1, 2, 3]
     assert rounds[1]["temperature"] in TEMPERATURES
     assert all(r["test_accuracy"] is not None for r in rounds)
-    assert rounds[1]["pooled_ridge"] is None  # one ridge set: only the scale is chosen
+    assert rounds[1]["pooled_ridge"] == 0.001  # one candidate: only the scale is chosen
+    assert len(results["rounds"][1]["candidates"]) == 1
     assert rounds[1]["test_accuracy"] == rounds[0]["test_accuracy"]  # a scale keeps argmax
     losses = [r["loss_before"] for r in rounds[2:]]
     assert all(b <= a + 1e-9 for a, b in zip(losses, losses[1:]))  # monotone
@@ -176,22 +177,29 @@ def test_the_choice_pools_by_rows_accuracy_first_then_loss():
     assert tie.index == 1 and tie.temperature == 2.0
 
 
-def test_pooled_ridge_auto_is_chosen_on_the_nodes_validation_data(tmp_path):
+def test_the_point_and_ridge_are_chosen_on_the_nodes_validation_data(tmp_path):
     from gems_fl.geometry.choices import POOLED_RIDGES
 
     results = run_in_process(3, tmp_path, **{"label-division": "paper"})
     assert results["settings"]["pooled-ridge"] == "auto"
+    assert results["settings"]["gram-point"] == "auto"
     kinds = [r["kind"] for r in results["refinement"]]
     assert kinds == ["spaces", "selection"]
     chosen = results["rounds"][1]
-    accuracies = [c["val_accuracy"] for c in chosen["candidates"]]
-    assert [c["pooled_ridge"] for c in chosen["candidates"]] == list(POOLED_RIDGES)
+    table = chosen["candidates"]
+    assert [(c["point"], c["pooled_ridge"]) for c in table] == \
+        [("pooled", r) for r in POOLED_RIDGES] + [("closed-form", None)]
+    accuracies = [c["val_accuracy"] for c in table]
     assert chosen["val_accuracy"] == max(accuracies)
-    assert chosen["pooled_ridge"] == POOLED_RIDGES[accuracies.index(max(accuracies))] or \
-        accuracies.count(max(accuracies)) > 1
+    best = [c for c in table if c["val_accuracy"] == max(accuracies)]
+    kept = min(best, key=lambda c: c["val_loss"])  # ties: the lower loss
     details = results["intersection"]
-    assert details["method"] == "pooled" and details["pooled_ridge"] == chosen["pooled_ridge"]
-    assert details["selection"]["scale_applied"] == chosen["temperature"]
+    assert details["method"] == kept["point"] and chosen["pooled_ridge"] == kept["pooled_ridge"]
+    if kept["point"] == "pooled":
+        assert details["pooled_ridge"] == kept["pooled_ridge"]
+        assert details["selection"]["scale_applied"] == chosen["temperature"]
+    else:  # the closed-form center keeps its scale, which places it in the spaces
+        assert details["selection"]["scale_applied"] == 1.0
     assert results["refinement"][-1]["test_accuracy"] == results["rows"]["GEMS"]["accuracy"]
 
 

@@ -5,8 +5,10 @@ SPACE_KINDS = ("ball", "ellipsoid", "gram")
 PAPER_SPACE_KINDS = ("ball", "ellipsoid")  # the paper's parameter-space spaces
 ELLIPSOID_FLOORS = ("quantile", "paper")
 GRAM_WEIGHTINGS = ("samples", "radius")
-GRAM_POINTS = ("closed-form", "shared", "pooled", "best")
-POOLED_POINTS = ("pooled", "best")  # the points fitted to the labels (need label moments)
+GRAM_POINTS = ("auto", "pooled", "best", "closed-form", "shared")
+# the points fitted to the labels (they need label moments); `auto` chooses on validation
+# between the pooled point and the closed-form center
+POOLED_POINTS = ("auto", "pooled", "best")
 # pooled-ridge=auto: the ridges the selection round scores on the nodes' validation data
 # (relative to one mean Gram matrix), and the one a layer without that round uses.
 POOLED_RIDGES = (1e-4, 1e-3, 1e-2, 1e-1)

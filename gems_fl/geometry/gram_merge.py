@@ -318,8 +318,9 @@ def aggregate_gram(
     chosen, method = closed, "closed-form"
     details: dict[str, object] = {"weighting": weighting, "ridge": float(ridge),
                                   "weights": [float(v) for v in lam]}
-    if point in ("pooled", "best"):
-        chosen, method = _pooled_choice(spaces, num_train, point, pooled_ridge, details)
+    if point in ("auto", "pooled", "best"):  # auto: the pooled point until the selection round
+        chosen, method = _pooled_choice(spaces, num_train, "best" if point == "best" else "pooled",
+                                        pooled_ridge, details)
     inside = [s.contains(chosen) for s in spaces]
     if not all(inside) and all(s.radius > 0 for s in spaces) and "spaces_share_a_point" not in details:
         shared, _ = _minimax(spaces, details)

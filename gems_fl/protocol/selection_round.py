@@ -29,23 +29,29 @@ Candidate = tuple[float | None, IntersectionResult]  # (pooled ridge or None, th
 
 
 def wants_ridge_choice(settings: Any) -> bool:
-    """Whether ``settings`` leave the pooled ridge to the selection round."""
-    return (settings.space == "gram" and settings.gram_point in POOLED_POINTS
-            and len(settings.pooled_ridges) > 1)
+    """Whether ``settings`` leave a choice to the selection round: the point
+    (``gram-point=auto``) or the pooled ridge (``pooled-ridge=auto``)."""
+    return settings.space == "gram" and (settings.gram_point == "auto" or (
+        settings.gram_point in POOLED_POINTS and len(settings.pooled_ridges) > 1))
 
 
 def candidate_points(accepted: list[NodeReply], options: AggregateOptions,
                      result: IntersectionResult, ridges: tuple[float, ...]) -> list[Candidate]:
-    """The one-shot point for each pooled ridge (``pooled-ridge=auto``), else ``result``
-    alone (only its logit scale is then chosen)."""
-    if not (options.kind == "gram" and options.gram_point in POOLED_POINTS and len(ridges) > 1):
+    """The one-shot point for each pooled ridge (``pooled-ridge=auto``) and, for
+    ``gram-point=auto``, the closed-form center; else ``result`` alone (only its logit
+    scale is then chosen)."""
+    if not (options.kind == "gram" and options.gram_point in POOLED_POINTS):
         return [(None, result)]
     kind = space_kind(options.kind)
     spaces = [r.space for r in accepted]
     counts = [r.metrics["num-train-examples"] for r in accepted]
-    return [(r, result if r == options.pooled_ridge else
-             kind.aggregate(spaces, counts, replace(options, pooled_ridge=r)))
-            for r in ridges]
+    out: list[Candidate] = [(r, result if r == options.pooled_ridge else
+                             kind.aggregate(spaces, counts, replace(options, pooled_ridge=r)))
+                            for r in ridges]
+    if options.gram_point == "auto":
+        out.append((None, kind.aggregate(spaces, counts,
+                                         replace(options, gram_point="closed-form"))))
+    return out
 
 
 @dataclass
@@ -80,15 +86,16 @@ def select(server_round: int, replies: list[Message], sent_to: list[int],
                               [v[2] for _, v in decoded], TEMPERATURES)
     ridge, result = candidates[choice.index]
     scale = choice.temperature if scale_always or result.method == "pooled" else 1.0
-    table = [{"pooled_ridge": r, "val_accuracy": float(a), "val_loss": float(min(loss))}
-             for (r, _), a, loss in zip(candidates, choice.val_accuracy, choice.val_loss)]
+    table = [{"point": c.method, "pooled_ridge": r, "val_accuracy": float(a),
+              "val_loss": float(min(loss))}
+             for (r, c), a, loss in zip(candidates, choice.val_accuracy, choice.val_loss)]
     details = {**result.details, "selection": {
         "candidates": table, "temperature": choice.temperature, "scale_applied": scale}}
     result = gram_result([r.space for r in accepted], scale * result.point, result.method,
                          details)
     best = choice.val_loss[choice.index]
-    log(INFO, "Selection round: %slogit scale %g (pooled validation accuracy %.4f, "
-        "cross-entropy %.4f; %d nodes); h_G lies in %d of %d spaces",
+    log(INFO, "Selection round: %s, %slogit scale %g (pooled validation accuracy %.4f, "
+        "cross-entropy %.4f; %d nodes); h_G lies in %d of %d spaces", result.method,
         f"pooled ridge {ridge:g}, " if ridge is not None else "", scale,
         choice.val_accuracy[choice.index], float(np.min(best)), len(decoded),
         sum(result.inside), len(result.inside))
