@@ -58,7 +58,7 @@ class Options:
     sgd_tune_rounds: int = 10  # rounds of each short run that scores an SGD rate
     dirichlet_alphas: tuple[float, ...] = (0.05, 0.1, 0.5)  # study 7's label priors
     dirichlet_ks: tuple[int, ...] = (5, 20)  # study 7's node counts
-    dirichlet_points: tuple[str, ...] = ("closed-form", "pooled")  # study 7, gram-point
+    dirichlet_points: tuple[str, ...] = ("closed-form", "pooled", "auto")  # study 7; last: default
     refine_rounds: int = 10  # study 7: the refined trial (logistic); rows after 1, 5 and R
     overrides: tuple[tuple[str, object], ...] = ()  # run-config keys for every trial
     quick: bool = False
