@@ -78,10 +78,11 @@ def reproduce(options: Options, out: Path, jobs: int = 2, fresh: bool = False,
         report.dirichlet(options)
     header = (f"# GEMS reproduction on {options.dataset}\n\n"
               f"Command: `{command or 'gems-fl reproduce'}`\n\n"
-              f"{len(trials)} trials, seeds {list(options.seeds)}, {jobs} worker process(es). "
-              f"This invocation ran {ran} of them in {wall:.0f} s wall time; the others were "
-              f"already stored in {out / 'trials'} from an earlier invocation.\n"
-              if ran < len(trials) else
-              f"{len(trials)} trials, seeds {list(options.seeds)}, {jobs} worker process(es); "
-              f"wall time {wall:.0f} s for all of them.\n")
+              + (f"{len(trials)} trials, seeds {list(options.seeds)}, {jobs} worker "
+                 f"process(es). This invocation ran {ran} of them in {wall:.0f} s wall time; "
+                 f"the others were already stored in {out / 'trials'} from an earlier "
+                 "invocation.\n"
+                 if ran < len(trials) else
+                 f"{len(trials)} trials, seeds {list(options.seeds)}, {jobs} worker "
+                 f"process(es); wall time {wall:.0f} s for all of them.\n"))
     return report.write_summary(header)
