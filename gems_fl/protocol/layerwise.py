@@ -45,7 +45,6 @@ from gems_fl.protocol.selection_round import (
     Refiner,
     candidate_points,
     select,
-    step_ridge,
     wants_ridge_choice,
 )
 from gems_fl.protocol.wire import content_bytes
@@ -243,12 +242,9 @@ class LayerwiseGEMS(GEMSBase):
         else:
             fan_in = self._output_shapes["weight"][1]
             if self._refiner is None:
-                self._refiner = Refiner(
-                    self.outcome.accepted, self._output_shapes,
-                    step_ridge(self.outcome.intersection,
-                               AggregateOptions.from_settings(self.settings)),
-                    self.settings.min_replies, self.names, start=self.point,
-                    method=self.settings.refine_method)
+                self._refiner = Refiner.for_run(self.outcome.accepted, self._output_shapes,
+                                                self.outcome.intersection, self.settings,
+                                                self.names, self.point)
             content = wire.encode_refine_round(
                 self.node_config(), step,
                 vector_to_state(self._refiner.query(), fan_in, self.num_classes), self.layers)

@@ -136,6 +136,14 @@ class Refiner:
         self._sent: np.ndarray | None = None
         self._pooled: tuple[tuple[int, ...], np.ndarray | None] = ((), None)
 
+    @classmethod
+    def for_run(cls, accepted: list[NodeReply], shapes: dict[str, tuple[int, ...]],
+                result: IntersectionResult, settings: Any, names: Mapping[int, str],
+                start: np.ndarray) -> "Refiner":
+        """The run's refiner: the ridge of ``result`` (chosen or set), ``refine-method``."""
+        return cls(accepted, shapes, step_ridge(result, AggregateOptions.from_settings(settings)),
+                   settings.min_replies, names, start=start, method=settings.refine_method)
+
     def query(self) -> np.ndarray:
         """The model to send for the next step: ``x``, or the extrapolated ``y``."""
         if self.method == "accelerated" and self._k > 0:

@@ -28,7 +28,6 @@ from gems_fl.protocol.selection_round import (
     Refiner,
     candidate_points,
     select,
-    step_ridge,
     wants_ridge_choice,
 )
 from gems_fl.protocol.replies import (
@@ -160,12 +159,9 @@ class GEMS(GEMSBase):
             content = wire.encode_selection_round(self.node_config(), points, TEMPERATURES)
         else:
             if self._refiner is None:
-                self._refiner = Refiner(
-                    self.outcome.accepted, self.shapes,
-                    step_ridge(self.outcome.intersection,
-                               AggregateOptions.from_settings(self.settings)),
-                    self.settings.min_replies, self.names, start=self.point,
-                    method=self.settings.refine_method)
+                self._refiner = Refiner.for_run(self.outcome.accepted, self.shapes,
+                                                self.outcome.intersection, self.settings,
+                                                self.names, self.point)
             content = wire.encode_refine_round(
                 self.node_config(), step,
                 vector_to_state(self._refiner.query(), num_features, num_classes))
