@@ -11,7 +11,6 @@ node receives (:meth:`Settings.for_nodes`: only the settings node code reads).
 
 from __future__ import annotations
 
-import math
 from dataclasses import InitVar, asdict, dataclass, fields
 from typing import TYPE_CHECKING, Any, Mapping
 
@@ -30,6 +29,12 @@ from gems_fl.geometry.choices import (
 )
 from gems_fl.learning.recipe import TUNE_STOPS, LocalTraining, TrainRecipe, TuneRecipe
 from gems_fl.learning.widths import parse_hidden
+from gems_fl.setting_values import (
+    check_classes,
+    check_hidden,
+    parse_pooled_ridge,
+    parse_tune_curve,
+)
 from gems_fl.setting_checks import (
     SettingsError,
     at_least,
@@ -56,51 +61,6 @@ NEURON_CRITERIA = ("rms", "paper")
 TUNE_LAYERS = ("last", "all")
 DEVICES = ("auto", "cpu", "cuda")  # resolved per process: gems_fl.learning.train.resolve_device
 NODE_OVERRIDES = ("eps",)  # run settings a node's own --node-config may override
-
-
-def parse_tune_curve(text: str) -> list[int]:
-    """Public sample sizes of the fine-tuning study (``tune-curve``)."""
-    text = text.strip()
-    if not text:
-        return []
-    try:
-        sizes = [int(part) for part in text.split(",")]
-    except ValueError:
-        raise SettingsError(
-            f"tune-curve={text!r} must be comma-separated sample sizes, "
-            "e.g. '100,200,500', or empty to skip the fine-tuning study"
-        ) from None
-    if any(n <= 0 for n in sizes):
-        raise SettingsError(f"tune-curve={text!r}: every size must be > 0")
-    return sizes
-
-
-def parse_pooled_ridge(value: str) -> tuple[float, ...]:
-    """The ridges ``pooled-ridge`` names: ``auto`` -> the selection round's candidates."""
-    text = str(value).strip().lower()
-    if text == "auto":
-        return POOLED_RIDGES
-    try:
-        ridge = float(text)
-    except ValueError:
-        raise SettingsError(f"pooled-ridge={value!r}: give 'auto' (chosen on the nodes' "
-                            "validation data) or a number >= 0") from None
-    if not math.isfinite(ridge) or ridge < 0:
-        raise SettingsError(f"pooled-ridge={value!r} must be 'auto' or a finite number >= 0")
-    return (ridge,)
-
-
-def _hidden(text: str) -> None:
-    if text.strip().lower() != "auto":
-        parse_hidden(text)
-
-
-def _classes(text: str) -> None:
-    from gems_fl.data.site_files import parse_classes
-
-    classes = parse_classes(text)
-    if classes is not None and (classes if isinstance(classes, int) else len(classes)) < 2:
-        raise SettingsError(f"classes={text!r}: a classifier needs at least 2 classes")
 
 
 _ROW_HIDDEN = (
@@ -155,7 +115,7 @@ class Settings:
     hidden: str = setting(
         'auto',
         _ROW_HIDDEN,
-        parses(_hidden), node=True)
+        parses(check_hidden), node=True)
     dropout: float = setting(
         0.5,
         _ROW_HIDDEN,
@@ -247,7 +207,7 @@ class Settings:
         'after the spaces sends the point for each of '
         + ', '.join(f'{r:g}' for r in POOLED_RIDGES)
         + ' and keeps the one with the best pooled validation accuracy',
-        parses(lambda v: parse_pooled_ridge(v)))
+        parses(parse_pooled_ridge))
     ellipsoid_floor: str = setting(
         'quantile',
         'ellipsoid axes `max(F_ref / F_i, c)`: `quantile` takes F_ref as the 5 % quantile '
@@ -389,7 +349,7 @@ class Settings:
         "(`'benign,malignant'`, in index order) or a count (`3`: labels `0..2`, or the 3 "
         'names most nodes hold); empty: every label the nodes hold, sorted (numerically '
         'when all are integers)',
-        parses(_classes), node=True)
+        parses(check_classes), node=True)
     label_column: str = setting(
         '',
         "CSV files (nodes and `public-data`): the label's column, as a 0-based number "

@@ -70,18 +70,17 @@ class TuneRecipe:
                     f"{self.holdout_fraction:.0%} of the sample")
         return f"{self.epochs} epochs"
 
-    def tune(self, model: nn.Module, x: np.ndarray, y: np.ndarray, seed: int,
-             proximal_mu: float = 0.0) -> TrainReport:
+    def tune(self, model: nn.Module, x: np.ndarray, y: np.ndarray, seed: int) -> TrainReport:
         """Fine-tune the trainable weights of ``model`` in place on ``(x, y)``."""
         from gems_fl.learning.train import fine_tune, fine_tune_holdout
 
-        if self.stop == "holdout" and proximal_mu == 0.0:
+        if self.stop == "holdout":
             return fine_tune_holdout(model, x, y, max_epochs=self.max_epochs,
                                      patience=self.patience,
                                      holdout_fraction=self.holdout_fraction, lr=self.lr,
                                      batch_size=self.batch_size, seed=seed)
         return fine_tune(model, x, y, epochs=self.epochs, lr=self.lr,
-                         batch_size=self.batch_size, seed=seed, proximal_mu=proximal_mu)
+                         batch_size=self.batch_size, seed=seed)
 
 
 @dataclass(frozen=True)

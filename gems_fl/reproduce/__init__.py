@@ -14,6 +14,7 @@ from pathlib import Path
 
 from gems_fl.reproduce.plan import STUDIES, Options, build_plan
 from gems_fl.reproduce.report import Report
+from gems_fl.reproduce.report_dirichlet import dirichlet_section
 from gems_fl.reproduce.runner import run_trials
 from gems_fl.settings import Settings
 
@@ -75,7 +76,7 @@ def reproduce(options: Options, out: Path, jobs: int = 2, fresh: bool = False,
     if 6 in studies:
         report.federated()
     if 7 in studies:
-        report.dirichlet(options)
+        dirichlet_section(report, options)
     header = (f"# GEMS reproduction on {options.dataset}\n\n"
               f"Command: `{command or 'gems-fl reproduce'}`\n\n"
               + (f"{len(trials)} trials, seeds {list(options.seeds)}, {jobs} worker "

@@ -1,0 +1,58 @@
+"""Parsers and checks of the text-valued run settings (``tune-curve``, ``pooled-ridge``,
+``hidden``, ``classes``): what each text means, and a :class:`SettingsError` naming the
+key when it means nothing."""
+
+from __future__ import annotations
+
+import math
+
+from gems_fl.geometry.choices import POOLED_RIDGES
+from gems_fl.learning.widths import parse_hidden
+from gems_fl.setting_checks import SettingsError
+
+
+def parse_tune_curve(text: str) -> list[int]:
+    """Public sample sizes of the fine-tuning study (``tune-curve``)."""
+    text = text.strip()
+    if not text:
+        return []
+    try:
+        sizes = [int(part) for part in text.split(",")]
+    except ValueError:
+        raise SettingsError(
+            f"tune-curve={text!r} must be comma-separated sample sizes, "
+            "e.g. '100,200,500', or empty to skip the fine-tuning study"
+        ) from None
+    if any(n <= 0 for n in sizes):
+        raise SettingsError(f"tune-curve={text!r}: every size must be > 0")
+    return sizes
+
+
+def parse_pooled_ridge(value: str) -> tuple[float, ...]:
+    """The ridges ``pooled-ridge`` names: ``auto`` -> the selection round's candidates."""
+    text = str(value).strip().lower()
+    if text == "auto":
+        return POOLED_RIDGES
+    try:
+        ridge = float(text)
+    except ValueError:
+        raise SettingsError(f"pooled-ridge={value!r}: give 'auto' (chosen on the nodes' "
+                            "validation data) or a number >= 0") from None
+    if not math.isfinite(ridge) or ridge < 0:
+        raise SettingsError(f"pooled-ridge={value!r} must be 'auto' or a finite number >= 0")
+    return (ridge,)
+
+
+def check_hidden(text: str) -> None:
+    """``hidden``: ``auto`` or comma-separated widths."""
+    if text.strip().lower() != "auto":
+        parse_hidden(text)
+
+
+def check_classes(text: str) -> None:
+    """``classes``: a count or names, at least 2."""
+    from gems_fl.data.site_files import parse_classes
+
+    classes = parse_classes(text)
+    if classes is not None and (classes if isinstance(classes, int) else len(classes)) < 2:
+        raise SettingsError(f"classes={text!r}: a classifier needs at least 2 classes")
