@@ -40,9 +40,9 @@ def dirichlet_section(report: Report, options) -> None:  # noqa: ANN001 - plan.O
                     cell[p] = _space_cells(by_point[p])
                 refined = {}
                 for r in by_point.get("refined", []):
-                    report = r["outcome"].get("refinement") or []
+                    rounds = r["outcome"].get("refinement") or []
                     for step in steps:
-                        hit = next((x for x in report if x.get("step") == step), None)
+                        hit = next((x for x in rounds if x.get("step") == step), None)
                         if hit is not None:
                             refined.setdefault(step, {"accuracy": [], "bytes": []})
                             refined[step]["accuracy"].append(hit["test_accuracy"])
