@@ -56,3 +56,19 @@ def check_classes(text: str) -> None:
     classes = parse_classes(text)
     if classes is not None and (classes if isinstance(classes, int) else len(classes)) < 2:
         raise SettingsError(f"classes={text!r}: a classifier needs at least 2 classes")
+
+
+def parse_required_nodes(value: str) -> int | tuple[str, ...] | None:
+    """``required-nodes``: ``all`` -> None (every node present at the identity round), a
+    count -> that many sites must take part to the end, else the names that must."""
+    text = str(value).strip()
+    if text.lower() == "all":
+        return None
+    if text.isdigit():
+        return int(text)
+    names = tuple(part.strip() for part in text.split(",") if part.strip())
+    if not names or text.lstrip().startswith("-"):
+        raise SettingsError(
+            f"required-nodes={value!r}: give 'all' (every node present at the identity round), "
+            "a count such as '3' (0: none required), or node names such as 'site-a,site-b'")
+    return names

@@ -33,6 +33,7 @@ from gems_fl.setting_values import (
     check_classes,
     check_hidden,
     parse_pooled_ridge,
+    parse_required_nodes,
     parse_tune_curve,
 )
 from gems_fl.setting_checks import (
@@ -60,7 +61,7 @@ MODELS = ("logistic", "mlp")
 NEURON_CRITERIA = ("rms", "paper")
 TUNE_LAYERS = ("last", "all")
 DEVICES = ("auto", "cpu", "cuda")  # resolved per process: gems_fl.learning.train.resolve_device
-NODE_OVERRIDES = ("eps",)  # run settings a node's own --node-config may override
+NODE_OVERRIDES = ("eps", "local-max-epochs", "local-patience")  # a node's own --node-config may override these
 
 
 _ROW_HIDDEN = (
@@ -70,7 +71,8 @@ _ROW_LOCAL_LR = (
     'Adam learning rate and batch size for all training')
 _ROW_LOCAL_MAX_EPOCHS = (
     'training stops when for `local-patience` epochs neither the training accuracy reached '
-    'a new best nor the loss fell by 1e-3; at most `local-max-epochs`')
+    'a new best nor the loss fell by 1e-3; at most `local-max-epochs`. A site may set its '
+    'own budget with `--node-config "local-max-epochs=50 local-patience=5"`')
 _ROW_TUNE_EPOCHS = (
     'fine-tuning recipe, also used for Raw')
 _ROW_HAM10000_PER_CLASS = (
@@ -283,6 +285,12 @@ class Settings:
         2,
         'fewer valid replies than this stops the run with an error',
         positive)
+    required_nodes: str = setting(
+        'all',
+        'which sites must take part to the end, else the run exits non-zero (results are '
+        'still written, status `incomplete`): `all` (every node present at the identity '
+        'round), a count (`0`: none), or node names (`site-a,site-b`)',
+        lambda key, value: parse_required_nodes(value))
     no_intersection: str = setting(
         'min-penalty',
         "fallback when the spaces do not intersect: `min-penalty` (minimise the paper's "
@@ -467,7 +475,9 @@ class Settings:
         """These settings with the node's own overrides (keys in ``NODE_OVERRIDES``).
 
         A node may choose its own target accuracy: ``--node-config "eps=0.6"`` (the
-        paper's intersection analysis gives each node a different eps).
+        paper's intersection analysis gives each node a different eps), and its own
+        training budget (``local-max-epochs``, ``local-patience``: a site with little
+        compute caps its training).
         """
         kwargs = {key.replace("-", "_"): coerce(key, node_config[key], getattr(self, key.replace("-", "_")))
                   for key in NODE_OVERRIDES if key in node_config}

@@ -111,10 +111,13 @@ def test_node_whose_data_has_the_wrong_features_is_rejected(federation, tmp_path
                                              rng.random((8, 32)), rng.integers(0, 10, 8)))
     node = federation.add_node({"data-path": str(bad), "node-name": "site-bad"})
     try:
-        out = _run(federation, tmp_path, **{"evaluate-on-server": False, "space": "ball"})
+        out = _run(federation, tmp_path, **{"evaluate-on-server": False, "space": "ball",
+                                             "required-nodes": "site-0,site-1,site-2"})
     finally:
         federation.kill_node(node)
     results, run = out["results"], out["run"]
+    assert results["attendance"]["line"].startswith(
+        "completed with 3 of 4 sites; left out: site-bad (node 'site-bad': ")
     assert [p["name"] for p in results["participants"]] == ["site-0", "site-1", "site-2"]
     (rejection,) = results["rejected"]
     assert "node 'site-bad'" in rejection["reason"]
@@ -138,8 +141,14 @@ def test_supernode_with_the_wrong_ca_cannot_join(federation, tmp_path):
     assert node.process.returncode != 0
 
 
+# A victim trains for 100,000 epochs: it is still training whenever its "Receiving: train
+# message" line is seen and it is killed, however loaded the machine (no race with its reply).
+TRAINS_FOREVER = {"local-max-epochs": 100000, "local-patience": 100000}
+
+
 def _run_killing(fed: TlsFederation, victim, out: Path, **overrides):
-    """``flwr run`` while a thread kills ``victim`` as soon as its train message arrives."""
+    """``flwr run`` while a thread kills ``victim`` as soon as its train message arrives
+    (start the victim with :data:`TRAINS_FOREVER` in its node config)."""
 
     def kill_when_training_starts() -> None:
         fed.wait_for_log(victim, "Receiving: train message", 300)
@@ -164,11 +173,13 @@ def test_killed_node_mid_round_the_run_completes_or_stops_clearly(sites, tmp_pat
     # failed before any node trained). The killed node's round waits it out once per run.
     timeout = 60.0
     with TlsFederation(tmp_path / "fed") as fed:
-        nodes = [fed.add_node(config) for config in sites]
+        nodes = [fed.add_node(config) for config in sites[:2]]
+        nodes.append(fed.add_node({**sites[2], **TRAINS_FOREVER}))
         run = _run_killing(fed, nodes[2], tmp_path / "a",
-                           **{"round-timeout": timeout, "min-replies": 2})
+                           **{"round-timeout": timeout, "min-replies": 2, "required-nodes": "2"})
         assert run.status == "finished:completed", run.output[-4000:]
         results = run.results
+        assert results["attendance"]["left_out"][0]["name"] == "site-2"
         assert sorted(n["name"] for n in results["nodes"]) == ["site-0", "site-1"]
         (missing,) = results["rejected"]
         assert missing["node_name"] == "site-2" and missing["node_id"] == _node_id(nodes[2])
@@ -176,7 +187,7 @@ def test_killed_node_mid_round_the_run_completes_or_stops_clearly(sites, tmp_pat
 
         # Restarted, site-2 gets a new Flower node id but keeps its name. With
         # min-replies=3 losing it again must stop the run with a clear message.
-        restarted = fed.add_node(sites[2])
+        restarted = fed.add_node({**sites[2], **TRAINS_FOREVER})
         assert _node_id(restarted) != _node_id(nodes[2])
         run = _run_killing(fed, restarted, tmp_path / "b",
                            **{"round-timeout": timeout, "min-replies": 3})

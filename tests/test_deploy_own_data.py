@@ -4,9 +4,14 @@ node killed mid-round counted once."""
 
 from __future__ import annotations
 
+import json
+import os
+import re
+import signal
 import subprocess
 import sys
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -27,7 +32,8 @@ def test_own_csv_sites_over_tls_agree_evaluate_on_nodes_and_leave_out_the_odd_on
     with TlsFederation(tmp_path / "fed") as fed:
         for config in [*sites, odd]:
             fed.add_node(config)
-        run = fed.run(ROOT, {**OWN, "output-dir": str(tmp_path / "out")}, timeout=400)
+        run = fed.run(ROOT, {**OWN, "output-dir": str(tmp_path / "out"), "required-nodes": "3"},
+                      timeout=400)
     assert run.status == "finished:completed", run.output[-4000:]
     results = run.results
     assert results["dataset"]["classes"] == list(CLASSES)
@@ -50,20 +56,29 @@ def test_own_csv_sites_over_tls_agree_evaluate_on_nodes_and_leave_out_the_odd_on
     assert "Evaluated on the nodes' own data" in run.output
 
 
-def _submit(fed: TlsFederation, overrides: str) -> subprocess.Popen:
+TRAINS_FOREVER = {"local-max-epochs": 100000, "local-patience": 100000}  # see test_deploy
+
+
+def _submit(fed: TlsFederation, overrides: str, *args: str) -> subprocess.Popen:
     env = {**fed.env, "PYTHONPATH": str(ROOT)}
     return subprocess.Popen([sys.executable, "-m", "gems_fl.running.cli", "submit", str(ROOT),
-                             "--superlink", CONNECTION, "--run-config", overrides], env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                             "--superlink", CONNECTION, "--run-config", overrides, *args],
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             start_new_session=True)
+
+
+def _cli(fed: TlsFederation, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {**fed.env, "PYTHONPATH": str(ROOT)}
+    return subprocess.run([sys.executable, "-m", "gems_fl.running.cli", *args], env=env,
+                          capture_output=True, text=True, timeout=300, check=False)
 
 
 def test_submit_exits_non_zero_when_the_superlink_stops_mid_run(tmp_path, sites):
     with TlsFederation(tmp_path / "fed") as fed:
-        nodes = [fed.add_node(config) for config in sites]
+        nodes = [fed.add_node({**config, **TRAINS_FOREVER}) for config in sites]
         out = tmp_path / "out"
         proc = _submit(fed, f"dataset='node-files' evaluate-on-server=false "
-                            f"local-max-epochs=200 local-patience=200 output-dir='{out}'")
+                            f"output-dir='{out}'")
         try:
             fed.wait_for_log(nodes[0], "Receiving: train message", 300)
             _stop_group(fed.superlink)  # the SuperLink goes away mid-run
@@ -75,10 +90,13 @@ def test_submit_exits_non_zero_when_the_superlink_stops_mid_run(tmp_path, sites)
     assert "does not report the run's status" in output or "ended with status" in output
 
 
-def test_submit_exits_zero_and_a_killed_node_is_rejected_once(tmp_path, sites):
+def test_submit_a_site_killed_mid_round_exits_3_names_it_and_brings_the_results_home(tmp_path, sites):
+    """required-nodes defaults to every site present at the identity round: losing one
+    mid-round is not success. The results still come home, through the run's log, into
+    submit's own --output-dir (the ServerApp writes its copy elsewhere)."""
     with TlsFederation(tmp_path / "fed") as fed:
-        nodes = [fed.add_node(config) for config in sites]
-        victim = nodes[2]
+        nodes = [fed.add_node(config) for config in sites[:2]]
+        victim = fed.add_node({**sites[2], **TRAINS_FOREVER})
 
         def kill_when_training_starts() -> None:
             fed.wait_for_log(victim, "Receiving: train message", 300)
@@ -86,18 +104,91 @@ def test_submit_exits_zero_and_a_killed_node_is_rejected_once(tmp_path, sites):
 
         killer = threading.Thread(target=kill_when_training_starts, daemon=True)
         killer.start()
-        out = tmp_path / "out"
-        proc = _submit(fed, f"dataset='node-files' evaluate-on-server=false round-timeout=20.0 "
-                            f"output-dir='{out}'")
+        server_side, home = tmp_path / "superlink-machine", tmp_path / "home"
+        proc = _submit(fed, f"dataset='node-files' evaluate-on-server=false round-timeout=30.0 "
+                            f"output-dir='{server_side}'", "--output-dir", str(home))
         try:
             output, _ = proc.communicate(timeout=400)
         finally:
             _stop_group(proc)
         killer.join(timeout=5)
-    assert proc.returncode == 0, output[-4000:]
-    import json
-
-    (path,) = out.glob("run-*/results.json")
+        assert victim.process.poll() is not None and nodes[0].process.poll() is None
+    assert proc.returncode == 3, output[-4000:]
+    last = output.strip().splitlines()[-1]
+    assert "completed with 2 of 3 sites; left out: site-2 (" in last, last
+    assert "required-nodes='all' is not met: missing site-2" in last, last
+    (path,) = home.glob("run-*/results.json")
+    assert path.parent.name in last
     results = json.loads(path.read_text())
+    assert results["status"] == "incomplete"
     assert [r.get("node_name") for r in results["rejected"]] == ["site-2"], results["rejected"]
     assert [p["name"] for p in results["participants"]] == ["site-0", "site-1"]
+    assert results["run"]["git_commit"] and results["run"]["superlink"] == CONNECTION
+    assert (path.parent / "gems_model.npz").is_file() and (path.parent / "run.log").is_file()
+    assert "GEMS-FL-BUNDLE" not in (path.parent / "run.log").read_text()
+    (server_copy,) = server_side.glob("run-*/results.json")
+    assert server_copy.parent.name == path.parent.name
+    with np.load(path.parent / "gems_model.npz") as home_model, \
+            np.load(server_copy.parent / "gems_model.npz") as server_model:
+        for key in server_model.files:
+            np.testing.assert_array_equal(home_model[key], server_model[key])
+
+
+def test_ctrl_c_on_submit_stops_the_run_on_the_superlink(tmp_path, sites):
+    with TlsFederation(tmp_path / "fed") as fed:
+        nodes = [fed.add_node({**config, **TRAINS_FOREVER}) for config in sites]
+        proc = _submit(fed, "dataset='node-files' evaluate-on-server=false",
+                       "--output-dir", str(tmp_path / "home"))
+        try:
+            fed.wait_for_log(nodes[0], "Receiving: train message", 300)  # the run is training
+            os.kill(proc.pid, signal.SIGINT)
+            output, _ = proc.communicate(timeout=120)
+        finally:
+            _stop_group(proc)
+        assert proc.returncode == 130, output[-3000:]
+        run_id = int(re.search(r"stopped run (\d+) on 'gems-tls'", output).group(1))
+        assert output.strip().splitlines()[-1].startswith("gems-fl: interrupted by SIGINT")
+        assert "Traceback" not in output
+        status = ""
+        for _ in range(60):  # the SuperLink finishes the stop (a state, polled)
+            listed = json.loads(fed.flwr("ls", "--run-id", str(run_id), CONNECTION,
+                                         "--format", "json").stdout)
+            status = listed["runs"][0]["status"]
+            if status.startswith("finished"):
+                break
+            time.sleep(1.0)
+        assert status == "finished:stopped", status
+
+
+def test_detached_submit_then_status_and_pull(tmp_path, sites):
+    with TlsFederation(tmp_path / "fed") as fed:
+        for config in sites:
+            fed.add_node(config)
+        proc = _submit(fed, f"dataset='node-files' evaluate-on-server=false "
+                            f"output-dir='{tmp_path / 'server'}'", "--detach")
+        output, _ = proc.communicate(timeout=120)
+        assert proc.returncode == 0, output
+        run_id = int(re.search(r"run (\d+) started on 'gems-tls' and left running", output).group(1))
+        assert f"flwr stop {run_id} {CONNECTION}" in output
+        assert f"gems-fl pull {run_id} --superlink {CONNECTION}" in output
+        status = ""
+        for _ in range(300):  # wait for the state "finished", not for a time
+            listed = json.loads(fed.flwr("ls", "--run-id", str(run_id), CONNECTION,
+                                         "--format", "json").stdout)
+            status = listed["runs"][0]["status"]
+            if status.startswith("finished"):
+                break
+            time.sleep(1.0)
+        assert status == "finished:completed"
+        shown = _cli(fed, "status", "--superlink", CONNECTION)
+        assert shown.returncode == 0, shown.stderr
+        assert "3 SuperNode(s)" in shown.stdout
+        for name in ("site-0", "site-1", "site-2"):
+            assert f": {name}, online" in shown.stdout, shown.stdout
+        assert f"run {run_id}: finished:completed" in shown.stdout
+        pulled = _cli(fed, "pull", str(run_id), "--superlink", CONNECTION,
+                      "--output-dir", str(tmp_path / "home"))
+        assert pulled.returncode == 0, pulled.stderr
+        results = json.loads((tmp_path / "home" / f"run-{run_id}" / "results.json").read_text())
+        assert results["status"] == "completed"
+        assert results["attendance"]["line"] == "completed with 3 of 3 sites"

@@ -150,7 +150,7 @@ def test_bad_gram_from_one_node_is_dropped_with_its_name_and_the_round_goes_on(t
         return reply
 
     results = run_in_process(4, tmp_path, reply_hook=hook, space="gram",
-                             **{"label-division": "classes-per-node:4"})
+                             **{"label-division": "classes-per-node:4", "required-nodes": "3"})
     rejected = {r["node_id"]: r for r in results["rejected"]}
     assert list(rejected) == [1001]
     assert rejected[1001]["node_name"] == "partition-1"
@@ -211,7 +211,10 @@ def test_a_node_that_does_not_answer_the_evaluate_message_is_reported(tmp_path):
         return None if reply.metadata.src_node_id == 1002 else reply
 
     results = run_in_process(3, tmp_path, space="gram", evaluate_hook=drop,
-                             **{"label-division": "classes-per-node:4", "round-timeout": 5.0})
+                             **{"label-division": "classes-per-node:4", "round-timeout": 5.0,
+                                "required-nodes": "2"})
+    assert results["attendance"]["left_out"] == [
+        {"name": "partition-2", "stage": "evaluate", "reason": "no answer"}]
     missing = results["verification"]["missing"]
     assert [m["node_name"] for m in missing] == ["partition-2"]
     assert missing[0]["reason"] == "no answer"

@@ -59,7 +59,7 @@ def test_node_rejected_in_a_round_takes_no_part_later(tmp_path):
             reply.content[wire.NEURONS_KEY]["radius"] = Array(radius)
         return reply
 
-    results = run_in_process(3, tmp_path, reply_hook=hook, **MLP_FAST)
+    results = run_in_process(3, tmp_path, reply_hook=hook, **MLP_FAST, **{"required-nodes": "2"})
     first, second, final, selection = results["rounds"]
     assert [r["node_id"] for r in first["rejected"]] == [1001]
     assert 1001 not in second["nodes"] and 1001 not in final["nodes"]

@@ -125,7 +125,7 @@ def test_in_process_node_with_bad_data_is_left_out_and_named(tmp_path, partition
            "data-path": _npz(tmp_path / "bad.npz", rng.random((20, 10)), rng.integers(0, 10, 20),
                              rng.random((5, 10)), rng.integers(0, 10, 5))}
     results = run_in_process(4, tmp_path / "out", node_configs=[*good, bad], space="ball",
-                             **{"evaluate-on-server": False})
+                             **{"evaluate-on-server": False, "required-nodes": "3"})
     assert [p["name"] for p in results["participants"]] == [f"partition-{k}" for k in range(3)]
     (rejected,) = results["rejected"]
     assert rejected["node_id"] == 1003

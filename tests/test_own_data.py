@@ -19,7 +19,10 @@ OWN = {"dataset": "node-files", "evaluate-on-server": False, "space": "ball", "e
 def test_three_csv_sites_with_string_labels_run_and_report_per_node_and_pooled(tmp_path, sites):
     odd = site_config(tmp_path / "sites", "site-odd", seed=9, num_features=11)
     results = run_in_process(4, tmp_path / "out", node_configs=[*sites, odd],
-                             **OWN, standardize="federated")
+                             **OWN, standardize="federated", **{"required-nodes": "3"})
+    assert results["attendance"]["line"] == (
+        "completed with 3 of 4 sites; left out: site-odd (node 'site-odd' holds data with 11 "
+        "features; the run has 13 (held by 3 of 4 nodes: site-0, site-1, site-2))")
     assert results["dataset"]["num_features"] == 13
     assert results["dataset"]["classes"] == list(CLASSES)
     assert [p["name"] for p in results["participants"]] == ["site-0", "site-1", "site-2"]
@@ -88,7 +91,7 @@ def test_pinned_classes_and_features_leave_out_nodes_that_disagree(tmp_path, sit
     write_csv(tmp_path / "bad_val.csv", x[:10], y[:10])
     results = run_in_process(4, tmp_path / "out", node_configs=[*sites, {
         "data-path": str(bad), "node-name": "site-emperor"}], **OWN,
-        classes=",".join(CLASSES), **{"num-features": 13})
+        classes=",".join(CLASSES), **{"num-features": 13, "required-nodes": "site-0,site-1,site-2"})
     (rejected,) = results["rejected"]
     assert rejected["node_name"] == "site-emperor" and "emperor" in rejected["reason"]
 
@@ -101,7 +104,8 @@ def test_malformed_files_are_rejected_at_the_identity_round_with_the_node_name(t
     np.savez(tmp_path / "nan.npz", x_train=x_nan, y_train=y, x_val=x[:5], y_val=y[:5])
     configs = [*sites, {"data-path": str(tmp_path / "noval.npz"), "node-name": "site-noval"},
                {"data-path": str(tmp_path / "nan.npz"), "node-name": "site-nan"}]
-    results = run_in_process(5, tmp_path / "out", node_configs=configs, **OWN)
+    results = run_in_process(5, tmp_path / "out", node_configs=configs, **OWN,
+                             **{"required-nodes": "3"})
     by_name = {r["node_name"]: r["reason"] for r in results["rejected"]}
     assert set(by_name) == {"site-noval", "site-nan"}
     assert "node 'site-noval'" in by_name["site-noval"] and "y_val" in by_name["site-noval"]
@@ -166,7 +170,7 @@ def test_a_dead_node_is_rejected_once_by_name_and_is_no_participant(tmp_path, si
         return error
 
     results = run_in_process(3, tmp_path / "out", node_configs=sites, reply_hook=node_unavailable,
-                             **OWN)
+                             **OWN, **{"required-nodes": "0"})
     (rejected,) = results["rejected"]
     assert rejected["node_name"] == "site-2" and rejected["node_id"] == 1002
     assert "node unavailable" in rejected["reason"]

@@ -12,6 +12,7 @@ from flwr.app import Array, Error, Message, MessageType, RecordDict
 from client_app import app as client_app
 from gems_fl.protocol import replies, wire
 from gems_fl.protocol.inprocess import InProcessGrid
+from gems_fl.protocol.attendance import RequiredNodesMissing
 from gems_fl.protocol.replies import NotEnoughRepliesError
 from gems_fl.settings import Settings
 from tests.helpers import FAST, app_defaults, run_in_process
@@ -111,9 +112,15 @@ def test_bad_replies_are_dropped_and_the_round_goes_on(tmp_path, caplog):
     flwr_logger.addHandler(caplog.handler)
     try:
         results = run_in_process(6, tmp_path, reply_hook=hook, space="ball",
-                                 **{"label-division": "classes-per-node:2"})
+                                 **{"label-division": "classes-per-node:2", "required-nodes": "2"})
     finally:
         flwr_logger.removeHandler(caplog.handler)
+    assert results["status"] == "completed"
+    sites = results["attendance"]
+    assert sites["ok"] and sites["completed"] == ["partition-4", "partition-5"]
+    assert sites["line"].startswith("completed with 2 of 6 sites; left out: partition-0 ("
+                                    "'center.weight' contains NaN")
+    assert [e["stage"] for e in sites["left_out"]] == ["rounds"] * 4
     rejected = {r["node_id"]: r["reason"] for r in results["rejected"]}
     assert set(rejected) == set(bad)
     assert "NaN" in rejected[1000] and "shape" in rejected[1001]
@@ -129,10 +136,34 @@ def test_bad_replies_are_dropped_and_the_round_goes_on(tmp_path, caplog):
 def test_client_exception_becomes_a_rejection(tmp_path):
     # An error reply (as Flower sends for a crashed ClientApp) is rejected, not fatal.
     results = run_in_process(3, tmp_path, space="ball", dataset="digits",
-                             reply_hook=_error_for(1000))
+                             reply_hook=_error_for(1000), **{"required-nodes": "partition-1"})
     assert [r["node_id"] for r in results["rejected"]] == [1000]
     assert "client error" in results["rejected"][0]["reason"]
     assert len(results["nodes"]) == 2
+    assert results["attendance"]["line"].startswith("completed with 2 of 3 sites; left out: "
+                                                    "partition-0 (client error 7")
+
+
+def test_a_required_site_left_out_fails_the_run_after_writing_its_results(tmp_path):
+    """Default required-nodes='all': every node present at the identity round must take
+    part to the end; the run still writes its results, marked incomplete, then fails."""
+    with pytest.raises(RequiredNodesMissing) as failure:
+        run_in_process(3, tmp_path, space="ball", dataset="digits", reply_hook=_error_for(1000))
+    assert str(failure.value).startswith(
+        "completed with 2 of 3 sites; left out: partition-0 (client error 7")
+    assert "required-nodes='all' is not met: missing partition-0" in str(failure.value)
+    saved = json.loads((tmp_path / "run-1" / "results.json").read_text())
+    assert saved["status"] == "incomplete"
+    assert saved["attendance"]["missing_required"] == ["partition-0"]
+    assert saved["attendance"]["completed"] == ["partition-1", "partition-2"]
+    # A count or names that the sites left meet: completed.
+    for required in ("2", "partition-1,partition-2"):
+        results = run_in_process(3, tmp_path / required, space="ball", dataset="digits",
+                                 reply_hook=_error_for(1000), **{"required-nodes": required})
+        assert results["status"] == "completed" and results["attendance"]["ok"]
+    with pytest.raises(RequiredNodesMissing, match="2 site.s. took part, 3 required"):
+        run_in_process(3, tmp_path / "three", space="ball", dataset="digits",
+                       reply_hook=_error_for(1000), **{"required-nodes": "3"})
 
 
 

@@ -32,8 +32,11 @@ def format_table(results: dict[str, Any]) -> Table:
     if cfg.get("model") == "mlp":
         model = (f"MLP hidden {cfg['hidden']} -> aggregated {results.get('hidden_widths')}, "
                  f"eps_j={cfg['eps-neuron']}, m_eps={cfg['clusters']}")
+    sites = results.get("attendance")
+    who = (f"{len(sites['completed'])} of {len(sites['present'])} sites" if sites
+           else f"{meta['num_nodes']} nodes")
     title = (f"GEMS {model}, output {cfg['space']} eps={cfg['eps']}, on "
-             f"{meta['name']}, {meta['num_nodes']} nodes")
+             f"{meta['name']}, {who}")
     table = Table(title=title)
     table.add_column("Row")
     table.add_column("Test accuracy", justify="right")
@@ -192,6 +195,11 @@ def node_evaluation_table(results: dict[str, Any]) -> Table | None:
              "weighted by samples")
     if not shown:
         title += f" over {len(per_node)} nodes (each node in results.json)"
+    on_val = sorted(name for name, entry in per_node.items() if entry["split"] == "val")
+    if on_val:
+        title += (f". {len(on_val)} node(s) hold no test split and report val, the split "
+                  "their radius and eps check used: those figures are optimistic (give each "
+                  "site a <stem>_test file or x_test/y_test for an unbiased one)")
     table = Table(title=title)
     table.add_column("model")
     for name, entry in shown.items():

@@ -42,6 +42,14 @@ class Roster:
     report: dict[str, Any] = field(default_factory=dict)
     agreement: DataAgreement | None = None
     labels: dict[int, list[str]] = field(default_factory=dict)
+    connected: list[int] = field(default_factory=list)  # every node asked at the identity round
+
+    def present(self) -> dict[int, str]:
+        """``{node id: name}`` of every node asked at the identity round (the name it
+        reported where it answered)."""
+        reported = {int(r["node_id"]): str(r["node_name"]) for r in self.rejected
+                    if r.get("node_name")}
+        return {n: self.names.get(n) or reported.get(n) or f"node {n}" for n in self.connected}
 
     def nodes_json(self, dropped: set[int] | None = None) -> list[dict[str, Any]]:
         """One entry per participating node, for the results file (``dropped``: nodes
@@ -85,7 +93,8 @@ def identify_nodes(grid: Grid, node_ids: list[int], settings: Settings,
             identities[node_id].name, reason)
         rejected.append({"node_id": node_id, "node_name": identities[node_id].name,
                          "reason": reason})
-    roster = Roster(participants=[], names={}, rejected=rejected, agreement=agreement)
+    roster = Roster(participants=[], names={}, rejected=rejected, agreement=agreement,
+                    connected=[int(n) for n in node_ids])
     kept = [(n, identities[n]) for n, _ in accepted if n not in refused]
     duplicates = {name for name, k in Counter(i.name for _, i in kept).items() if k > 1}
     for node_id, identity in sorted(kept, key=lambda item: item[1].name):

@@ -159,17 +159,28 @@ class Verification:
         return {k: totals[k] / counts[k] for k in totals if counts[k] > 0}
 
     def to_dict(self) -> dict[str, Any]:
+        per_node = {name: {**entry, "accuracy": in_model_order(entry["accuracy"])}
+                    for name, entry in self.per_node().items()}
         return {
             "answered": len(self.checks),
             "good_enough": sum(c.good_enough for c in self.checks.values()),
             "missing": self.missing,
-            "pooled_val": self.pooled("val"),
-            "pooled_test": self.pooled("test"),
-            "per_node": self.per_node(),
-            "pooled": self.pooled_report(),
+            "pooled_val": in_model_order(self.pooled("val")),
+            "pooled_test": in_model_order(self.pooled("test")),
+            "per_node": per_node,
+            "pooled": in_model_order(self.pooled_report()),
             "bytes_sent": self.bytes_sent,
             "bytes_received": self.bytes_received,
         }
+
+
+def in_model_order(scores: dict[str, float]) -> dict[str, float]:
+    """``scores`` with h_G first, then the other shared models as sent, then the Local
+    models (``local.<name>``) sorted by node name: not in the order the replies came."""
+    keys = list(scores)
+    order = lambda k: (k != GEMS_KEY, k.startswith("local."),  # noqa: E731
+                       k if k.startswith("local.") else f"{keys.index(k):06d}")
+    return {k: scores[k] for k in sorted(keys, key=order)}
 
 
 def _decode_check(node_id: int, name: str, content: RecordDict) -> NodeCheck:

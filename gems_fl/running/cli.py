@@ -21,7 +21,9 @@ def version_text() -> str:
         except metadata.PackageNotFoundError:
             return "not installed"
 
-    return f"gems-fl {version('gems-fl')} (flwr {version('flwr')}, Python {platform.python_version()})"
+    libraries = ", ".join(f"{name} {version(dist)}" for name, dist in (
+        ("flwr", "flwr"), ("torch", "torch"), ("numpy", "numpy"), ("scikit-learn", "scikit-learn")))
+    return f"gems-fl {version('gems-fl')} ({libraries}, Python {platform.python_version()})"
 
 
 def settings_epilog(width: int = 100) -> str:
@@ -53,7 +55,9 @@ def _parser() -> argparse.ArgumentParser:
         "SuperLink, `flwr run` the app as a simulation with N SuperNodes, show its log and "
         "phases, and exit non-zero unless the run completed and wrote its results. "
         "Everything it starts is stopped at the end and on Ctrl-C, SIGTERM or SIGHUP "
-        "(exit 130, 143, 129). Exit 2: a setting or a preflight check failed, nothing started.",
+        "(exit 130, 143, 129). Exit 0: completed with the sites required-nodes requires; "
+        "1: the run failed; 2: a setting or a preflight check failed, nothing started; 3: the "
+        "run completed and wrote its results, but a required site was left out or died.",
         epilog=settings_epilog(),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -87,18 +91,43 @@ def _parser() -> argparse.ArgumentParser:
     rep.add_argument("--fresh", action="store_true", help="discard stored trials and cache")
     sub_ = sub.add_parser(
         "submit",
-        help="run the app on a deployed SuperLink; exit non-zero unless it completed",
+        help="run the app on a deployed SuperLink, watch it, bring its results home",
         description="`flwr run APP SUPERLINK --stream` on the named connection entry of "
-        "Flower's config ($FLWR_HOME/config.toml, [superlink.NAME]), then read the run's final "
-        "status with `flwr ls`. Exit 0 only when the run ended finished:completed; exit 1 when "
-        "it failed, was stopped, or the SuperLink stopped answering (the cause is printed); "
-        "exit 2 for an invalid setting (nothing submitted).",
+        "Flower's config ($FLWR_HOME/config.toml, [superlink.NAME]), shown like `gems-fl run` "
+        "(phases, kept log, error summary), then the run's final status from `flwr ls`. The "
+        "results the ServerApp sends home in the run's log are written to "
+        "OUTPUT_DIR/run-<id>/ (results.json, gems_model.npz, run.log). Ctrl-C, SIGTERM or "
+        "SIGHUP stop the run on the SuperLink (flwr stop) and exit 130, 143 or 129. Exit 0: "
+        "completed with every required site; 1: the run failed, was stopped, the SuperLink "
+        "stopped answering or the results did not come home (the cause is printed); 2: an "
+        "invalid setting (nothing submitted); 3: completed and results home, but a site that "
+        "required-nodes requires was left out or died.",
         epilog=settings_epilog(), formatter_class=argparse.RawDescriptionHelpFormatter)
     sub_.add_argument("app", nargs="?", default=".", help="Flower app folder (default: .)")
     sub_.add_argument("--superlink", "--federation", dest="superlink", required=True,
                       help="name of the connection entry, e.g. gems-tls")
     sub_.add_argument("--run-config", "-c", default=None,
                       help="overrides, e.g. \"dataset='node-files' evaluate-on-server=false\"")
+    sub_.add_argument("--output-dir", default="gems-results",
+                      help="where the results come home on this machine (default: gems-results)")
+    sub_.add_argument("--detach", action="store_true",
+                      help="start the run and return; prints how to follow, stop and fetch it")
+    pull = sub.add_parser(
+        "pull", help="bring a finished deployed run's results home (from its log)",
+        description="Read the log of finished run RUN_ID from the SuperLink (`flwr log --show`) "
+        "and write the results the ServerApp sent home in it to OUTPUT_DIR/run-<id>/. Exit 0: "
+        "written; 1: the run has not finished, or its log carries no intact results.")
+    pull.add_argument("run_id", type=int, help="the run's id (flwr ls)")
+    pull.add_argument("--superlink", required=True, help="name of the connection entry")
+    pull.add_argument("--output-dir", default="gems-results", help="default: gems-results")
+    pull.add_argument("--app", default=".", help="the app checkout the run was submitted from "
+                      "(its git commit goes into results.json; default: .)")
+    stat = sub.add_parser(
+        "status", help="the SuperNodes connected to a SuperLink (by name) and its runs",
+        description="`flwr supernode ls` and `flwr ls` on the connection entry, with each "
+        "SuperNode's node-name (as it reported it in the latest runs' identity round) and the "
+        "phase of each unfinished run (from its log).")
+    stat.add_argument("--superlink", required=True, help="name of the connection entry")
     check = sub.add_parser(
         "check-data",
         help="check a site's data file the way its node will read it",
@@ -133,42 +162,74 @@ def main(argv: list[str] | None = None) -> int:
                           label_column=args.label_column)
     if args.command == "submit":
         return _submit(args)
+    if args.command == "pull":
+        return _pull(args)
+    if args.command == "status":
+        return _status(args)
     return _run(args)
 
 
 def _submit(args: argparse.Namespace) -> int:
-    from gems_fl.running.outcome import RunFailed
     from gems_fl.running.submit import submit
 
-    try:
-        run = submit(args.app, args.superlink, args.run_config)
-    except (SettingsError, ValueError, FileNotFoundError) as exc:
-        print(f"gems-fl: error: {exc}", file=sys.stderr)
-        return 2
-    except RunFailed as exc:
-        sys.stdout.flush()
-        print("\n".join([f"gems-fl: run failed: {exc}" + (":" if exc.errors else ""),
-                         *exc.errors]), file=sys.stderr)
-        return 1
-    print(f"gems-fl: run {run.run_id} on '{args.superlink}' completed (finished:completed); "
-          "the results are on the SuperLink's machine, see the log's 'Results written to' line")
-    return 0
+    link = args.superlink
+    if args.detach:
+        def detached() -> str:
+            run_id = submit(args.app, link, args.run_config, output_dir=args.output_dir,
+                            detach=True)
+            return "\n".join([
+                f"gems-fl: run {run_id} started on '{link}' and left running",
+                f"  follow it:      flwr log {run_id} {link} --stream   (or gems-fl status "
+                f"--superlink {link})",
+                f"  stop it:        flwr stop {run_id} {link}",
+                f"  results, after: gems-fl pull {run_id} --superlink {link} --output-dir "
+                f"{args.output_dir}"])
+        return _report(detached)
+    return _report(lambda: submit(args.app, link, args.run_config, output_dir=args.output_dir,
+                                  progress=True), where=f" on '{link}'")
+
+
+def _pull(args: argparse.Namespace) -> int:
+    from gems_fl.running.submit import pull
+
+    def pulled() -> str:
+        path = pull(args.run_id, args.superlink, args.output_dir, args.app)
+        return f"gems-fl: results of run {args.run_id} written to {path}"
+    return _report(pulled)
+
+
+def _status(args: argparse.Namespace) -> int:
+    from gems_fl.running.submit import status
+
+    return _report(lambda: "\n".join(status(args.superlink)))
 
 
 def _run(args: argparse.Namespace) -> int:
     from gems_fl.running.launch import run_app
-    from gems_fl.running.outcome import RunFailed, RunInterrupted
+
+    return _report(lambda: run_app(args.app, num_nodes=args.nodes, run_config=args.run_config,
+                                   cpus_per_node=args.cpus_per_node,
+                                   output_dir=args.output_dir, progress=True))
+
+
+def _report(work, where: str = "") -> int:  # noqa: ANN001 - a callable giving an outcome or text
+    """Run ``work`` and turn its outcome or error into the last lines and the exit code
+    that every ``gems-fl`` command shares."""
+    from gems_fl.running.outcome import RunFailed, RunIncomplete, RunInterrupted
     from gems_fl.running.timing import timing_line
 
     try:
-        outcome = run_app(args.app, num_nodes=args.nodes, run_config=args.run_config,
-                          cpus_per_node=args.cpus_per_node,
-                          output_dir=args.output_dir, progress=True)
+        outcome = work()
     except (SettingsError, ValueError, FileNotFoundError) as exc:
         print(f"gems-fl: error: {exc}", file=sys.stderr)
         return 2
     except RunInterrupted as exc:
         print(f"gems-fl: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except RunIncomplete as exc:
+        sys.stdout.flush()
+        print(f"gems-fl: {exc}; results (status incomplete) in {exc.results_path}",
+              file=sys.stderr)
         return exc.exit_code
     except RunFailed as exc:
         sys.stdout.flush()
@@ -178,7 +239,11 @@ def _run(args: argparse.Namespace) -> int:
             lines.append(f"gems-fl: full log: {exc.log_path}")
         print("\n".join(lines), file=sys.stderr)
         return 1
-    print(f"gems-fl: run {outcome.run_id} completed; results in {outcome.results_path}"
+    if isinstance(outcome, str):
+        print(outcome)
+        return 0
+    sites = outcome.results.get("attendance", {}).get("line", "completed")
+    print(f"gems-fl: run {outcome.run_id}{where} {sites}; results in {outcome.results_path}"
           + (f" (log: {outcome.log_path})" if outcome.log_path else ""))
     print(f"gems-fl: time: {timing_line(outcome.results.get('timing_s', {}))}")
     return 0

@@ -271,7 +271,7 @@ class TlsFederation:
         status = run_status(self, run_id)
         run = DeployedRun(run_id, status, output, wall)
         path = Path(run_config.get("output-dir", "")) / f"run-{run_id}" / RESULTS_FILE
-        if status == "finished:completed" and path.is_file():
+        if status.startswith("finished") and path.is_file():  # also an incomplete run's
             run.results_path = path
             run.results = json.loads(path.read_text())
         return run

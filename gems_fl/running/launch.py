@@ -38,7 +38,7 @@ from gems_fl.running.run_config import app_config, resolve_overrides
 from gems_fl.running.runlog import Progress, RunLog, summarise_errors
 from gems_fl.running.signals import Signalled, hold_signals, signals_raise
 from gems_fl.running.superlink import CONNECTION, LocalSuperLink, run_status
-from gems_fl.running.timing import add_launch_timing
+from gems_fl.running.watch import conclude
 from gems_fl.settings import Settings
 
 GIT_COMMIT_VARIABLE = "GEMS_FL_GIT_COMMIT"
@@ -127,20 +127,7 @@ def run_app(
             if progress:
                 progress.set("checking the run's final status")
             status = run_status(link, run_id)
-            if status != "finished:completed":
-                errors = [e.line() for e in summarise_errors(run_log.lines)]
-                raise RunFailed(f"run {run_id} ended with status '{status}'", errors, log_path)
-            folder = out_dir / f"run-{run_id}"
-            path = folder / RESULTS_FILE
-            if not path.is_file():
-                raise RunFailed(f"run {run_id} completed but wrote no results at {path}",
-                                log_path=log_path)
-            run_log.close()
-            kept_log = folder / "run.log"
-            shutil.move(str(log_path), kept_log)
-            _remove_if_empty(log_path.parent)
-            results = add_launch_timing(path, launched_unix, time.time())
-            return RunOutcome(run_id, status, path, results, kept_log)
+            return conclude(run_id, status, out_dir, run_log, launched_unix)
         except Signalled as sig:
             hold_signals()
             if run_id is None and run_log is not None:

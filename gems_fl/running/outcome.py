@@ -17,6 +17,18 @@ class RunFailed(RuntimeError):
         self.log_path = log_path
 
 
+class RunIncomplete(RunFailed):
+    """The run went to the end and wrote its results, but a site that ``required-nodes``
+    requires was left out or died (``gems-fl`` exits 3)."""
+
+    exit_code = 3
+
+    def __init__(self, message: str, results_path: Path, errors: list[str] | None = None,
+                 log_path: Path | None = None) -> None:
+        super().__init__(message, errors, log_path)
+        self.results_path = results_path
+
+
 class RunInterrupted(RuntimeError):
     """SIGINT, SIGTERM or SIGHUP stopped the run; everything it started was stopped."""
 
@@ -35,3 +47,17 @@ class RunOutcome:
     results_path: Path
     results: dict[str, Any]
     log_path: Path | None = None
+
+
+def incomplete_run(path: Path) -> str | None:
+    """The sites line of a run whose results say ``incomplete`` (a required site was left
+    out), else None (no such results at ``path``)."""
+    import json
+
+    try:
+        results = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    if results.get("status") != "incomplete":
+        return None
+    return str(results.get("attendance", {}).get("line", "a required site was left out"))

@@ -16,6 +16,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
+from gems_fl.evaluation.results_bundle import BundleReader
+
 STARTED = re.compile(r"Successfully started run (\d+)")
 ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 ACCESS_LINE = re.compile(r'\[uvicorn\.access\]|"(GET|POST|PUT|DELETE|HEAD) /\S* HTTP/[\d.]+" \d{3}')
@@ -27,6 +29,14 @@ NO_REPLY = re.compile(r"(?:(Identify|Round \d+): )?No reply from node (\d+)(?: \
 CLIENT_MESSAGE = re.compile(r"Message: (.*?)(?:'>)?$")
 SERVER_FAILED = ("Simulation raised an exception", "ServerApp raised an exception",
                  "Exception in ServerApp", "ServerApp thread raised an exception")
+# Flower's notes for its own CLI users that mislead a gems-fl run user (the node count
+# comes from --nodes): kept in the log file, not shown; one line says so instead.
+FLOWER_NOTES = ("default simulated SuperNodes changed from 10 to 2",
+                "To change federation size, use the following command",
+                "flwr federation simulation-config")
+FLOWER_NOTES_SHOWN = ("gems-fl: the node count is gems-fl run's --nodes; Flower's notes on "
+                      "its default federation size and `flwr federation simulation-config` do "
+                      "not apply here (they are in the kept log)")
 NOISE = ("Traceback (most recent call last)", "Exit Code:", "An exception was raised when processing",
          "For more information, visit")
 
@@ -84,8 +94,14 @@ class Progress:
         from rich.spinner import Spinner
 
         now = time.monotonic()
-        return Spinner("dots", f"{self.phase}  [{now - self.phase_started:5.1f} s, "
-                               f"total {now - self.started:5.1f} s]")
+        text = f"{self.phase}  [{now - self.phase_started:5.1f} s, total {now - self.started:5.1f} s]"
+        # One spinner for the whole run: a new one each refresh would restart at its
+        # first frame and never turn.
+        if getattr(self, "_spinner", None) is None:
+            self._spinner = Spinner("dots", text)
+        else:
+            self._spinner.update(text=text)
+        return self._spinner
 
     def echo(self, line: str) -> None:
         """Show one log line (above the live line on a terminal)."""
@@ -241,17 +257,27 @@ class RunLog:
         self.progress = progress
         self.lines: list[str] = []
         self.run_id: int | None = None
+        self.bundle = BundleReader()  # results sent home in the log: kept, never shown
+        self._noted = False
 
     def add(self, line: str) -> None:
         if self.run_id is None:
             match = STARTED.search(line)
             if match:
                 self.run_id = int(match.group(1))
+        if self.bundle.feed(line):
+            return
         self.file.write(line)
         self.file.flush()
         self.lines.append(line)
         if is_access_line(line):
             return
+        if any(note in line for note in FLOWER_NOTES):
+            if not self._noted:
+                self._noted = True
+                line = FLOWER_NOTES_SHOWN + "\n"
+            else:
+                return
         if self.progress is not None:
             self.progress.echo(line)
             self.progress.feed(line)

@@ -1,10 +1,13 @@
-"""``gems-fl submit``: run the app on a deployed SuperLink and fail loudly.
+"""``gems-fl submit``, ``pull`` and ``status``: the app on a deployed SuperLink.
 
 ``flwr run APP CONNECTION --stream`` exits 0 whatever became of the run, also when the
-SuperLink went away mid-run (the stream just ends). :func:`submit` streams the same log,
-then asks the SuperLink for the run's final status (``flwr ls``) and raises
-:class:`gems_fl.running.outcome.RunFailed` unless it is ``finished:completed``, with the
-cause: the run's errors, or that the SuperLink no longer answers.
+SuperLink went away mid-run (the stream just ends), leaves the run going when it is
+interrupted, and leaves the results on the SuperLink's machine. :func:`submit` streams
+the same log through the watching path ``gems-fl run`` uses (phases, kept log, error
+summary, :func:`gems_fl.running.watch.conclude`), asks the SuperLink for the run's final
+status (``flwr ls``), writes the results the ServerApp sent home in its log
+(:mod:`gems_fl.evaluation.results_bundle`) under the operator's own ``--output-dir``, and
+on SIGINT/SIGTERM/SIGHUP stops the run on the SuperLink (``flwr stop``).
 """
 
 from __future__ import annotations
@@ -12,29 +15,27 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
 import subprocess
-import sys
 import tempfile
 import time
-from dataclasses import dataclass
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
 import tomli_w
 
-from gems_fl.running.outcome import RunFailed
+from gems_fl.evaluation.results import RESULTS_FILE, git_commit
+from gems_fl.evaluation.results_bundle import BundleError, BundleReader, is_bundle_line
+from gems_fl.running.outcome import RunFailed, RunInterrupted, RunOutcome
 from gems_fl.running.run_config import app_config, parse_run_config
-from gems_fl.running.runlog import summarise_errors
+from gems_fl.running.runlog import Progress, RunLog, summarise_errors
+from gems_fl.running.signals import Signalled, hold_signals, signals_raise
+from gems_fl.running.watch import conclude
 from gems_fl.settings import Settings
 
-
-@dataclass
-class RemoteRun:
-    """A finished run on a remote SuperLink."""
-
-    run_id: int
-    status: str
-    output: str
+STARTED = re.compile(r"Successfully started run (\d+)")
+IDENTIFIED = re.compile(r"Identify: node '([^']*)' \(id (\d+)\)")
 
 
 class Connection:
@@ -44,9 +45,25 @@ class Connection:
         self.name = name
         self.env = {**os.environ, **(env or {})}
 
-    def flwr(self, *args: str) -> subprocess.CompletedProcess[str]:
+    def flwr(self, *args: str, timeout: float = 60.0) -> subprocess.CompletedProcess[str]:
         return subprocess.run(["flwr", *args, self.name], env=self.env, capture_output=True,
-                              text=True, check=False, start_new_session=True)
+                              text=True, check=False, start_new_session=True, timeout=timeout)
+
+    def json(self, *args: str) -> dict[str, Any]:
+        """``flwr ARGS NAME --format json`` parsed; RunFailed with Flower's words if not."""
+        res = self.flwr(*args, "--format", "json")
+        try:
+            return json.loads(res.stdout)
+        except json.JSONDecodeError:
+            text = " ".join((res.stdout.strip() or res.stderr.strip()).split())
+            raise RunFailed(f"`flwr {' '.join(args)} {self.name}` failed (exit "
+                            f"{res.returncode}): {text[-400:]}") from None
+
+    def stop(self, run_id: int) -> str:
+        """``flwr stop RUN_ID NAME``: what Flower said, in one line."""
+        res = self.flwr("stop", str(run_id), timeout=30.0)
+        text = " ".join((res.stdout.strip() or res.stderr.strip()).split())
+        return "stopped" if res.returncode == 0 else f"flwr stop exited {res.returncode}: {text[-200:]}"
 
 
 def check_overrides(app: Path, run_config: str | None) -> dict[str, Any]:
@@ -68,66 +85,196 @@ def final_status(conn: Connection, run_id: int, timeout: float = 30.0) -> tuple[
     deadline = time.monotonic() + timeout
     status, problem = "unknown", ""
     while time.monotonic() < deadline:
-        res = conn.flwr("ls", "--run-id", str(run_id), "--format", "json")
         try:
-            runs = json.loads(res.stdout)["runs"]
+            runs = conn.json("ls", "--run-id", str(run_id))["runs"]
             status, problem = runs[0]["status"], ""
-        except (json.JSONDecodeError, KeyError, IndexError, TypeError):
-            text = " ".join((res.stdout.strip() or res.stderr.strip()).split())
-            problem = text[-400:] or f"flwr ls exited {res.returncode}"
+        except (RunFailed, KeyError, IndexError, TypeError, subprocess.TimeoutExpired) as exc:
+            problem = str(exc)[-400:] or "flwr ls gave no answer"
         if status.startswith("finished"):
             return status, ""
         time.sleep(2.0)
     return status, problem
 
 
+def _stamp() -> str:
+    return datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+
+
+def _stamp_commit(results_path: Path, app: Path, connection: str) -> None:
+    """The submitting checkout's commit in ``results.json`` (the SuperLink runs the app
+    bundle built from it and has no git) and where the results came from."""
+    results = json.loads(results_path.read_text())
+    meta = results.setdefault("run", {})
+    git = git_commit(app / "pyproject.toml")
+    if git and not meta.get("git_commit"):
+        meta["git_commit"], meta["git_dirty"] = git["commit"], git["dirty"]
+    meta["superlink"] = connection
+    meta["server_output"] = results.get("output")
+    folder = results_path.parent
+    results["output"] = {"results": str(results_path), "model": str(folder / "gems_model.npz")}
+    partial = results_path.with_name(f".{results_path.name}.{os.getpid()}")
+    partial.write_text(json.dumps(results, indent=2) + "\n")
+    os.replace(partial, results_path)
+
+
+def bring_home(bundle: BundleReader, run_id: int, out_dir: Path, app: Path,
+               connection: str) -> Path:
+    """Write the run's results from its log into ``out_dir/run-<id>/``; the results path."""
+    folder = out_dir / f"run-{run_id}"
+    written = bundle.write(run_id, folder)
+    _stamp_commit(written[RESULTS_FILE], app, connection)
+    return written[RESULTS_FILE]
+
+
 def submit(app_dir: str | Path, connection: str, run_config: str | None = None, *,
-           env: dict[str, str] | None = None, timeout: float | None = None,
-           echo: bool = True) -> RemoteRun:
-    """Submit the app to the SuperLink of ``connection``, stream its log, check the end.
+           output_dir: str | Path = "gems-results", detach: bool = False,
+           env: dict[str, str] | None = None, progress: bool | Progress | None = None,
+           ) -> RunOutcome | int:
+    """Submit the app to the SuperLink of ``connection``, watch it, bring its results home.
+
+    ``detach``: start the run and return its id at once (follow it with ``flwr log``,
+    stop it with ``flwr stop``, fetch its results with :func:`pull`).
 
     Raises
     ------
     ValueError
         A run setting is invalid (nothing was submitted).
+    RunIncomplete
+        The run ended and its results came home, but a required site was left out.
     RunFailed
-        The run did not start, did not end ``finished:completed``, or its status cannot
-        be read (the SuperLink went away); the message and ``errors`` say which.
+        The run did not start, did not end ``finished:completed``, its status cannot be
+        read (the SuperLink went away), or its results did not come home.
+    RunInterrupted
+        SIGINT, SIGTERM or SIGHUP arrived; the run was stopped on the SuperLink.
     """
+    launched_unix = time.time()
     app = Path(app_dir).expanduser().resolve()
     overrides = check_overrides(app, run_config)
     conn = Connection(connection, env)
-    with tempfile.TemporaryDirectory(prefix="gems-fl-submit-") as tmp:
+    out_dir = Path(output_dir).expanduser().resolve()
+    log_path = out_dir / "logs" / f"gems-fl-submit-{_stamp()}-{os.getpid()}.log"
+    if progress is True:
+        progress = Progress(phase=f"submitting to '{connection}'")
+    run_log: RunLog | None = None
+    proc: subprocess.Popen[str] | None = None
+    with tempfile.TemporaryDirectory(prefix="gems-fl-submit-") as tmp, signals_raise():
         config_path = Path(tmp) / "run-config.toml"
         config_path.write_text(tomli_w.dumps(overrides))
-        proc = subprocess.Popen(["flwr", "run", str(app), connection, "--stream",
-                                 "--run-config", str(config_path)], env=conn.env,
-                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                bufsize=1, errors="replace", start_new_session=True)
-        lines: list[str] = []
-        assert proc.stdout is not None
-        t0 = time.monotonic()
-        for line in proc.stdout:
-            lines.append(line)
-            if echo:
-                sys.stdout.write(line)
-                sys.stdout.flush()
-            if timeout is not None and time.monotonic() - t0 > timeout:
+        command = ["flwr", "run", str(app), connection, "--run-config", str(config_path)]
+        if detach:
+            res = subprocess.run(command, env=conn.env, capture_output=True, text=True,
+                                 check=False, start_new_session=True)
+            return _started(res.stdout + res.stderr, connection, res.returncode)
+        try:
+            run_log = RunLog(log_path, progress or None)
+            proc = subprocess.Popen([*command, "--stream"], env=conn.env,
+                                    stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                    bufsize=1, errors="replace", start_new_session=True)
+            assert proc.stdout is not None
+            for line in proc.stdout:
+                run_log.add(line)
+            proc.wait()
+            run_id = run_log.run_id
+            if run_id is None:
+                run_log.close()
+                raise RunFailed(f"`flwr run` did not start a run on '{connection}' (exit "
+                                f"{proc.returncode})",
+                                [f"  {line.rstrip()}" for line in run_log.lines[-8:]], log_path)
+            if progress:
+                progress.set("checking the run's final status")
+            status, problem = final_status(conn, run_id)
+            if problem:
+                run_log.close()
+                raise RunFailed(
+                    f"run {run_id}: the log stream ended but the SuperLink of '{connection}' "
+                    f"does not report the run's status (last seen: {status}); it may have "
+                    f"stopped or become unreachable: {problem}",
+                    [e.line() for e in summarise_errors(run_log.lines)], log_path)
+            if status.startswith("finished") and run_id in run_log.bundle.runs():
+                try:
+                    bring_home(run_log.bundle, run_id, out_dir, app, connection)
+                except BundleError as exc:
+                    run_log.close()
+                    raise RunFailed(f"run {run_id} ended '{status}' but its results did not "
+                                    f"come home: {exc}; try `gems-fl pull {run_id} --superlink "
+                                    f"{connection}`", log_path=log_path) from None
+            return conclude(run_id, status, out_dir, run_log, launched_unix)
+        except Signalled as sig:
+            hold_signals()
+            if proc is not None and proc.poll() is None:
                 proc.kill()
-                break
-        proc.wait()
-    output = "".join(lines)
-    match = re.search(r"Successfully started run (\d+)", output)
+            run_id = run_log.run_id if run_log is not None else None
+            name = signal.Signals(sig.signum).name
+            said = (f"stopped run {run_id} on '{connection}' (flwr stop: {conn.stop(run_id)})"
+                    if run_id is not None else "no run had started")
+            raise RunInterrupted(sig.signum, f"interrupted by {name}: {said}"
+                                 + (f"; log: {log_path}" if run_log is not None else "")) from None
+        finally:
+            hold_signals()
+            if proc is not None and proc.poll() is None:
+                proc.kill()
+            if run_log is not None:
+                run_log.close()
+
+
+def _started(output: str, connection: str, code: int) -> int:
+    """The run id of a detached ``flwr run``; RunFailed if it did not start."""
+    match = STARTED.search(output)
     if not match:
-        raise RunFailed(f"`flwr run` did not start a run on '{connection}' (exit {proc.returncode})",
+        raise RunFailed(f"`flwr run` did not start a run on '{connection}' (exit {code})",
                         [f"  {line}" for line in output.strip().splitlines()[-8:]])
-    run_id = int(match.group(1))
-    status, problem = final_status(conn, run_id)
-    if status == "finished:completed":
-        return RemoteRun(run_id, status, output)
-    errors = [e.line() for e in summarise_errors(lines)]
-    if problem:
-        raise RunFailed(f"run {run_id}: the log stream ended but the SuperLink of '{connection}' "
-                        f"does not report the run's status (last seen: {status}); it may have "
-                        f"stopped or become unreachable: {problem}", errors)
-    raise RunFailed(f"run {run_id} ended with status '{status}'", errors)
+    return int(match.group(1))
+
+
+def pull(run_id: int, connection: str, output_dir: str | Path = "gems-results",
+         app_dir: str | Path = ".", env: dict[str, str] | None = None) -> Path:
+    """Fetch a finished run's results from its log on the SuperLink (``flwr log --show``)
+    into ``output_dir/run-<id>/``; the results path."""
+    conn = Connection(connection, env)
+    status, problem = final_status(conn, run_id, timeout=5.0)
+    if not status.startswith("finished"):
+        raise RunFailed(f"run {run_id} on '{connection}' is '{status}'"
+                        + (f" ({problem})" if problem else "") + ": its results come home "
+                        "when it has finished")
+    res = conn.flwr("log", str(run_id), "--show", timeout=300.0)
+    bundle = BundleReader()
+    for line in res.stdout.splitlines():
+        bundle.feed(line)
+    try:
+        return bring_home(bundle, run_id, Path(output_dir).expanduser().resolve(),
+                          Path(app_dir).expanduser().resolve(), connection)
+    except BundleError as exc:
+        raise RunFailed(f"run {run_id} ({status}): {exc}") from None
+
+
+def status(connection: str, env: dict[str, str] | None = None) -> list[str]:
+    """Lines for ``gems-fl status``: the connected SuperNodes (by the ``node-name`` they
+    reported in the latest run's identity round) and the runs with their phase."""
+    conn = Connection(connection, env)
+    nodes = conn.json("supernode", "ls").get("nodes", [])
+    runs = sorted(conn.json("ls").get("runs", []), key=lambda r: int(r["run-id"]))
+    names: dict[int, str] = {}
+    phases: dict[int, str] = {}
+    for run in runs[-5:]:  # names from the latest runs' identity rounds, phases of the rest
+        text = conn.flwr("log", str(run["run-id"]), "--show", timeout=60.0).stdout
+        for name, node_id in IDENTIFIED.findall(text):
+            names[int(node_id)] = name
+        progress = Progress(stream=open(os.devnull, "w"), live=False, phase="submitted")
+        for line in text.splitlines():
+            if not is_bundle_line(line):
+                progress.feed(line)
+        phases[int(run["run-id"])] = progress.phase
+        progress.stream.close()
+    lines = [f"SuperLink '{connection}': {len(nodes)} SuperNode(s)"]
+    for node in sorted(nodes, key=lambda n: int(n["node-id"])):
+        node_id = int(node["node-id"])
+        lines.append(f"  node {node_id}: {names.get(node_id, '(name not reported yet)')}, "
+                     f"{node.get('status', '?')}")
+    lines.append(f"{len(runs)} run(s)")
+    for run in runs:
+        run_id = int(run["run-id"])
+        phase = phases.get(run_id)
+        lines.append(f"  run {run_id}: {run.get('status', '?')}"
+                     + (f", {phase}" if phase and not str(run.get("status", "")).startswith(
+                         "finished") else ""))
+    return lines

@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from logging import INFO, WARNING
+from logging import ERROR, INFO, WARNING
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +43,7 @@ from gems_fl.evaluation.results import (
     print_results,
     write_results,
 )
+from gems_fl.evaluation.results_bundle import bundle_lines
 from gems_fl.evaluation.server_data import (
     ServerData,
     load_public_data,
@@ -59,6 +60,7 @@ from gems_fl.learning.models import (
 )
 from gems_fl.learning.train import accuracy, set_default_device
 from gems_fl.protocol.layerwise import LayerwiseGEMS
+from gems_fl.protocol.attendance import RequiredNodesMissing, attendance
 from gems_fl.protocol.roster import Roster, identify_nodes
 from gems_fl.protocol.base import ConvexOutcome
 from gems_fl.protocol.replies import NotEnoughRepliesError, dedupe_rejections
@@ -382,7 +384,17 @@ def run_server(grid: Grid, context: Context) -> dict[str, Any]:
     rows = evaluate_baselines(run, server_data, settings, roster, num_features, num_classes)
     timing["baselines"] = time.perf_counter() - t_base
     return finish(context, settings, run, roster, verification, rows, meta, notes,
-                  timing=timing, started=started, t0=t0)
+                  timing=timing, started=started, t0=t0, send_home=is_deployed(grid))
+
+
+def is_deployed(grid: Grid) -> bool:
+    """A SuperLink's grid in a deployment (not Flower's simulation, not in-process): the
+    results are on another machine than the one that submitted the run."""
+    from flwr.superlink.grid.inmemory_grid import InMemoryGrid
+
+    from gems_fl.protocol.inprocess import InProcessGrid
+
+    return not isinstance(grid, (InMemoryGrid, InProcessGrid))
 
 
 def _test_accuracy(data: ServerData | None, num_features: int,
@@ -421,8 +433,10 @@ def evaluate_baselines(run: ProtocolRun, data: ServerData | None, settings: Sett
 def finish(context: Context, settings: Settings, run: ProtocolRun, roster: Roster,
            verification: Verification, rows: dict[str, Any], meta: dict[str, Any],
            notes: list[str], *, timing: dict[str, float], started: float,
-           t0: float) -> dict[str, Any]:
-    """Assemble the results, print the tables, write ``results.json`` and the model."""
+           t0: float, send_home: bool = False) -> dict[str, Any]:
+    """Assemble the results, print the tables, write ``results.json`` and the model
+    (``send_home``: also print both into the run's log for the submitting machine,
+    :mod:`gems_fl.evaluation.results_bundle`)."""
     for reply in run.outcome.accepted:
         if reply.space.radius == 0.0:
             notes.append(f"node {roster.names.get(reply.node_id, reply.node_id)}: local "
@@ -432,8 +446,11 @@ def finish(context: Context, settings: Settings, run: ProtocolRun, roster: Roste
     run.extra.pop("first_layer_centers", None)
     names = [roster.names.get(r.node_id, str(r.node_id)) for r in run.outcome.accepted]
     timing["total"] = time.perf_counter() - t0
+    sites = attendance(roster.present(), roster.rejected, run.rejected, verification.missing,
+                       settings.required_nodes)
     results = {
-        "status": "completed",
+        "status": "completed" if sites.ok else "incomplete",
+        "attendance": sites.to_dict(),
         "run_id": int(context.run_id),
         "settings": settings.to_config(),
         "dataset": meta,
@@ -456,4 +473,15 @@ def finish(context: Context, settings: Settings, run: ProtocolRun, roster: Roste
     print_results(results)
     log(INFO, "Results written to %s (model: %s) on the machine running the ServerApp",
         path, folder / MODEL_FILE)
+    if send_home:
+        files = {RESULTS_FILE: path, MODEL_FILE: folder / MODEL_FILE}
+        for line in bundle_lines(int(context.run_id), {k: v for k, v in files.items() if v.is_file()}):
+            print(line, flush=True)
+        log(INFO, "Results sent home in the run's log (gems-fl submit and gems-fl pull write "
+            "them on the submitting machine)")
+    if not sites.ok:
+        log(ERROR, "Sites: %s", sites.line)
+        raise RequiredNodesMissing(f"{sites.line} (results written with status 'incomplete'; "
+                                   "set required-nodes to a count or names to accept fewer)")
+    log(INFO, "Sites: %s", sites.line)
     return results

@@ -1,0 +1,108 @@
+"""Which sites took part to the end, which were left out and why, and whether the run has
+the sites it requires (``required-nodes``).
+
+A site can be left out at the identity round (its data does not fit the run, or it did not
+answer), in a round of the protocol (no reply, a malformed reply), or in the evaluate round
+(it did not answer). :func:`attendance` gathers them into one report whose ``line`` is the
+run's last word on its nodes, e.g. ``completed with 3 of 4 sites; left out: site-29f (node
+'site-29f' holds data with 29 features; the run has 30 ...)``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from gems_fl.setting_values import parse_required_nodes
+
+REASON_CHARS = 120  # a left-out site's reason in the one-line statement (results keep it whole)
+
+
+@dataclass
+class Attendance:
+    """The sites present at the identity round, those that took part to the end, and the
+    ones left out (``{name: (stage, reason)}``)."""
+
+    present: list[str]
+    completed: list[str]
+    left_out: dict[str, tuple[str, str]] = field(default_factory=dict)
+    required: str = "all"
+    missing_required: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        """Every required site took part to the end."""
+        return not self.missing_required
+
+    @property
+    def line(self) -> str:
+        """One line: how many sites completed, who was left out and why, what is missing."""
+        text = f"completed with {len(self.completed)} of {len(self.present)} sites"
+        if self.left_out:
+            text += "; left out: " + "; ".join(
+                f"{name} ({_short(reason)})" for name, (_, reason) in sorted(self.left_out.items()))
+        if self.missing_required:
+            text += (f"; required-nodes={self.required!r} is not met: "
+                     + _missing_text(self.required, self.missing_required, len(self.completed)))
+        return text
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"line": self.line, "ok": self.ok, "required": self.required,
+                "present": self.present, "completed": self.completed,
+                "left_out": [{"name": n, "stage": s, "reason": r}
+                             for n, (s, r) in sorted(self.left_out.items())],
+                "missing_required": self.missing_required}
+
+
+def _short(reason: str) -> str:
+    reason = " ".join(str(reason).split())
+    return reason if len(reason) <= REASON_CHARS else reason[:REASON_CHARS - 3] + "..."
+
+
+def _missing_text(required: str, missing: list[str], completed: int) -> str:
+    wanted = parse_required_nodes(required)
+    if isinstance(wanted, int):
+        return f"{completed} site(s) took part, {wanted} required"
+    return "missing " + ", ".join(missing)
+
+
+def _label(entry: dict[str, object]) -> str:
+    return str(entry.get("node_name") or f"node {entry['node_id']}")
+
+
+def attendance(present: dict[int, str], identity_rejected: list[dict[str, object]],
+               round_rejected: list[dict[str, object]], evaluate_missing: list[dict[str, object]],
+               required: str) -> Attendance:
+    """The run's :class:`Attendance`.
+
+    ``present``: ``{node id: name}`` of every node connected at the identity round (the
+    name a node reported, else ``node <id>``); the three lists: rejection entries
+    (``node_id``, ``node_name``, ``reason``) of the identity round, the protocol's rounds
+    and the evaluate round. A node is counted once, at the first stage that left it out.
+    """
+    left_out: dict[str, tuple[str, str]] = {}
+    seen: set[int] = set()
+    for stage, entries in (("identity", identity_rejected), ("rounds", round_rejected),
+                           ("evaluate", evaluate_missing)):
+        for entry in entries:
+            node_id = int(entry["node_id"])
+            if node_id in seen:
+                continue
+            seen.add(node_id)
+            name = present.get(node_id) or _label(entry)
+            left_out[name] = (stage, str(entry.get("reason", "")))
+    names = [present.get(n) or f"node {n}" for n in sorted(present)]
+    completed = sorted(present.get(n) or f"node {n}" for n in present if n not in seen)
+    wanted = parse_required_nodes(required)
+    if wanted is None:
+        missing = sorted(left_out)
+    elif isinstance(wanted, int):
+        missing = sorted(left_out) if len(completed) < wanted else []
+    else:
+        missing = [name for name in wanted if name not in completed]
+    return Attendance(sorted(names), completed, left_out, required, missing)
+
+
+class RequiredNodesMissing(RuntimeError):
+    """A site that ``required-nodes`` names (or counts) did not take part to the end; the
+    results were written with status ``incomplete``."""

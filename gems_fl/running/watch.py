@@ -1,0 +1,55 @@
+"""The end of a watched run, shared by ``gems-fl run`` and ``gems-fl submit``: from the
+run's final status and its results folder to a :class:`RunOutcome` or the error that
+says why there is none, with the log kept next to the results and the wall-time split
+added to them."""
+
+from __future__ import annotations
+
+import shutil
+import time
+from pathlib import Path
+
+from gems_fl.evaluation.results import RESULTS_FILE
+from gems_fl.running.outcome import RunFailed, RunIncomplete, RunOutcome, incomplete_run
+from gems_fl.running.runlog import RunLog, summarise_errors
+from gems_fl.running.timing import add_launch_timing
+
+KEPT_LOG = "run.log"
+
+
+def conclude(run_id: int, status: str, out_dir: Path, run_log: RunLog,
+             launched_unix: float) -> RunOutcome:
+    """The outcome of run ``run_id`` that ended with ``status``, whose results are (or
+    should be) in ``out_dir/run-<id>/``.
+
+    Raises :class:`RunIncomplete` when the results say a required site was left out,
+    :class:`RunFailed` for any other status than ``finished:completed`` (with the log's
+    distinct errors) or when no results were written.
+    """
+    folder = out_dir / f"run-{run_id}"
+    path = folder / RESULTS_FILE
+    if status != "finished:completed":
+        incomplete = incomplete_run(path)
+        if incomplete is not None:
+            raise RunIncomplete(f"run {run_id}: {incomplete}", path,
+                                log_path=_keep_log(run_log, folder))
+        raise RunFailed(f"run {run_id} ended with status '{status}'",
+                        [e.line() for e in summarise_errors(run_log.lines)], run_log.path)
+    if not path.is_file():
+        raise RunFailed(f"run {run_id} completed but wrote no results at {path}",
+                        log_path=run_log.path)
+    kept = _keep_log(run_log, folder)
+    results = add_launch_timing(path, launched_unix, time.time())
+    return RunOutcome(run_id, status, path, results, kept)
+
+
+def _keep_log(run_log: RunLog, folder: Path) -> Path:
+    """Move the run's log next to its results (``run.log``); the log folder goes if empty."""
+    run_log.close()
+    kept = folder / KEPT_LOG
+    shutil.move(str(run_log.path), kept)
+    try:
+        run_log.path.parent.rmdir()
+    except OSError:
+        pass
+    return kept
