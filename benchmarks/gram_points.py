@@ -1,5 +1,5 @@
-"""Which Gram point is best, on every division: closed-form (RegMean), pooled, best, and
-the default (pooled, its ridge chosen on the nodes' validation data).
+"""Which Gram point is best, on every division: closed-form (RegMean), pooled, lda, best,
+and the default (the selection round's choice on the nodes' validation data).
 
     python3 benchmarks/gram_points.py --seeds 0 1 2 3 4
 
@@ -13,7 +13,8 @@ checks each point on its own validation data against its eps (the evaluate round
 and the table says on how many nodes it is good enough. Averaged is the plain mean of
 the local models. Untuned, no public data, one round of spaces. ``auto`` is the run's
 default (``gram-point=auto pooled-ridge=auto``): the pooled point for every ridge of
-``POOLED_RIDGES`` and the closed-form center are scored on each node's validation split
+``POOLED_RIDGES``, the LDA point for every shrinkage of ``LDA_SHRINKAGES`` and the
+closed-form center are scored on each node's validation split
 (:func:`gems_fl.geometry.selection.score_candidates`, what a node does in the selection
 round) and the server keeps the best by pooled validation accuracy
 (:func:`~gems_fl.geometry.selection.choose_candidate`), as the strategy does.
@@ -36,7 +37,7 @@ sys.path.insert(0, str(ROOT))  # run from a checkout without installing it
 
 from gems_fl.data import load_dataset, node_data, parse_division  # noqa: E402
 from gems_fl.data.nodes import node_seed  # noqa: E402
-from gems_fl.geometry.choices import POOLED_RIDGES  # noqa: E402
+from gems_fl.geometry.choices import LDA_SHRINKAGES, POOLED_RIDGES  # noqa: E402
 from gems_fl.geometry.eps import passes  # noqa: E402
 from gems_fl.geometry.selection import TEMPERATURES, choose_candidate, score_candidates  # noqa: E402
 from gems_fl.geometry.gram_merge import aggregate_gram  # noqa: E402
@@ -51,7 +52,7 @@ from gems_fl.settings import Settings  # noqa: E402
 DIVISIONS = [("0,1,2,3,4/5,6,7,8,9", 2), ("paper", 3), ("paper", 5),
              ("dirichlet:0.05", 5), ("dirichlet:0.1", 5), ("dirichlet:0.5", 5),
              ("dirichlet:0.05", 20), ("dirichlet:0.1", 20), ("dirichlet:0.5", 20)]
-POINTS = ("closed-form", "pooled", "best", "auto")
+POINTS = ("closed-form", "pooled", "lda", "best", "auto")
 
 
 def _correct(w: np.ndarray, x: np.ndarray, y: np.ndarray) -> int:
@@ -88,8 +89,9 @@ def trial(division_spec: str, num_nodes: int, seed: int) -> dict:
         if point == "auto":
             result, ridge = _selected(spaces, counts, vals, settings)
         else:
+            reg = 1e-2 if point == "lda" else 1e-3  # pooled ridge, or the LDA shrinkage
             result, ridge = aggregate_gram(spaces, counts, point=point, ridge=settings.gram_ridge,
-                                           pooled_ridge=1e-3), 1e-3
+                                           pooled_ridge=reg), reg
         w = result.point.reshape(10, -1)
         good = sum(passes(_correct(w, x, y), len(y), settings.eps) for x, y in vals)
         out["points"][point] = {
@@ -103,11 +105,15 @@ def trial(division_spec: str, num_nodes: int, seed: int) -> dict:
 
 def _selected(spaces, counts, vals, settings):  # noqa: ANN001, ANN202
     """The default point (``gram-point=auto pooled-ridge=auto``): the pooled point for each
-    ridge and the closed-form center, scored on the nodes' validation data."""
+    ridge, the LDA point for each shrinkage and the closed-form center (the candidates of
+    ``selection_round.candidate_points``, in its order), scored on the nodes' validation
+    data."""
     results = [aggregate_gram(spaces, counts, point="pooled", ridge=settings.gram_ridge,
                               pooled_ridge=r) for r in POOLED_RIDGES]
+    results += [aggregate_gram(spaces, counts, point="lda", ridge=settings.gram_ridge,
+                               pooled_ridge=s) for s in LDA_SHRINKAGES]
     results.append(aggregate_gram(spaces, counts, point="closed-form", ridge=settings.gram_ridge))
-    ridges = list(POOLED_RIDGES) + [None]
+    ridges = list(POOLED_RIDGES) + list(LDA_SHRINKAGES) + [None]
     candidates = np.stack([r.point.reshape(10, -1) for r in results])
     scores = [score_candidates(candidates, x, y, TEMPERATURES) for x, y in vals]
     choice = choose_candidate([s[0] for s in scores], [s[1] for s in scores],

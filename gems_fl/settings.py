@@ -174,9 +174,11 @@ class Settings:
     gram_point: str = setting(
         'auto',
         '`gram` only: `auto` (the default) lets the selection round choose, on the nodes\' '
-        'validation data, between `pooled` and `closed-form` (see "Good-enough spaces"); '
+        'validation data, among `pooled`, `lda` and `closed-form` (see "Good-enough spaces"); '
         '`pooled` is the ridge least-squares classifier of all nodes\' data, from their Gram '
-        'matrices and label moments; `best` the best pooled fit inside every node\'s space '
+        'matrices and label moments; `lda` the linear discriminant of the same sums (class '
+        'means and shared within-class covariance, shrinkage from `pooled-ridge`); `best` the '
+        'best pooled fit inside every node\'s space '
         '(the pooled point when they share none); `closed-form` the weighted center of the '
         'spaces (RegMean); `shared` the point minimising the largest scaled distance when '
         'the center misses a space and that point lies in all of them',

@@ -105,7 +105,7 @@ def test_freeze_hidden_makes_the_hidden_layers_a_fixed_extractor():
 
 
 def test_the_mlp_output_layer_is_chosen_on_the_nodes_validation_features(tmp_path):
-    from gems_fl.geometry.choices import POOLED_RIDGES
+    from gems_fl.geometry.choices import LDA_SHRINKAGES, POOLED_RIDGES
 
     exchanged = []
 
@@ -117,8 +117,9 @@ def test_the_mlp_output_layer_is_chosen_on_the_nodes_validation_features(tmp_pat
     selection = results["rounds"][-1]["selection"]
     table = selection["candidates"]
     accuracies = [c["val_accuracy"] for c in table]
-    assert [(c["point"], c["pooled_ridge"]) for c in table] == \
-        [("pooled", r) for r in POOLED_RIDGES] + [("closed-form", None)]
+    assert [(c["point"], c["pooled_ridge"] or c.get("lda_shrinkage")) for c in table] == \
+        [("pooled", r) for r in POOLED_RIDGES] + [("lda", s) for s in LDA_SHRINKAGES] + \
+        [("closed-form", None)]
     assert selection["val_accuracy"] == max(accuracies)
     kept = min((c for c in table if c["val_accuracy"] == max(accuracies)),
                key=lambda c: c["val_loss"])
@@ -127,7 +128,9 @@ def test_the_mlp_output_layer_is_chosen_on_the_nodes_validation_features(tmp_pat
     assert {keys == {"metrics"} for group, keys in exchanged if group == "4"} == {True}
     # the returned MLP's output layer is the selected candidate (scaled, if pooled)
     alone = ({"gram-point": "pooled", "pooled-ridge": kept["pooled_ridge"]}
-             if kept["point"] == "pooled" else {"gram-point": "closed-form"})
+             if kept["point"] == "pooled" else
+             {"gram-point": "lda", "pooled-ridge": kept["lda_shrinkage"]}
+             if kept["point"] == "lda" else {"gram-point": "closed-form"})
     fixed = run_in_process(3, tmp_path / "fixed", **{**MLP_FAST, **alone})
     assert [r["round"] for r in fixed["rounds"]] == [1, 2, 3]  # nothing left to choose
     saved = np.load(tmp_path / "run-1" / "gems_model.npz")

@@ -168,3 +168,33 @@ def test_the_step_into_the_spaces_is_the_smallest_one():
     assert 0.0 < t < 1.0 and all(s.contains(point.numpy()) for s in spaces)
     earlier = outside + (t - 1e-4) * (torch.as_tensor(shared) - outside)
     assert not all(s.contains(earlier.numpy()) for s in spaces)
+
+
+def test_pooled_lda_from_sums_is_the_lda_of_the_pooled_rows():
+    """The LDA point from the nodes' Gram matrices and label moments equals LDA computed
+    on all rows pooled (class means, shared within-class covariance, log priors), for any
+    split of the rows; a class no node holds is never predicted."""
+    from gems_fl.geometry.gram import gram_matrix, label_moments
+    from gems_fl.geometry.pooled import pooled_lda
+
+    rng = np.random.default_rng(3)
+    x = rng.normal(size=(600, 6)) + np.repeat(np.eye(6)[:4] * 3, 150, axis=0)
+    y = np.repeat(np.arange(4), 150)
+    shrink = 0.05
+    mu = np.stack([x[y == c].mean(0) for c in range(4)])
+    prior = np.bincount(y, minlength=5) / len(y)
+    within = sum(np.outer(r - mu[c], r - mu[c]) for r, c in zip(x, y)) / len(y)
+    a = within + shrink * np.trace(within) / 6 * np.eye(6)
+    w = np.linalg.solve(a, mu.T).T
+    b = -0.5 * np.sum(w * mu, 1) + np.log(prior[:4])
+    for parts in (np.array_split(np.arange(600), 3), np.array_split(rng.permutation(600), 5)):
+        grams = [gram_matrix(x[p]) for p in parts]
+        moments = [label_moments(x[p], y[p], 5)[0] for p in parts]
+        point = pooled_lda(grams, moments, [len(p) for p in parts], shrink)
+        assert point.shape == (5, 7)
+        np.testing.assert_allclose(point[:4, :6], w, rtol=1e-8, atol=1e-10)
+        np.testing.assert_allclose(point[:4, 6], b, rtol=1e-8, atol=1e-10)
+        scores = np.c_[x, np.ones(600)] @ point.T
+        assert (scores.argmax(1) != 4).all()
+    with pytest.raises(ValueError, match="shrinkage"):
+        pooled_lda(grams, moments, [len(p) for p in parts], -1.0)

@@ -178,7 +178,7 @@ def test_the_choice_pools_by_rows_accuracy_first_then_loss():
 
 
 def test_the_point_and_ridge_are_chosen_on_the_nodes_validation_data(tmp_path):
-    from gems_fl.geometry.choices import POOLED_RIDGES
+    from gems_fl.geometry.choices import LDA_SHRINKAGES, POOLED_RIDGES
 
     results = run_in_process(3, tmp_path, **{"label-division": "paper"})
     assert results["settings"]["pooled-ridge"] == "auto"
@@ -187,16 +187,21 @@ def test_the_point_and_ridge_are_chosen_on_the_nodes_validation_data(tmp_path):
     assert kinds == ["spaces", "selection"]
     chosen = results["rounds"][1]
     table = chosen["candidates"]
-    assert [(c["point"], c["pooled_ridge"]) for c in table] == \
-        [("pooled", r) for r in POOLED_RIDGES] + [("closed-form", None)]
+    assert [(c["point"], c["pooled_ridge"] or c.get("lda_shrinkage")) for c in table] == \
+        [("pooled", r) for r in POOLED_RIDGES] + [("lda", s) for s in LDA_SHRINKAGES] + \
+        [("closed-form", None)]
     accuracies = [c["val_accuracy"] for c in table]
     assert chosen["val_accuracy"] == max(accuracies)
     best = [c for c in table if c["val_accuracy"] == max(accuracies)]
     kept = min(best, key=lambda c: c["val_loss"])  # ties: the lower loss
     details = results["intersection"]
     assert details["method"] == kept["point"] and chosen["pooled_ridge"] == kept["pooled_ridge"]
+    assert chosen["point"] == kept["point"]
     if kept["point"] == "pooled":
         assert details["pooled_ridge"] == kept["pooled_ridge"]
+        assert details["selection"]["scale_applied"] == chosen["temperature"]
+    elif kept["point"] == "lda":
+        assert details["lda_shrinkage"] == kept["lda_shrinkage"] == chosen["lda_shrinkage"]
         assert details["selection"]["scale_applied"] == chosen["temperature"]
     else:  # the closed-form center keeps its scale, which places it in the spaces
         assert details["selection"]["scale_applied"] == 1.0

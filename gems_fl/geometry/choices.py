@@ -5,14 +5,17 @@ SPACE_KINDS = ("ball", "ellipsoid", "gram")
 PAPER_SPACE_KINDS = ("ball", "ellipsoid")  # the paper's parameter-space spaces
 ELLIPSOID_FLOORS = ("quantile", "paper")
 GRAM_WEIGHTINGS = ("samples", "radius")
-GRAM_POINTS = ("auto", "pooled", "best", "closed-form", "shared")
+GRAM_POINTS = ("auto", "pooled", "lda", "best", "closed-form", "shared")
 # the points fitted to the labels (they need label moments); `auto` chooses on validation
-# between the pooled point and the closed-form center
-POOLED_POINTS = ("auto", "pooled", "best")
+# among the pooled point, the pooled LDA point and the closed-form center
+POOLED_POINTS = ("auto", "pooled", "lda", "best")
 # pooled-ridge=auto: the ridges the selection round scores on the nodes' validation data
 # (relative to one mean Gram matrix), and the one a layer without that round uses.
 POOLED_RIDGES = (1e-4, 1e-3, 1e-2, 1e-1)
 DEFAULT_POOLED_RIDGE = 1e-3
+# gram-point=auto: the LDA point's shrinkages the selection round also scores (relative to
+# the mean eigenvalue of the pooled within-class covariance)
+LDA_SHRINKAGES = (1e-3, 1e-2, 1e-1)
 REFINE_METHODS = ("monotone", "accelerated")  # refine-method: Bohning steps, or with momentum
 NO_INTERSECTION_FALLBACKS = ("min-penalty", "mean")
 # Each kind's default upper end of the radius bisection, in the units of its radius

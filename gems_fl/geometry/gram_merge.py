@@ -27,7 +27,7 @@ from gems_fl.geometry.choices import GRAM_POINTS as POINTS
 from gems_fl.geometry.gram import expanded_sq_distances
 from gems_fl.geometry.choices import GRAM_WEIGHTINGS as WEIGHTINGS
 from gems_fl.geometry.intersect import IntersectionResult
-from gems_fl.geometry.pooled import best_point, pooled_point
+from gems_fl.geometry.pooled import best_point, pooled_lda, pooled_point
 from gems_fl.geometry.spaces import GramSpace
 
 def _node_inputs(centers: Sequence, grams: Sequence, what: str = "grams"):
@@ -303,7 +303,9 @@ def aggregate_gram(
     the center misses a space and that point lies in all), ``pooled`` (the pooled ridge
     classifier from the label moments, :func:`gems_fl.geometry.pooled.pooled_point`) or
     ``best`` (the best pooled fit inside every space, :func:`~gems_fl.geometry.pooled.
-    best_point`; the pooled point when the spaces share no point, and ``details`` says so).
+    best_point`; the pooled point when the spaces share no point, and ``details`` says so)
+    or ``lda`` (the pooled linear discriminant, :func:`~gems_fl.geometry.pooled.pooled_lda`,
+    with ``pooled_ridge`` as its shrinkage).
     """
     if not spaces:
         raise ValueError("no spaces to aggregate")
@@ -318,7 +320,9 @@ def aggregate_gram(
     chosen, method = closed, "closed-form"
     details: dict[str, object] = {"weighting": weighting, "ridge": float(ridge),
                                   "weights": [float(v) for v in lam]}
-    if point in ("auto", "pooled", "best"):  # auto: the pooled point until the selection round
+    if point == "lda":  # pooled_ridge is the LDA shrinkage
+        chosen, method = _lda_choice(spaces, num_train, pooled_ridge, details), "lda"
+    elif point in ("auto", "pooled", "best"):  # auto: the pooled point until the selection round
         chosen, method = _pooled_choice(spaces, num_train, "best" if point == "best" else "pooled",
                                         pooled_ridge, details)
     inside = [s.contains(chosen) for s in spaces]
@@ -358,6 +362,18 @@ def _minimax(spaces: Sequence[GramSpace], details: dict) -> tuple[np.ndarray, fl
     details["spaces_share_a_point"] = (True if worst <= 1.0 else
                                        False if info["lower_bound"] > 1.0 else None)
     return np.asarray(shared), float(worst)
+
+
+def _lda_choice(spaces: Sequence[GramSpace], num_train: Sequence[float], shrinkage: float,
+                details: dict) -> np.ndarray:
+    """The pooled LDA point (:func:`gems_fl.geometry.pooled.pooled_lda`)."""
+    missing = [k for k, s in enumerate(spaces) if s.moments is None]
+    if missing:
+        raise ValueError(f"gram-point='lda' needs every node's label moments; spaces "
+                         f"{missing} have none")
+    details["lda_shrinkage"] = float(shrinkage)
+    return pooled_lda([s.gram for s in spaces], [s.moments for s in spaces], num_train,
+                      shrinkage)
 
 
 def _pooled_choice(spaces: Sequence[GramSpace], num_train: Sequence[float], point: str,

@@ -82,6 +82,40 @@ def pooled_point(grams: Sequence[np.ndarray], moments: Sequence[np.ndarray],
     return _solve_right(a, b).numpy()
 
 
+ABSENT_CLASS_BIAS = -30.0  # a class no node holds: never predicted (log-prior of ~1e-13)
+
+
+def pooled_lda(grams: Sequence[np.ndarray], moments: Sequence[np.ndarray],
+               num_train: Sequence[float], shrinkage: float = 1e-2) -> np.ndarray:
+    """The pooled linear discriminant (LDA) classifier, shape ``(C, d + 1)``.
+
+    From the same sums as :func:`pooled_point`: the pooled class priors ``pi_c`` and
+    class means ``mu_c`` (the label moments' last column and rows), and the within-class
+    covariance ``S_w = E[x x^T] - sum_c pi_c mu_c mu_c^T`` (the Gram matrix's top-left
+    block less the between-class part). With ``A = S_w + shrinkage * tr(S_w) / d * I``,
+    class ``c`` scores ``x^T A^-1 mu_c - mu_c^T A^-1 mu_c / 2 + log pi_c``: the Bayes rule
+    for Gaussian classes with a shared covariance (FedCGS's global statistics give the
+    same classifier). Unlike least squares on one-hot targets it does not mask classes
+    between others, which is worth a few tenths of a point on Fashion-MNIST.
+    """
+    if not (math.isfinite(shrinkage) and shrinkage >= 0):
+        raise ValueError(f"shrinkage must be finite and >= 0; got {shrinkage}")
+    a, b = pooled_system(grams, moments, num_train, 0.0)
+    d = a.shape[0] - 1
+    prior = b[:, d].clamp(min=0.0)
+    held = prior > 0
+    mu = torch.zeros_like(b[:, :d])
+    mu[held] = b[held, :d] / prior[held, None]
+    within = a[:d, :d] - (mu.T * prior) @ mu
+    within = 0.5 * (within + within.T)
+    within.diagonal().add_(float(shrinkage) * float(torch.trace(within).clamp(min=0.0)) / d)
+    weight = _solve_right(within, mu)
+    bias = torch.full((len(prior),), ABSENT_CLASS_BIAS, dtype=torch.float64)
+    bias[held] = -0.5 * (weight[held] * mu[held]).sum(dim=1) + torch.log(prior[held])
+    weight[~held] = 0.0
+    return torch.cat([weight, bias[:, None]], dim=1).numpy()
+
+
 def best_point(
     centers: Sequence[np.ndarray], grams: Sequence[np.ndarray], radii: Sequence[float],
     moments: Sequence[np.ndarray], num_train: Sequence[float], *, ridge: float = 1e-3,

@@ -261,7 +261,7 @@ class LayerwiseGEMS(GEMSBase):
         record.rejected += chosen.rejected
         record.nodes = chosen.nodes
         record.width = self.num_classes
-        record.selection = {"pooled_ridge": chosen.ridge, "temperature": chosen.scale,
+        record.selection = {**chosen.regularisation(), "temperature": chosen.scale,
                             "val_accuracy": chosen.val_accuracy, "candidates": chosen.candidates}
 
     def _step(self, record: LayerRound, replies: list[Message]) -> None:

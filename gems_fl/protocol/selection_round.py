@@ -17,7 +17,7 @@ import numpy as np
 from flwr.app import Message
 from flwr.common.logger import log
 
-from gems_fl.geometry.choices import POOLED_POINTS, REFINE_METHODS
+from gems_fl.geometry.choices import LDA_SHRINKAGES, POOLED_POINTS, REFINE_METHODS
 from gems_fl.geometry.gram_merge import gram_result
 from gems_fl.geometry.intersect import IntersectionResult
 from gems_fl.geometry.kinds import AggregateOptions, space_kind
@@ -25,7 +25,8 @@ from gems_fl.geometry.selection import TEMPERATURES, choose_candidate
 from gems_fl.protocol.base import NodeReply
 from gems_fl.protocol.replies import NotEnoughRepliesError, decode_selection_reply, validate_replies
 
-Candidate = tuple[float | None, IntersectionResult]  # (pooled ridge or None, the point)
+# (the point's regularisation: pooled ridge or LDA shrinkage; None for the center, the point)
+Candidate = tuple[float | None, IntersectionResult]
 
 
 def wants_ridge_choice(settings: Any) -> bool:
@@ -37,9 +38,10 @@ def wants_ridge_choice(settings: Any) -> bool:
 
 def candidate_points(accepted: list[NodeReply], options: AggregateOptions,
                      result: IntersectionResult, ridges: tuple[float, ...]) -> list[Candidate]:
-    """The one-shot point for each pooled ridge (``pooled-ridge=auto``) and, for
-    ``gram-point=auto``, the closed-form center; else ``result`` alone (only its logit
-    scale is then chosen)."""
+    """The one-shot point for each pooled ridge (``pooled-ridge=auto``; for
+    ``gram-point=lda`` each is a shrinkage) and, for ``gram-point=auto``, the pooled LDA
+    point for each of ``LDA_SHRINKAGES`` and the closed-form center; else ``result`` alone
+    (only its logit scale is then chosen)."""
     if not (options.kind == "gram" and options.gram_point in POOLED_POINTS):
         return [(None, result)]
     kind = space_kind(options.kind)
@@ -49,6 +51,9 @@ def candidate_points(accepted: list[NodeReply], options: AggregateOptions,
                              kind.aggregate(spaces, counts, replace(options, pooled_ridge=r)))
                             for r in ridges]
     if options.gram_point == "auto":
+        out += [(s, kind.aggregate(spaces, counts, replace(options, gram_point="lda",
+                                                          pooled_ridge=s)))
+                for s in LDA_SHRINKAGES]
         out.append((None, kind.aggregate(spaces, counts,
                                          replace(options, gram_point="closed-form"))))
     return out
@@ -66,6 +71,12 @@ class Selected:
     candidates: list[dict[str, Any]]  # every candidate's pooled validation figures
     nodes: list[int]
     rejected: list[dict[str, object]]
+
+    def regularisation(self) -> dict[str, Any]:
+        """The kept point and its regularisation, for the round's record."""
+        lda = self.result.method == "lda"
+        return {"point": self.result.method, "pooled_ridge": None if lda else self.ridge,
+                **({"lda_shrinkage": self.ridge} if lda else {})}
 
 
 def select(server_round: int, replies: list[Message], sent_to: list[int],
@@ -85,9 +96,10 @@ def select(server_round: int, replies: list[Message], sent_to: list[int],
     choice = choose_candidate([v[0] for _, v in decoded], [v[1] for _, v in decoded],
                               [v[2] for _, v in decoded], TEMPERATURES)
     ridge, result = candidates[choice.index]
-    scale = choice.temperature if scale_always or result.method == "pooled" else 1.0
-    table = [{"point": c.method, "pooled_ridge": r, "val_accuracy": float(a),
-              "val_loss": float(min(loss))}
+    scale = choice.temperature if scale_always or result.method in ("pooled", "lda") else 1.0
+    table = [{"point": c.method, "pooled_ridge": r if c.method != "lda" else None,
+              **({"lda_shrinkage": r} if c.method == "lda" else {}),
+              "val_accuracy": float(a), "val_loss": float(min(loss))}
              for (r, c), a, loss in zip(candidates, choice.val_accuracy, choice.val_loss)]
     details = {**result.details, "selection": {
         "candidates": table, "temperature": choice.temperature, "scale_applied": scale}}
@@ -96,7 +108,8 @@ def select(server_round: int, replies: list[Message], sent_to: list[int],
     best = choice.val_loss[choice.index]
     log(INFO, "Selection round: %s, %slogit scale %g (pooled validation accuracy %.4f, "
         "cross-entropy %.4f; %d nodes); h_G lies in %d of %d spaces", result.method,
-        f"pooled ridge {ridge:g}, " if ridge is not None else "", scale,
+        "" if ridge is None else f"{'shrinkage' if result.method == 'lda' else 'pooled ridge'} "
+        f"{ridge:g}, ", scale,
         choice.val_accuracy[choice.index], float(np.min(best)), len(decoded),
         sum(result.inside), len(result.inside))
     return Selected(result, ridge, scale, float(choice.val_accuracy[choice.index]),

@@ -200,7 +200,7 @@ class GEMS(GEMSBase):
         self.outcome.intersection = chosen.result
         self.point = np.asarray(chosen.result.point, dtype=np.float64)
         record["rejected"] = record["rejected"] + chosen.rejected
-        record.update({"nodes": chosen.nodes, "pooled_ridge": chosen.ridge,
+        record.update({"nodes": chosen.nodes, **chosen.regularisation(),
                        "temperature": chosen.scale, "val_accuracy": chosen.val_accuracy,
                        "val_losses": chosen.val_losses, "candidates": chosen.candidates,
                        "wall_s": time.perf_counter() - self._t0})

@@ -46,6 +46,32 @@ def marked_processes(marker: str, variable: str = MARKER_VARIABLE) -> list[int]:
     return sorted(found)
 
 
+def processes_using(folders: list[Path]) -> list[int]:
+    """PIDs (other than this process) with a file open, or their working directory, under
+    one of ``folders``.
+
+    Ray retitles its agents (``ray::DashboardAgent``, ``ray::RuntimeEnvAgent``) with
+    ``setproctitle``, which overwrites the memory ``/proc/<pid>/environ`` shows, so the
+    marker is gone from them; they still hold their log files in the run's Ray folder.
+    """
+    prefixes = [str(Path(f).resolve()) + os.sep for f in folders]
+    if not prefixes:
+        return []
+    found = []
+    own = os.getpid()
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == own:
+            continue
+        try:
+            links = [os.readlink(entry / "cwd")]
+            links += [os.readlink(fd) for fd in (entry / "fd").iterdir()]
+        except OSError:
+            continue
+        if any(link.startswith(p) for link in links for p in prefixes):
+            found.append(int(entry.name))
+    return sorted(found)
+
+
 def process_name(pid: int) -> str:
     """A short name for a process: its program (the script for Python), or ``ray::...``."""
     try:
@@ -92,14 +118,19 @@ def _signal_group(pgid: int | None, sig: int) -> None:
 
 
 def stop_marked(marker: str, groups: list[int | None] = (), grace: float = 5.0,
-                reap: Callable[[], object] = lambda: None) -> dict[int, str]:
+                reap: Callable[[], object] = lambda: None,
+                folders: list[Path] = ()) -> dict[int, str]:
     """SIGTERM the process ``groups`` and every marked process; SIGKILL what is left.
 
     ``reap`` is called while waiting, so the caller can ``poll()`` its own children
     (they stay zombies otherwise). Returns ``{pid: name}`` of the marked processes
-    that were signalled.
+    that were signalled. ``folders``: processes with files open there (the run's own
+    temp folders) are the run's too (:func:`processes_using`).
     """
     seen: dict[int, str] = {}
+
+    def run_processes() -> list[int]:
+        return sorted(set(marked_processes(marker)) | set(processes_using(list(folders))))
 
     def note(pids: list[int]) -> None:
         for pid in pids:
@@ -109,13 +140,13 @@ def stop_marked(marker: str, groups: list[int | None] = (), grace: float = 5.0,
     for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 3.0)):
         for group in groups:
             _signal_group(group, sig)
-        pids = marked_processes(marker)
+        pids = run_processes()
         note(pids)
         _signal_all(pids, sig)
         deadline = time.monotonic() + wait
         while time.monotonic() < deadline:
             reap()
-            pids = marked_processes(marker)
+            pids = run_processes()
             if not pids:
                 return seen
             note(pids)

@@ -102,7 +102,8 @@ class LocalSuperLink:
         SIGKILL to what is left after a few seconds. Safe to call twice.
         """
         groups = [p.pid for p in (self.process, *self.children) if p is not None]
-        self.stopped.update(stop_marked(self.marker, groups, reap=self._reap))
+        self.stopped.update(stop_marked(self.marker, groups, reap=self._reap,
+                                        folders=[self.ray_tmp, self.workdir]))
         for proc in (self.process, *self.children):
             if proc is not None:
                 try:
