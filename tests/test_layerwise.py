@@ -137,3 +137,25 @@ def test_the_mlp_output_layer_is_chosen_on_the_nodes_validation_features(tmp_pat
     one = np.load(tmp_path / "fixed" / "run-1" / "gems_model.npz")
     np.testing.assert_allclose(saved["output.weight"],
                                selection["temperature"] * one["output.weight"], rtol=1e-5)
+
+
+def test_a_hidden_merge_in_which_nothing_merged_says_so_and_what_changes_it(tmp_path, caplog):
+    """Tiny neuron tolerances: no two neurons' balls meet, the merged layer is the nodes'
+    layers side by side, and the round's record, the log and the printed notes say so."""
+    import logging
+
+    flwr_logger = logging.getLogger("flwr")
+    flwr_logger.addHandler(caplog.handler)
+    try:
+        results = run_in_process(3, tmp_path, **{**MLP_FAST, "eps-neuron": 1e-6})
+    finally:
+        flwr_logger.removeHandler(caplog.handler)
+    first = results["rounds"][0]
+    assert first["merge"]["num_intersected_groups"] == 0
+    note = first["merge"]["note"]
+    assert note.startswith("Layer 1: no neurons merged") and "eps-neuron" in note
+    assert f"width {first['width']}" in note
+    assert any("no neurons merged" in r.getMessage() for r in caplog.records)
+    from gems_fl.evaluation.results import markdown_table
+
+    assert note in markdown_table(results)

@@ -102,6 +102,8 @@ def markdown_table(results: dict[str, Any]) -> str:
             lines.append(f"Layer {r['layer']}: width {r['width']} ({merge['num_intersected_groups']} "
                          f"merged groups, {merge['num_kept_alone']} kept alone); "
                          f"{r['bytes_sent']} bytes down, {r['bytes_received']} up.")
+            if merge.get("note"):
+                lines.append(merge["note"])
         else:
             label = "Output round" if "layer" in r else f"Round {r['round']}"
             lines.append(f"{label}: {r['bytes_sent']} bytes down, {r.get('bytes_received', 0)} up.")
@@ -171,7 +173,9 @@ def print_results(results: dict[str, Any], console: Console | None = None) -> No
     for r in results["rejected"]:
         name = f" '{r['node_name']}'" if r.get("node_name") else ""
         console.print(f"[red]rejected[/red] node{name} {r['node_id']}: {r['reason']}")
-    for note in results.get("notes", []):
+    merge_notes = [r["merge"]["note"] for r in results.get("rounds", [])
+                   if isinstance(r.get("merge"), dict) and r["merge"].get("note")]
+    for note in [*results.get("notes", []), *merge_notes]:
         console.print(f"[yellow]note[/yellow]: {note}")
 
 

@@ -74,6 +74,15 @@ class LayerRound:
     refine: dict[str, Any] = field(default_factory=dict)  # a refinement step: index, loss
 
 
+def nothing_merged(layer: int, width: int, nodes: int) -> str:
+    """What a hidden merge in which no two neurons' balls met means, and what changes it."""
+    return (f"Layer {layer}: no neurons merged: no two of the {nodes} nodes' neuron balls "
+            f"intersect, so the merged layer is their layers side by side (width {width}) and "
+            "aggregation happens only in the output layer. Neurons merge when their balls "
+            "meet: a larger eps-neuron (each neuron's tolerance, default 0.1) gives larger "
+            "balls; fewer clusters (m_eps) puts more neurons in each k-means group to test")
+
+
 class LayerwiseGEMS(GEMSBase):
     """GEMS for MLPs: per-neuron spaces, k-means intersection, one round per layer."""
 
@@ -190,6 +199,9 @@ class LayerwiseGEMS(GEMSBase):
         log(INFO, "Layer %d: %d nodes x %d neurons -> width %d (%d merged groups, %d kept "
             "alone)", record.layer, len(accepted), self.widths[j], merged.width,
             merged.num_intersected_groups, merged.num_kept_alone)
+        if merged.num_intersected_groups == 0 and len(accepted) > 1:
+            record.merge["note"] = nothing_merged(record.layer, merged.width, len(accepted))
+            log(WARNING, "%s", record.merge["note"])
         downlink = merged.weights.shape[0] * merged.weights.shape[1] * 4 * len(accepted)
         if self.settings.max_width == 0 and downlink > WIDE_LAYER_BYTES:
             log(WARNING, "Layer %d: the merged layer (width %d) goes to each of %d nodes: "
