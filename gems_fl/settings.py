@@ -376,7 +376,9 @@ class Settings:
         '',
         'a file on the server (`.npz` with `x`, `y` and optionally `x_test`, `y_test`; or '
         '`.csv`, with `<stem>_test.csv` optional) to fine-tune GEMS and train Raw on; '
-        'without a server test set the nodes evaluate those models too. Empty: off')
+        'without a server test set the nodes evaluate those models too. A test split alone '
+        '(`.npz` with `x_test`, `y_test` only, or a `<stem>_test.csv`) is the server\'s test '
+        'set, with no tuning. Read and checked before any node is contacted. Empty: off')
 
     scope: InitVar[str] = "run"
 

@@ -155,6 +155,48 @@ def test_public_data_tunes_gems_and_raw_and_the_nodes_evaluate_them(tmp_path, si
     assert "evaluated on the nodes" in results["rows"]["Raw"]["skipped"]
 
 
+def test_a_test_only_public_file_is_the_servers_test_set_without_tuning(tmp_path, sites):
+    """The held-out set an operator has: an .npz with x_test/y_test only, or a
+    <stem>_test.csv. The server evaluates on it; GEMS tuned and Raw are skipped, saying why."""
+    x, y = blobs(120, 13, 8)
+    np.savez(tmp_path / "heldout.npz", x_test=x, y_test=y)
+    write_csv(tmp_path / "heldout_test.csv", x, y)
+    for name in ("heldout.npz", "heldout_test.csv"):
+        results = run_in_process(3, tmp_path / f"out-{name}", node_configs=sites,
+                                 **{**OWN, "evaluate-on-server": True, "standardize": "federated",
+                                    "public-data": str(tmp_path / name)})
+        rows = results["rows"]
+        assert rows["GEMS"]["accuracy"] is not None and rows["Averaged"]["accuracy"] is not None
+        for skipped in ("GEMS tuned", "Raw"):
+            assert rows[skipped]["accuracy"] is None
+            assert "test split only" in rows[skipped]["skipped"]
+        assert results["dataset"]["public_data"] == {"path": str(tmp_path / name),
+                                                     "samples": 0, "test": 120}
+
+
+def test_a_public_file_is_checked_before_any_node_is_contacted(tmp_path, sites):
+    from gems_fl.serverapp.preflight import PreflightError, check_public_data
+
+    x, y = blobs(40, 13, 9)
+    x[5, 3] = np.nan
+    np.savez(tmp_path / "nan.npz", x=x, y=y)
+    np.savez(tmp_path / "wide.npz", x=np.ones((10, 20)), y=np.zeros(10))
+    np.savez(tmp_path / "train_only.npz", x=x[6:], y=y[6:])
+    cases = [("nan.npz", {}, "1 NaN"),
+             ("wide.npz", {"dataset": "digits"}, "20 features"),
+             ("train_only.npz", {"dataset": "node-files", "evaluate-on-server": True},
+              "no test split")]
+    for name, extra, message in cases:
+        settings = Settings.from_run_config({**OWN, **extra, "public-data": str(tmp_path / name)})
+        with pytest.raises(PreflightError, match=message):
+            check_public_data(settings)
+    calls = []
+    with pytest.raises(PreflightError, match="1 NaN"):
+        run_in_process(3, tmp_path / "out", node_configs=sites, reply_hook=calls.append,
+                       **{**OWN, "public-data": str(tmp_path / "nan.npz")})
+    assert calls == []  # no node was asked anything
+
+
 def test_a_dead_node_is_rejected_once_by_name_and_is_no_participant(tmp_path, sites):
     """Flower answers for a dead node with NODE_UNAVAILABLE from the SuperLink's own id."""
     from flwr.app import Error, Message

@@ -105,7 +105,8 @@ def read_site_file(path: str | Path, label_column: str = "", *,
     """Read a site file (``.npz`` or ``.csv``); see the module docstring.
 
     ``public`` reads a server public-data file (splits ``x``/``y`` as "train" and an
-    optional test split) instead of a node's.
+    optional test split) instead of a node's; a test split alone (an ``.npz`` with only
+    ``x_test``/``y_test``, or a ``<stem>_test.csv``) is a test-only file.
 
     Raises
     ------
@@ -137,6 +138,8 @@ def _read_npz(path: Path, public: bool) -> SiteFile:
     try:
         with np.load(path, allow_pickle=False) as f:
             files = set(f.files)
+            if public and not {"x", "y"} & files and {"x_test", "y_test"} <= files:
+                required = ("test",)  # a test-only public file: the server evaluates on it
             missing = [k for s in required for k in keys[s] if k not in files]
             optional = [k for s in keys if s not in required for k in keys[s]]
             half = [s for s in keys if s not in required and (keys[s][0] in files) != (keys[s][1] in files)]
@@ -163,6 +166,8 @@ def _read_npz(path: Path, public: bool) -> SiteFile:
 
 def _companions(path: Path, public: bool) -> dict[str, tuple[Path, bool]]:
     stem = path.stem
+    if public and stem.endswith("_test"):  # a test-only public file: the server evaluates on it
+        return {"test": (path, True)}
     if public:
         return {"train": (path, True), "test": (path.with_name(f"{stem}_test.csv"), False)}
     return {"train": (path, True), "val": (path.with_name(f"{stem}_val.csv"), True),

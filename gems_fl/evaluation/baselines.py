@@ -82,7 +82,9 @@ def evaluate_rows(
                                        if hidden is not None else {}))
 
     if len(data.public_y) == 0 or settings.public_samples == 0:
-        reason = "public-samples=0: no public sample to tune on"
+        reason = ("public-data holds a test split only: no public sample to tune on"
+                  if settings.public_data.strip() and settings.public_samples else
+                  "public-samples=0: no public sample to tune on")
         for name in ("GEMS tuned", "Raw", "Raw converged"):
             rows[name] = {"accuracy": None, "skipped": reason}
         return rows

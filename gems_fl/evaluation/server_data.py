@@ -4,9 +4,11 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from logging import INFO
 from typing import Any
 
 import numpy as np
+from flwr.common.logger import log
 
 from gems_fl.data import FeatureOptions, load_dataset, node_data
 from gems_fl.data.partition import division_json
@@ -136,7 +138,11 @@ def load_public_data(settings: Settings, agreement) -> PublicData:  # noqa: ANN0
     problems = site_problems(site, agreement.num_features, agreement.classes)
     if problems:
         raise ValueError(f"public-data {path}: {'; '.join(problems)}")
-    x, test_x = site.x["train"], site.x.get("test", np.zeros((0, agreement.num_features)))
+    x = site.x.get("train", np.zeros((0, agreement.num_features)))
+    test_x = site.x.get("test", np.zeros((0, agreement.num_features)))
+    if "train" not in site.x:
+        log(INFO, "public-data %s holds a test split only (%d rows): the server evaluates on "
+            "it; nothing to fine-tune on, so no GEMS tuned and no Raw", path, len(test_x))
     mean = std = None
     if settings.standardize == "federated" and agreement.mean is not None:
         mean, std = agreement.mean, agreement.std
@@ -145,7 +151,8 @@ def load_public_data(settings: Settings, agreement) -> PublicData:  # noqa: ANN0
     if mean is not None:
         x, test_x = (x - mean) / std, (test_x - mean) / std
     test_y = site.y.get("test", np.array([], dtype=str))
-    return PublicData(np.asarray(x, dtype=np.float32), encode_labels(site.y["train"], agreement.classes),
+    train_y = site.y.get("train", np.array([], dtype=str))
+    return PublicData(np.asarray(x, dtype=np.float32), encode_labels(train_y, agreement.classes),
                       np.asarray(test_x, dtype=np.float32), encode_labels(test_y, agreement.classes))
 
 
