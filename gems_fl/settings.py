@@ -102,6 +102,12 @@ class Settings:
         'Fashion-MNIST (Debian package `dataset-fashion-mnist`); required for MNIST '
         '(torchvision downloads it there when online), CIFAR-10 and HAM10000',
         node=True)
+    site_files: str = setting(
+        '',
+        "`gems-fl run --site FILE ...`: a simulation's nodes on site files, comma-separated "
+        "paths; node `k` (partition-id) reads file `k` as its `data-path` and is named by its "
+        "stem. A node with its own `data-path` (a deployed SuperNode) ignores it",
+        node=True)
     label_division: str = setting(
         'paper',
         '`paper` (the appendix table, K = 2, 3, 5), `classes-per-node:N`, `iid`, '

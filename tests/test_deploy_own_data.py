@@ -192,3 +192,27 @@ def test_detached_submit_then_status_and_pull(tmp_path, sites):
         results = json.loads((tmp_path / "home" / f"run-{run_id}" / "results.json").read_text())
         assert results["status"] == "completed"
         assert results["attendance"]["line"] == "completed with 3 of 3 sites"
+
+
+def test_gems_fl_run_on_site_files_before_deploying(tmp_path, sites):
+    """Own data in a local simulation, one node per file: the odd site (9 features) is left
+    out by the identity round as a deployment would, so with the default required-nodes
+    the run exits 3, names it on its last line and still writes its results."""
+    odd = site_config(tmp_path / "sites", "site-odd", seed=5, num_features=9)
+    files = [a for c in [*sites, odd] for a in ("--site", c["data-path"])]
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    out = tmp_path / "out"
+    proc = subprocess.run([sys.executable, "-m", "gems_fl.running.cli", "run", str(ROOT), *files,
+                           "--output-dir", str(out), "--run-config",
+                           "standardize='federated' space='ball' eps=0.5"],
+                          env=env, capture_output=True, text=True, timeout=600, check=False)
+    assert proc.returncode == 3, proc.stdout[-3000:] + proc.stderr[-3000:]
+    last = proc.stderr.strip().splitlines()[-1]
+    assert "completed with 3 of 4 sites; left out: site-odd (node 'site-odd' holds data with 9 " \
+           "features; the run has 13" in last, last
+    (path,) = out.glob("run-*/results.json")
+    results = json.loads(path.read_text())
+    assert results["status"] == "incomplete"
+    assert [p["name"] for p in results["participants"]] == ["site-0", "site-1", "site-2"]
+    assert set(results["verification"]["per_node"]) == {"site-0", "site-1", "site-2"}
+    assert (path.parent / "run.log").is_file()

@@ -249,3 +249,41 @@ def test_check_data_reports_and_rejects_with_clear_messages(tmp_path, sites):
     assert code == 1 and "holds label(s) chinstrap that are not among" in out
     code, out = _check(sites[1]["data-path"], "--features", 12)
     assert code == 1 and "x_train has 13 features but the run has 12" in out
+
+
+def test_site_files_in_a_simulation_are_the_nodes_a_deployment_would_have(tmp_path, sites):
+    """`gems-fl run --site ...` gives simulated node k site file k (named by its stem):
+    the same agreement, scaling and node-side results as SuperNodes started with those
+    files as their data-path."""
+    from gems_fl.data.nodes import own_node_config
+
+    files = ",".join(c["data-path"] for c in sites)
+    assert own_node_config({"partition-id": 1, "num-partitions": 3}, files) == {
+        "data-path": sites[1]["data-path"], "node-name": "site-1"}
+    assert own_node_config({"data-path": "/own.csv"}, files) == {"data-path": "/own.csv"}
+    own = {**OWN, "standardize": "federated"}
+    simulated = run_in_process(3, tmp_path / "sim", **own, **{"site-files": files})
+    deployed = run_in_process(3, tmp_path / "dep", node_configs=sites, **own)
+    assert [p["name"] for p in simulated["participants"]] == ["site-0", "site-1", "site-2"]
+    assert simulated["dataset"]["scale"] == deployed["dataset"]["scale"]
+    assert simulated["verification"]["pooled"] == deployed["verification"]["pooled"]
+    assert [n["radius"] for n in simulated["nodes"]] == [n["radius"] for n in deployed["nodes"]]
+
+
+def test_site_options_of_gems_fl_run_are_checked_before_anything_starts(tmp_path, sites, capsys):
+    from gems_fl.running.cli import main
+    from gems_fl.running.launch import site_overrides
+
+    paths = [c["data-path"] for c in sites]
+    assert site_overrides(paths, {}) == {"dataset": "node-files", "site-files": ",".join(paths),
+                                         "evaluate-on-server": False}
+    assert "evaluate-on-server" not in site_overrides(paths, {"public-data": "/p.npz"})
+    with pytest.raises(ValueError, match="sets dataset='digits'"):
+        site_overrides(paths, {"dataset": "digits"})
+    with pytest.raises(FileNotFoundError, match="no such file"):
+        site_overrides([*paths, str(tmp_path / "nope.csv")], {})
+    assert main(["run", "--nodes", "2", *(a for p in paths for a in ("--site", p))]) == 2
+    assert "--nodes 2 but 3 --site files" in capsys.readouterr().err
+    assert main(["run", "--run-config", "dataset='node-files' evaluate-on-server=false",
+                 "--output-dir", str(tmp_path / "o")]) == 2
+    assert "gems-fl run --site" in capsys.readouterr().err

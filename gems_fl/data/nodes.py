@@ -102,6 +102,27 @@ def name_number(name: str) -> int:
     return int(hashlib.sha256(name.encode()).hexdigest()[:8], 16) % 1_000_000
 
 
+def site_files(text: str) -> list[str]:
+    """The paths of the ``site-files`` setting."""
+    return [part.strip() for part in str(text or "").split(",") if part.strip()]
+
+
+def own_node_config(node_config: Mapping[str, Any], files: str) -> Mapping[str, Any]:
+    """The node config a node works with: in a simulation on site files (``site-files``),
+    node ``partition-id`` gets that file as its ``data-path`` and its stem as its name;
+    a node with its own ``data-path`` keeps it."""
+    paths = site_files(files)
+    if not paths or node_config.get("data-path") or "partition-id" not in node_config:
+        return node_config
+    k = int(node_config["partition-id"])
+    if not 0 <= k < len(paths):
+        raise NodeDataError(f"partition {k}: site-files names {len(paths)} files; the "
+                            f"simulation has more nodes than site files")
+    return {key: v for key, v in node_config.items()
+            if key not in ("partition-id", "num-partitions")} | {
+        "data-path": paths[k], "node-name": node_config.get("node-name") or Path(paths[k]).stem}
+
+
 def node_name(node_config: Mapping[str, Any]) -> str:
     """The node's stable name: ``node-name``, else derived from its data source."""
     name = str(node_config.get("node-name", "")).strip()

@@ -22,6 +22,7 @@ from gems_fl.data.nodes import (
     cast_node_arrays,
     load_node_data,
     node_name,
+    own_node_config,
 )
 from gems_fl.data.site_files import feature_stats
 from gems_fl.geometry.kinds import LayerSpace, build_layer_space
@@ -152,7 +153,8 @@ def handle_train(msg: Message, context: Context) -> Message:
     config = wire.decode_config(msg.content)
     settings = Settings.from_node_config(config).for_node(context.node_config)
     set_default_device(settings.device)
-    data = cast_node_arrays(load_node_data(settings, context.node_config,
+    data = cast_node_arrays(load_node_data(settings, own_node_config(context.node_config,
+                                                                     settings.site_files),
                                            DataAgreement.from_config(config)))
     if wire.REFINE_KEY in config:
         return Message(content=_refine_reply(msg, data, settings), reply_to=msg)
@@ -178,7 +180,8 @@ def handle_evaluate(msg: Message, context: Context) -> Message:
     (validation split, and its test split where it holds one) against its own eps."""
     config = wire.decode_config(msg.content)
     settings = Settings.from_node_config(config).for_node(context.node_config)
-    data = cast_node_arrays(load_node_data(settings, context.node_config,
+    data = cast_node_arrays(load_node_data(settings, own_node_config(context.node_config,
+                                                                     settings.site_files),
                                            DataAgreement.from_config(config)))
     return Message(content=score_models(msg.content, settings.eps, data.x_val, data.y_val,
                                         data.x_test, data.y_test), reply_to=msg)
@@ -195,12 +198,13 @@ def handle_query(msg: Message, context: Context) -> Message:
     """
     settings = Settings.from_node_config(wire.decode_config(msg.content))
     try:
-        name = node_name(context.node_config)
+        node_config = own_node_config(context.node_config, settings.site_files)
+        name = node_name(node_config)
     except NodeDataError as exc:
         raise NodeDataError(f"node id {context.node_id}: {exc}") from None
-    source = str(context.node_config.get("data-path", "")) or "partition"
+    source = str(node_config.get("data-path", "")) or "partition"
     try:
-        data = load_node_data(settings, context.node_config)
+        data = load_node_data(settings, node_config)
     except NodeDataError as exc:
         logger.warning("%s", exc)
         return Message(content=wire.encode_identity_error(name, f"data-path={source}", str(exc)),

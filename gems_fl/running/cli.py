@@ -62,7 +62,14 @@ def _parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     run.add_argument("app", nargs="?", default=".", help="Flower app folder (default: .)")
-    run.add_argument("--nodes", type=int, default=5, help="number of SuperNodes (default: 5)")
+    run.add_argument("--nodes", type=int, default=None,
+                     help="number of SuperNodes (default: 5, or one per --site)")
+    run.add_argument("--site", action="append", default=None, metavar="FILE",
+                     help="try your own data before deploying: one simulated node per site "
+                     "file (.npz, or .csv with <stem>_val.csv), named by its stem, with the "
+                     "identity round's agreement, scaling and node-side evaluation of a "
+                     "deployed run; repeat for each site (sets dataset='node-files' and, "
+                     "without public-data, evaluate-on-server=false)")
     run.add_argument("--cpus-per-node", type=int, default=1,
                      help="CPUs the simulation reserves per node (Flower's "
                      "client-resources-num-cpus; default 1: every core runs a node)")
@@ -207,8 +214,13 @@ def _status(args: argparse.Namespace) -> int:
 def _run(args: argparse.Namespace) -> int:
     from gems_fl.running.launch import run_app
 
-    return _report(lambda: run_app(args.app, num_nodes=args.nodes, run_config=args.run_config,
-                                   cpus_per_node=args.cpus_per_node,
+    if args.site and args.nodes is not None and args.nodes != len(args.site):
+        print(f"gems-fl: error: --nodes {args.nodes} but {len(args.site)} --site files: each "
+              "site file is one node; leave --nodes out", file=sys.stderr)
+        return 2
+    nodes = args.nodes if args.nodes is not None else 5
+    return _report(lambda: run_app(args.app, num_nodes=nodes, run_config=args.run_config,
+                                   cpus_per_node=args.cpus_per_node, sites=args.site,
                                    output_dir=args.output_dir, progress=True))
 
 

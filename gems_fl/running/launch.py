@@ -66,12 +66,17 @@ def run_app(
     output_dir: str | None = None,
     progress: bool | Progress | None = None,
     cpus_per_node: int = 1,
+    sites: list[str] | None = None,
 ) -> RunOutcome:
     """``flwr run`` the app as a simulation with ``num_nodes`` SuperNodes; check it.
 
     ``cpus_per_node`` is the CPUs Flower's simulation engine reserves for each ClientApp
     (Flower's default is 2, which runs one node at a time on a 2-core machine); with
     the default 1 every core runs a node, each on one thread (``learning.threads``).
+
+    ``sites``: site files (``gems-fl run --site``), one simulated node each, as deployed
+    SuperNodes with those files would run (:func:`site_overrides`); ``num_nodes`` is then
+    their count.
 
     ``progress``: ``True`` shows the phases (a live line on a terminal, plain lines
     otherwise) above the streamed log; ``None``/``False`` only streams the log.
@@ -90,6 +95,9 @@ def run_app(
     launched_unix = time.time()
     app = Path(app_dir).expanduser().resolve()
     overrides = resolve_overrides(app, run_config, output_dir)
+    if sites:
+        overrides.update(site_overrides(sites, overrides))
+        num_nodes = len(sites)
     settings = Settings.from_run_config({**app_config(app), **overrides})
     if int(cpus_per_node) < 1:
         raise ValueError(f"--cpus-per-node={cpus_per_node} must be >= 1")
@@ -153,6 +161,29 @@ def run_app(
             _keep_superlink_log(link, log_path)
             if workdir is not None:
                 shutil.rmtree(workdir, ignore_errors=True)
+
+
+def site_overrides(sites: list[str], overrides: dict) -> dict:
+    """The run settings of a simulation on site files: ``dataset='node-files'``, the files
+    as ``site-files`` (absolute), and ``evaluate-on-server=false`` unless set or unless a
+    ``public-data`` file gives the server a test set."""
+    if overrides.get("dataset", "node-files") != "node-files":
+        raise ValueError(f"--site runs on the sites' own files (dataset='node-files'), but "
+                         f"--run-config sets dataset='{overrides['dataset']}'")
+    paths = [Path(s).expanduser().absolute() for s in sites]
+    missing = [str(p) for p in paths if not p.is_file()]
+    if missing:
+        raise FileNotFoundError(f"--site: no such file: {', '.join(missing)}")
+    if any("," in str(p) for p in paths):
+        raise ValueError("--site: a site file's path must not contain a comma")
+    stems = [p.stem for p in paths]
+    if len(set(stems)) != len(stems):
+        raise ValueError(f"--site: every file names its node by its stem, and {stems} repeat "
+                         "one; rename the files")
+    out = {"dataset": "node-files", "site-files": ",".join(map(str, paths))}
+    if "evaluate-on-server" not in overrides and not overrides.get("public-data"):
+        out["evaluate-on-server"] = False
+    return out
 
 
 def _keep_superlink_log(link: LocalSuperLink | None, log_path: Path) -> None:

@@ -52,11 +52,9 @@ def preflight(settings: Settings, num_nodes: int | None = None, *, check_data: b
     if num_nodes is not None:
         check_nodes(settings, num_nodes)
         if settings.dataset == "node-files":
-            raise PreflightError(
-                "dataset='node-files' trains on each SuperNode's own file (node config "
-                "data-path), which a simulation's nodes do not have: deploy SuperNodes with "
-                "their files and use `gems-fl submit` (README, \"Your own data\")")
-        check_division(settings, num_nodes)
+            check_site_files(settings, num_nodes)
+        else:
+            check_division(settings, num_nodes)
     if check_data:
         check_data_files(settings)
         if num_nodes is not None:
@@ -89,6 +87,25 @@ def check_partition(settings: Settings, num_nodes: int) -> None:
                               spec=settings.label_division, seed=settings.seed)
     except ValueError as exc:
         raise PreflightError(f"{_one_line(str(exc))} (with --nodes {num_nodes})") from None
+
+
+def check_site_files(settings: Settings, num_nodes: int) -> None:
+    """A simulation on site files (``gems-fl run --site``): one existing file per node.
+    What is in them is the identity round's to judge, as in a deployed run."""
+    from gems_fl.data.nodes import site_files
+
+    files = site_files(settings.site_files)
+    if not files:
+        raise PreflightError(
+            "dataset='node-files' trains on each node's own file: try site files in a local "
+            "simulation with `gems-fl run --site site-a.csv --site site-b.csv ...`, or deploy "
+            "SuperNodes with their files and use `gems-fl submit` (README, \"Your own data\")")
+    if len(files) != num_nodes:
+        raise PreflightError(f"site-files names {len(files)} file(s) for {num_nodes} nodes: "
+                             "one file per node (gems-fl run --site sets both)")
+    missing = [f for f in files if not Path(f).expanduser().is_file()]
+    if missing:
+        raise PreflightError(f"site file(s) not found: {', '.join(missing)}")
 
 
 def check_public_data(settings: Settings) -> None:
