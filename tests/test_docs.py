@@ -1,0 +1,126 @@
+"""The guides say only what this checkout does: every command of a code block uses flags
+its program has (each program's own --help), every run setting it passes exists, every
+repository path it or its text names exists, and the commands that can run on loopback
+(certificates, check-data) run."""
+
+from __future__ import annotations
+
+import re
+import shlex
+import subprocess
+import sys
+from functools import lru_cache
+
+import pytest
+
+from gems_fl.running.run_config import parse_run_config
+from gems_fl.settings import Settings
+from tests.helpers import ROOT
+
+GUIDES = ("README.md", "deploy/README.md")
+REPO_PATH = re.compile(r"(?<![\w/.-])((?:gems_fl|deploy|tests|benchmarks|results|\.ci)/[\w./-]*\w)")
+
+
+def _commands(guide: str) -> list[list[str]]:
+    """Each command of the guide's bash blocks, continuation lines joined, comments cut."""
+    text = (ROOT / guide).read_text()
+    out = []
+    for block in re.findall(r"```bash\n(.*?)```", text, re.S):
+        for line in block.replace("\\\n", " ").splitlines():
+            line = line.split(" #")[0].strip()
+            if line and not line.startswith("#"):
+                out.append(shlex.split(line.replace("<run id>", "7").replace("<id>", "7")))
+    return out
+
+
+@lru_cache(maxsize=None)
+def _help(*program: str) -> str:
+    proc = subprocess.run([*program, "--help"], capture_output=True, text=True, timeout=120,
+                          check=False, env={"COLUMNS": "400", "PATH": _path()})
+    assert proc.returncode == 0, f"{' '.join(program)} --help failed: {proc.stderr[-500:]}"
+    return proc.stdout
+
+
+def _path() -> str:
+    import os
+
+    return os.environ["PATH"]
+
+
+def _gems_fl_options(sub: str) -> set[str]:
+    from gems_fl.running.cli import _parser
+
+    parser = _parser()
+    (action,) = [a for a in parser._actions if a.dest == "command"]  # noqa: SLF001
+    return {opt for a in action.choices[sub]._actions for opt in a.option_strings}  # noqa: SLF001
+
+
+def _flwr_program(tokens: list[str]) -> tuple[str, ...]:
+    """``("flwr", "supernode", "register")`` for ``flwr supernode register ...``."""
+    words = ["flwr"]
+    for token in tokens[1:]:
+        if token.startswith("-") or token in (".", "gems-tls") or not token.isalpha():
+            break
+        words.append(token)
+        if token not in ("supernode", "federation"):
+            break
+    return tuple(words)
+
+
+@pytest.mark.parametrize("guide", GUIDES)
+def test_every_command_in_the_guides_uses_flags_and_settings_that_exist(guide):
+    checked = 0
+    for tokens in _commands(guide):
+        flags = [t.split("=")[0] for t in tokens if t.startswith("--")]
+        program = tokens[0]
+        if program == "gems-fl":
+            known = _gems_fl_options(tokens[1])
+            assert set(flags) <= known, (guide, tokens, sorted(set(flags) - known))
+            if "--run-config" in tokens:
+                overrides = parse_run_config(tokens[tokens.index("--run-config") + 1])
+                Settings.from_run_config(overrides)
+                from tests.helpers import app_defaults
+
+                assert set(overrides) <= set(app_defaults()), (guide, tokens)
+        elif program in ("flower-superlink", "flower-supernode"):
+            text = _help(program)
+            assert all(f in text for f in flags), (guide, program, [f for f in flags if f not in text])
+        elif program == "flwr":
+            words = _flwr_program(tokens)
+            text = _help(*words)
+            assert all(f in text for f in flags), (guide, words, [f for f in flags if f not in text])
+        elif program in ("python3", "bash") or program.startswith("deploy/"):
+            for token in tokens:
+                if REPO_PATH.fullmatch(token) or token.endswith((".py", ".sh")):
+                    assert (ROOT / token).exists(), (guide, token)
+        else:
+            continue
+        checked += 1
+    assert checked >= 5
+
+
+@pytest.mark.parametrize("guide", GUIDES)
+def test_every_repository_path_the_guides_name_exists(guide):
+    text = (ROOT / guide).read_text()
+    names = sorted({m for m in REPO_PATH.findall(text) if "<" not in m and "*" not in m})
+    missing = [n for n in names if not (ROOT / n).exists() and not
+               (n.startswith(("gems-results", "deploy/out", "benchmarks/out")))]
+    assert names and not missing, missing
+
+
+def test_the_loopback_commands_of_the_deploy_guide_run(tmp_path):
+    """Step 2 (certificates) and the check-data call of step 4, on this machine."""
+    certs = subprocess.run(["bash", str(ROOT / "deploy" / "make-certs.sh"), str(tmp_path / "certs"),
+                            "127.0.0.1"], capture_output=True, text=True, check=False, timeout=120)
+    assert certs.returncode == 0, certs.stderr
+    for name in ("ca.crt", "server.crt", "server.key"):
+        assert (tmp_path / "certs" / name).is_file()
+    from tests.sitegen import site_config
+
+    site = site_config(tmp_path / "sites", "site-a", seed=0)
+    (command,) = [t for t in _commands("deploy/README.md") if t[:2] == ["gems-fl", "check-data"]]
+    args = [site["data-path"] if t.startswith("/srv/") else t for t in command[2:]]
+    proc = subprocess.run([sys.executable, "-m", "gems_fl.running.cli", "check-data", *args],
+                          capture_output=True, text=True, check=False, timeout=120,
+                          env={"PYTHONPATH": str(ROOT), "PATH": _path()})
+    assert proc.returncode == 0 and "OK" in proc.stdout, proc.stdout + proc.stderr
