@@ -8,7 +8,7 @@ import sys
 
 import numpy as np
 import pytest
-from flwr.app import Message
+from flwr.app import Array, Message
 
 from gems_fl.evaluation.baselines import NN_ROW_NAMES
 from gems_fl.protocol import wire
@@ -159,3 +159,33 @@ def test_a_hidden_merge_in_which_nothing_merged_says_so_and_what_changes_it(tmp_
     from gems_fl.evaluation.results import markdown_table
 
     assert note in markdown_table(results)
+
+
+def test_mlp_without_server_data_reports_local_and_averaged_on_the_nodes(tmp_path):
+    """evaluate-on-server=false: every node sends its whole round-1 MLP once (the one whose
+    first layer it sent), and the evaluate round scores every Local model and Averaged on
+    every node, as for the convex model; a node's bad model is rejected by name."""
+    seen = []
+
+    def hook(reply: Message) -> Message:
+        seen.append(reply.metadata.group_id)
+        if reply.metadata.group_id == "local-models" and reply.metadata.src_node_id == 1002:
+            record = reply.content.array_records["model"]
+            record["output.bias"] = Array(np.full(10, np.nan, dtype=np.float32))
+        return reply
+
+    results = run_in_process(3, tmp_path, reply_hook=hook,
+                             **{**MLP_FAST, "evaluate-on-server": False, "required-nodes": "2"})
+    assert seen.count("local-models") == 3
+    report = results["local_models"]
+    assert report["nodes"] == ["partition-0", "partition-1"]
+    (bad,) = report["rejected"]
+    assert bad["node_name"] == "partition-2" and "NaN" in bad["reason"]
+    assert results["local_models_match_sent_layers"] is None  # one model missing
+    pooled = results["verification"]["pooled"]
+    assert list(pooled) == ["gems", "averaged", "local.partition-0", "local.partition-1"]
+    for entry in results["verification"]["per_node"].values():
+        assert set(entry["accuracy"]) == set(pooled)
+    clean = run_in_process(3, tmp_path / "clean", **{**MLP_FAST, "evaluate-on-server": False})
+    assert clean["local_models_match_sent_layers"] is True
+    assert {"averaged", "local.partition-2"} <= set(clean["verification"]["pooled"])

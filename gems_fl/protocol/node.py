@@ -40,6 +40,7 @@ from gems_fl.protocol.node_layerwise import (
     hidden_layer_spaces,
     output_layer_space,
     round_seed,
+    train_local_mlp,
 )
 from gems_fl.protocol.verify import score_models
 from gems_fl.settings import Settings
@@ -125,6 +126,17 @@ def _layer_round_reply(
                               num_train=len(y_tr), num_val=len(y_val), val_accuracy=val_acc)
 
 
+def _local_model_reply(data, settings: Settings) -> RecordDict:  # noqa: ANN001 - NodeData
+    """This node's whole round-1 local MLP, retrained from its data and seed (the model
+    whose first layer it sent in round 1), for the node-side Local and Averaged rows."""
+    x_tr, y_tr, _, _ = data.arrays
+    with compute_threads():
+        model = train_local_mlp(x_tr, y_tr, data.num_classes, settings.local_training, [],
+                                round_seed(data.seed, 1))
+    state = {k: v.detach().cpu().numpy() for k, v in model.state_dict().items()}
+    return wire.encode_local_model_reply(state, len(y_tr))
+
+
 def _refine_reply(msg: Message, data, settings: Settings) -> RecordDict:  # noqa: ANN001 - NodeData
     """A refinement step: this node's cross-entropy gradient at the server's model; in the
     selection round, each candidate's validation cross-entropy at each logit scale and its
@@ -158,6 +170,8 @@ def handle_train(msg: Message, context: Context) -> Message:
                                            DataAgreement.from_config(config)))
     if wire.REFINE_KEY in config:
         return Message(content=_refine_reply(msg, data, settings), reply_to=msg)
+    if wire.LOCAL_MODEL_KEY in config:
+        return Message(content=_local_model_reply(data, settings), reply_to=msg)
     with compute_threads():  # one thread count for training and the search after it
         if settings.model == "mlp":
             content = _layer_round_reply(msg, settings, data.num_classes, data.arrays, data.seed)

@@ -72,6 +72,7 @@ GRAM_KEY = "gram"
 LABELS_KEY = "labels"
 REFINE_KEY = "gems-refine"  # config key of a refinement round's message: its index (1..R)
 MODEL_KEY = "model"
+LOCAL_MODEL_KEY = "gems-local-model"  # config key: send your whole round-1 local model
 GRADIENT_KEY = "gradient"
 GRADIENT_METRIC_KEYS = ("loss", "num-train-examples")
 TEMPERATURES_KEY = "gems-temperatures"  # config key: the logit scales to score
@@ -179,6 +180,19 @@ def decode_model(content: RecordDict) -> dict[str, np.ndarray]:
     if record is None:
         raise ValueError(f"refinement message has no '{MODEL_KEY}' ArrayRecord")
     return {k: record[k].numpy() for k in record.keys()}
+
+
+def encode_local_model_request(config: dict[str, Any]) -> RecordDict:
+    """Server -> node (the MLP without server data): send your whole local model."""
+    return RecordDict({CONFIG_KEY: ConfigRecord({**config, LOCAL_MODEL_KEY: True})})
+
+
+def encode_local_model_reply(state: dict[str, np.ndarray], num_train_examples: int) -> RecordDict:
+    """Node -> server: the node's whole local model (float32) and its training size."""
+    return RecordDict({
+        MODEL_KEY: array_record({k: np.asarray(v, dtype=np.float32) for k, v in state.items()}),
+        METRICS_KEY: MetricRecord({"num-train-examples": int(num_train_examples)}),
+    })
 
 
 def encode_gradient_reply(gradient: dict[str, np.ndarray], *, loss: float,

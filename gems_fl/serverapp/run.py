@@ -60,6 +60,7 @@ from gems_fl.learning.models import (
 )
 from gems_fl.learning.train import accuracy, set_default_device
 from gems_fl.protocol.layerwise import LayerwiseGEMS
+from gems_fl.protocol.local_models import collect_local_mlps
 from gems_fl.protocol.attendance import RequiredNodesMissing, attendance
 from gems_fl.protocol.roster import Roster, identify_nodes
 from gems_fl.protocol.base import ConvexOutcome
@@ -256,6 +257,37 @@ def rebuild_local_mlps(run: ProtocolRun, data: ServerData, settings: Settings,
         models, run.extra["first_layer_centers"])
 
 
+def ask_local_mlps(grid: Grid, run: ProtocolRun, roster: Roster, settings: Settings,
+                   num_features: int, num_classes: int) -> None:
+    """Without server data: each accepted node's whole local MLP, for the node-side Local
+    and Averaged rows (:mod:`gems_fl.protocol.local_models`)."""
+    shapes = {k: tuple(v.shape) for k, v in build_model(
+        "mlp", num_features, num_classes, settings.hidden_widths, settings.dropout
+    ).state_dict().items()}
+    ids = [r.node_id for r in run.outcome.accepted]
+    got = collect_local_mlps(grid, ids, roster.names,
+                             {**settings.for_nodes(), **_extra_config(roster)}, shapes,
+                             settings.round_timeout)
+    run.extra["local_models"] = {**got.report, "rejected": got.rejected}
+    if not got.states:
+        return
+    models = {}
+    for name, state in got.states.items():
+        model = build_model("mlp", num_features, num_classes, settings.hidden_widths,
+                            settings.dropout)
+        model.load_state_dict({k: torch.as_tensor(v) for k, v in state.items()})
+        models[name] = model
+    run.local_models = models
+    run.averaged = average_models(list(models.values()))
+    sent = run.extra.get("first_layer_centers") or []
+    run.extra["local_models_match_sent_layers"] = (  # the same models the nodes' round 1 had
+        first_layer_matches(list(models.values()), sent) if len(sent) == len(models) else None)
+    as_state = lambda m: {k: v.detach().numpy() for k, v in m.state_dict().items()}  # noqa: E731
+    run.node_models["averaged"] = as_state(run.averaged)
+    if len(models) <= MAX_LOCALS_SENT:
+        run.node_models.update({f"local.{name}": as_state(m) for name, m in models.items()})
+
+
 def node_table(run: ProtocolRun, roster: Roster, verification: Verification,
                settings: Settings) -> list[dict[str, Any]]:
     """One row per accepted node, sorted by name: its space, whether ``h_G`` is inside,
@@ -374,6 +406,8 @@ def run_server(grid: Grid, context: Context) -> dict[str, Any]:
 
     if public is not None and server_data is None:
         run.node_models.update(tune_on_public(run, public, settings, num_features, num_classes))
+    if settings.model == "mlp" and server_data is None:
+        ask_local_mlps(grid, run, roster, settings, num_features, num_classes)
     t_verify = time.perf_counter()
     accepted_ids = [r.node_id for r in run.outcome.accepted]
     verification = verify_on_nodes(grid, accepted_ids, roster.names,
