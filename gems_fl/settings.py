@@ -165,7 +165,8 @@ class Settings:
     gram_rank: int = setting(
         0,
         "`gram` only: 0 sends the node's full Gram matrix (upper triangle, float32); r > 0 "
-        'sends a rank-r factor instead (fewer bytes, a coarser space)',
+        'sends a rank-r factor `F` and the diagonal of the rest instead, '
+        '`G ~ F F^T + diag(G - F F^T)` (fewer bytes, a coarser space)',
         at_least(0, "0 sends the full Gram matrix, r > 0 a rank-r factor"), node=True)
     gram_ridge: float = setting(
         1e-06,

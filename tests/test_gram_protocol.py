@@ -241,3 +241,31 @@ def test_mlp_without_public_samples_completes(tmp_path):
     assert rows["GEMS tuned"]["accuracy"] is None and "public-samples=0" in rows["GEMS tuned"]["skipped"]
     assert rows["GEMS"]["accuracy"] is not None and rows["Ensemble"]["accuracy"] is not None
     assert results["verification"]["answered"] == 3
+
+
+def test_a_rank_r_reply_carries_the_residual_diagonal_and_the_server_holds_the_nodes_space(tmp_path):
+    """gram-rank=r: F (n x r) and diag(G - F F^T) travel; the server's G is exactly the
+    node's (F F^T + diag), every input direction keeps its own variance, and a reply
+    without the residual is refused."""
+    from gems_fl.geometry.gram import from_factor, gram_matrix, low_rank_factor, residual_diagonal
+    from gems_fl.geometry.kinds import AggregateOptions, build_layer_space  # noqa: F401
+
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(300, 12)) @ rng.normal(size=(12, 12))
+    g = gram_matrix(x)
+    f = low_rank_factor(g, 3)
+    d = residual_diagonal(g, f)
+    approx = from_factor(f, d)
+    np.testing.assert_allclose(np.diag(approx), np.diag(g), rtol=1e-5)
+    assert np.linalg.norm(approx - g) < np.linalg.norm(from_factor(f) - g) * 1.5
+    assert (d >= 0).all()
+    results = run_in_process(3, tmp_path, space="gram", **{"gram-rank": 5,
+                                                          "label-division": "classes-per-node:4"})
+    up = results["rounds"][0]["bytes_received"]
+    full = run_in_process(3, tmp_path / "full", space="gram",
+                          **{"label-division": "classes-per-node:4"})["rounds"][0]["bytes_received"]
+    assert up < full
+    content = _gram_reply()
+    content.array_records["gram"] = wire.array_record({"factor": np.ones((65, 5), np.float32)})
+    with pytest.raises(replies.ReplyError, match="residual"):
+        replies.decode_reply(content, SHAPES, "gram", 5, labels=True)

@@ -153,10 +153,30 @@ def low_rank_factor(g: np.ndarray, rank: int) -> np.ndarray:
     return (vec * lam.sqrt()).numpy().astype(np.float32)
 
 
-def from_factor(f: np.ndarray) -> np.ndarray:
-    """``F F^T`` in float64 from a ``low_rank_factor`` output ``(n, r)``."""
+def residual_diagonal(g: np.ndarray, factor: np.ndarray) -> np.ndarray:
+    """``diag(G - F F^T)`` (float32, ``>= 0``): what a rank-r factor leaves out of each
+    direction's own variance. Sent beside ``F``, it keeps every input direction a node's
+    data vary in constrained by that node (with ``F`` alone, directions outside its top r
+    would be free, and the node would lose its say there)."""
+    t = _square("G", g)
+    f = _matrix("factor F", factor)
+    if f.shape[0] != t.shape[0]:
+        raise ValueError(f"factor has {f.shape[0]} rows; G is {t.shape[0]} x {t.shape[0]}")
+    rest = torch.diagonal(t) - (f * f).sum(dim=1)
+    return rest.clamp_min(0.0).numpy().astype(np.float32)
+
+
+def from_factor(f: np.ndarray, residual: np.ndarray | None = None) -> np.ndarray:
+    """``F F^T (+ diag(residual))`` in float64 from a ``low_rank_factor`` output ``(n, r)``
+    and, where sent, its :func:`residual_diagonal`."""
     t = _matrix("factor F", f)
-    return (t @ t.T).numpy()
+    g = t @ t.T
+    if residual is not None:
+        d = torch.as_tensor(np.asarray(residual), dtype=torch.float64).reshape(-1)
+        if len(d) != len(g):
+            raise ValueError(f"residual has {len(d)} entries; the factor has {len(g)} rows")
+        g.diagonal().add_(d)
+    return g.numpy()
 
 
 def relative_error(g: np.ndarray, approx: np.ndarray) -> float:

@@ -26,7 +26,13 @@ from gems_fl.geometry._checks import check_option
 from gems_fl.geometry.certify import certified_gram_radius, certified_radius
 from gems_fl.geometry import choices
 from gems_fl.geometry.fisher import diagonal_fisher, fisher_axes
-from gems_fl.geometry.gram import from_factor, gram_matrix, label_moments, low_rank_factor
+from gems_fl.geometry.gram import (
+    from_factor,
+    gram_matrix,
+    label_moments,
+    low_rank_factor,
+    residual_diagonal,
+)
 from gems_fl.geometry.gram_merge import aggregate_gram
 from gems_fl.geometry.gram_search import search_gram_radius
 from gems_fl.geometry.intersect import IntersectionResult, find_intersection
@@ -132,6 +138,7 @@ class LayerSpace:
     certified_radius: float
     center_accuracy: float
     factor: np.ndarray | None = None  # the rank-r factor of G sent instead of G
+    residual: np.ndarray | None = None  # with it, diag(G - F F^T)
 
 
 class SpaceKind:
@@ -231,16 +238,17 @@ class Gram(SpaceKind):
         gram = gram_matrix(train_inputs)
         moments, counts = (label_moments(train_inputs, train_labels, center.shape[0])
                            if options.label_moments else (None, None))
-        factor = None
+        factor = residual = None
         if options.gram_rank > 0:
             factor = low_rank_factor(gram, min(options.gram_rank, gram.shape[0]))
-            gram = from_factor(factor)  # the node's space is the one the server will hold
+            residual = residual_diagonal(gram, factor)
+            gram = from_factor(factor, residual)  # the node's space is the one the server holds
         search = search_gram_radius(center, gram, val_inputs, y_val, eps=options.eps,
                                     num_directions=options.num_directions,
                                     r_max=options.bound, delta=options.delta, seed=seed)
         cert = certified_gram_radius(center, gram, val_inputs, y_val, options.eps)
         return LayerSpace(GramSpace(center.reshape(-1), gram, search.radius, cert, moments,
-                                    counts), cert, search.center_accuracy, factor)
+                                    counts), cert, search.center_accuracy, factor, residual)
 
     def make(self, center, radius, certified, extras) -> GramSpace:
         moments, counts = extras.get("labels", (None, None))

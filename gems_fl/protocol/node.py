@@ -98,7 +98,7 @@ def encode_layer_space(layer: LayerSpace, num_inputs: int, num_classes: int, *, 
         num_train_examples=num_train, num_val_examples=num_val,
         local_val_accuracy=val_accuracy,
         gram=space.gram if isinstance(space, GramSpace) and layer.factor is None else None,
-        gram_factor=layer.factor,
+        gram_factor=layer.factor, gram_residual=layer.residual,
         labels=((space.moments, space.class_counts)
                 if isinstance(space, GramSpace) and space.moments is not None else None),
     )

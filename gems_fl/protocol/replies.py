@@ -184,9 +184,10 @@ def _read_gram(content: RecordDict, n: int, rank: int) -> np.ndarray:
     if record is None:
         raise ReplyError(f"'{GRAM_KEY}' is not an ArrayRecord")
     key = "factor" if rank > 0 else "triangle"
-    if set(record.keys()) != {key}:
-        raise ReplyError(f"'{GRAM_KEY}' holds {sorted(record.keys())}, expected ['{key}'] "
-                         f"(gram-rank={rank})")
+    expected_keys = {"factor", "residual"} if rank > 0 else {"triangle"}
+    if set(record.keys()) != expected_keys:
+        raise ReplyError(f"'{GRAM_KEY}' holds {sorted(record.keys())}, expected "
+                         f"{sorted(expected_keys)} (gram-rank={rank})")
     try:
         arr = np.asarray(record[key].numpy(), dtype=np.float64)
     except Exception as exc:  # noqa: BLE001 - any decode failure is a bad reply
@@ -198,7 +199,11 @@ def _read_gram(content: RecordDict, n: int, rank: int) -> np.ndarray:
             expected = (n, min(rank, n))
             if arr.shape != expected:
                 raise ValueError(f"factor has shape {arr.shape}, expected {expected}")
-            gram = from_factor(arr)
+            residual = np.asarray(record["residual"].numpy(), dtype=np.float64)
+            if residual.shape != (n,) or not np.all(np.isfinite(residual)) or residual.min() < 0:
+                raise ValueError(f"residual must be {n} finite values >= 0 (the diagonal of "
+                                 f"G - F F^T); got shape {residual.shape}")
+            gram = from_factor(arr, residual)
         else:
             if arr.shape != (n * (n + 1) // 2,):
                 raise ValueError(f"triangle has shape {arr.shape}, expected ({n * (n + 1) // 2},) "

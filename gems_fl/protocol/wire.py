@@ -35,7 +35,8 @@ Client -> server (the reply; nothing else leaves the client)::
     "center":  ArrayRecord   the local optimum as the model's state_dict (weight, bias)
     "axes":    ArrayRecord   relative ellipsoid axes, same keys and shapes (ellipsoid only)
     "gram":    ArrayRecord   gram only: "triangle", the upper triangle of G (float32), or
-                             "factor", F with G = F F^T (gram-rank > 0)
+                             "factor" F and "residual" d with G ~ F F^T + diag(d)
+                             (gram-rank > 0)
     "labels":  ArrayRecord   gram only: "moments", mean of e_y [x, 1]^T over the training
                              rows (C x (d+1), float32), and "counts", the class counts
     "metrics": MetricRecord  radius, certified-radius (-1: infinite), eps (the node's
@@ -233,18 +234,23 @@ def encode_reply(
     local_val_accuracy: float,
     gram: np.ndarray | None = None,
     gram_factor: np.ndarray | None = None,
+    gram_residual: np.ndarray | None = None,
     labels: tuple[np.ndarray, np.ndarray] | None = None,
 ) -> RecordDict:
     """A node's reply: its good-enough space and a few counts.
 
     A Gram space sends ``G`` as its upper triangle (float32) or, with ``gram_factor``,
-    as the rank-r factor ``F`` (``G = F F^T``) instead.
+    as the rank-r factor ``F`` and the residual's diagonal ``gram_residual``
+    (``G ~ F F^T + diag(residual)``) instead.
     """
     records: dict[str, Any] = {CENTER_KEY: array_record(center)}
     if axes is not None:
         records[AXES_KEY] = array_record(axes)
     if gram_factor is not None:
-        records[GRAM_KEY] = array_record({"factor": np.asarray(gram_factor, dtype=np.float32)})
+        if gram_residual is None:
+            raise ValueError("a rank-r Gram reply carries its residual diagonal too")
+        records[GRAM_KEY] = array_record({"factor": np.asarray(gram_factor, dtype=np.float32),
+                                          "residual": np.asarray(gram_residual, dtype=np.float32)})
     elif gram is not None:
         records[GRAM_KEY] = array_record({"triangle": pack_triangle(gram)})
     if labels is not None:
