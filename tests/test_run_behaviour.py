@@ -12,6 +12,9 @@ import sys
 import threading
 import time
 import uuid
+import shutil
+import socket
+import tempfile
 from dataclasses import fields
 from pathlib import Path
 
@@ -384,3 +387,59 @@ def test_launch_timing_adds_startup_and_shutdown_to_the_results(tmp_path):
     assert json.loads(path.read_text()) == results
     assert timing_line(results["timing_s"]) == ("start-up 12.0 s, identify round 2.0 s, GEMS "
                                                 "rounds 30.0 s, shut-down 3.0 s; 65.0 s in all")
+
+
+@pytest.mark.slow
+def test_the_nodes_run_on_an_existing_ray_cluster(tmp_path):
+    """`gems-fl run --ray-address` runs the simulation on a Ray head started here on
+    loopback (the run is a job of that cluster, and starts no Ray of its own); stopping
+    the head afterwards leaves nothing running."""
+    from gems_fl.running.processes import processes_using
+    from gems_fl.running.superlink import free_port
+
+    port = free_port()
+    ray_tmp = Path(tempfile.mkdtemp(prefix="gems-ray-", dir="/tmp"))  # Ray's socket paths are short
+    env = {**os.environ, "RAY_TMPDIR": str(ray_tmp)}
+    head = subprocess.Popen(["ray", "start", "--head", "--block", "--port", str(port),
+                             "--num-cpus", "2", "--include-dashboard=false",
+                             "--disable-usage-stats"], env=env, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        for _ in range(120):  # the head's GCS accepts connections: a state, polled
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1.0).close()
+                break
+            except OSError:
+                assert head.poll() is None, "ray start --head exited"
+                time.sleep(0.5)
+        out = tmp_path / "out"
+        run = Launched(tmp_path, ["--nodes", "2", "--output-dir", str(out),
+                                  "--ray-address", f"127.0.0.1:{port}"])
+        assert run.wait(timeout=600) == 0, "".join(run.err[-40:])
+        (path,) = out.glob(f"run-*/{RESULTS_FILE}")
+        assert json.loads(path.read_text())["status"] == "completed"
+        jobs = subprocess.run(
+            [sys.executable, "-c", "import ray; ray.init(address='127.0.0.1:%d', "
+             "logging_level='ERROR'); print(len(ray._private.state.jobs()))" % port],
+            env=env, capture_output=True, text=True, timeout=120, check=False)
+        assert int(jobs.stdout.strip().splitlines()[-1]) >= 2  # the run's driver and this one
+        assert run.survivors() == []
+    finally:
+        os.killpg(head.pid, signal.SIGTERM)
+        head.wait(timeout=60)
+    for _ in range(60):
+        if not processes_using([ray_tmp]):
+            break
+        time.sleep(0.5)
+    assert processes_using([ray_tmp]) == []
+    shutil.rmtree(ray_tmp, ignore_errors=True)
+
+
+def test_a_ray_address_nobody_answers_is_refused_before_anything_starts(capsys):
+    from gems_fl.running.cli import main
+    from gems_fl.running.superlink import free_port
+
+    assert main(["run", "--nodes", "2", "--ray-address", f"127.0.0.1:{free_port()}"]) == 2
+    assert "no Ray head answers there" in capsys.readouterr().err
+    assert main(["run", "--nodes", "2", "--ray-address", "nowhere"]) == 2
+    assert "HOST:PORT" in capsys.readouterr().err

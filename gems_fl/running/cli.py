@@ -70,6 +70,10 @@ def _parser() -> argparse.ArgumentParser:
                      "identity round's agreement, scaling and node-side evaluation of a "
                      "deployed run; repeat for each site (sets dataset='node-files' and, "
                      "without public-data, evaluate-on-server=false)")
+    run.add_argument("--ray-address", default=None, metavar="HOST:PORT",
+                     help="run the simulated nodes on an existing Ray cluster (its head's "
+                     "address, as `ray start --head` prints it) instead of a private Ray "
+                     "instance on this machine")
     run.add_argument("--cpus-per-node", type=int, default=1,
                      help="CPUs the simulation reserves per node (Flower's "
                      "client-resources-num-cpus; default 1: every core runs a node)")
@@ -221,6 +225,7 @@ def _run(args: argparse.Namespace) -> int:
     nodes = args.nodes if args.nodes is not None else 5
     return _report(lambda: run_app(args.app, num_nodes=nodes, run_config=args.run_config,
                                    cpus_per_node=args.cpus_per_node, sites=args.site,
+                                   ray_address=args.ray_address,
                                    output_dir=args.output_dir, progress=True))
 
 

@@ -67,6 +67,7 @@ def run_app(
     progress: bool | Progress | None = None,
     cpus_per_node: int = 1,
     sites: list[str] | None = None,
+    ray_address: str | None = None,
 ) -> RunOutcome:
     """``flwr run`` the app as a simulation with ``num_nodes`` SuperNodes; check it.
 
@@ -77,6 +78,11 @@ def run_app(
     ``sites``: site files (``gems-fl run --site``), one simulated node each, as deployed
     SuperNodes with those files would run (:func:`site_overrides`); ``num_nodes`` is then
     their count.
+
+    ``ray_address``: run the simulation's nodes on an existing Ray cluster (``HOST:PORT``
+    of its head, as ``ray start --head`` prints it) instead of a private Ray instance:
+    Ray's own ``RAY_ADDRESS`` in the environment of the SuperLink and what it starts
+    (Flower 1.42's simulation config has no address field). Checked to answer first.
 
     ``progress``: ``True`` shows the phases (a live line on a terminal, plain lines
     otherwise) above the streamed log; ``None``/``False`` only streams the log.
@@ -102,6 +108,10 @@ def run_app(
     if int(cpus_per_node) < 1:
         raise ValueError(f"--cpus-per-node={cpus_per_node} must be >= 1")
     preflight(settings, num_nodes)
+    extra_env = _git_env(app)
+    if ray_address:
+        check_ray_address(ray_address)
+        extra_env["RAY_ADDRESS"] = ray_address
     started_at = datetime.now(timezone.utc)
     out_dir = Path(overrides["output-dir"])
     log_path = out_dir / LOG_FOLDER / f"gems-fl-{_stamp(started_at)}-{os.getpid()}.log"
@@ -117,7 +127,7 @@ def run_app(
             overrides_file = workdir / "run-config.toml"
             overrides_file.write_text(tomli_w.dumps(overrides))
             run_log = RunLog(log_path, progress or None)
-            link = LocalSuperLink(workdir, extra_env=_git_env(app))
+            link = LocalSuperLink(workdir, extra_env=extra_env)
             link.__enter__()  # stopped in `finally` (and on a signal), never half-way
             out = link.flwr_streamed("run", str(app), CONNECTION, "--stream",
                                      "--run-config", str(overrides_file),
@@ -161,6 +171,23 @@ def run_app(
             _keep_superlink_log(link, log_path)
             if workdir is not None:
                 shutil.rmtree(workdir, ignore_errors=True)
+
+
+def check_ray_address(address: str) -> None:
+    """``HOST:PORT`` of a Ray head that accepts a connection, else ValueError saying so."""
+    import socket
+
+    host, _, port = address.rpartition(":")
+    if not host or not port.isdigit():
+        raise ValueError(f"--ray-address {address!r}: give the Ray head's HOST:PORT, e.g. "
+                         "10.0.0.5:6379 (what `ray start --head` prints)")
+    try:
+        with socket.create_connection((host, int(port)), timeout=5.0):
+            pass
+    except OSError as exc:
+        raise ValueError(f"--ray-address {address}: no Ray head answers there ({exc}); start "
+                         "one with `ray start --head --port PORT`, or leave --ray-address out "
+                         "to run a private Ray instance") from None
 
 
 def site_overrides(sites: list[str], overrides: dict) -> dict:
