@@ -105,7 +105,7 @@ def test_submit_a_site_killed_mid_round_exits_3_names_it_and_brings_the_results_
         killer = threading.Thread(target=kill_when_training_starts, daemon=True)
         killer.start()
         server_side, home = tmp_path / "superlink-machine", tmp_path / "home"
-        proc = _submit(fed, f"dataset='node-files' evaluate-on-server=false round-timeout=30.0 "
+        proc = _submit(fed, f"dataset='node-files' evaluate-on-server=false round-timeout=60.0 "
                             f"output-dir='{server_side}'", "--output-dir", str(home))
         try:
             output, _ = proc.communicate(timeout=400)
