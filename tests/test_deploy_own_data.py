@@ -73,6 +73,20 @@ def _cli(fed: TlsFederation, *args: str) -> subprocess.CompletedProcess[str]:
                           capture_output=True, text=True, timeout=300, check=False)
 
 
+def _finished(fed: TlsFederation, run_id: int, polls: int) -> str:
+    """The run's status once the SuperLink says it finished (a state, polled each second
+    up to ``polls`` times), else the last status seen."""
+    status = ""
+    for _ in range(polls):
+        listed = json.loads(fed.flwr("ls", "--run-id", str(run_id), CONNECTION,
+                                     "--format", "json").stdout)
+        status = listed["runs"][0]["status"]
+        if status.startswith("finished"):
+            break
+        time.sleep(1.0)
+    return status
+
+
 def test_submit_exits_non_zero_when_the_superlink_stops_mid_run(tmp_path, sites):
     with TlsFederation(tmp_path / "fed") as fed:
         nodes = [fed.add_node({**config, **TRAINS_FOREVER}) for config in sites]
@@ -149,15 +163,7 @@ def test_ctrl_c_on_submit_stops_the_run_on_the_superlink(tmp_path, sites):
         run_id = int(re.search(r"stopped run (\d+) on 'gems-tls'", output).group(1))
         assert output.strip().splitlines()[-1].startswith("gems-fl: interrupted by SIGINT")
         assert "Traceback" not in output
-        status = ""
-        for _ in range(60):  # the SuperLink finishes the stop (a state, polled)
-            listed = json.loads(fed.flwr("ls", "--run-id", str(run_id), CONNECTION,
-                                         "--format", "json").stdout)
-            status = listed["runs"][0]["status"]
-            if status.startswith("finished"):
-                break
-            time.sleep(1.0)
-        assert status == "finished:stopped", status
+        assert _finished(fed, run_id, 60) == "finished:stopped"  # the SuperLink's stop
 
 
 def test_detached_submit_then_status_and_pull(tmp_path, sites):
@@ -171,15 +177,7 @@ def test_detached_submit_then_status_and_pull(tmp_path, sites):
         run_id = int(re.search(r"run (\d+) started on 'gems-tls' and left running", output).group(1))
         assert f"flwr stop {run_id} {CONNECTION}" in output
         assert f"gems-fl pull {run_id} --superlink {CONNECTION}" in output
-        status = ""
-        for _ in range(300):  # wait for the state "finished", not for a time
-            listed = json.loads(fed.flwr("ls", "--run-id", str(run_id), CONNECTION,
-                                         "--format", "json").stdout)
-            status = listed["runs"][0]["status"]
-            if status.startswith("finished"):
-                break
-            time.sleep(1.0)
-        assert status == "finished:completed"
+        assert _finished(fed, run_id, 300) == "finished:completed"
         shown = _cli(fed, "status", "--superlink", CONNECTION)
         assert shown.returncode == 0, shown.stderr
         assert "3 SuperNode(s)" in shown.stdout

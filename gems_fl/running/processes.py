@@ -32,17 +32,22 @@ def marked_processes(marker: str, variable: str = MARKER_VARIABLE) -> list[int]:
     Zombies and processes of other users (unreadable environ) are skipped.
     """
     needle = f"{variable}={marker}".encode()
+    return _processes(lambda entry: needle in (entry / "environ").read_bytes().split(b"\0"))
+
+
+def _processes(matches: Callable[[Path], bool]) -> list[int]:
+    """PIDs (other than this process) whose ``/proc/<pid>`` entry ``matches``; entries
+    that cannot be read (gone, zombies, other users) are skipped."""
     found = []
     own = os.getpid()
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit() or int(entry.name) == own:
             continue
         try:
-            environ = (entry / "environ").read_bytes()
+            if matches(entry):
+                found.append(int(entry.name))
         except OSError:
             continue
-        if needle in environ.split(b"\0"):
-            found.append(int(entry.name))
     return sorted(found)
 
 
@@ -54,22 +59,15 @@ def processes_using(folders: list[Path]) -> list[int]:
     ``setproctitle``, which overwrites the memory ``/proc/<pid>/environ`` shows, so the
     marker is gone from them; they still hold their log files in the run's Ray folder.
     """
-    prefixes = [str(Path(f).resolve()) + os.sep for f in folders]
+    prefixes = tuple(str(Path(f).resolve()) + os.sep for f in folders)
     if not prefixes:
         return []
-    found = []
-    own = os.getpid()
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit() or int(entry.name) == own:
-            continue
-        try:
-            links = [os.readlink(entry / "cwd")]
-            links += [os.readlink(fd) for fd in (entry / "fd").iterdir()]
-        except OSError:
-            continue
-        if any(link.startswith(p) for link in links for p in prefixes):
-            found.append(int(entry.name))
-    return sorted(found)
+
+    def uses(entry: Path) -> bool:
+        links = [os.readlink(entry / "cwd"), *(os.readlink(fd) for fd in (entry / "fd").iterdir())]
+        return any(link.startswith(prefixes) for link in links)
+
+    return _processes(uses)
 
 
 def process_name(pid: int) -> str:
