@@ -91,7 +91,9 @@ def test_convex_over_tls_equals_the_simulation(federation, sites, tmp_path):
     for k in range(NUM_NODES):
         assert f"('site-{k}')" in run.output
     round1, selection = deployed["rounds"]  # the spaces, then the selection round
-    assert selection["refine"] == 0 and selection["pooled_ridge"] is not None
+    assert selection["refine"] == 0
+    assert (selection["pooled_ridge"] is not None) == (selection["point"] == "pooled")
+    assert (selection.get("lda_shrinkage") is not None) == (selection["point"] == "lda")
     assert round1["bytes_sent"] > 0 and round1["bytes_received"] > 0 and round1["wall_s"] > 0
 
 
