@@ -21,11 +21,9 @@ from gems_fl.geometry.choices import (
     GRAM_POINTS,
     GRAM_WEIGHTINGS,
     NO_INTERSECTION_FALLBACKS,
-    POOLED_POINTS,
     POOLED_RIDGES,
     REFINE_METHODS,
     SPACE_KINDS,
-    SPACE_R_MAX,
 )
 from gems_fl.learning.recipe import TUNE_STOPS, LocalTraining, TrainRecipe, TuneRecipe
 from gems_fl.learning.widths import parse_hidden
@@ -36,6 +34,7 @@ from gems_fl.setting_values import (
     parse_required_nodes,
     parse_tune_curve,
 )
+from gems_fl.setting_rules import check_rules
 from gems_fl.setting_checks import (
     SettingsError,
     at_least,
@@ -61,7 +60,8 @@ MODELS = ("logistic", "mlp")
 NEURON_CRITERIA = ("rms", "paper")
 TUNE_LAYERS = ("last", "all")
 DEVICES = ("auto", "cpu", "cuda")  # resolved per process: gems_fl.learning.train.resolve_device
-NODE_OVERRIDES = ("eps", "local-max-epochs", "local-patience")  # a node's own --node-config may override these
+# the run settings a node's own --node-config may override
+NODE_OVERRIDES = ("eps", "local-max-epochs", "local-patience")
 
 
 _ROW_HIDDEN = (
@@ -403,70 +403,7 @@ class Settings:
                 continue
             if f.metadata["check"] is not None:
                 f.metadata["check"](key_of(f), value)
-        bound = self.r_max or SPACE_R_MAX[self.space]
-        if self.delta >= bound:
-            own = "" if self.r_max else f" (space='{self.space}''s own bound)"
-            raise SettingsError(
-                f"delta={self.delta} must be smaller than r-max={bound}{own}: delta is "
-                "the width at which the radius bisection over [0, r-max] stops"
-            )
-        self._check_dataset_shape()
-        if not node_only:
-            self._check_node_files()
-            if (self.space == "gram" and self.gram_point in POOLED_POINTS
-                    and not self.label_moments):
-                raise SettingsError(
-                    f"gram-point='{self.gram_point}' fits the labels of all nodes from their "
-                    "label moments: set label-moments=true, or gram-point='closed-form'")
-            if self.refine_rounds and self.space != "gram":
-                raise SettingsError(
-                    f"refine-rounds={self.refine_rounds} steps with the nodes' Gram matrices: "
-                    "set space='gram', or refine-rounds=0")
-
-    def _check_dataset_shape(self) -> None:
-        """``num-features`` and ``classes`` pin ``node-files`` runs; a named dataset has its own."""
-        from gems_fl.data.site_files import parse_classes
-
-        if self.dataset == NODE_FILES:
-            self._check_gram_rank(self.num_features)
-            return
-        from gems_fl.data.datasets import DATASET_SHAPES
-
-        features, count = DATASET_SHAPES[self.dataset]
-        self._check_gram_rank(features)
-        classes = parse_classes(self.classes)
-        if self.num_features not in (0, features):
-            raise SettingsError(f"num-features={self.num_features} but dataset='{self.dataset}' "
-                                f"has {features}; num-features pins dataset='node-files' runs")
-        if classes is not None and (classes if isinstance(classes, int) else len(classes)) != count:
-            raise SettingsError(f"classes={self.classes!r} but dataset='{self.dataset}' has "
-                                f"{count} classes; classes pins dataset='node-files' runs")
-
-    def _check_gram_rank(self, features: int) -> None:
-        """A rank-r factor of the logistic model's (d+1) x (d+1) Gram matrix is smaller
-        than the matrix only for r < d + 1 (``features`` 0: not known before the run)."""
-        if self.space != "gram" or self.model != "logistic" or not features \
-                or self.gram_rank < features + 1:
-            return
-        raise SettingsError(
-            f"gram-rank={self.gram_rank} but the Gram matrix is {features + 1} x {features + 1} "
-            f"({features} features and the bias): a rank-{self.gram_rank} factor would send "
-            f"more than the matrix itself; use gram-rank=0 (the full matrix) or a rank below "
-            f"{features + 1}")
-
-    def _check_node_files(self) -> None:
-        """What the server needs for ``dataset='node-files'`` (it holds no node's data)."""
-        if self.dataset != NODE_FILES:
-            return
-        if self.evaluate_on_server and not self.public_data.strip():
-            raise SettingsError(
-                "dataset='node-files' keeps the data on the nodes, so the server has nothing "
-                "to evaluate on: set evaluate-on-server=false (the nodes evaluate every "
-                "model on their own data), or give public-data with a test split")
-        if self.evaluate_on_server and self.model == "mlp":
-            raise SettingsError(
-                "dataset='node-files' with model='mlp': set evaluate-on-server=false (the "
-                "server cannot rebuild the nodes' local MLPs without their data)")
+        check_rules(self, node_only)
 
     @classmethod
     def from_run_config(cls, run_config: Mapping[str, Any]) -> "Settings":

@@ -19,13 +19,11 @@ of their own), see :mod:`gems_fl.running.processes`; temp folders go with them.
 
 from __future__ import annotations
 
-import os
 import re
 import shutil
 import signal
 import tempfile
 import time
-from datetime import datetime, timezone
 from pathlib import Path
 
 import tomli_w
@@ -38,16 +36,11 @@ from gems_fl.running.run_config import app_config, resolve_overrides
 from gems_fl.running.runlog import Progress, RunLog, summarise_errors
 from gems_fl.running.signals import Signalled, hold_signals, signals_raise
 from gems_fl.running.superlink import CONNECTION, LocalSuperLink, run_status
-from gems_fl.running.watch import conclude
+from gems_fl.running.watch import conclude, new_log_path
 from gems_fl.settings import Settings
 
 GIT_COMMIT_VARIABLE = "GEMS_FL_GIT_COMMIT"
 GIT_DIRTY_VARIABLE = "GEMS_FL_GIT_DIRTY"
-LOG_FOLDER = "logs"
-
-
-def _stamp(moment: datetime) -> str:
-    return moment.strftime("%Y%m%dT%H%M%SZ")
 
 
 def _git_env(app: Path) -> dict[str, str]:
@@ -112,9 +105,8 @@ def run_app(
     if ray_address:
         check_ray_address(ray_address)
         extra_env["RAY_ADDRESS"] = ray_address
-    started_at = datetime.now(timezone.utc)
     out_dir = Path(overrides["output-dir"])
-    log_path = out_dir / LOG_FOLDER / f"gems-fl-{_stamp(started_at)}-{os.getpid()}.log"
+    log_path = new_log_path(out_dir, "run")
     if progress is True:
         progress = Progress()
     run_log: RunLog | None = None
@@ -220,13 +212,6 @@ def _keep_superlink_log(link: LocalSuperLink | None, log_path: Path) -> None:
     target = log_path.with_suffix(".superlink.log")
     if not target.exists():
         shutil.copy(link.log_path, target)
-
-
-def _remove_if_empty(folder: Path) -> None:
-    try:
-        folder.rmdir()
-    except OSError:
-        pass
 
 
 def _remove_partial_results(out_dir: Path, run_id: int | None) -> None:

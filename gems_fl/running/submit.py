@@ -19,7 +19,6 @@ import signal
 import subprocess
 import tempfile
 import time
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +30,7 @@ from gems_fl.running.outcome import RunFailed, RunInterrupted, RunOutcome
 from gems_fl.running.run_config import app_config, parse_run_config
 from gems_fl.running.runlog import Progress, RunLog, summarise_errors
 from gems_fl.running.signals import Signalled, hold_signals, signals_raise
-from gems_fl.running.watch import conclude
+from gems_fl.running.watch import conclude, new_log_path
 from gems_fl.settings import Settings
 
 STARTED = re.compile(r"Successfully started run (\d+)")
@@ -96,10 +95,6 @@ def final_status(conn: Connection, run_id: int, timeout: float = 30.0) -> tuple[
     return status, problem
 
 
-def _stamp() -> str:
-    return datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
-
-
 def _stamp_commit(results_path: Path, app: Path, connection: str) -> None:
     """The submitting checkout's commit in ``results.json`` (the SuperLink runs the app
     bundle built from it and has no git) and where the results came from."""
@@ -152,7 +147,7 @@ def submit(app_dir: str | Path, connection: str, run_config: str | None = None, 
     overrides = check_overrides(app, run_config)
     conn = Connection(connection, env)
     out_dir = Path(output_dir).expanduser().resolve()
-    log_path = out_dir / "logs" / f"gems-fl-submit-{_stamp()}-{os.getpid()}.log"
+    log_path = new_log_path(out_dir, "submit")
     if progress is True:
         progress = Progress(phase=f"submitting to '{connection}'")
     run_log: RunLog | None = None
@@ -259,12 +254,12 @@ def status(connection: str, env: dict[str, str] | None = None) -> list[str]:
         text = conn.flwr("log", str(run["run-id"]), "--show", timeout=60.0).stdout
         for name, node_id in IDENTIFIED.findall(text):
             names[int(node_id)] = name
-        progress = Progress(stream=open(os.devnull, "w"), live=False, phase="submitted")
-        for line in text.splitlines():
-            if not is_bundle_line(line):
-                progress.feed(line)
+        with open(os.devnull, "w") as quiet:  # the phases only, nothing shown
+            progress = Progress(stream=quiet, live=False, phase="submitted")
+            for line in text.splitlines():
+                if not is_bundle_line(line):
+                    progress.feed(line)
         phases[int(run["run-id"])] = progress.phase
-        progress.stream.close()
     lines = [f"SuperLink '{connection}': {len(nodes)} SuperNode(s)"]
     for node in sorted(nodes, key=lambda n: int(n["node-id"])):
         node_id = int(node["node-id"])

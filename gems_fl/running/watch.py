@@ -5,8 +5,10 @@ added to them."""
 
 from __future__ import annotations
 
+import os
 import shutil
 import time
+from datetime import datetime, timezone
 from pathlib import Path
 
 from gems_fl.evaluation.results import RESULTS_FILE
@@ -15,6 +17,15 @@ from gems_fl.running.runlog import RunLog, summarise_errors
 from gems_fl.running.timing import add_launch_timing
 
 KEPT_LOG = "run.log"
+LOG_FOLDER = "logs"
+
+
+def new_log_path(out_dir: Path, command: str) -> Path:
+    """Where a watched run's log goes until it has a results folder:
+    ``<out_dir>/logs/gems-fl[-<command>]-<UTC stamp>-<pid>.log``."""
+    stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    name = "gems-fl" if command == "run" else f"gems-fl-{command}"
+    return out_dir / LOG_FOLDER / f"{name}-{stamp}-{os.getpid()}.log"
 
 
 def conclude(run_id: int, status: str, out_dir: Path, run_log: RunLog,

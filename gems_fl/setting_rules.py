@@ -1,0 +1,85 @@
+"""The rules between run settings (one setting's meaning depends on another): checked
+by :class:`gems_fl.settings.Settings` after each setting passed its own check."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from gems_fl.data.agreement import NODE_FILES
+from gems_fl.geometry.choices import POOLED_POINTS, SPACE_R_MAX
+from gems_fl.setting_checks import SettingsError
+
+if TYPE_CHECKING:
+    from gems_fl.settings import Settings
+
+
+def check_rules(settings: "Settings", node_only: bool) -> None:
+    """Raise :class:`SettingsError` naming the settings that contradict each other
+    (``node_only``: the settings a node holds, the server-side ones unset)."""
+    bound = settings.r_max or SPACE_R_MAX[settings.space]
+    if settings.delta >= bound:
+        own = "" if settings.r_max else f" (space='{settings.space}''s own bound)"
+        raise SettingsError(
+            f"delta={settings.delta} must be smaller than r-max={bound}{own}: delta is "
+            "the width at which the radius bisection over [0, r-max] stops"
+        )
+    _dataset_shape(settings)
+    if not node_only:
+        _node_files(settings)
+        if (settings.space == "gram" and settings.gram_point in POOLED_POINTS
+                and not settings.label_moments):
+            raise SettingsError(
+                f"gram-point='{settings.gram_point}' fits the labels of all nodes from their "
+                "label moments: set label-moments=true, or gram-point='closed-form'")
+        if settings.refine_rounds and settings.space != "gram":
+            raise SettingsError(
+                f"refine-rounds={settings.refine_rounds} steps with the nodes' Gram matrices: "
+                "set space='gram', or refine-rounds=0")
+
+
+def _dataset_shape(settings: "Settings") -> None:
+    """``num-features`` and ``classes`` pin ``node-files`` runs; a named dataset has its own."""
+    from gems_fl.data.site_files import parse_classes
+
+    if settings.dataset == NODE_FILES:
+        _gram_rank(settings, settings.num_features)
+        return
+    from gems_fl.data.datasets import DATASET_SHAPES
+
+    features, count = DATASET_SHAPES[settings.dataset]
+    _gram_rank(settings, features)
+    classes = parse_classes(settings.classes)
+    if settings.num_features not in (0, features):
+        raise SettingsError(f"num-features={settings.num_features} but dataset='{settings.dataset}' "
+                            f"has {features}; num-features pins dataset='node-files' runs")
+    if classes is not None and (classes if isinstance(classes, int) else len(classes)) != count:
+        raise SettingsError(f"classes={settings.classes!r} but dataset='{settings.dataset}' has "
+                            f"{count} classes; classes pins dataset='node-files' runs")
+
+
+def _gram_rank(settings: "Settings", features: int) -> None:
+    """A rank-r factor of the logistic model's (d+1) x (d+1) Gram matrix is smaller
+    than the matrix only for r < d + 1 (``features`` 0: not known before the run)."""
+    if settings.space != "gram" or settings.model != "logistic" or not features \
+            or settings.gram_rank < features + 1:
+        return
+    raise SettingsError(
+        f"gram-rank={settings.gram_rank} but the Gram matrix is {features + 1} x {features + 1} "
+        f"({features} features and the bias): a rank-{settings.gram_rank} factor would send "
+        f"more than the matrix itself; use gram-rank=0 (the full matrix) or a rank below "
+        f"{features + 1}")
+
+
+def _node_files(settings: "Settings") -> None:
+    """What the server needs for ``dataset='node-files'`` (it holds no node's data)."""
+    if settings.dataset != NODE_FILES:
+        return
+    if settings.evaluate_on_server and not settings.public_data.strip():
+        raise SettingsError(
+            "dataset='node-files' keeps the data on the nodes, so the server has nothing "
+            "to evaluate on: set evaluate-on-server=false (the nodes evaluate every "
+            "model on their own data), or give public-data with a test split")
+    if settings.evaluate_on_server and settings.model == "mlp":
+        raise SettingsError(
+            "dataset='node-files' with model='mlp': set evaluate-on-server=false (the "
+            "server cannot rebuild the nodes' local MLPs without their data)")
