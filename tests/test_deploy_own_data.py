@@ -92,7 +92,7 @@ def test_submit_exits_non_zero_when_the_superlink_stops_mid_run(tmp_path, sites)
         nodes = [fed.add_node({**config, **TRAINS_FOREVER}) for config in sites]
         out = tmp_path / "out"
         proc = _submit(fed, f"dataset='node-files' evaluate-on-server=false "
-                            f"output-dir='{out}'")
+                            f"output-dir='{out}'", "--output-dir", str(tmp_path / "home"))
         try:
             fed.wait_for_log(nodes[0], "Receiving: train message", 300)
             _stop_group(fed.superlink)  # the SuperLink goes away mid-run
@@ -102,6 +102,8 @@ def test_submit_exits_non_zero_when_the_superlink_stops_mid_run(tmp_path, sites)
     assert proc.returncode == 1, output[-3000:]
     assert "gems-fl: run failed" in output
     assert "does not report the run's status" in output or "ended with status" in output
+    # the failed run's log is kept under submit's own --output-dir, not the working folder
+    assert len(list((tmp_path / "home" / "logs").glob("gems-fl-submit-*.log"))) == 1
 
 
 def test_submit_a_site_killed_mid_round_exits_3_names_it_and_brings_the_results_home(tmp_path, sites):
