@@ -6,7 +6,7 @@
 Each run is a whole GEMS run (``server_app``'s ``run_server`` over the in-process Grid
 whose nodes run the project's ClientApp) on Fashion-MNIST, 5 nodes, with the run's
 defaults and ``refine-rounds=R``: the one-shot ``h_G``, the selection round (pooled ridge
-and logit scale), then R Bohning steps. Prints each run's refinement table and writes
+and logit scale), then R refinement steps of each ``--methods``. Prints each run's refinement table and writes
 the JSON (``--out``, default ``benchmarks/out/refinement.json``).
 """
 
@@ -21,6 +21,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # run from a checkout without installing it
 
+from gems_fl.geometry.choices import REFINE_METHODS  # noqa: E402
+
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -28,8 +30,8 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, nargs="+", default=[0])
     parser.add_argument("--nodes", type=int, default=5)
     parser.add_argument("--divisions", nargs="+", default=["paper", "dirichlet:0.1"])
-    parser.add_argument("--methods", nargs="+", default=["monotone"],
-                        choices=["monotone", "accelerated"], help="refine-method values")
+    parser.add_argument("--methods", nargs="+", default=["secant", "monotone"],
+                        choices=REFINE_METHODS, help="refine-method values")
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "out" / "refinement.json")
     parser.add_argument("--show", type=Path, help="print the tables of a saved JSON and stop")
     args = parser.parse_args()
@@ -73,7 +75,10 @@ def _what(r: dict) -> str:
 
     if r["kind"] == "selection":
         return selection_text(r)
-    return "one-shot h_G" if r["kind"] == "spaces" else f"step {r['step']}"
+    if r["kind"] == "spaces":
+        return "one-shot h_G"
+    return f"step {r['step']}" + (" (objective rose: point dropped)" if r.get("kept") is False
+                                  else "")
 
 
 def print_tables(runs: list[dict]) -> None:

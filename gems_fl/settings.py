@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, Mapping
 from gems_fl.data.agreement import NODE_FILES, STANDARDIZE_CHOICES
 from gems_fl.data.datasets import DATASET_NAMES
 from gems_fl.geometry.choices import (
+    DEFAULT_REFINE_L2,
     ELLIPSOID_FLOORS,
     GRAM_POINTS,
     GRAM_WEIGHTINGS,
@@ -27,14 +28,6 @@ from gems_fl.geometry.choices import (
 )
 from gems_fl.learning.recipe import TUNE_STOPS, LocalTraining, TrainRecipe, TuneRecipe
 from gems_fl.learning.widths import parse_hidden
-from gems_fl.setting_values import (
-    check_classes,
-    check_hidden,
-    parse_pooled_ridge,
-    parse_required_nodes,
-    parse_tune_curve,
-)
-from gems_fl.setting_rules import check_rules
 from gems_fl.setting_checks import (
     SettingsError,
     at_least,
@@ -46,6 +39,14 @@ from gems_fl.setting_checks import (
     parses,
     positive,
     setting,
+)
+from gems_fl.setting_rules import check_rules
+from gems_fl.setting_values import (
+    check_classes,
+    check_hidden,
+    parse_pooled_ridge,
+    parse_required_nodes,
+    parse_tune_curve,
 )
 
 if TYPE_CHECKING:
@@ -202,15 +203,24 @@ class Settings:
         'layer on the merged hidden layers), which the selection round '
         'first scales by the logit scale with the lowest pooled validation cross-entropy; '
         'in each step every node sends its cross-entropy gradient at the current model '
-        '(model-sized) and the server steps `W <- W - 2 g (G + ridge I)^-1` with the Gram '
-        'matrices it holds (Bohning 1992: the pooled loss never increases). 0: one-shot',
+        '(model-sized) and the server steps with the Gram matrices it holds as curvature '
+        '(`refine-method`; Bohning 1992). 0: one-shot',
         at_least(0))
     refine_method: str = setting(
-        'monotone',
-        '`refine-rounds`: `monotone` steps from the current model (the pooled loss never '
+        'secant',
+        '`refine-rounds`: `secant` divides each Bohning step by the curvature the objective '
+        'showed along the last one, keeps a point only when the pooled objective the nodes '
+        'report there did not rise, and otherwise goes back with a plain step; `monotone` '
+        'takes plain Bohning steps from the current model (the pooled objective never '
         'increases); `accelerated` sends Nesterov\'s extrapolation and steps from there, '
-        'restarting the momentum when the pooled loss rises',
+        'restarting the momentum when the pooled objective rises',
         one_of(REFINE_METHODS))
+    refine_l2: float = setting(
+        DEFAULT_REFINE_L2,
+        '`refine-rounds`: the objective the steps minimise is the pooled cross-entropy plus '
+        '`l2 / 2 ||W||^2`, `l2` relative to the mean diagonal of the pooled Gram matrix (the '
+        'server adds it; replies do not change); 0: the plain pooled loss',
+        at_least(0.0))
     pooled_ridge: str = setting(
         'auto',
         '`gram-point` `auto`, `pooled` and `best`: ridge of the pooled least-squares fit, '

@@ -9,7 +9,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gems_fl.geometry.gram import gram_matrix
-from gems_fl.geometry.refine import bohning_step, pooled_gradient, softmax_gradient
+from gems_fl.geometry.refine import (
+    bohning_step,
+    penalised,
+    pooled_gradient,
+    secant_curvature,
+    softmax_gradient,
+)
 from gems_fl.settings import Settings, SettingsError
 from tests.helpers import run_in_process
 
@@ -63,8 +69,9 @@ def test_the_mlp_output_layer_is_refined_on_the_merged_hidden_features(tmp_path)
     rounds = results["refinement"]
     assert [r["kind"] for r in rounds] == ["layer", "spaces", "selection", "step", "step", "step"]
     assert rounds[0]["test_accuracy"] is None  # no output layer yet
-    losses = [r["loss_before"] for r in rounds[3:]]
-    assert all(b <= a + 1e-9 for a, b in zip(losses, losses[1:]))  # monotone
+    assert results["settings"]["refine-method"] == "secant"
+    kept = [r["objective"] for r in rounds[3:] if r["kept"]]
+    assert rounds[3]["kept"] and all(b <= a + 1e-9 for a, b in zip(kept, kept[1:]))
     assert rounds[-1]["test_accuracy"] == results["rows"]["GEMS"]["accuracy"]
     steps = [e for e in grid.exchanges if e["type"] == "train"][3:]
     output = [e for e in grid.exchanges if e["type"] == "train"][1]
@@ -77,7 +84,8 @@ def test_a_run_with_refinement_rounds_reports_each_round(tmp_path):
 
     results, grid = run_in_process(3, tmp_path, return_grid=True,
                                    **{"refine-rounds": 3, "label-division": "paper",
-                                      "gram-point": "pooled", "pooled-ridge": 0.001})
+                                      "gram-point": "pooled", "pooled-ridge": 0.001,
+                                      "refine-method": "monotone"})
     rounds = results["refinement"]
     assert [r["kind"] for r in rounds] == ["spaces", "selection", "step", "step", "step"]
     assert [r["step"] for r in rounds] == [None, None, 1, 2, 3]
@@ -86,8 +94,9 @@ def test_a_run_with_refinement_rounds_reports_each_round(tmp_path):
     assert rounds[1]["pooled_ridge"] == 0.001  # one candidate: only the scale is chosen
     assert len(results["rounds"][1]["candidates"]) == 1
     assert rounds[1]["test_accuracy"] == rounds[0]["test_accuracy"]  # a scale keeps argmax
-    losses = [r["loss_before"] for r in rounds[2:]]
-    assert all(b <= a + 1e-9 for a, b in zip(losses, losses[1:]))  # monotone
+    objectives = [r["objective"] for r in rounds[2:]]
+    assert all(b <= a + 1e-9 for a, b in zip(objectives, objectives[1:]))  # monotone
+    assert all(o > r["loss_before"] for o, r in zip(objectives, rounds[2:]))  # refine-l2 > 0
     assert rounds[-1]["test_accuracy"] == results["rows"]["GEMS"]["accuracy"]
     bytes_so_far = [r["cumulative_bytes"] for r in rounds]
     assert all(b > a for a, b in zip(bytes_so_far, bytes_so_far[1:]))
@@ -219,7 +228,8 @@ def test_pooled_ridge_takes_auto_or_a_number():
 
 def test_the_accelerated_steps_extrapolate_and_still_descend(tmp_path):
     plain = run_in_process(3, tmp_path / "m", **{"refine-rounds": 4, "label-division": "paper",
-                                                 "pooled-ridge": 0.001})
+                                                 "pooled-ridge": 0.001,
+                                                 "refine-method": "monotone"})
     fast = run_in_process(3, tmp_path / "a", **{"refine-rounds": 4, "label-division": "paper",
                                                 "pooled-ridge": 0.001,
                                                 "refine-method": "accelerated"})
@@ -231,3 +241,66 @@ def test_the_accelerated_steps_extrapolate_and_still_descend(tmp_path):
     assert min(a) < a[0]
     with pytest.raises(SettingsError, match="refine-method='fast' is not one of"):
         Settings(refine_method="fast")
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(0, 2**31 - 1), st.floats(0.0, 1.0))
+def test_penalised_bohning_steps_never_increase_the_penalised_loss(seed, l2):
+    rng = np.random.default_rng(seed)
+    x, y = rng.normal(size=(40, 3)) * rng.uniform(0.1, 5), rng.integers(0, 4, 40)
+    gram = gram_matrix(x)
+    w = rng.normal(size=(4, 4)) * 3
+
+    def objective(w):
+        gradient, loss = softmax_gradient(w, x, y)
+        return penalised(w, loss, gradient, l2)
+
+    value, gradient = objective(w)
+    for _ in range(5):
+        w = bohning_step(w, gradient, gram, 1e-6, l2=l2)
+        new, gradient = objective(w)
+        assert new <= value + 1e-12
+        value = new
+
+
+def test_the_secant_curvature_is_the_share_of_the_bound_along_the_step():
+    rng = np.random.default_rng(1)
+    gram = gram_matrix(rng.normal(size=(50, 3)))
+    step = rng.normal(size=(2, 4))
+    # a quadratic whose curvature is 0.3 of Bohning's (1/2 I (x) G): y = 0.15 s G
+    assert secant_curvature(step, 0.15 * step @ gram, gram) == pytest.approx(0.3)
+    assert secant_curvature(step, 0.6 * step @ gram, gram) == 1.0  # never above the bound
+    assert secant_curvature(step, -step @ gram, gram) == 0.05  # not convex there: the floor
+    assert secant_curvature(np.zeros((2, 4)), step, gram) == 1.0
+    # with the penalty the bound's curvature is G + 2 l2 I
+    y = 0.5 * (step @ gram + 2 * 0.1 * step)
+    assert secant_curvature(step, y, gram, l2=0.1) == pytest.approx(1.0)
+    with pytest.raises(ValueError, match="differ in shape"):
+        secant_curvature(step, step[:1], gram)
+
+
+def test_secant_steps_go_lower_than_plain_steps_and_go_back_when_the_loss_rises(tmp_path):
+    common = {"refine-rounds": 5, "label-division": "paper", "pooled-ridge": 0.001}
+    plain = run_in_process(3, tmp_path / "m", **common, **{"refine-method": "monotone"})
+    secant = run_in_process(3, tmp_path / "s", **common)
+    m = [r for r in plain["refinement"] if r["kind"] == "step"]
+    s = [r for r in secant["refinement"] if r["kind"] == "step"]
+    assert s[0]["objective"] == pytest.approx(m[0]["objective"], rel=1e-12)  # the same start
+    assert s[1]["curvature"] == 1.0 and s[2]["curvature"] < 1.0  # measured after step 2
+    assert min(r["objective"] for r in s if r["kept"]) < m[-1]["objective"]
+
+    calls = {"n": 0}
+
+    def inflate_third_step(reply):  # every node reports a loss far above the truth there
+        if "gradient" in reply.content:
+            calls["n"] += 1
+            if 7 <= calls["n"] <= 9:
+                metrics = reply.content["metrics"]
+                metrics["loss"] = float(metrics["loss"]) + 100.0
+        return reply
+
+    bumped = run_in_process(3, tmp_path / "b", reply_hook=inflate_third_step, **common)
+    b = [r for r in bumped["refinement"] if r["kind"] == "step"]
+    assert [r["kept"] for r in b[:4]] == [True, True, False, True]
+    assert b[3]["curvature"] == 1.0  # back to the last good point with a plain step
+    assert b[1]["objective"] >= b[3]["objective"]

@@ -77,7 +77,8 @@ def gems_note(results: dict[str, Any]) -> str:
                   "validation data")
     steps = sum(r["kind"] == "step" for r in results.get("refinement") or [])
     if steps:
-        where += f"; then refined by {steps} Bohning steps"
+        method = results["settings"].get("refine-method", "monotone")
+        where += f"; then refined by {steps} Bohning steps ({method})"
     ver = results.get("verification")
     if ver:
         answered = ver["answered"]
@@ -124,7 +125,8 @@ def refinement_table(results: dict[str, Any]) -> Table | None:
         acc, loss = r.get("test_accuracy"), r.get("loss_before")
         what = ("one-shot h_G" if r["kind"] == "spaces" else selection_text(r)
                 if r["kind"] == "selection" else f"hidden layer {r.get('layer')}"
-                if r["kind"] == "layer" else f"step {r.get('step')}")
+                if r["kind"] == "layer" else f"step {r.get('step')}"
+                + (" (loss rose: dropped)" if r.get("kept") is False else ""))
         table.add_row(str(r["round"]), what, "-" if acc is None else f"{acc:.4f}",
                       "-" if loss is None else f"{loss:.4f}", str(r["nodes"]),
                       f"{r['cumulative_bytes']:,}")

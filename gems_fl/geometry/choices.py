@@ -16,7 +16,15 @@ DEFAULT_POOLED_RIDGE = 1e-3
 # gram-point=auto: the LDA point's shrinkages the selection round also scores (relative to
 # the mean eigenvalue of the pooled within-class covariance)
 LDA_SHRINKAGES = (1e-3, 1e-2, 1e-1)
-REFINE_METHODS = ("monotone", "accelerated")  # refine-method: Bohning steps, or with momentum
+# refine-method: Bohning steps scaled by the secant curvature (checked, backtracking), plain
+# Bohning steps, or with momentum
+REFINE_METHODS = ("secant", "monotone", "accelerated")
+# refine-l2: the L2 penalty of the refined objective, relative to the mean diagonal of the
+# pooled Gram matrix (benchmarks/refinement_offline.py: best pooled validation accuracy)
+DEFAULT_REFINE_L2 = 1e-3
+# refine-method=secant: the smallest curvature scale, so a step is at most 1/0.05 = 20
+# Bohning steps long
+SECANT_FLOOR = 0.05
 NO_INTERSECTION_FALLBACKS = ("min-penalty", "mean")
 # Each kind's default upper end of the radius bisection, in the units of its radius
 # (gems_fl.geometry.kinds says which). 4000 is the paper's R_max; gram keeps the bound its

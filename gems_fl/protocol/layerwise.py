@@ -284,7 +284,7 @@ class LayerwiseGEMS(GEMSBase):
         record.rejected += rejected
         record.nodes = nodes
         record.width = self.num_classes
-        record.refine = {"step": step, "loss_before": loss}
+        record.refine = {"step": step, "loss_before": loss, **self._refiner.last}
 
     def round_reports(self) -> list[dict[str, Any]]:
         """JSON-friendly per-round records."""

@@ -17,13 +17,22 @@ import numpy as np
 from flwr.app import Message
 from flwr.common.logger import log
 
-from gems_fl.geometry.choices import LDA_SHRINKAGES, POOLED_POINTS, REFINE_METHODS
+from gems_fl.geometry.choices import (
+    DEFAULT_REFINE_L2,
+    LDA_SHRINKAGES,
+    POOLED_POINTS,
+    REFINE_METHODS,
+)
 from gems_fl.geometry.gram_merge import gram_result
 from gems_fl.geometry.intersect import IntersectionResult
 from gems_fl.geometry.kinds import AggregateOptions, space_kind
 from gems_fl.geometry.selection import TEMPERATURES, choose_candidate
 from gems_fl.protocol.base import NodeReply
-from gems_fl.protocol.replies import NotEnoughRepliesError, decode_selection_reply, validate_replies
+from gems_fl.protocol.replies import (
+    NotEnoughRepliesError,
+    decode_selection_reply,
+    validate_replies,
+)
 
 # (the point's regularisation: pooled ridge or LDA shrinkage; None for the center, the point)
 Candidate = tuple[float | None, IntersectionResult]
@@ -118,14 +127,22 @@ def select(server_round: int, replies: list[Message], sent_to: list[int],
 
 
 class Refiner:
-    """Bohning steps on one linear layer (the convex model, or the MLP's output layer).
+    """Refinement steps on one linear layer (the convex model, or the MLP's output layer).
 
     Holds the accepted spaces (their Gram matrices are the curvature), sums the Gram
     matrices of the answering nodes once per node set, checks every gradient reply and
     steps. ``shapes`` are the layer's state-dict shapes; ``start`` the selected ``h_G``.
+    The objective is the pooled cross-entropy plus ``l2 / 2 ||W||^2``, ``l2`` relative to
+    the mean diagonal of the pooled Gram matrix (:mod:`gems_fl.geometry.refine`).
 
-    ``monotone``: the nodes take their gradient at the current model ``x`` and
-    ``x <- x - 2 g (G + ridge I)^-1``, which never increases the pooled loss.
+    ``secant`` (default): the nodes take their gradient at the point sent; a point whose
+    objective is not above the last good one is kept, and the next step is Bohning's
+    divided by the curvature the objective showed along the last step
+    (:func:`~gems_fl.geometry.refine.secant_curvature`); a point where it rose is dropped
+    and the next step is the plain Bohning step from the last good point. :attr:`x` is
+    always the plain Bohning step from the last good point, which never increases the
+    objective, so the model after any step is never worse than the last one checked.
+    ``monotone``: ``x <- x - 2 g (G + ridge I)^-1`` from the current model.
     ``accelerated``: Nesterov's extrapolation ``y = x + (k - 1) / (k + 2) (x - x_prev)``
     is sent instead and the step is taken from ``y``; when the pooled loss the nodes
     report at ``y`` rises above the last one, the momentum restarts (O'Donoghue and
@@ -134,33 +151,58 @@ class Refiner:
 
     def __init__(self, accepted: list[NodeReply], shapes: dict[str, tuple[int, ...]],
                  ridge: float, min_replies: int, names: Mapping[int, str], *,
-                 start: np.ndarray, method: str = "monotone") -> None:
+                 start: np.ndarray, method: str = "secant",
+                 l2: float = DEFAULT_REFINE_L2) -> None:
         if method not in REFINE_METHODS:
             raise ValueError(f"method={method!r} is not one of {', '.join(REFINE_METHODS)}")
+        if not l2 >= 0:
+            raise ValueError(f"l2={l2!r}: pass a penalty >= 0")
         self.spaces = {r.node_id: r for r in accepted}
         self.shapes = shapes
         self.ridge = ridge
         self.min_replies = min_replies
         self.names = names
         self.method = method
+        self.l2_relative = float(l2)
         self.x = self.x_prev = np.asarray(start, dtype=np.float64).reshape(-1)
         self._k = 0  # steps since the momentum (re)started
         self._last_loss = math.inf
         self._sent: np.ndarray | None = None
         self._pooled: tuple[tuple[int, ...], np.ndarray | None] = ((), None)
+        # secant: the last good point, its objective and gradient, the curvature scale
+        self._good: tuple[np.ndarray, float, np.ndarray] | None = None
+        self._curvature = 1.0
+        self.last: dict[str, object] = {}  # what the last step did, for the round's record
 
     @classmethod
     def for_run(cls, accepted: list[NodeReply], shapes: dict[str, tuple[int, ...]],
                 result: IntersectionResult, settings: Any, names: Mapping[int, str],
                 start: np.ndarray) -> "Refiner":
-        """The run's refiner: the ridge of ``result`` (chosen or set), ``refine-method``."""
+        """The run's refiner: the ridge of ``result`` (chosen or set), ``refine-method``,
+        ``refine-l2``."""
         return cls(accepted, shapes, step_ridge(result, AggregateOptions.from_settings(settings)),
-                   settings.min_replies, names, start=start, method=settings.refine_method)
+                   settings.min_replies, names, start=start, method=settings.refine_method,
+                   l2=settings.refine_l2)
+
+    def _l2(self) -> float:
+        """The penalty in the units of the pooled Gram matrix of the current node set."""
+        gram = self._pooled[1]
+        return 0.0 if gram is None else self.l2_relative * float(np.mean(np.diag(gram)))
+
+    def _matrix(self, vector: np.ndarray) -> np.ndarray:
+        return vector.reshape(self.shapes["weight"][0], -1)
 
     def query(self) -> np.ndarray:
-        """The model to send for the next step: ``x``, or the extrapolated ``y``."""
+        """The model to send for the next step: ``x``, the extrapolated ``y``, or (secant)
+        the scaled step from the last good point."""
+        from gems_fl.geometry.refine import bohning_step
+
         if self.method == "accelerated" and self._k > 0:
             self._sent = self.x + (self._k - 1) / (self._k + 2) * (self.x - self.x_prev)
+        elif self.method == "secant" and self._good is not None:
+            good, _, gradient = self._good
+            self._sent = bohning_step(self._matrix(good), gradient, self._pooled[1], self.ridge,
+                                      l2=self._l2(), curvature=self._curvature).reshape(-1)
         else:
             self._sent = self.x
         return self._sent
@@ -169,9 +211,14 @@ class Refiner:
              sent_to: list[int], messages: list[Message]
              ) -> tuple[float, list[int], list[dict[str, object]]]:
         """Step from the model last sent; returns ``(pooled training loss there, nodes
-        used, rejected)``. The new model is :attr:`x`."""
+        used, rejected)``. The new model is :attr:`x`; :attr:`last` says what the step did."""
         from gems_fl.geometry.pooled import pooled_gram
-        from gems_fl.geometry.refine import bohning_step, pooled_gradient
+        from gems_fl.geometry.refine import (
+            bohning_step,
+            penalised,
+            pooled_gradient,
+            secant_curvature,
+        )
         from gems_fl.naming import describe_node
         from gems_fl.protocol.replies import _rejection, decode_gradient_reply
 
@@ -194,23 +241,53 @@ class Refiner:
         if len(usable) < self.min_replies:
             raise NotEnoughRepliesError(f"refinement step {step}: only {len(usable)} valid "
                                         f"replies; min-replies={self.min_replies}")
+        usable.sort(key=lambda u: u[0])  # replies come in any order; the node set does not
         counts = [m["num-train-examples"] for _, _, m in usable]
         nodes = tuple(node_id for node_id, _, _ in usable)
-        if self._pooled[0] != nodes:  # the same nodes every step: sum their G_k once
+        same_nodes = self._pooled[0] == nodes
+        if not same_nodes:  # the same nodes every step: sum their G_k once
             self._pooled = (nodes, pooled_gram([self.spaces[n].space.gram for n in nodes],
                                                counts).numpy())
+            self._good = None  # objectives over other nodes do not compare
+            self._curvature = 1.0
         weights = np.asarray(counts) / np.sum(counts)
-        gradient = pooled_gradient([g for _, g, _ in usable], counts)
         loss = float(np.dot(weights, [m["loss"] for _, _, m in usable]))
-        num_classes = self.shapes["weight"][0]
-        new = bohning_step(self._sent.reshape(num_classes, -1), gradient,
-                           self._pooled[1], self.ridge).reshape(-1)
-        restarted = self.method == "accelerated" and loss > self._last_loss
-        self.x_prev, self.x = self.x, new
-        self._k = 1 if restarted else self._k + 1
-        self._last_loss = loss
-        log(INFO, "Refinement step %d: pooled training loss %.4f at the model sent, %d nodes%s",
-            step, loss, len(usable), "; momentum restarted" if restarted else "")
+        sent = self._matrix(self._sent)
+        l2 = self._l2()
+        objective, gradient = penalised(sent, loss, pooled_gradient([g for _, g, _ in usable],
+                                                                    counts), l2)
+        note = ""
+        if self.method == "secant":
+            self.last = {"curvature": self._curvature, "kept": True}
+            if self._good is None:
+                self._good = (self._sent, objective, gradient)
+            elif objective <= self._good[1]:
+                good, _, good_gradient = self._good
+                self._curvature = secant_curvature(sent - self._matrix(good),
+                                                   gradient - good_gradient,
+                                                   self._pooled[1], l2)
+                self._good = (self._sent, objective, gradient)
+            else:
+                self.last["kept"] = False
+                note = (f"; the objective rose from {self._good[1]:.4f} to {objective:.4f}: "
+                        "back to the last good point, plain Bohning step next")
+                self._curvature = 1.0
+            good, _, good_gradient = self._good
+            self.x_prev, self.x = self.x, bohning_step(
+                self._matrix(good), good_gradient, self._pooled[1], self.ridge,
+                l2=l2).reshape(-1)
+        else:
+            new = bohning_step(sent, gradient, self._pooled[1], self.ridge, l2=l2).reshape(-1)
+            restarted = self.method == "accelerated" and objective > self._last_loss
+            self.x_prev, self.x = self.x, new
+            self._k = 1 if restarted else self._k + 1
+            self._last_loss = objective
+            note = "; momentum restarted" if restarted else ""
+            self.last = {"restarted": restarted} if self.method == "accelerated" else {}
+        self.last["objective"] = objective
+        log(INFO, "Refinement step %d: pooled training loss %.4f at the model sent "
+            "(objective with the L2 penalty %.4f), %d nodes%s",
+            step, loss, objective, len(usable), note)
         return loss, list(nodes), rejected
 
 

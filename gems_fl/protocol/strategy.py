@@ -183,7 +183,7 @@ class GEMS(GEMSBase):
             record["refine"], server_round, replies, self._sent_to, self._messages)
         self.point = self._refiner.x
         record["rejected"] = record["rejected"] + rejected
-        record.update({"nodes": nodes, "loss_before": loss,
+        record.update({"nodes": nodes, "loss_before": loss, "step_report": self._refiner.last,
                        "wall_s": time.perf_counter() - self._t0})
         num_classes, num_features = self.shapes["weight"]
         state = vector_to_state(self.point, num_features, num_classes)

@@ -181,9 +181,18 @@ def refinement_report(rounds: list[dict[str, Any]], scores: dict[int, float]) ->
         out.append({"round": i + 1, "kind": kind, "step": r.get("refine") or None,
                     "temperature": r.get("temperature"), "pooled_ridge": r.get("pooled_ridge"),
                     "test_accuracy": scores.get(i + 1),
-                    "loss_before": r.get("loss_before"), "nodes": len(r.get("nodes", [])),
-                    "cumulative_bytes": total})
+                    "loss_before": r.get("loss_before"), **_step_fields(r.get("step_report")),
+                    "nodes": len(r.get("nodes", [])), "cumulative_bytes": total})
     return out
+
+
+def _step_fields(report: dict[str, Any] | None) -> dict[str, Any]:
+    """A refinement step's objective (loss plus the L2 penalty) at the model sent and,
+    for ``refine-method=secant``, whether that model was kept and the curvature scale it
+    was sent with."""
+    report = report or {}
+    return {"objective": report.get("objective"), "kept": report.get("kept"),
+            "curvature": report.get("curvature")}
 
 
 def layerwise_refinement_report(rounds: list[dict[str, Any]],
@@ -200,7 +209,8 @@ def layerwise_refinement_report(rounds: list[dict[str, Any]],
                     "temperature": r["selection"].get("temperature"),
                     "pooled_ridge": r["selection"].get("pooled_ridge"),
                     "test_accuracy": scores.get(r["round"]),
-                    "loss_before": r["refine"].get("loss_before"), "nodes": len(r["nodes"]),
+                    "loss_before": r["refine"].get("loss_before"),
+                    **_step_fields(r["refine"] or None), "nodes": len(r["nodes"]),
                     "cumulative_bytes": total})
     return out
 
