@@ -19,6 +19,12 @@ closed-form center are scored on each node's validation split
 round) and the server keeps the best by pooled validation accuracy
 (:func:`~gems_fl.geometry.selection.choose_candidate`), as the strategy does.
 
+``--refine R`` also takes R refinement steps from the default point (its logit scale
+applied, as a run with ``refine-rounds`` does) with the run's ``refine-method`` and
+``refine-l2``: the pooled gradient is the row-weighted sum of the nodes' gradients, i.e.
+the gradient on the union of their training rows, and the curvature the pooled Gram
+matrix of the decoded replies (``refinement_offline.refine``, the protocol's step rule).
+
 Prints a table and writes JSON (``--out``, default ``benchmarks/out/gram_points.json``).
 """
 
@@ -34,6 +40,7 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # run from a checkout without installing it
+sys.path.insert(0, str(ROOT / "benchmarks"))  # refinement_offline's step rule
 
 from gems_fl.data import load_dataset, node_data, parse_division  # noqa: E402
 from gems_fl.data.nodes import node_seed  # noqa: E402
@@ -59,14 +66,14 @@ def _correct(w: np.ndarray, x: np.ndarray, y: np.ndarray) -> int:
     return int(((x @ w[:, :-1].T + w[:, -1]).argmax(axis=1) == y).sum())
 
 
-def trial(division_spec: str, num_nodes: int, seed: int) -> dict:
+def trial(division_spec: str, num_nodes: int, seed: int, refine_steps: int = 0) -> dict:
     settings = Settings(dataset="fashion-mnist", label_division=division_spec, seed=seed,
                         label_moments=True)
     splits = load_dataset("fashion-mnist", seed=seed)
     division = parse_division(division_spec, num_nodes, splits.num_classes)
     work = NodeWork.from_settings(settings)
     shapes = {"weight": (10, splits.num_features), "bias": (10,)}
-    spaces, counts, vals, locals_ = [], [], [], []
+    spaces, counts, vals, locals_, trains = [], [], [], [], []
     t0 = time.perf_counter()
     for k in range(num_nodes):
         x_tr, y_tr, x_val, y_val = node_data(splits, division, k, seed)
@@ -78,6 +85,7 @@ def trial(division_spec: str, num_nodes: int, seed: int) -> dict:
         spaces.append(space)
         counts.append(metrics["num-train-examples"])
         vals.append((x_val, y_val))
+        trains.append((x_tr, y_tr))
         locals_.append(space.matrix)
     nodes_s = time.perf_counter() - t0
     test_acc = lambda w: _correct(w, splits.test_x, splits.test_y) / len(splits.test_y)  # noqa: E731
@@ -87,11 +95,13 @@ def trial(division_spec: str, num_nodes: int, seed: int) -> dict:
     for point in POINTS:
         t1 = time.perf_counter()
         if point == "auto":
-            result, ridge = _selected(spaces, counts, vals, settings)
+            result, ridge, scale = _selected(spaces, counts, vals, settings)
         else:
             reg = 1e-2 if point == "lda" else 1e-3  # pooled ridge, or the LDA shrinkage
             result, ridge = aggregate_gram(spaces, counts, point=point, ridge=settings.gram_ridge,
                                            pooled_ridge=reg), reg
+        if point == "auto":
+            result_auto = result
         w = result.point.reshape(10, -1)
         good = sum(passes(_correct(w, x, y), len(y), settings.eps) for x, y in vals)
         out["points"][point] = {
@@ -100,7 +110,28 @@ def trial(division_spec: str, num_nodes: int, seed: int) -> dict:
             "note": result.details.get("best", ""), "pooled_ridge": ridge,
             "chosen": result.method,
         }
+    if refine_steps:
+        out["refined"] = _refined(result_auto, scale, spaces, counts, trains, settings,
+                                  refine_steps, test_acc)
     return out
+
+
+def _refined(result, scale, spaces, counts, trains, settings, steps, test_acc):  # noqa: ANN001, ANN202
+    """Test accuracy after each of ``steps`` refinement steps from the default point."""
+    from refinement_offline import refine
+
+    from gems_fl.geometry.kinds import AggregateOptions
+    from gems_fl.geometry.pooled import pooled_gram
+    from gems_fl.protocol.selection_round import step_ridge
+
+    gram = pooled_gram([s.gram for s in spaces], counts).numpy()
+    x = np.vstack([x for x, _ in trains])
+    y = np.concatenate([y for _, y in trains])
+    models = refine(scale * result.point.reshape(10, -1), x, y, gram, settings.refine_method,
+                    settings.refine_l2, steps,
+                    ridge=step_ridge(result, AggregateOptions.from_settings(settings)))
+    return {"method": settings.refine_method, "refine_l2": settings.refine_l2,
+            "test": [test_acc(w) for w in models]}
 
 
 def _selected(spaces, counts, vals, settings):  # noqa: ANN001, ANN202
@@ -118,7 +149,7 @@ def _selected(spaces, counts, vals, settings):  # noqa: ANN001, ANN202
     scores = [score_candidates(candidates, x, y, TEMPERATURES) for x, y in vals]
     choice = choose_candidate([s[0] for s in scores], [s[1] for s in scores],
                               [len(y) for _, y in vals], TEMPERATURES)
-    return results[choice.index], ridges[choice.index]
+    return results[choice.index], ridges[choice.index], choice.temperature
 
 
 def main() -> None:
@@ -126,6 +157,8 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, nargs="+", default=[0])
     parser.add_argument("--divisions", nargs="+", default=None,
                         help="SPEC:K items, e.g. paper:5 dirichlet:0.1:20 (default: all)")
+    parser.add_argument("--refine", type=int, default=0, metavar="R",
+                        help="also R refinement steps from the default point")
     parser.add_argument("--resume", action="store_true",
                         help="keep the trials already in --out and run only the others")
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "out" / "gram_points.json")
@@ -140,19 +173,23 @@ def main() -> None:
             for spec, k in divisions:
                 if (spec, k, seed) in done:
                     continue
-                row = trial(spec, k, seed)
+                row = trial(spec, k, seed, args.refine)
                 rows.append(row)
                 args.out.write_text(json.dumps({"seeds": args.seeds, "trials": rows,
                                                 "complete": False}, indent=2) + "\n")
                 cells = "  ".join(f"{p} {v['accuracy']:.3f} ({v['good_enough']}/{k})"
                                   for p, v in row["points"].items())
+                if "refined" in row:
+                    cells += f"  refined 1/5/{args.refine}: " + " / ".join(
+                        f"{row['refined']['test'][i]:.3f}" for i in (0, 4, -1))
                 print(f"{spec} K={k} seed {seed}: averaged {row['averaged']:.3f}  {cells}",
                       flush=True)
     args.out.write_text(json.dumps({"seeds": args.seeds, "trials": rows, "complete": True},
                                    indent=2) + "\n")
     print()
-    print("| division | K | Averaged | " + " | ".join(POINTS) + " |")
-    print("| --- | --- | --- | " + " | ".join("---" for _ in POINTS) + " |")
+    refined = [f"refined {args.refine}"] if args.refine else []
+    print("| division | K | Averaged | " + " | ".join([*POINTS, *refined]) + " |")
+    print("| --- | --- | --- | " + " | ".join("---" for _ in [*POINTS, *refined]) + " |")
     for spec, k in divisions:
         mine = [r for r in rows if r["division"] == spec and r["nodes"] == k
                 and r["seed"] in args.seeds]
@@ -162,6 +199,8 @@ def main() -> None:
             acc = [r["points"][p]["accuracy"] for r in mine]
             good = min(r["points"][p]["good_enough"] for r in mine)
             cells.append(f"{cell(acc)}, good enough on >= {good}/{k}")
+        if all("refined" in r for r in mine) and mine:
+            cells.append(cell([r["refined"]["test"][-1] for r in mine]))
         print(f"| {spec} | {k} | {cell([r['averaged'] for r in mine])} | " + " | ".join(cells) + " |")
     print(f"\nmean (std) test accuracy over seeds {args.seeds}; JSON: {args.out}")
 

@@ -48,8 +48,11 @@ def accuracy(w: np.ndarray, x: np.ndarray, y: np.ndarray) -> float:
     return float(((np.c_[x, np.ones(len(x))] @ w.T).argmax(1) == y).mean())
 
 
-def refine(start, x, y, gram, method: str, l2_relative: float, steps: int):
-    """The models after each of ``steps`` rounds of ``method`` (a list of (C, d + 1))."""
+def refine(start, x, y, gram, method: str, l2_relative: float, steps: int,
+           ridge: float = RIDGE):
+    """The models after each of ``steps`` rounds of ``method`` (a list of (C, d + 1)) on
+    the pooled rows ``x``, ``y`` with the pooled Gram matrix ``gram`` (``ridge``: the
+    step's, ``Refiner.ridge``)."""
     l2 = l2_relative * float(np.mean(np.diag(gram)))
 
     def objective(w):
@@ -62,7 +65,7 @@ def refine(start, x, y, gram, method: str, l2_relative: float, steps: int):
         if method == "accelerated" and k > 0:
             sent = x_now + (k - 1) / (k + 2) * (x_now - x_prev)
         elif method == "secant" and good is not None:
-            sent = bohning_step(good[0], good[2], gram, RIDGE, l2=l2, curvature=curvature)
+            sent = bohning_step(good[0], good[2], gram, ridge, l2=l2, curvature=curvature)
         else:
             sent = x_now
         value, gradient = objective(sent)
@@ -74,9 +77,9 @@ def refine(start, x, y, gram, method: str, l2_relative: float, steps: int):
                 good = (sent, value, gradient)
             else:
                 curvature = 1.0
-            x_prev, x_now = x_now, bohning_step(good[0], good[2], gram, RIDGE, l2=l2)
+            x_prev, x_now = x_now, bohning_step(good[0], good[2], gram, ridge, l2=l2)
         else:
-            x_prev, x_now = x_now, bohning_step(sent, gradient, gram, RIDGE, l2=l2)
+            x_prev, x_now = x_now, bohning_step(sent, gradient, gram, ridge, l2=l2)
             k = 1 if method == "accelerated" and value > last else k + 1
             last = value
         models.append(x_now)

@@ -126,7 +126,7 @@ def node_space(
     num_directions: int = 500,
     r_max: float = 0.0,
     delta: float = 0.01,
-    gram_rank: int = 0,
+    gram_rank: int | str = 0,
     label_moments: bool = True,
 ) -> NodeSpace:
     """A node's good-enough space around its trained linear model.
@@ -148,7 +148,8 @@ def node_space(
     eps : float
         Minimum validation accuracy of a good-enough model, in ``[0, 1]``.
     seed, num_directions, r_max, delta, gram_rank
-        The radius search (as the run settings of the same names).
+        The radius search and the Gram form (as the run settings of the same names;
+        ``gram_rank=0``, the exact matrix, where the run's default is ``"auto"``).
     label_moments : bool
         ``kind='gram'``: keep the label moments, which :func:`aggregate`'s
         ``gram_point='pooled'`` and ``'best'`` need.

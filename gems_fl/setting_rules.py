@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 from gems_fl.data.agreement import NODE_FILES
 from gems_fl.geometry.choices import POOLED_POINTS, SPACE_R_MAX
 from gems_fl.setting_checks import SettingsError
+from gems_fl.setting_values import parse_gram_rank
 
 if TYPE_CHECKING:
     from gems_fl.settings import Settings
@@ -60,14 +61,15 @@ def _dataset_shape(settings: "Settings") -> None:
 def _gram_rank(settings: "Settings", features: int) -> None:
     """A rank-r factor of the logistic model's (d+1) x (d+1) Gram matrix is smaller
     than the matrix only for r < d + 1 (``features`` 0: not known before the run)."""
+    rank = parse_gram_rank(settings.gram_rank)
     if settings.space != "gram" or settings.model != "logistic" or not features \
-            or settings.gram_rank < features + 1:
+            or rank == "auto" or rank < features + 1:
         return
     raise SettingsError(
-        f"gram-rank={settings.gram_rank} but the Gram matrix is {features + 1} x {features + 1} "
-        f"({features} features and the bias): a rank-{settings.gram_rank} factor would send "
-        f"more than the matrix itself; use gram-rank=0 (the full matrix) or a rank below "
-        f"{features + 1}")
+        f"gram-rank={rank} but the Gram matrix is {features + 1} x {features + 1} "
+        f"({features} features and the bias): a rank-{rank} factor would send "
+        f"more than the matrix itself; use gram-rank=0 (the full matrix), auto, or a rank "
+        f"below {features + 1}")
 
 
 def _node_files(settings: "Settings") -> None:

@@ -43,6 +43,22 @@ def parse_pooled_ridge(value: str) -> tuple[float, ...]:
     return (ridge,)
 
 
+def parse_gram_rank(value: str | int) -> str | int:
+    """``gram-rank``: ``auto`` or a whole number >= 0 (0: the whole matrix)."""
+    text = str(value).strip().lower()
+    if text == "auto":
+        return "auto"
+    try:
+        rank = int(text)
+    except ValueError:
+        raise SettingsError(f"gram-rank={value!r}: give 'auto' (a factor that follows the "
+                            "matrix size), 0 (the whole matrix) or a rank r > 0") from None
+    if rank < 0:
+        raise SettingsError(f"gram-rank={value!r} must be 'auto' or a whole number >= 0 "
+                            "(0 sends the whole Gram matrix, r > 0 a rank-r factor)")
+    return rank
+
+
 def check_hidden(text: str) -> None:
     """``hidden``: ``auto`` or comma-separated widths."""
     if text.strip().lower() != "auto":

@@ -44,6 +44,7 @@ from gems_fl.setting_rules import check_rules
 from gems_fl.setting_values import (
     check_classes,
     check_hidden,
+    parse_gram_rank,
     parse_pooled_ridge,
     parse_required_nodes,
     parse_tune_curve,
@@ -163,12 +164,13 @@ class Settings:
         '`gram` (logit-space ellipsoid, see "Good-enough spaces"; the default), or the '
         "paper's `ball` or `ellipsoid` (Fisher axes, appendix A)",
         one_of(SPACE_KINDS), node=True)
-    gram_rank: int = setting(
-        0,
-        "`gram` only: 0 sends the node's full Gram matrix (upper triangle, float32); r > 0 "
-        'sends a rank-r factor `F` and the diagonal of the rest instead, '
-        '`G ~ F F^T + diag(G - F F^T)` (fewer bytes, a coarser space)',
-        at_least(0, "0 sends the full Gram matrix, r > 0 a rank-r factor"), node=True)
+    gram_rank: int | str = setting(
+        'auto',
+        "`gram` only: how a node's Gram matrix travels. `auto`: a rank-r factor `F` and the "
+        'diagonal of the rest, `G ~ F F^T + diag(G - F F^T)`, with r = max(32, ceil(size / '
+        '16)) (50 for 784 features), where that is smaller than the matrix, else the whole '
+        'matrix; 0: always the whole matrix (upper triangle, float32; exact); r > 0: that rank',
+        parses(parse_gram_rank), node=True)
     gram_ridge: float = setting(
         1e-06,
         '`gram` only: ridge added to the weighted sum of Gram matrices in the closed-form '
@@ -218,7 +220,7 @@ class Settings:
     refine_l2: float = setting(
         DEFAULT_REFINE_L2,
         '`refine-rounds`: the objective the steps minimise is the pooled cross-entropy plus '
-        '`l2 / 2 ||W||^2`, `l2` relative to the mean diagonal of the pooled Gram matrix (the '
+        '`l2 / 2` times the squared norm of `W`, `l2` relative to the mean diagonal of the pooled Gram matrix (the '
         'server adds it; replies do not change); 0: the plain pooled loss',
         at_least(0.0))
     pooled_ridge: str = setting(
@@ -403,6 +405,8 @@ class Settings:
         node_only = scope == "node"
         if self.hidden.strip().lower() == "auto":
             object.__setattr__(self, "hidden", AUTO_HIDDEN.get(self.dataset, AUTO_HIDDEN_DEFAULT))
+        # "auto", or the rank as an int whether it came as 50 or "50" (--run-config)
+        object.__setattr__(self, "gram_rank", parse_gram_rank(self.gram_rank))
         for f in fields(self):
             value = getattr(self, f.name)
             if node_only and not f.metadata["node"]:

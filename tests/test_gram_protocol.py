@@ -11,6 +11,7 @@ from flwr.app import Array, Message
 
 from gems_fl.geometry.gram import gram_matrix, label_moments, pack_triangle
 from gems_fl.protocol import replies, wire
+from gems_fl.settings import Settings
 from tests.helpers import run_in_process
 
 SHAPES = {"weight": (3, 4), "bias": (3,)}
@@ -269,3 +270,33 @@ def test_a_rank_r_reply_carries_the_residual_diagonal_and_the_server_holds_the_n
     content.array_records["gram"] = wire.array_record({"factor": np.ones((65, 5), np.float32)})
     with pytest.raises(replies.ReplyError, match="residual"):
         replies.decode_reply(content, SHAPES, "gram", 5, labels=True)
+
+
+@pytest.mark.parametrize("features, rank", [(64, 0), (65, 32), (800, 51)])
+def test_gram_rank_auto_compresses_only_where_the_factor_is_smaller(features, rank):
+    """gram-rank=auto (the default): r = max(32, ceil(n / 16)) for an n x n matrix when
+    n > 2r + 1, else the whole matrix; the node sends that form and the server, which
+    knows n from the model's shape, reads the same form and holds the node's own space."""
+    from gems_fl.geometry.choices import gram_rank_for
+    from gems_fl.geometry.kinds import SpaceOptions, build_layer_space
+    from gems_fl.protocol.node import encode_layer_space
+
+    assert Settings().gram_rank == "auto"
+    assert gram_rank_for("auto", features + 1) == rank
+    rng = np.random.default_rng(1)
+    x, y = rng.normal(size=(200, features)), rng.integers(0, 3, 200)
+    w = rng.normal(size=(3, features + 1)) * 0.01
+    options = SpaceOptions(kind="gram", eps=0.0, num_directions=20, gram_rank="auto",
+                           label_moments=True)
+    layer = build_layer_space(w, (x, y), x[:50], y[:50], options, seed=0)
+    content = encode_layer_space(layer, features, 3, eps=0.0, num_train=200, num_val=50,
+                                 val_accuracy=0.5)
+    sent = set(content.array_records["gram"].keys())
+    assert sent == ({"factor", "residual"} if rank else {"triangle"})
+    if rank:
+        assert content.array_records["gram"]["factor"].shape == (features + 1, rank)
+    shapes = {"weight": (3, features), "bias": (3,)}
+    space, _ = replies.decode_reply(content, shapes, "gram", "auto", labels=True)
+    np.testing.assert_allclose(space.gram, layer.space.gram, rtol=1e-5, atol=1e-6)
+    with pytest.raises(replies.ReplyError, match="gram-rank"):  # the other form is refused
+        replies.decode_reply(content, shapes, "gram", 0 if rank else 5, labels=True)

@@ -122,3 +122,13 @@ def test_a_gram_rank_at_or_above_the_matrix_size_is_refused_before_the_run():
     with pytest.raises(SettingsError, match="is 31 x 31"):
         Settings(dataset="node-files", num_features=30, gram_rank=31,
                  evaluate_on_server=False)
+
+
+def test_gram_rank_takes_auto_or_a_whole_number_from_either_source():
+    assert Settings().gram_rank == "auto"
+    assert Settings.from_run_config({"gram-rank": 50}).gram_rank == 50
+    assert Settings.from_run_config({"gram-rank": "0"}).gram_rank == 0  # --run-config text
+    assert Settings.from_run_config({"gram-rank": "AUTO"}).gram_rank == "auto"
+    for bad in ("-1", "half", "2.5"):
+        with pytest.raises(SettingsError, match="gram-rank="):
+            Settings.from_run_config({"gram-rank": bad})

@@ -69,8 +69,9 @@ class SpaceOptions(_FromSettings):
         Width at which the bisection stops.
     ellipsoid_c, ellipsoid_floor
         ``ellipsoid`` only: shortest relative axis and the Fisher floor rule.
-    gram_rank : int
-        ``gram`` only: 0 keeps the full Gram matrix, ``r > 0`` its rank-r factor.
+    gram_rank : int or "auto"
+        ``gram`` only: 0 keeps the full Gram matrix, ``r > 0`` its rank-r factor, ``"auto"``
+        a rank that follows the matrix size (:func:`~gems_fl.geometry.choices.gram_rank_for`).
     label_moments : bool
         ``gram`` only: also compute the label moments and class counts (the pooled points).
     """
@@ -82,7 +83,7 @@ class SpaceOptions(_FromSettings):
     delta: float = 0.01
     ellipsoid_c: float = 0.1
     ellipsoid_floor: str = "quantile"
-    gram_rank: int = 0
+    gram_rank: int | str = 0
     label_moments: bool = False
 
     def __post_init__(self) -> None:
@@ -239,8 +240,9 @@ class Gram(SpaceKind):
         moments, counts = (label_moments(train_inputs, train_labels, center.shape[0])
                            if options.label_moments else (None, None))
         factor = residual = None
-        if options.gram_rank > 0:
-            factor = low_rank_factor(gram, min(options.gram_rank, gram.shape[0]))
+        rank = choices.gram_rank_for(options.gram_rank, gram.shape[0])
+        if rank > 0:
+            factor = low_rank_factor(gram, min(rank, gram.shape[0]))
             residual = residual_diagonal(gram, factor)
             gram = from_factor(factor, residual)  # the node's space is the one the server holds
         search = search_gram_radius(center, gram, val_inputs, y_val, eps=options.eps,

@@ -23,6 +23,7 @@ from flwr.app import Message, RecordDict
 from flwr.common.constant import ErrorCode
 from flwr.common.logger import log
 
+from gems_fl.geometry.choices import gram_rank_for
 from gems_fl.geometry.gram import check_gram, check_moments, from_factor, unpack_triangle
 from gems_fl.geometry.kinds import space_kind
 from gems_fl.geometry.spaces import GramSpace, Space
@@ -64,7 +65,7 @@ class NotEnoughRepliesError(RuntimeError):
 
 
 def decode_reply(
-    content: RecordDict, shapes: dict[str, tuple[int, ...]], kind: str, gram_rank: int = 0,
+    content: RecordDict, shapes: dict[str, tuple[int, ...]], kind: str, gram_rank: int | str = 0,
     *, labels: bool = False,
 ) -> tuple[Space | GramSpace, dict[str, float]]:
     """Validate a reply and turn it into a space of ``kind`` plus its metrics.
@@ -154,9 +155,10 @@ def _read_axes(content: RecordDict, shapes: dict[str, tuple[int, ...]], rank: in
     return axes
 
 
-def _read_gram_record(content: RecordDict, shapes: dict[str, tuple[int, ...]], rank: int,
-                      metrics: dict[str, float]) -> np.ndarray:
-    return _read_gram(content, int(shapes["weight"][1]) + 1, rank)
+def _read_gram_record(content: RecordDict, shapes: dict[str, tuple[int, ...]],
+                      rank: int | str, metrics: dict[str, float]) -> np.ndarray:
+    n = int(shapes["weight"][1]) + 1
+    return _read_gram(content, n, gram_rank_for(rank, n))
 
 
 def _read_labels(content: RecordDict, shapes: dict[str, tuple[int, ...]], rank: int,

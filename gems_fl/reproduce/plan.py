@@ -53,7 +53,8 @@ class Options:
     spaces: tuple[str, ...] = ("ellipsoid", "ball", "gram")  # study 1 (convex)
     nn_spaces: tuple[str, ...] = ("ellipsoid", "ball", "gram")  # study 2 (MLP output layer)
     k2_split: str = "0,1,2,3,4/5,6,7,8,9"  # a second K=2 division ("" for none)
-    gram_ranks: tuple[int, ...] = (5, 20, 50, 100, 0)  # study 1, convex K=5; 0 = full Gram
+    # study 1, convex K=5: "auto" is the run's default (the K=5 gram trial), 0 the full Gram
+    gram_ranks: tuple[int | str, ...] = (5, 20, 50, 100, "auto", 0)
     sgd_lrs: tuple[float, ...] = (0.01, 0.03, 0.1, 0.3)  # study 6, local SGD's grid
     sgd_tune_rounds: int = 10  # rounds of each short run that scores an SGD rate
     dirichlet_alphas: tuple[float, ...] = (0.05, 0.1, 0.5)  # study 7's label priors
@@ -69,7 +70,7 @@ class Options:
         base = dict(
             dataset="digits", seeds=(0, 1), tune_sizes=(50, 100, 200),
             size_grid=((20, 0.1), (40, 0.1)), intersection_eps=(0.3, 0.6, 0.9),
-            fed_rounds=4, quick=True, nn_spaces=("ellipsoid", "gram"), gram_ranks=(5, 0),
+            fed_rounds=4, quick=True, nn_spaces=("ellipsoid", "gram"), gram_ranks=(5, "auto", 0),
             sgd_lrs=(0.03, 0.3), sgd_tune_rounds=2, dirichlet_alphas=(0.5,),
             dirichlet_ks=(3,), refine_rounds=2,
             overrides=(("num-directions", 100), ("local-max-epochs", 20)),
@@ -173,7 +174,8 @@ def build_plan(options: Options) -> list[Trial]:
                 {"K": k, "division": spec, "space": space, "model": "logistic"})
     if 1 in wanted and "gram" in options.spaces:
         for rank in options.gram_ranks:
-            cfg = {**convex, "space": "gram", **({"gram-rank": rank} if rank else {})}
+            # "auto" is the default: the K=5 gram trial itself; 0 the whole matrix
+            cfg = {**convex, "space": "gram", **({} if rank == "auto" else {"gram-rank": rank})}
             add(1, "gems", cfg, 5, {"K": 5, "division": "paper", "space": "gram",
                                     "model": "logistic", "gram_rank": rank})
     for k, spec in options.setups() if 2 in wanted else ():

@@ -51,6 +51,15 @@ def markdown(header: list[str], rows: list[list[str]]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def rank_order(rank: int | str) -> tuple[int, int, int]:
+    """The gram-rank sweep's order: the fixed ranks ascending, ``auto``, the full matrix."""
+    return (rank == 0, rank == "auto", rank if isinstance(rank, int) else 0)
+
+
+def rank_label(rank: int | str) -> str:
+    return "full" if rank == 0 else "auto (default)" if rank == "auto" else f"r={rank}"
+
+
 def _select(records: list[dict], study: int, **labels) -> list[dict]:
     return [r for r in records if study in r["studies"]
             and all(r["labels"].get(k) == v for k, v in labels.items())]
@@ -197,26 +206,27 @@ class Report:
                 groups[r["labels"]["gram_rank"]].append(r)
         if not groups:
             return
-        order = sorted(groups, key=lambda rank: (rank == 0, rank))  # full (0) last
+        order = sorted(groups, key=rank_order)  # then the default (auto), the full (0) last
         payload, rows = {"ranks": []}, []
         for rank in order:
             recs = groups[rank]
             up = [r["outcome"].get("bytes_up_per_node") for r in recs]
             entry = {"gram_rank": rank, "bytes_up_per_node": up, **_space_cells(recs)}
             payload["ranks"].append(entry)
-            rows.append(["full" if rank == 0 else str(rank), f"{np.mean(up):,.0f}",
+            rows.append([rank_label(rank), f"{np.mean(up):,.0f}",
                          mean_std(entry["GEMS"]), mean_std(entry["GEMS tuned"]), _verified(entry)])
         self._save_table("study1_gram_rank", "1b. Gram rank: bytes against accuracy (convex, K=5)",
                          markdown(["gram-rank", "bytes up per node", "GEMS untuned", "GEMS tuned",
                                    "h_G good enough (nodes)"], rows), payload,
-                         "gram-rank r > 0 sends a rank-r factor of each node's Gram matrix, 0 the "
-                         "full matrix. " + self._seed_note([r for recs in groups.values() for r in recs]))
+                         "gram-rank r > 0 sends a rank-r factor of each node's Gram matrix and "
+                         "the diagonal of the rest, 0 the full matrix; the default (auto) is "
+                         "the gram rows of the tables above. " + self._seed_note([r for recs in groups.values() for r in recs]))
         fig, ax = plt.subplots(figsize=(6, 4))
         for entry in payload["ranks"]:
             acc = [a for a in entry["GEMS"] if a is not None]
             ax.errorbar(np.mean(entry["bytes_up_per_node"]), np.mean(acc), yerr=np.std(acc),
                         marker="o", capsize=3)
-            ax.annotate("full" if entry["gram_rank"] == 0 else f"r={entry['gram_rank']}",
+            ax.annotate(rank_label(entry["gram_rank"]),
                         (np.mean(entry["bytes_up_per_node"]), np.mean(acc)),
                         textcoords="offset points", xytext=(5, 5), fontsize=8)
         ax.set_xscale("log")
