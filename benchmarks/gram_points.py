@@ -66,9 +66,10 @@ def _correct(w: np.ndarray, x: np.ndarray, y: np.ndarray) -> int:
     return int(((x @ w[:, :-1].T + w[:, -1]).argmax(axis=1) == y).sum())
 
 
-def trial(division_spec: str, num_nodes: int, seed: int, refine_steps: int = 0) -> dict:
+def trial(division_spec: str, num_nodes: int, seed: int, refine_steps: int = 0,
+          gram_rank: str = "0") -> dict:
     settings = Settings(dataset="fashion-mnist", label_division=division_spec, seed=seed,
-                        label_moments=True)
+                        label_moments=True, gram_rank=gram_rank)
     splits = load_dataset("fashion-mnist", seed=seed)
     division = parse_division(division_spec, num_nodes, splits.num_classes)
     work = NodeWork.from_settings(settings)
@@ -81,7 +82,7 @@ def trial(division_spec: str, num_nodes: int, seed: int, refine_steps: int = 0) 
         reply = encode_layer_space(local.layer, splits.num_features, 10, eps=settings.eps,
                                    num_train=local.num_train, num_val=local.num_val,
                                    val_accuracy=local.val_accuracy)
-        space, metrics = decode_reply(reply, shapes, "gram", labels=True)
+        space, metrics = decode_reply(reply, shapes, "gram", settings.gram_rank, labels=True)
         spaces.append(space)
         counts.append(metrics["num-train-examples"])
         vals.append((x_val, y_val))
@@ -159,6 +160,8 @@ def main() -> None:
                         help="SPEC:K items, e.g. paper:5 dirichlet:0.1:20 (default: all)")
     parser.add_argument("--refine", type=int, default=0, metavar="R",
                         help="also R refinement steps from the default point")
+    parser.add_argument("--gram-rank", default="0",
+                        help="the nodes' Gram form (setting gram-rank; default 0, the whole matrix)")
     parser.add_argument("--resume", action="store_true",
                         help="keep the trials already in --out and run only the others")
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "out" / "gram_points.json")
@@ -173,7 +176,7 @@ def main() -> None:
             for spec, k in divisions:
                 if (spec, k, seed) in done:
                     continue
-                row = trial(spec, k, seed, args.refine)
+                row = trial(spec, k, seed, args.refine, args.gram_rank)
                 rows.append(row)
                 args.out.write_text(json.dumps({"seeds": args.seeds, "trials": rows,
                                                 "complete": False}, indent=2) + "\n")

@@ -274,14 +274,14 @@ def test_a_rank_r_reply_carries_the_residual_diagonal_and_the_server_holds_the_n
 
 @pytest.mark.parametrize("features, rank", [(64, 0), (65, 32), (800, 51)])
 def test_gram_rank_auto_compresses_only_where_the_factor_is_smaller(features, rank):
-    """gram-rank=auto (the default): r = max(32, ceil(n / 16)) for an n x n matrix when
+    """gram-rank=auto: r = max(32, ceil(n / 16)) for an n x n matrix when
     n > 2r + 1, else the whole matrix; the node sends that form and the server, which
     knows n from the model's shape, reads the same form and holds the node's own space."""
     from gems_fl.geometry.choices import gram_rank_for
     from gems_fl.geometry.kinds import SpaceOptions, build_layer_space
     from gems_fl.protocol.node import encode_layer_space
 
-    assert Settings().gram_rank == "auto"
+    assert Settings(gram_rank="auto").gram_rank == "auto"
     assert gram_rank_for("auto", features + 1) == rank
     rng = np.random.default_rng(1)
     x, y = rng.normal(size=(200, features)), rng.integers(0, 3, 200)

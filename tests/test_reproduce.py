@@ -37,8 +37,8 @@ def test_plan_shares_trials_between_studies():
     assert ft and all(t.studies & {1, 2} for t in ft)
     assert all(t.run_config.get("tune-curve") for t in ft)
     only = build_plan(Options(seeds=(0, 1), studies=(1,)))
-    # (K=2 twice, K=3, K=5) x {ellipsoid, ball, gram} + gram ranks 5, 20, 50, 100 and the
-    # full matrix (the default, auto, is the K=5 gram trial), x seeds
+    # (K=2 twice, K=3, K=5) x {ellipsoid, ball, gram} + gram ranks 5, 20, 50, 100 and auto
+    # (the full matrix, the default, is the K=5 gram trial), x seeds
     assert len(only) == (4 * 3 + 5) * 2
     assert not any(t.run_config.get("tune-curve") for t in only)
 
@@ -60,8 +60,8 @@ def test_plan_runs_gram_beside_ball_and_ellipsoid_with_both_k2_divisions():
     ranks = {t.labels["gram_rank"]: t for t in plan if "gram_rank" in t.labels}
     assert set(ranks) == {5, 20, 50, 100, "auto", 0}
     assert Settings.from_run_config(ranks[20].run_config).gram_rank == 20
-    assert Settings.from_run_config(ranks[0].run_config).gram_rank == 0
-    assert 6 in ranks["auto"].studies, "the default is the K=5 gram trial study 6 uses"
+    assert Settings.from_run_config(ranks["auto"].run_config).gram_rank == "auto"
+    assert 6 in ranks[0].studies, "the full matrix is the K=5 gram trial study 6 uses"
     sgd = [t for t in plan if t.kind != "gems" and t.federated.get("optimizer") == "sgd"]
     assert {(t.kind, t.labels["model"]) for t in sgd} == {
         (s, m) for s in ("fedavg", "fedprox") for m in ("logistic", "mlp")}
@@ -339,7 +339,7 @@ def test_reproduce_quick_writes_every_table_and_plot_with_every_row(tmp_path):
     assert "h_G good enough (nodes)" in (out / "study1_convex.md").read_text()
     assert "GEMS untuned (gram)" in (out / "study2_nn.md").read_text()
     ranks = json.loads((out / "study1_gram_rank.json").read_text())["ranks"]
-    assert [r["gram_rank"] for r in ranks] == [5, "auto", 0]  # fixed ranks, default, full
+    assert [r["gram_rank"] for r in ranks] == [5, "auto", 0]  # fixed ranks, auto, full
     assert all(min(r["bytes_up_per_node"]) > 0 for r in ranks)
     assert ranks[0]["bytes_up_per_node"][0] < ranks[-1]["bytes_up_per_node"][0]
     fed = json.loads((out / "study6_federated.json").read_text())

@@ -125,7 +125,7 @@ def test_a_gram_rank_at_or_above_the_matrix_size_is_refused_before_the_run():
 
 
 def test_gram_rank_takes_auto_or_a_whole_number_from_either_source():
-    assert Settings().gram_rank == "auto"
+    assert Settings().gram_rank == 0  # the whole matrix
     assert Settings.from_run_config({"gram-rank": 50}).gram_rank == 50
     assert Settings.from_run_config({"gram-rank": "0"}).gram_rank == 0  # --run-config text
     assert Settings.from_run_config({"gram-rank": "AUTO"}).gram_rank == "auto"

@@ -53,7 +53,7 @@ class Options:
     spaces: tuple[str, ...] = ("ellipsoid", "ball", "gram")  # study 1 (convex)
     nn_spaces: tuple[str, ...] = ("ellipsoid", "ball", "gram")  # study 2 (MLP output layer)
     k2_split: str = "0,1,2,3,4/5,6,7,8,9"  # a second K=2 division ("" for none)
-    # study 1, convex K=5: "auto" is the run's default (the K=5 gram trial), 0 the full Gram
+    # study 1, convex K=5: r, "auto" (a rank by matrix size), 0 the full Gram (the default)
     gram_ranks: tuple[int | str, ...] = (5, 20, 50, 100, "auto", 0)
     sgd_lrs: tuple[float, ...] = (0.01, 0.03, 0.1, 0.3)  # study 6, local SGD's grid
     sgd_tune_rounds: int = 10  # rounds of each short run that scores an SGD rate
@@ -174,8 +174,8 @@ def build_plan(options: Options) -> list[Trial]:
                 {"K": k, "division": spec, "space": space, "model": "logistic"})
     if 1 in wanted and "gram" in options.spaces:
         for rank in options.gram_ranks:
-            # "auto" is the default: the K=5 gram trial itself; 0 the whole matrix
-            cfg = {**convex, "space": "gram", **({} if rank == "auto" else {"gram-rank": rank})}
+            # 0, the whole matrix, is the default: the K=5 gram trial itself
+            cfg = {**convex, "space": "gram", **({"gram-rank": rank} if rank != 0 else {})}
             add(1, "gems", cfg, 5, {"K": 5, "division": "paper", "space": "gram",
                                     "model": "logistic", "gram_rank": rank})
     for k, spec in options.setups() if 2 in wanted else ():

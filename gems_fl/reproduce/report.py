@@ -57,7 +57,7 @@ def rank_order(rank: int | str) -> tuple[int, int, int]:
 
 
 def rank_label(rank: int | str) -> str:
-    return "full" if rank == 0 else "auto (default)" if rank == "auto" else f"r={rank}"
+    return "full (default)" if rank == 0 else "auto" if rank == "auto" else f"r={rank}"
 
 
 def _select(records: list[dict], study: int, **labels) -> list[dict]:
@@ -206,7 +206,7 @@ class Report:
                 groups[r["labels"]["gram_rank"]].append(r)
         if not groups:
             return
-        order = sorted(groups, key=rank_order)  # then the default (auto), the full (0) last
+        order = sorted(groups, key=rank_order)  # then auto, the full matrix (0) last
         payload, rows = {"ranks": []}, []
         for rank in order:
             recs = groups[rank]
@@ -219,8 +219,8 @@ class Report:
                          markdown(["gram-rank", "bytes up per node", "GEMS untuned", "GEMS tuned",
                                    "h_G good enough (nodes)"], rows), payload,
                          "gram-rank r > 0 sends a rank-r factor of each node's Gram matrix and "
-                         "the diagonal of the rest, 0 the full matrix; the default (auto) is "
-                         "the gram rows of the tables above. " + self._seed_note([r for recs in groups.values() for r in recs]))
+                         "the diagonal of the rest, auto a rank that follows the matrix size, "
+                         "0 the full matrix (the default: the gram rows of the tables above). " + self._seed_note([r for recs in groups.values() for r in recs]))
         fig, ax = plt.subplots(figsize=(6, 4))
         for entry in payload["ranks"]:
             acc = [a for a in entry["GEMS"] if a is not None]
