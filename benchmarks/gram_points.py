@@ -123,15 +123,15 @@ def _refined(result, scale, spaces, counts, trains, settings, steps, test_acc): 
 
     from gems_fl.geometry.kinds import AggregateOptions
     from gems_fl.geometry.pooled import pooled_gram
-    from gems_fl.protocol.selection_round import step_ridge
+    from gems_fl.protocol.selection_round import refine_l2_for, step_ridge
 
     gram = pooled_gram([s.gram for s in spaces], counts).numpy()
     x = np.vstack([x for x, _ in trains])
     y = np.concatenate([y for _, y in trains])
     models = refine(scale * result.point.reshape(10, -1), x, y, gram, settings.refine_method,
-                    settings.refine_l2, steps,
+                    refine_l2_for(settings), steps,
                     ridge=step_ridge(result, AggregateOptions.from_settings(settings)))
-    return {"method": settings.refine_method, "refine_l2": settings.refine_l2,
+    return {"method": settings.refine_method, "refine_l2": refine_l2_for(settings),
             "test": [test_acc(w) for w in models]}
 
 

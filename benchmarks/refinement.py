@@ -6,8 +6,10 @@
 Each run is a whole GEMS run (``server_app``'s ``run_server`` over the in-process Grid
 whose nodes run the project's ClientApp) on Fashion-MNIST, 5 nodes, with the run's
 defaults and ``refine-rounds=R``: the one-shot ``h_G``, the selection round (pooled ridge
-and logit scale), then R refinement steps of each ``--methods``. Prints each run's refinement table and writes
-the JSON (``--out``, default ``benchmarks/out/refinement.json``).
+and logit scale), then R refinement steps of each ``--methods`` and each ``--refine-l2``.
+``--model mlp`` refines the MLP's output layer on its merged hidden layers instead. Prints
+each run's refinement table and writes the JSON (``--out``, default
+``benchmarks/out/refinement.json``).
 """
 
 from __future__ import annotations
@@ -32,6 +34,9 @@ def main() -> None:
     parser.add_argument("--divisions", nargs="+", default=["paper", "dirichlet:0.1"])
     parser.add_argument("--methods", nargs="+", default=["secant", "monotone"],
                         choices=REFINE_METHODS, help="refine-method values")
+    parser.add_argument("--model", default="logistic", choices=["logistic", "mlp"])
+    parser.add_argument("--refine-l2", nargs="+", default=["auto"],
+                        help="refine-l2 values (default: the run's, auto)")
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "out" / "refinement.json")
     parser.add_argument("--show", type=Path, help="print the tables of a saved JSON and stop")
     args = parser.parse_args()
@@ -47,17 +52,20 @@ def main() -> None:
     from gems_fl.serverapp import run_server
 
     runs = []
-    trials = [(d, s, m) for d in args.divisions for s in args.seeds for m in args.methods]
-    for division, seed, method in trials:
+    trials = [(d, s, m, l2) for d in args.divisions for s in args.seeds for m in args.methods
+              for l2 in args.refine_l2]
+    for division, seed, method, l2 in trials:
         with tempfile.TemporaryDirectory() as out:
             cfg = {**app_config(ROOT), "dataset": "fashion-mnist", "label-division": division,
                    "seed": seed, "refine-rounds": args.rounds, "refine-method": method,
-                   "public-samples": 0, "output-dir": out}
+                   "public-samples": 0, "output-dir": out, "model": args.model,
+                   "refine-l2": l2}
             grid = InProcessGrid(build_client_app(), args.nodes, cfg)
             ctx = Context(run_id=1, node_id=1, node_config={}, state=RecordDict(),
                           run_config=cfg)
             results = run_server(grid, ctx)
         runs.append({"division": division, "seed": seed, "nodes": args.nodes, "method": method,
+                     "model": args.model, "refine_l2": l2,
                      "refinement": results["refinement"],
                      "h_g": results["intersection"]["method"],
                      "pooled_ridge": results["intersection"].get("pooled_ridge"),
@@ -77,6 +85,8 @@ def _what(r: dict) -> str:
         return selection_text(r)
     if r["kind"] == "spaces":
         return "one-shot h_G"
+    if r["kind"] == "layer":
+        return f"hidden layer {r.get('layer')}"
     return f"step {r['step']}" + (" (objective rose: point dropped)" if r.get("kept") is False
                                   else "")
 
@@ -86,13 +96,15 @@ def print_tables(runs: list[dict]) -> None:
     print()
     for run in runs:
         print(f"{run['division']}, seed {run['seed']}, {run['nodes']} nodes, "
-              f"{run.get('method', 'monotone')} steps: h_G {run['h_g']}, "
+              f"{run.get('model', 'logistic')}, {run.get('method', 'monotone')} steps, "
+              f"refine-l2 {run.get('refine_l2', 'auto')}: h_G {run['h_g']}, "
               f"Global {run['global']:.3f}, final model good enough on "
               f"{run['verification']['good_enough']} of {run['verification']['answered']} nodes")
         print("| round | what | test accuracy | bytes so far |")
         print("| --- | --- | --- | --- |")
         for r in run["refinement"]:
-            print(f"| {r['round']} | {_what(r)} | {r['test_accuracy']:.4f} | "
+            acc = "-" if r["test_accuracy"] is None else f"{r['test_accuracy']:.4f}"
+            print(f"| {r['round']} | {_what(r)} | {acc} | "
                   f"{r['cumulative_bytes']:,} |")
         print()
 

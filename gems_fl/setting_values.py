@@ -59,6 +59,21 @@ def parse_gram_rank(value: str | int) -> str | int:
     return rank
 
 
+def parse_refine_l2(value: str | float) -> str | float:
+    """``refine-l2``: ``auto`` or a finite number >= 0."""
+    text = str(value).strip().lower()
+    if text == "auto":
+        return "auto"
+    try:
+        l2 = float(text)
+    except ValueError:
+        raise SettingsError(f"refine-l2={value!r}: give 'auto' or a number >= 0 (relative "
+                            "to the mean diagonal of the pooled Gram matrix)") from None
+    if not math.isfinite(l2) or l2 < 0:
+        raise SettingsError(f"refine-l2={value!r} must be 'auto' or a finite number >= 0")
+    return l2
+
+
 def check_hidden(text: str) -> None:
     """``hidden``: ``auto`` or comma-separated widths."""
     if text.strip().lower() != "auto":

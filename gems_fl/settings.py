@@ -46,6 +46,7 @@ from gems_fl.setting_values import (
     check_hidden,
     parse_gram_rank,
     parse_pooled_ridge,
+    parse_refine_l2,
     parse_required_nodes,
     parse_tune_curve,
 )
@@ -220,12 +221,15 @@ class Settings:
         'increases); `accelerated` sends Nesterov\'s extrapolation and steps from there, '
         'restarting the momentum when the pooled objective rises',
         one_of(REFINE_METHODS))
-    refine_l2: float = setting(
-        DEFAULT_REFINE_L2,
+    refine_l2: float | str = setting(
+        'auto',
         '`refine-rounds`: the objective the steps minimise is the pooled cross-entropy plus '
-        '`l2 / 2` times the squared norm of `W`, `l2` relative to the mean diagonal of the pooled Gram matrix (the '
-        'server adds it; replies do not change); 0: the plain pooled loss',
-        at_least(0.0))
+        '`l2 / 2` times the squared norm of `W`, `l2` relative to the mean diagonal of the '
+        'pooled Gram matrix (the server adds it; replies do not change); 0: the plain pooled '
+        f'loss. `auto`: {DEFAULT_REFINE_L2:g} for the logistic model (the best pooled '
+        "validation accuracy, README \"Refinement rounds\"), 0 for the MLP's output layer "
+        '(not chosen there; that penalty lowered it in the run measured)',
+        parses(parse_refine_l2))
     pooled_ridge: str = setting(
         'auto',
         '`gram-point` `auto`, `pooled` and `best`: ridge of the pooled least-squares fit, '
@@ -410,6 +414,7 @@ class Settings:
             object.__setattr__(self, "hidden", AUTO_HIDDEN.get(self.dataset, AUTO_HIDDEN_DEFAULT))
         # "auto", or the rank as an int whether it came as 50 or "50" (--run-config)
         object.__setattr__(self, "gram_rank", parse_gram_rank(self.gram_rank))
+        object.__setattr__(self, "refine_l2", parse_refine_l2(self.refine_l2))
         for f in fields(self):
             value = getattr(self, f.name)
             if node_only and not f.metadata["node"]:

@@ -304,3 +304,18 @@ def test_secant_steps_go_lower_than_plain_steps_and_go_back_when_the_loss_rises(
     assert [r["kept"] for r in b[:4]] == [True, True, False, True]
     assert b[3]["curvature"] == 1.0  # back to the last good point with a plain step
     assert b[1]["objective"] >= b[3]["objective"]
+
+
+def test_refine_l2_auto_penalises_the_logistic_model_only():
+    from gems_fl.geometry.choices import DEFAULT_REFINE_L2
+    from gems_fl.protocol.selection_round import refine_l2_for
+
+    assert Settings().refine_l2 == "auto"
+    assert refine_l2_for(Settings()) == DEFAULT_REFINE_L2  # chosen on validation
+    assert refine_l2_for(Settings(model="mlp")) == 0.0  # not chosen for the MLP
+    assert refine_l2_for(Settings(model="mlp", refine_l2=0.01)) == 0.01
+    assert Settings.from_run_config({"refine-l2": "0.003"}).refine_l2 == 0.003
+    with pytest.raises(SettingsError, match="refine-l2='-1' must be"):
+        Settings(refine_l2="-1")
+    with pytest.raises(SettingsError, match="refine-l2='strong'"):
+        Settings(refine_l2="strong")

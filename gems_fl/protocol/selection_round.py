@@ -182,7 +182,7 @@ class Refiner:
         ``refine-l2``."""
         return cls(accepted, shapes, step_ridge(result, AggregateOptions.from_settings(settings)),
                    settings.min_replies, names, start=start, method=settings.refine_method,
-                   l2=settings.refine_l2)
+                   l2=refine_l2_for(settings))
 
     def _l2(self) -> float:
         """The penalty in the units of the pooled Gram matrix of the current node set."""
@@ -289,6 +289,14 @@ class Refiner:
             "(objective with the L2 penalty %.4f), %d nodes%s",
             step, loss, objective, len(usable), note)
         return loss, list(nodes), rejected
+
+
+def refine_l2_for(settings: Any) -> float:
+    """``refine-l2`` as a number: ``auto`` is the penalty chosen on validation for the
+    logistic model, and none for the MLP's output layer (not chosen there)."""
+    if settings.refine_l2 != "auto":
+        return float(settings.refine_l2)
+    return DEFAULT_REFINE_L2 if settings.model == "logistic" else 0.0
 
 
 def step_ridge(result: IntersectionResult, options: AggregateOptions) -> float:
