@@ -65,7 +65,7 @@ def refine(start, x, y, gram, method: str, l2_relative: float, steps: int,
         if method == "accelerated" and k > 0:
             sent = x_now + (k - 1) / (k + 2) * (x_now - x_prev)
         elif method == "secant" and good is not None:
-            sent = bohning_step(good[0], good[2], gram, ridge, l2=l2, curvature=curvature)
+            sent = good[0] + (x_now - good[0]) / curvature  # x_now: the plain step from it
         else:
             sent = x_now
         value, gradient = objective(sent)

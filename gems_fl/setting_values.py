@@ -28,50 +28,40 @@ def parse_tune_curve(text: str) -> list[int]:
     return sizes
 
 
-def parse_pooled_ridge(value: str) -> tuple[float, ...]:
-    """The ridges ``pooled-ridge`` names: ``auto`` -> the selection round's candidates."""
+def _auto_or_number(key: str, value: object, convert: type, meaning: str) -> str | float | int:
+    """``auto``, or ``convert(value)`` when it is finite and >= 0; ``meaning`` says what
+    a number means, for the error."""
     text = str(value).strip().lower()
     if text == "auto":
-        return POOLED_RIDGES
+        return "auto"
     try:
-        ridge = float(text)
+        number = convert(text)
     except ValueError:
-        raise SettingsError(f"pooled-ridge={value!r}: give 'auto' (chosen on the nodes' "
-                            "validation data) or a number >= 0") from None
-    if not math.isfinite(ridge) or ridge < 0:
-        raise SettingsError(f"pooled-ridge={value!r} must be 'auto' or a finite number >= 0")
-    return (ridge,)
+        raise SettingsError(f"{key}={value!r}: give 'auto' or {meaning}") from None
+    if not math.isfinite(number) or number < 0:
+        raise SettingsError(f"{key}={value!r} must be 'auto' or {meaning}")
+    return number
+
+
+def parse_pooled_ridge(value: str) -> tuple[float, ...]:
+    """The ridges ``pooled-ridge`` names: ``auto`` -> the selection round's candidates."""
+    ridge = _auto_or_number("pooled-ridge", value, float,
+                            "a finite number >= 0 (auto: chosen on the nodes' validation data)")
+    return POOLED_RIDGES if ridge == "auto" else (ridge,)
 
 
 def parse_gram_rank(value: str | int) -> str | int:
     """``gram-rank``: ``auto`` or a whole number >= 0 (0: the whole matrix)."""
-    text = str(value).strip().lower()
-    if text == "auto":
-        return "auto"
-    try:
-        rank = int(text)
-    except ValueError:
-        raise SettingsError(f"gram-rank={value!r}: give 'auto' (a factor that follows the "
-                            "matrix size), 0 (the whole matrix) or a rank r > 0") from None
-    if rank < 0:
-        raise SettingsError(f"gram-rank={value!r} must be 'auto' or a whole number >= 0 "
-                            "(0 sends the whole Gram matrix, r > 0 a rank-r factor)")
-    return rank
+    return _auto_or_number("gram-rank", value, int,
+                           "a whole number >= 0 (0 sends the whole Gram matrix, r > 0 a "
+                           "rank-r factor; auto a rank that follows the matrix size)")
 
 
 def parse_refine_l2(value: str | float) -> str | float:
     """``refine-l2``: ``auto`` or a finite number >= 0."""
-    text = str(value).strip().lower()
-    if text == "auto":
-        return "auto"
-    try:
-        l2 = float(text)
-    except ValueError:
-        raise SettingsError(f"refine-l2={value!r}: give 'auto' or a number >= 0 (relative "
-                            "to the mean diagonal of the pooled Gram matrix)") from None
-    if not math.isfinite(l2) or l2 < 0:
-        raise SettingsError(f"refine-l2={value!r} must be 'auto' or a finite number >= 0")
-    return l2
+    return _auto_or_number("refine-l2", value, float,
+                           "a finite number >= 0 (relative to the mean diagonal of the pooled "
+                           "Gram matrix)")
 
 
 def check_hidden(text: str) -> None:

@@ -73,23 +73,19 @@ def pooled_gradient(gradients: Sequence[np.ndarray], num_train: Sequence[float])
 
 
 def bohning_step(w: np.ndarray, gradient: np.ndarray, pooled_gram: np.ndarray,
-                 ridge: float = 1e-3, *, l2: float = 0.0, curvature: float = 1.0) -> np.ndarray:
-    """``W - (2 / curvature) g (G + (ridge + 2 l2) I)^-1``, shape ``(C, d + 1)``.
-
-    ``gradient`` is the gradient of the whole objective (:func:`penalised`). With
-    ``curvature=1`` the step never increases the objective (module docstring); a
-    ``curvature`` in ``(0, 1)`` (:func:`secant_curvature`) lengthens it, unchecked.
-    ``ridge`` is added to the pooled mean Gram matrix for a stable solve.
-    """
-    if not 0.0 < curvature <= 1.0:
-        raise ValueError(f"curvature={curvature!r}: pass a scale in (0, 1]")
+                 ridge: float = 1e-3, *, l2: float = 0.0) -> np.ndarray:
+    """``W - 2 g (G + (ridge + 2 l2) I)^-1``, shape ``(C, d + 1)``: a step that never
+    increases the objective (module docstring). ``gradient`` is the gradient of the whole
+    objective (:func:`penalised`); ``ridge`` is added to the pooled mean Gram matrix for a
+    stable solve. ``refine-method=secant`` sends ``W`` plus this step's displacement divided
+    by :func:`secant_curvature`."""
     if l2 < 0:
         raise ValueError(f"l2={l2!r}: pass a penalty >= 0")
     g = torch.as_tensor(np.asarray(pooled_gram), dtype=torch.float64)
     a = 0.5 * (g + g.T)
     a.diagonal().add_(float(ridge) + 2.0 * float(l2))
     step = _solve_right(a, torch.as_tensor(np.asarray(gradient), dtype=torch.float64))
-    return np.asarray(w, dtype=np.float64) - (2.0 / curvature) * step.numpy()
+    return np.asarray(w, dtype=np.float64) - 2.0 * step.numpy()
 
 
 def penalised(w: np.ndarray, loss: float, gradient: np.ndarray,

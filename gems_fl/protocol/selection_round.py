@@ -194,15 +194,12 @@ class Refiner:
 
     def query(self) -> np.ndarray:
         """The model to send for the next step: ``x``, the extrapolated ``y``, or (secant)
-        the scaled step from the last good point."""
-        from gems_fl.geometry.refine import bohning_step
-
+        the last good point moved by ``x``'s plain step divided by the curvature scale."""
         if self.method == "accelerated" and self._k > 0:
             self._sent = self.x + (self._k - 1) / (self._k + 2) * (self.x - self.x_prev)
         elif self.method == "secant" and self._good is not None:
-            good, _, gradient = self._good
-            self._sent = bohning_step(self._matrix(good), gradient, self._pooled[1], self.ridge,
-                                      l2=self._l2(), curvature=self._curvature).reshape(-1)
+            good = self._good[0]  # x is the plain Bohning step from it
+            self._sent = good + (self.x - good) / self._curvature
         else:
             self._sent = self.x
         return self._sent
