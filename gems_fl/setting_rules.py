@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from gems_fl.data.agreement import NODE_FILES
-from gems_fl.geometry.choices import POOLED_POINTS, SPACE_R_MAX
+from gems_fl.geometry.choices import POOLED_POINTS, SPACE_R_MAX, SUMS_POINTS
 from gems_fl.setting_checks import SettingsError
 from gems_fl.setting_values import parse_gram_rank
 
@@ -32,10 +32,32 @@ def check_rules(settings: "Settings", node_only: bool) -> None:
             raise SettingsError(
                 f"gram-point='{settings.gram_point}' fits the labels of all nodes from their "
                 "label moments: set label-moments=true, or gram-point='closed-form'")
+        _server_grams(settings)
         if settings.refine_rounds and settings.space != "gram":
             raise SettingsError(
                 f"refine-rounds={settings.refine_rounds} steps with the nodes' Gram matrices: "
                 "set space='gram', or refine-rounds=0")
+
+
+def _server_grams(settings: "Settings") -> None:
+    """``server-grams=sums`` keeps no node's matrix: only points solved from sums."""
+    if settings.server_grams != "sums":
+        return
+    wrong = []
+    if settings.space != "gram":
+        wrong.append(f"space='{settings.space}' (needs 'gram')")
+    if settings.model != "logistic":
+        wrong.append(f"model='{settings.model}' (the MLP's layer merge needs every node's "
+                     "spaces)")
+    if settings.gram_point not in SUMS_POINTS:
+        wrong.append(f"gram-point='{settings.gram_point}' (needs every node's matrix; use "
+                     f"one of {', '.join(SUMS_POINTS)})")
+    if settings.gram_weighting != "samples":
+        wrong.append(f"gram-weighting='{settings.gram_weighting}' (needs 'samples')")
+    if wrong:
+        raise SettingsError("server-grams='sums' keeps only the sums of the nodes' Gram "
+                            "statistics, which does not fit " + "; ".join(wrong)
+                            + ". Use server-grams='nodes' or 'auto'")
 
 
 def _dataset_shape(settings: "Settings") -> None:

@@ -24,7 +24,9 @@ from gems_fl.geometry.choices import (
     NO_INTERSECTION_FALLBACKS,
     POOLED_RIDGES,
     REFINE_METHODS,
+    SERVER_GRAMS,
     SPACE_KINDS,
+    SUMS_ABOVE_NODES,
 )
 from gems_fl.learning.recipe import TUNE_STOPS, LocalTraining, TrainRecipe, TuneRecipe
 from gems_fl.learning.widths import parse_hidden
@@ -197,6 +199,16 @@ class Settings:
         'spaces (RegMean); `shared` the point minimising the largest scaled distance when '
         'the center misses a space and that point lies in all of them',
         one_of(GRAM_POINTS))
+    server_grams: str = setting(
+        'auto',
+        "`gram`, logistic model: what the server keeps of the nodes' Gram matrices. `nodes`: "
+        "every node's matrix (the server checks h_G against every space itself). `sums`: only "
+        'the sums the closed-form, pooled and LDA points need, added in as each reply is '
+        'decoded, so memory does not grow with the number of nodes; each node then checks '
+        'h_G against its own space in the evaluate round. `sums` needs gram-point `auto`, '
+        '`pooled`, `lda` or `closed-form` and gram-weighting `samples`. `auto`: `sums` above '
+        f'{SUMS_ABOVE_NODES} nodes where the settings allow it, else `nodes`',
+        one_of(SERVER_GRAMS))
     label_moments: bool = setting(
         True,
         '`gram` only: nodes also send their label moments (mean of `e_y [x, 1]^T` over their '

@@ -162,7 +162,8 @@ def print_results(results: dict[str, Any], console: Console | None = None) -> No
         nodes.add_row(label, str(n["num_train"]), str(n["num_val"]), f"{n.get('eps', '')}",
                       f"{n['local_val_accuracy']:.3f}", f"{n['radius']:.4g}",
                       "inf" if cert is None else f"{cert:.3g}",
-                      "yes" if n["inside"] else f"miss {n['miss']:.3g}",
+                      ("-" if n["inside"] is None else "yes" if n["inside"]
+                       else f"miss {n['miss']:.3g}"),
                       "-" if acc is None else f"{acc:.3f}",
                       "-" if good is None else ("yes" if good else "NO"))
     console.print(nodes)

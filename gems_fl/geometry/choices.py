@@ -25,6 +25,11 @@ DEFAULT_REFINE_L2 = 3e-3
 # refine-method=secant: the smallest curvature scale, so a step is at most 1/0.05 = 20
 # Bohning steps long
 SECANT_FLOOR = 0.05
+# server-grams: what the server keeps of the nodes' Gram matrices; `auto` keeps the sums
+# alone above SUMS_ABOVE_NODES nodes where the point needs nothing else
+SERVER_GRAMS = ("auto", "nodes", "sums")
+SUMS_POINTS = ("auto", "pooled", "lda", "closed-form")
+SUMS_ABOVE_NODES = 100
 NO_INTERSECTION_FALLBACKS = ("min-penalty", "mean")
 # Each kind's default upper end of the radius bisection, in the units of its radius
 # (gems_fl.geometry.kinds says which). 4000 is the paper's R_max; gram keeps the bound its
@@ -47,3 +52,16 @@ def gram_rank_for(setting: int | str, size: int) -> int:
         rank = max(AUTO_GRAM_RANK_MIN, -(-int(size) // AUTO_GRAM_RANK_SHARE))
         return rank if int(size) > 2 * rank + 1 else 0
     return int(setting)
+
+
+def holds_sums(settings, num_nodes: int) -> bool:
+    """Whether the server keeps only the sums of the nodes' Gram statistics
+    (``server-grams``): ``sums``, or ``auto`` above ``SUMS_ABOVE_NODES`` nodes for the
+    logistic model when the point needs no single node's matrix."""
+    if settings.server_grams == "nodes" or settings.space != "gram" \
+            or settings.model != "logistic":
+        return False
+    if settings.server_grams == "sums":
+        return True
+    return (num_nodes > SUMS_ABOVE_NODES and settings.gram_point in SUMS_POINTS
+            and settings.gram_weighting == "samples")

@@ -93,9 +93,10 @@ class IntersectionResult:
         return {
             "found": bool(self.found),
             "method": str(self.method),
-            "objective": float(self.objective),
-            "inside": [bool(v) for v in self.inside],
-            "miss": [float(v) for v in self.miss],
+            # None: not known on the server (server-grams=sums and a node did not answer)
+            "objective": None if math.isnan(self.objective) else float(self.objective),
+            "inside": [None if v is None else bool(v) for v in self.inside],
+            "miss": [None if v is None else float(v) for v in self.miss],
             "iterations": int(self.iterations),
             **self.details,
         }

@@ -236,15 +236,9 @@ class Gram(SpaceKind):
     def build(self, center, train, val_inputs, y_val, options, seed) -> LayerSpace:
         center = np.asarray(center, dtype=np.float64)
         train_inputs, train_labels = train
-        gram = gram_matrix(train_inputs)
+        gram, factor, residual = node_gram(train_inputs, options.gram_rank)
         moments, counts = (label_moments(train_inputs, train_labels, center.shape[0])
                            if options.label_moments else (None, None))
-        factor = residual = None
-        rank = choices.gram_rank_for(options.gram_rank, gram.shape[0])
-        if rank > 0:
-            factor = low_rank_factor(gram, min(rank, gram.shape[0]))
-            residual = residual_diagonal(gram, factor)
-            gram = from_factor(factor, residual)  # the node's space is the one the server holds
         search = search_gram_radius(center, gram, val_inputs, y_val, eps=options.eps,
                                     num_directions=options.num_directions,
                                     r_max=options.bound, delta=options.delta, seed=seed)
@@ -276,7 +270,24 @@ class Gram(SpaceKind):
                 f"inside {sum(result.inside)} of {len(result.inside)} spaces{shared}")
 
     def where(self, found, method, inside) -> str:
-        return f"h_G ({method}) inside {sum(inside)} of {len(inside)} Gram spaces"
+        known = [v for v in inside if v is not None]
+        unknown = f" ({len(inside) - len(known)} nodes did not check)" if len(known) < len(inside) else ""
+        return f"h_G ({method}) inside {sum(known)} of {len(inside)} Gram spaces{unknown}"
+
+
+def node_gram(train_inputs: np.ndarray, gram_rank: int | str = 0
+              ) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None]:
+    """A node's Gram matrix as its space uses it, ``(gram, factor, residual)``: the
+    exact matrix of ``[x, 1]`` over ``train_inputs``, or with ``gram_rank`` the rank-r
+    factor plus the residual diagonal (the form the server receives; ``factor`` and
+    ``residual`` None for the whole matrix)."""
+    gram = gram_matrix(train_inputs)
+    rank = choices.gram_rank_for(gram_rank, gram.shape[0])
+    if rank <= 0:
+        return gram, None, None
+    factor = low_rank_factor(gram, min(rank, gram.shape[0]))
+    residual = residual_diagonal(gram, factor)
+    return from_factor(factor, residual), factor, residual
 
 
 _KINDS: dict[str, SpaceKind] = {k.name: k for k in (Ball(), Ellipsoid(), Gram())}

@@ -151,3 +151,39 @@ class GramSpace:
 
     def contains(self, w: np.ndarray, rtol: float = CONTAINS_RTOL, atol: float = CONTAINS_ATOL) -> bool:
         return bool(within_radius(self.distance(w), self.radius, rtol, atol))
+
+
+@dataclass(frozen=True)
+class SummedGramSpace:
+    """What the server keeps of a node's :class:`GramSpace` when it holds only the sums
+    of the nodes' Gram statistics (:class:`gems_fl.geometry.gram_sums.GramSums`): the
+    center, the radii and the matrix size. The Gram matrix itself went into the sums, so
+    distances to this space are the node's to measure (the evaluate round)."""
+
+    center: np.ndarray
+    radius: float
+    certified_radius: float
+    size: int
+
+    kind = "gram"
+    axes = None
+
+    @classmethod
+    def of(cls, space: GramSpace) -> "SummedGramSpace":
+        return cls(space.center, space.radius, space.certified_radius, space.gram.shape[0])
+
+    @property
+    def dim(self) -> int:
+        return int(self.center.shape[0])
+
+    @property
+    def matrix(self) -> np.ndarray:
+        """The center as the ``(C, n)`` matrix."""
+        return self.center.reshape(-1, self.size)
+
+    def distance(self, w: np.ndarray, *args, **kwargs) -> float:
+        raise RuntimeError("the server holds only the sums of the nodes' Gram matrices "
+                           "(server-grams=sums): each node measures its own distance in "
+                           "the evaluate round")
+
+    penalty = contains = distance

@@ -198,7 +198,8 @@ def handle_evaluate(msg: Message, context: Context) -> Message:
                                                                      settings.site_files),
                                            DataAgreement.from_config(config)))
     return Message(content=score_models(msg.content, settings.eps, data.x_val, data.y_val,
-                                        data.x_test, data.y_test), reply_to=msg)
+                                        data.x_test, data.y_test, x_train=data.x_train,
+                                        gram_rank=settings.gram_rank), reply_to=msg)
 
 
 def handle_query(msg: Message, context: Context) -> Message:

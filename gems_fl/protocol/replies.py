@@ -449,7 +449,7 @@ def _rejection(node_id: int, names: Mapping[int, str], reason: str) -> dict[str,
 
 
 def _canonical_key(first: Any) -> str:
-    array = first.center if isinstance(first, (Space, GramSpace)) else np.asarray(first)
+    array = first.center if hasattr(first, "center") else np.asarray(first)
     return hashlib.sha256(np.ascontiguousarray(array).tobytes()).hexdigest()
 
 

@@ -24,9 +24,11 @@ from gems_fl.geometry.choices import (
     REFINE_METHODS,
 )
 from gems_fl.geometry.gram_merge import gram_result
+from gems_fl.geometry.gram_sums import GramSums, aggregate_sums, summed_result
 from gems_fl.geometry.intersect import IntersectionResult
 from gems_fl.geometry.kinds import AggregateOptions, space_kind
 from gems_fl.geometry.selection import TEMPERATURES, choose_candidate
+from gems_fl.geometry.spaces import SummedGramSpace
 from gems_fl.protocol.base import NodeReply
 from gems_fl.protocol.replies import (
     NotEnoughRepliesError,
@@ -46,25 +48,30 @@ def wants_ridge_choice(settings: Any) -> bool:
 
 
 def candidate_points(accepted: list[NodeReply], options: AggregateOptions,
-                     result: IntersectionResult, ridges: tuple[float, ...]) -> list[Candidate]:
+                     result: IntersectionResult, ridges: tuple[float, ...], *,
+                     sums: GramSums | None = None) -> list[Candidate]:
     """The one-shot point for each pooled ridge (``pooled-ridge=auto``; for
     ``gram-point=lda`` each is a shrinkage) and, for ``gram-point=auto``, the pooled LDA
     point for each of ``LDA_SHRINKAGES`` and the closed-form center; else ``result`` alone
-    (only its logit scale is then chosen)."""
+    (only its logit scale is then chosen). ``sums``: the server holds only the sums of
+    the Gram statistics, and every candidate is solved from them."""
     if not (options.kind == "gram" and options.gram_point in POOLED_POINTS):
         return [(None, result)]
-    kind = space_kind(options.kind)
     spaces = [r.space for r in accepted]
     counts = [r.metrics["num-train-examples"] for r in accepted]
+    if sums is None:
+        kind = space_kind(options.kind)
+        aggregate = lambda o: kind.aggregate(spaces, counts, o)  # noqa: E731
+    else:
+        aggregate = lambda o: aggregate_sums(sums, spaces, counts, point=o.gram_point,  # noqa: E731
+                                             ridge=o.gram_ridge, pooled_ridge=o.pooled_ridge)
     out: list[Candidate] = [(r, result if r == options.pooled_ridge else
-                             kind.aggregate(spaces, counts, replace(options, pooled_ridge=r)))
+                             aggregate(replace(options, pooled_ridge=r)))
                             for r in ridges]
     if options.gram_point == "auto":
-        out += [(s, kind.aggregate(spaces, counts, replace(options, gram_point="lda",
-                                                          pooled_ridge=s)))
+        out += [(s, aggregate(replace(options, gram_point="lda", pooled_ridge=s)))
                 for s in LDA_SHRINKAGES]
-        out.append((None, kind.aggregate(spaces, counts,
-                                         replace(options, gram_point="closed-form"))))
+        out.append((None, aggregate(replace(options, gram_point="closed-form"))))
     return out
 
 
@@ -112,15 +119,15 @@ def select(server_round: int, replies: list[Message], sent_to: list[int],
              for (r, c), a, loss in zip(candidates, choice.val_accuracy, choice.val_loss)]
     details = {**result.details, "selection": {
         "candidates": table, "temperature": choice.temperature, "scale_applied": scale}}
-    result = gram_result([r.space for r in accepted], scale * result.point, result.method,
-                         details)
+    result = result_at([r.space for r in accepted], scale * result.point, result.method,
+                       details)
     best = choice.val_loss[choice.index]
     log(INFO, "Selection round: %s, %slogit scale %g (pooled validation accuracy %.4f, "
-        "cross-entropy %.4f; %d nodes); h_G lies in %d of %d spaces", result.method,
+        "cross-entropy %.4f; %d nodes); h_G lies in %s of %d spaces", result.method,
         "" if ridge is None else f"{'shrinkage' if result.method == 'lda' else 'pooled ridge'} "
         f"{ridge:g}, ", scale,
         choice.val_accuracy[choice.index], float(np.min(best)), len(decoded),
-        sum(result.inside), len(result.inside))
+        "?" if None in result.inside else sum(result.inside), len(result.inside))
     return Selected(result, ridge, scale, float(choice.val_accuracy[choice.index]),
                     dict(zip(map(str, TEMPERATURES), map(float, best))), table,
                     [node_id for node_id, _ in decoded], rejected)
@@ -152,12 +159,13 @@ class Refiner:
     def __init__(self, accepted: list[NodeReply], shapes: dict[str, tuple[int, ...]],
                  ridge: float, min_replies: int, names: Mapping[int, str], *,
                  start: np.ndarray, method: str = "secant",
-                 l2: float = DEFAULT_REFINE_L2) -> None:
+                 l2: float = DEFAULT_REFINE_L2, sums: GramSums | None = None) -> None:
         if method not in REFINE_METHODS:
             raise ValueError(f"method={method!r} is not one of {', '.join(REFINE_METHODS)}")
         if not l2 >= 0:
             raise ValueError(f"l2={l2!r}: pass a penalty >= 0")
         self.spaces = {r.node_id: r for r in accepted}
+        self.sums = sums
         self.shapes = shapes
         self.ridge = ridge
         self.min_replies = min_replies
@@ -177,12 +185,12 @@ class Refiner:
     @classmethod
     def for_run(cls, accepted: list[NodeReply], shapes: dict[str, tuple[int, ...]],
                 result: IntersectionResult, settings: Any, names: Mapping[int, str],
-                start: np.ndarray) -> "Refiner":
+                start: np.ndarray, sums: GramSums | None = None) -> "Refiner":
         """The run's refiner: the ridge of ``result`` (chosen or set), ``refine-method``,
         ``refine-l2``."""
         return cls(accepted, shapes, step_ridge(result, AggregateOptions.from_settings(settings)),
                    settings.min_replies, names, start=start, method=settings.refine_method,
-                   l2=refine_l2_for(settings))
+                   l2=refine_l2_for(settings), sums=sums)
 
     def _l2(self) -> float:
         """The penalty in the units of the pooled Gram matrix of the current node set."""
@@ -242,7 +250,15 @@ class Refiner:
         counts = [m["num-train-examples"] for _, _, m in usable]
         nodes = tuple(node_id for node_id, _, _ in usable)
         same_nodes = self._pooled[0] == nodes
-        if not same_nodes:  # the same nodes every step: sum their G_k once
+        if not same_nodes and self.sums is not None:  # the sums of every accepted node
+            if len(nodes) != len(self.spaces):
+                log(WARNING, "Round %d: %d of %d nodes answered; the curvature stays the "
+                    "sum over all accepted nodes (the server holds no single node's Gram "
+                    "matrix, server-grams=sums)", server_round, len(nodes), len(self.spaces))
+            self._pooled = (nodes, self.sums.pooled_gram())
+            self._good = None  # objectives over other nodes do not compare
+            self._curvature = 1.0
+        elif not same_nodes:  # the same nodes every step: sum their G_k once
             self._pooled = (nodes, pooled_gram([self.spaces[n].space.gram for n in nodes],
                                                counts).numpy())
             self._good = None  # objectives over other nodes do not compare
@@ -286,6 +302,15 @@ class Refiner:
             "(objective with the L2 penalty %.4f), %d nodes%s",
             step, loss, objective, len(usable), note)
         return loss, list(nodes), rejected
+
+
+def result_at(spaces: list, point: np.ndarray, method: str,
+              details: dict[str, Any]) -> IntersectionResult:
+    """``point`` as ``h_G``, with its membership in every space where the server holds the
+    Gram matrices (else left to the nodes: :func:`~gems_fl.geometry.gram_sums.summed_result`)."""
+    if isinstance(spaces[0], SummedGramSpace):
+        return summed_result(spaces, point, method, details)
+    return gram_result(spaces, point, method, details)
 
 
 def refine_l2_for(settings: Any) -> float:

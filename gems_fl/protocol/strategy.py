@@ -18,8 +18,11 @@ from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
 from flwr.common.logger import log
 from flwr.serverapp import Grid
 
+from gems_fl.geometry.choices import holds_sums
+from gems_fl.geometry.gram_sums import GramSums, aggregate_sums
 from gems_fl.geometry.intersect import IntersectionResult
 from gems_fl.geometry.kinds import AggregateOptions, SpaceOptions
+from gems_fl.geometry.spaces import SummedGramSpace
 from gems_fl.learning.models import vector_to_state
 from gems_fl.protocol import wire
 from gems_fl.protocol.base import ConvexOutcome, GEMSBase, NodeReply, aggregate_layer_spaces, select_nodes
@@ -32,6 +35,7 @@ from gems_fl.protocol.selection_round import (
 )
 from gems_fl.protocol.replies import (
     NotEnoughRepliesError,
+    ReplyError,
     decode_reply,
     validate_replies,
 )
@@ -65,6 +69,9 @@ class GEMS(GEMSBase):
         self._gone: list[dict[str, object]] = []
         # the selection round's candidates: (pooled ridge or None, the one-shot result)
         self._candidates: list[tuple[float | None, IntersectionResult]] = []
+        # server-grams: the sums of the accepted nodes' Gram statistics, or None when the
+        # server keeps every node's matrix
+        self.sums: GramSums | None = None
 
     @property
     def selects(self) -> bool:
@@ -94,6 +101,12 @@ class GEMS(GEMSBase):
         if server_round > 1:
             return self._configure_refine(server_round, grid)
         self._sent_to, self._gone = select_nodes(grid, self.participants, self.names)
+        if holds_sums(self.settings, len(self._sent_to)):
+            num_classes, num_features = self.shapes["weight"]
+            self.sums = GramSums(num_classes, num_features + 1)
+            log(INFO, "Round 1: %d nodes; the server keeps only the sums of their Gram "
+                "statistics (server-grams=%s), and each node checks h_G against its own "
+                "space", len(self._sent_to), self.settings.server_grams)
         content = wire.encode_config(self.node_config())
         self.rounds.append({"round": server_round, "nodes": list(self._sent_to),
                             "bytes_sent": content_bytes(content) * len(self._sent_to)})
@@ -118,11 +131,20 @@ class GEMS(GEMSBase):
                 "See the rejection log lines above, or lower min-replies."
             )
         options = AggregateOptions.from_settings(self.settings)
-        result = aggregate_layer_spaces(accepted, options, self.names)
+        if self.sums is None:
+            result = aggregate_layer_spaces(accepted, options, self.names)
+        else:
+            result = aggregate_sums(self.sums, [r.space for r in accepted],
+                                    [r.metrics["num-train-examples"] for r in accepted],
+                                    point=options.gram_point, ridge=options.gram_ridge,
+                                    pooled_ridge=options.pooled_ridge)
+            log(INFO, "Gram sums of %d nodes (%d training rows, %.1f MB held): h_G is the "
+                "%s point; the nodes check its membership", self.sums.nodes, self.sums.count,
+                self.sums.nbytes / 1e6, result.method)
         self.outcome.intersection = result
         if self.selects:
             self._candidates = candidate_points(accepted, options, result,
-                                                self.settings.pooled_ridges)
+                                                self.settings.pooled_ridges, sums=self.sums)
         self.point = np.asarray(result.point, dtype=np.float64)
         num_classes, num_features = self.shapes["weight"]
         state = vector_to_state(result.point, num_features, num_classes)
@@ -136,12 +158,23 @@ class GEMS(GEMSBase):
 
     def _validate(self, replies: Iterable[Message]) -> tuple[list[NodeReply], list[dict[str, object]]]:
         decoded, rejected = validate_replies(
-            replies, self._sent_to,
-            lambda content: decode_reply(content, self.shapes, self.settings.space,
-                                         self.settings.gram_rank,
-                                         labels=self.settings.label_moments),
+            replies, self._sent_to, self._decode,
             log_prefix=f"Round {len(self.rounds)}: ", names=self.names, messages=self._messages)
         return [NodeReply(node, space, metrics) for node, (space, metrics) in decoded], rejected
+
+    def _decode(self, content) -> tuple[object, dict[str, float]]:  # noqa: ANN001 - RecordDict
+        """One reply's space; with sums, its Gram statistics are added in and only the
+        center and radii are kept (:class:`~gems_fl.geometry.spaces.SummedGramSpace`)."""
+        space, metrics = decode_reply(content, self.shapes, self.settings.space,
+                                      self.settings.gram_rank, labels=self.settings.label_moments)
+        if self.sums is None:
+            return space, metrics
+        try:
+            self.sums.add(int(metrics["num-train-examples"]), space.matrix, space.gram,
+                          space.moments, space.class_counts)
+        except ValueError as exc:
+            raise ReplyError(f"its Gram statistics cannot be summed: {exc}") from None
+        return SummedGramSpace.of(space), metrics
 
     # ---- the selection round and the refinement steps (space='gram') --------------------
 
@@ -161,7 +194,7 @@ class GEMS(GEMSBase):
             if self._refiner is None:
                 self._refiner = Refiner.for_run(self.outcome.accepted, self.shapes,
                                                 self.outcome.intersection, self.settings,
-                                                self.names, self.point)
+                                                self.names, self.point, sums=self.sums)
             content = wire.encode_refine_round(
                 self.node_config(), step,
                 vector_to_state(self._refiner.query(), num_features, num_classes))

@@ -14,10 +14,20 @@ Server -> node (message type ``evaluate``, TTL ``round-timeout``)::
                                   local.<node name>; with public-data and no server
                                   test set also gems-tuned and raw)
 
+    "own":          ArrayRecord   (convex model, Gram spaces) this node's own center,
+                                  as the server received it; its radius in the config
+                                  (``own-radius``)
+
 Node -> server::
 
     "metrics": MetricRecord  eps, num-val-examples, num-test-examples,
-                             val.<key> and (with a test split) test.<key> per model
+                             val.<key> and (with a test split) test.<key> per model;
+                             with "own": space.distance (h_G's Gram distance from the
+                             center, on the node's own training inputs) and
+                             space.inside (1 when it is within the radius)
+
+The membership check is the node's own: with ``server-grams=sums`` the server holds no
+node's Gram matrix, and what the node reports is the only check there is.
 """
 
 from __future__ import annotations
@@ -42,6 +52,8 @@ from gems_fl.protocol.replies import ReplyError, error_reason, reply_node
 
 MODEL_PREFIX = "model."
 GEMS_KEY = "gems"
+OWN_KEY = "own"
+OWN_RADIUS_KEY = "own-radius"
 
 
 def state_to_model(state: Mapping[str, np.ndarray]) -> nn.Module:
@@ -66,22 +78,51 @@ def state_to_model(state: Mapping[str, np.ndarray]) -> nn.Module:
     return model
 
 
-def encode_evaluate(config: dict[str, Any], models: Mapping[str, Mapping[str, np.ndarray]]) -> RecordDict:
-    """The server's evaluate instruction: settings and every model to score."""
+def encode_evaluate(config: dict[str, Any], models: Mapping[str, Mapping[str, np.ndarray]],
+                    own: tuple[Mapping[str, np.ndarray], float] | None = None) -> RecordDict:
+    """The server's evaluate instruction: settings and every model to score; ``own`` (the
+    node's own center as a state dict, its radius) asks the node to check h_G's membership
+    in its own Gram space."""
     records: dict[str, Any] = {wire.CONFIG_KEY: ConfigRecord(dict(config))}
     for key, state in models.items():
         records[MODEL_PREFIX + key] = wire.array_record(
             {k: np.asarray(v, dtype=np.float32) for k, v in state.items()})
+    if own is not None:
+        records[OWN_KEY] = wire.array_record({k: np.asarray(v) for k, v in own[0].items()})
+        records[wire.CONFIG_KEY] = ConfigRecord({**dict(config), OWN_RADIUS_KEY: float(own[1])})
     return RecordDict(records)
 
 
+def check_own_space(content: RecordDict, x_train: np.ndarray, gram_rank: int | str
+                    ) -> dict[str, float]:
+    """Node side: h_G's distance from this node's center in its Gram metric, on its own
+    training inputs (the same matrix its space was built with), and whether it lies within
+    the radius (:meth:`GramSpace.contains`, the server's own test)."""
+    from gems_fl.geometry.kinds import node_gram
+    from gems_fl.geometry.spaces import GramSpace
+
+    own = content.array_records[OWN_KEY]
+    gems = content.array_records[MODEL_PREFIX + GEMS_KEY]
+    as_matrix = lambda r: np.concatenate(  # noqa: E731
+        [r["weight"].numpy().astype(np.float64), r["bias"].numpy().astype(np.float64)[:, None]],
+        axis=1)
+    radius = float(content.config_records[wire.CONFIG_KEY][OWN_RADIUS_KEY])
+    space = GramSpace(as_matrix(own), node_gram(x_train, gram_rank)[0], radius)
+    point = as_matrix(gems)
+    return {"space.distance": space.distance(point), "space.inside": int(space.contains(point))}
+
+
 def score_models(content: RecordDict, eps: float, x_val: np.ndarray, y_val: np.ndarray,
-                 x_test: np.ndarray | None = None, y_test: np.ndarray | None = None) -> RecordDict:
-    """Node side: the accuracy of every received model on this node's data."""
+                 x_test: np.ndarray | None = None, y_test: np.ndarray | None = None, *,
+                 x_train: np.ndarray | None = None, gram_rank: int | str = 0) -> RecordDict:
+    """Node side: the accuracy of every received model on this node's data, and (when the
+    server sent this node's own center) h_G's membership in its space, on ``x_train``."""
     metrics: dict[str, float | int] = {
         "eps": float(eps), "num-val-examples": int(len(y_val)),
         "num-test-examples": 0 if y_test is None else int(len(y_test)),
     }
+    if OWN_KEY in content.array_records and x_train is not None:
+        metrics.update(check_own_space(content, x_train, gram_rank))
     for name, record in content.array_records.items():
         if not name.startswith(MODEL_PREFIX):
             continue
@@ -104,6 +145,7 @@ class NodeCheck:
     num_test: int
     val: dict[str, float] = field(default_factory=dict)
     test: dict[str, float] = field(default_factory=dict)
+    space: dict[str, Any] | None = None  # the node's own membership check: distance, inside
 
     @property
     def report_split(self) -> str:
@@ -145,6 +187,8 @@ class Verification:
             out[check.name] = {"split": split,
                                "samples": check.num_test if split == "test" else check.num_val,
                                "accuracy": dict(getattr(check, split))}
+            if check.space is not None:
+                out[check.name]["own_space"] = dict(check.space)
         return out
 
     def pooled_report(self) -> dict[str, float]:
@@ -161,9 +205,11 @@ class Verification:
     def to_dict(self) -> dict[str, Any]:
         per_node = {name: {**entry, "accuracy": in_model_order(entry["accuracy"])}
                     for name, entry in self.per_node().items()}
+        spaces = [c.space for c in self.checks.values() if c.space is not None]
         return {
             "answered": len(self.checks),
             "good_enough": sum(c.good_enough for c in self.checks.values()),
+            **({"inside_own_space": sum(bool(s["inside"]) for s in spaces)} if spaces else {}),
             "missing": self.missing,
             "pooled_val": in_model_order(self.pooled("val")),
             "pooled_test": in_model_order(self.pooled("test")),
@@ -206,21 +252,39 @@ def _decode_check(node_id: int, name: str, content: RecordDict) -> NodeCheck:
             getattr(check, split)[model] = value
     if GEMS_KEY not in check.val:
         raise ReplyError(f"evaluate reply lacks 'val.{GEMS_KEY}'")
+    if ("space.distance" in values) != ("space.inside" in values):
+        raise ReplyError("evaluate reply has one of 'space.distance' and 'space.inside' "
+                         "without the other")
+    if "space.distance" in values:
+        if values["space.distance"] < 0 or values["space.inside"] not in (0.0, 1.0):
+            raise ReplyError(f"evaluate reply's space check (distance "
+                             f"{values['space.distance']}, inside {values['space.inside']}) "
+                             "is not a distance >= 0 and a 0/1 verdict")
+        check.space = {"distance": values["space.distance"],
+                       "inside": bool(values["space.inside"])}
     return check
 
 
 def verify_on_nodes(
     grid: Grid, node_ids: list[int], names: Mapping[int, str], config: dict[str, Any],
     models: Mapping[str, Mapping[str, np.ndarray]], timeout: float,
+    own_spaces: Mapping[int, tuple[Mapping[str, np.ndarray], float]] | None = None,
 ) -> Verification:
     """Send every model to every node; collect what each node measured on its own data.
+
+    ``own_spaces`` (node id -> its center as a state dict, its radius): each of those nodes
+    also checks whether h_G lies in its own Gram space (:func:`check_own_space`), and a
+    node that was asked but does not answer that check is listed in ``missing``.
 
     A node that does not answer within ``timeout`` seconds (also each message's TTL),
     or answers with an error or a malformed reply, is listed in ``missing`` with the
     reason; the others are kept.
     """
     content = encode_evaluate(config, models)
-    messages = [Message(content=content, message_type=MessageType.EVALUATE, dst_node_id=n,
+    own_spaces = own_spaces or {}
+    contents = {n: encode_evaluate(config, models, own_spaces[n]) if n in own_spaces
+                else content for n in node_ids}
+    messages = [Message(content=contents[n], message_type=MessageType.EVALUATE, dst_node_id=n,
                         group_id="verify", ttl=timeout) for n in node_ids]
     replies = list(grid.send_and_receive(messages, timeout=timeout))
     checks: dict[int, NodeCheck] = {}
@@ -236,7 +300,11 @@ def verify_on_nodes(
             if reply.has_error():
                 raise ReplyError(error_reason(reply))
             received += wire.content_bytes(reply.content)
-            checks[node_id] = _decode_check(node_id, name, reply.content)
+            check = _decode_check(node_id, name, reply.content)
+            if node_id in own_spaces and check.space is None:
+                raise ReplyError("evaluate reply lacks the node's own space check "
+                                 "('space.distance', 'space.inside')")
+            checks[node_id] = check
         except ReplyError as exc:
             log(WARNING, "Verify: rejected the answer of node %s ('%s'): %s", node_id, name, exc)
             missing.append({"node_id": node_id, "node_name": name, "reason": str(exc)})
@@ -248,5 +316,10 @@ def verify_on_nodes(
     good = sum(c.good_enough for c in checks.values())
     log(INFO, "Verify: h_G is good enough (val accuracy >= the node's eps) on %d of %d nodes "
         "that answered; %d did not answer", good, len(checks), len(missing))
-    return Verification(checks, missing, bytes_sent=wire.content_bytes(content) * len(node_ids),
+    if own_spaces:
+        log(INFO, "Verify: h_G lies in the own Gram space of %d of %d nodes that answered "
+            "(each node's check on its own training inputs)",
+            sum(bool(c.space and c.space["inside"]) for c in checks.values()), len(checks))
+    return Verification(checks, missing,
+                        bytes_sent=sum(wire.content_bytes(contents[n]) for n in node_ids),
                         bytes_received=received)

@@ -51,6 +51,8 @@ from gems_fl.evaluation.server_data import (
     scale_server_data,
     tune_on_public,
 )
+from gems_fl.geometry.gram_sums import complete_membership
+from gems_fl.geometry.spaces import SummedGramSpace
 from gems_fl.learning.models import (
     MLP,
     build_model,
@@ -65,6 +67,7 @@ from gems_fl.protocol.attendance import RequiredNodesMissing, attendance
 from gems_fl.protocol.roster import Roster, identify_nodes
 from gems_fl.protocol.base import ConvexOutcome
 from gems_fl.protocol.replies import NotEnoughRepliesError, dedupe_rejections
+from gems_fl.protocol.selection_round import result_at
 from gems_fl.protocol.strategy import GEMS
 from gems_fl.protocol.verify import GEMS_KEY, Verification, verify_on_nodes
 from gems_fl.serverapp.preflight import preflight
@@ -144,6 +147,10 @@ def run_convex(grid: Grid, settings: Settings, roster: Roster, num_features: int
                    timeout=settings.round_timeout, evaluate_fn=evaluate)
     outcome = strategy.outcome
     point = strategy.point  # h_G, refined when refine-rounds > 0
+    if settings.refine_rounds:  # membership, distances: of the refined model
+        chosen = outcome.intersection
+        outcome.intersection = result_at([r.space for r in outcome.accepted], point,
+                                         chosen.method, {**chosen.details, "refined": True})
     centers = {roster.names.get(r.node_id, str(r.node_id)): r.space.center for r in outcome.accepted}
     as_model = lambda v: model_from_vector(v, num_features, num_classes)  # noqa: E731
     average = np.mean(list(centers.values()), axis=0)
@@ -308,22 +315,28 @@ def node_table(run: ProtocolRun, roster: Roster, verification: Verification,
     for k, (reply, inside, miss) in enumerate(zip(run.outcome.accepted, inter.inside, inter.miss)):
         check = verification.checks.get(reply.node_id)
         cert = reply.metrics.get("certified-radius", -1.0)
+        own = None if check is None else check.space
         rows.append({
             "node_id": int(reply.node_id), "name": roster.names.get(reply.node_id, ""),
             "eps": float(reply.metrics.get("eps", settings.eps)),
             "radius": reply.space.radius,
             "certified_radius": None if cert < 0 else float(cert),
-            "distance": float(details["distance"][k]) if "distance" in details
+            "distance": _optional(details["distance"][k]) if "distance" in details
             else float(reply.space.distance(inter.point)),
             "local_val_accuracy": reply.metrics["local-val-accuracy"],
             "num_train": int(reply.metrics["num-train-examples"]),
             "num_val": int(reply.metrics["num-val-examples"]),
-            "inside": bool(inside), "miss": float(miss),
+            "inside": None if inside is None else bool(inside), "miss": _optional(miss),
+            "inside_by_node": None if own is None else bool(own["inside"]),
             "h_g_val_accuracy": None if check is None else check.val.get(GEMS_KEY),
             "h_g_test_accuracy": None if check is None else check.test.get(GEMS_KEY),
             "good_enough": None if check is None else bool(check.good_enough),
         })
     return sorted(rows, key=lambda r: r["name"])
+
+
+def _optional(value: float | None) -> float | None:
+    return None if value is None else float(value)
 
 
 def keyed_by_name(report: dict[str, Any], names: list[str]) -> dict[str, Any]:
@@ -422,13 +435,34 @@ def run_server(grid: Grid, context: Context) -> dict[str, Any]:
     accepted_ids = [r.node_id for r in run.outcome.accepted]
     verification = verify_on_nodes(grid, accepted_ids, roster.names,
                                    {**settings.for_nodes(), **_extra_config(roster)},
-                                   run.node_models, settings.round_timeout)
+                                   run.node_models, settings.round_timeout,
+                                   own_spaces=own_spaces(run, settings, num_features, num_classes))
+    if holds_only_sums(run):  # the nodes' own checks are the membership there is
+        run.outcome.intersection = complete_membership(
+            run.outcome.intersection, [r.space for r in run.outcome.accepted],
+            [(verification.checks[r.node_id].space if r.node_id in verification.checks
+              else None) for r in run.outcome.accepted])
     timing["verify"] = time.perf_counter() - t_verify
     t_base = time.perf_counter()
     rows = evaluate_baselines(run, server_data, settings, roster, num_features, num_classes)
     timing["baselines"] = time.perf_counter() - t_base
     return finish(context, settings, run, roster, verification, rows, meta, notes,
                   timing=timing, started=started, t0=t0, send_home=is_deployed(grid))
+
+
+def own_spaces(run: ProtocolRun, settings: Settings, num_features: int, num_classes: int
+               ) -> dict[int, tuple[dict[str, np.ndarray], float]] | None:
+    """For the convex model's Gram spaces: every accepted node's own center and radius,
+    which the evaluate round sends back so that the node checks h_G against its space."""
+    if settings.model != "logistic" or settings.space != "gram":
+        return None
+    return {r.node_id: (vector_to_state(r.space.center, num_features, num_classes),
+                        r.space.radius) for r in run.outcome.accepted}
+
+
+def holds_only_sums(run: ProtocolRun) -> bool:
+    """Whether the server kept only the sums of the nodes' Gram statistics."""
+    return any(isinstance(r.space, SummedGramSpace) for r in run.outcome.accepted)
 
 
 def is_deployed(grid: Grid) -> bool:

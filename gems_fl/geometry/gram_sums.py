@@ -1,0 +1,209 @@
+"""Running sums of the nodes' Gram statistics: what the server keeps instead of every
+node's matrix when there are many nodes (``server-grams=sums``).
+
+The closed-form center, the pooled ridge classifier and the pooled LDA point need only
+
+    S_G = sum_k n_k G_k,   S_WG = sum_k n_k W_k G_k,   S_M = sum_k n_k M_k,
+    N = sum_k n_k,         per-class counts,
+
+so the server adds each reply in as it is decoded and drops the node's matrix: memory
+stays at three ``(n, n)``-or-smaller arrays whatever the number of nodes. The sums are
+kept in fixed point (int64, ``2**-FRACTION_BITS`` units): integer addition is exact and
+associative, so the sums, and every point solved from them, do not depend on the order
+in which replies arrive. Membership of ``h_G`` in one node's space needs that node's
+``G_k``, so with sums each node checks it on its own data (the evaluate round,
+:func:`gems_fl.protocol.verify.score_models`).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+
+from gems_fl.geometry._linalg import _solve_right
+from gems_fl.geometry.intersect import IntersectionResult
+from gems_fl.geometry.pooled import pooled_lda, pooled_point
+
+#: Fixed-point resolution of the sums: 2**-30 (about 1e-9) of one unit of ``n_k G_k``.
+FRACTION_BITS = 30
+#: The largest magnitude a sum may reach: int64 holds 2**63, kept two bits of head room.
+_LIMIT = 2.0 ** (62 - FRACTION_BITS)
+
+
+def _fixed(name: str, values: np.ndarray) -> np.ndarray:
+    values = np.asarray(values, dtype=np.float64)
+    if not np.all(np.isfinite(values)):
+        raise ValueError(f"{name} holds NaN or infinite entries")
+    if values.size and float(np.max(np.abs(values))) >= _LIMIT:
+        raise ValueError(f"{name} has an entry of magnitude {float(np.max(np.abs(values))):.3g}, "
+                         f"beyond what the fixed-point sums hold ({_LIMIT:.3g}); standardise "
+                         "the features or run with server-grams=nodes")
+    return np.rint(np.ldexp(values, FRACTION_BITS)).astype(np.int64)
+
+
+def _float(values: np.ndarray) -> np.ndarray:
+    return np.ldexp(values.astype(np.float64), -FRACTION_BITS)
+
+
+class GramSums:
+    """Sums over nodes of ``n_k G_k``, ``n_k W_k G_k`` and (with label moments)
+    ``n_k M_k`` and the class counts, for a linear layer of shape ``(C, n)``.
+
+    Parameters
+    ----------
+    num_classes : int
+        ``C``, the rows of every center.
+    size : int
+        ``n``, the layer's inputs plus the bias.
+    """
+
+    def __init__(self, num_classes: int, size: int) -> None:
+        if num_classes < 1 or size < 1:
+            raise ValueError(f"need num_classes >= 1 and size >= 1; got {num_classes}, {size}")
+        self.num_classes, self.size = int(num_classes), int(size)
+        self.nodes = 0
+        self.count = 0
+        self._gram = np.zeros((size, size), dtype=np.int64)
+        self._center_gram = np.zeros((num_classes, size), dtype=np.int64)
+        self._moments = np.zeros((num_classes, size), dtype=np.int64)
+        self.class_counts = np.zeros(num_classes, dtype=np.int64)
+        self._with_labels: bool | None = None
+
+    def add(self, num_train: int, center: np.ndarray, gram: np.ndarray,
+            moments: np.ndarray | None = None, class_counts: np.ndarray | None = None) -> None:
+        """Add one node: its training-row count, center ``W_k`` ``(C, n)``, Gram matrix
+        ``G_k`` ``(n, n)`` (a mean over its rows) and optionally its label moments
+        ``M_k`` ``(C, n)`` and class counts ``(C,)``. Every node adds label moments or
+        none does. Nothing is added when a check fails."""
+        n_k = int(num_train)
+        if n_k <= 0:
+            raise ValueError(f"num_train must be a positive count; got {num_train}")
+        w = np.asarray(center, dtype=np.float64).reshape(self.num_classes, -1)
+        g = np.asarray(gram, dtype=np.float64)
+        if w.shape != (self.num_classes, self.size) or g.shape != (self.size, self.size):
+            raise ValueError(f"center {w.shape} and gram {g.shape} do not fit the layer "
+                             f"({self.num_classes}, {self.size})")
+        labels = moments is not None
+        if self._with_labels is not None and labels != self._with_labels:
+            raise ValueError("every node adds label moments, or none does")
+        scaled = n_k * g
+        parts = [_fixed("n_k G_k", scaled), _fixed("n_k W_k G_k", w @ scaled)]
+        if labels:
+            m = np.asarray(moments, dtype=np.float64)
+            counts = np.asarray(class_counts, dtype=np.int64)
+            if m.shape != (self.num_classes, self.size) or counts.shape != (self.num_classes,):
+                raise ValueError(f"label moments {m.shape} or class counts {counts.shape} do "
+                                 f"not fit the layer ({self.num_classes}, {self.size})")
+            parts.append(_fixed("n_k M_k", n_k * m))
+        self._gram += parts[0]
+        self._center_gram += parts[1]
+        if labels:
+            self._moments += parts[2]
+            self.class_counts += counts
+        self._with_labels = labels
+        self.nodes += 1
+        self.count += n_k
+
+    @property
+    def has_labels(self) -> bool:
+        return bool(self._with_labels)
+
+    def _check(self) -> None:
+        if self.nodes == 0:
+            raise ValueError("no node added yet")
+
+    def pooled_gram(self) -> np.ndarray:
+        """``sum_k (n_k / N) G_k``, float64 ``(n, n)``, symmetric."""
+        self._check()
+        g = _float(self._gram) / self.count
+        return 0.5 * (g + g.T)
+
+    def pooled_moments(self) -> np.ndarray:
+        """``sum_k (n_k / N) M_k``, float64 ``(C, n)``."""
+        self._check()
+        if not self.has_labels:
+            raise ValueError("the nodes sent no label moments (label-moments=false)")
+        return _float(self._moments) / self.count
+
+    def closed_form(self, ridge: float) -> np.ndarray:
+        """The samples-weighted closed-form center ``(sum n_k W_k G_k)(sum n_k G_k + ridge N
+        I)^-1`` (:func:`gems_fl.geometry.gram_merge.gram_center` with ``weights`` the
+        training counts), ``(C, n)``."""
+        a = self.pooled_gram()
+        a[np.diag_indices_from(a)] += float(ridge)
+        return _solve_right(torch.as_tensor(a), torch.as_tensor(_float(self._center_gram)
+                                                               / self.count)).numpy()
+
+    def pooled(self, ridge: float) -> np.ndarray:
+        """The pooled ridge classifier (:func:`gems_fl.geometry.pooled.pooled_point`)."""
+        return pooled_point([self.pooled_gram()], [self.pooled_moments()], [1.0], ridge)
+
+    def lda(self, shrinkage: float) -> np.ndarray:
+        """The pooled LDA classifier (:func:`gems_fl.geometry.pooled.pooled_lda`)."""
+        return pooled_lda([self.pooled_gram()], [self.pooled_moments()], [1.0], shrinkage)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes the sums occupy, whatever the number of nodes."""
+        return int(self._gram.nbytes + self._center_gram.nbytes + self._moments.nbytes
+                   + self.class_counts.nbytes)
+
+
+def summed_result(spaces: Sequence, point: np.ndarray, method: str,
+                  details: dict) -> IntersectionResult:
+    """``point`` as ``h_G`` when the server holds only sums: membership in each space is
+    not known on the server (``inside`` and ``miss`` None per node) until the nodes report
+    it (:func:`complete_membership`)."""
+    k = len(spaces)
+    details = {**details, "membership": "checked by each node on its own data (the server "
+               "holds only the sums of the Gram statistics)",
+               "certified_radius": [float(s.certified_radius) for s in spaces]}
+    return IntersectionResult(point=np.asarray(point, dtype=np.float64).reshape(-1),
+                              found=False, method=method, objective=math.nan,
+                              inside=[None] * k, miss=[None] * k, iterations=0,
+                              details=details)
+
+
+def aggregate_sums(sums: GramSums, spaces: Sequence, num_train: Sequence[float], *,
+                   point: str, ridge: float, pooled_ridge: float) -> IntersectionResult:
+    """``h_G`` from the sums alone (:func:`gems_fl.geometry.gram_merge.aggregate_gram` for
+    the points that need no single node's matrix, with ``weighting='samples'``)."""
+    details: dict[str, object] = {"weighting": "samples", "ridge": float(ridge),
+                                  "weights": [float(n) / sums.count for n in num_train]}
+    if point == "closed-form":
+        return summed_result(spaces, sums.closed_form(ridge), "closed-form", details)
+    if point == "lda":
+        details["lda_shrinkage"] = float(pooled_ridge)
+        return summed_result(spaces, sums.lda(pooled_ridge), "lda", details)
+    if point in ("auto", "pooled"):
+        details["pooled_ridge"] = float(pooled_ridge)
+        return summed_result(spaces, sums.pooled(pooled_ridge), "pooled", details)
+    raise ValueError(f"point={point!r} needs every node's Gram matrix; from sums: auto, "
+                     "pooled, lda, closed-form")
+
+
+def complete_membership(result: IntersectionResult, spaces: Sequence,
+                        reports: Sequence[dict | None]) -> IntersectionResult:
+    """``result`` with each node's own membership check filled in: ``reports[k]`` holds
+    node ``k``'s ``distance`` (its Gram distance from ``h_G``, measured on its data) and
+    ``inside``; None where the node did not answer (membership then stays unknown)."""
+    inside, miss, distance, certified_inside = [], [], [], []
+    for space, report in zip(spaces, reports):
+        if report is None:
+            inside.append(None), miss.append(None), distance.append(None)
+            certified_inside.append(None)
+            continue
+        d = float(report["distance"])
+        inside.append(bool(report["inside"]))
+        miss.append(0.0 if report["inside"] else max(d - space.radius, 0.0))
+        distance.append(d)
+        certified_inside.append(d < space.certified_radius)
+    known = [m for m in miss if m is not None]
+    details = {**result.details, "distance": distance, "inside_certified": certified_inside}
+    return IntersectionResult(
+        point=result.point, found=all(v is True for v in inside), method=result.method,
+        objective=float(sum(known)) if len(known) == len(miss) else math.nan,
+        inside=inside, miss=miss, iterations=result.iterations, details=details)

@@ -1,0 +1,175 @@
+"""server-grams=sums: the server keeps only the sums of the nodes' Gram statistics, and
+each node checks h_G against its own space in the evaluate round."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from flwr.app import Message
+
+from gems_fl.geometry.choices import SUMS_ABOVE_NODES, holds_sums
+from gems_fl.geometry.gram import gram_matrix, label_moments
+from gems_fl.geometry.gram_merge import gram_center
+from gems_fl.geometry.gram_sums import GramSums
+from gems_fl.geometry.pooled import pooled_lda, pooled_point
+from gems_fl.geometry.spaces import SummedGramSpace
+from gems_fl.settings import Settings, SettingsError
+from tests.helpers import run_in_process
+
+C, D = 4, 6
+
+
+def _nodes(k: int = 5, seed: int = 0) -> list[tuple]:
+    rng = np.random.default_rng(seed)
+    out = []
+    for _ in range(k):
+        n = int(rng.integers(20, 60))
+        x = rng.normal(size=(n, D)) * 3.0
+        y = rng.integers(0, C, n)
+        moments, counts = label_moments(x, y, C)
+        out.append((n, rng.normal(size=(C, D + 1)), gram_matrix(x), moments, counts))
+    return out
+
+
+def _summed(nodes) -> GramSums:
+    sums = GramSums(C, D + 1)
+    for node in nodes:
+        sums.add(*node)
+    return sums
+
+
+def test_points_from_sums_equal_the_points_from_every_nodes_matrix():
+    nodes = _nodes()
+    sums = _summed(nodes)
+    counts = [n[0] for n in nodes]
+    grams, moments = [n[2] for n in nodes], [n[3] for n in nodes]
+    np.testing.assert_allclose(sums.closed_form(1e-3),
+                               gram_center([n[1] for n in nodes], grams, counts, 1e-3),
+                               rtol=1e-7, atol=1e-8)
+    np.testing.assert_allclose(sums.pooled(1e-2), pooled_point(grams, moments, counts, 1e-2),
+                               rtol=1e-7, atol=1e-8)
+    np.testing.assert_allclose(sums.lda(1e-2), pooled_lda(grams, moments, counts, 1e-2),
+                               rtol=1e-7, atol=1e-8)
+    assert sums.count == sum(counts) and sums.nodes == len(nodes)
+    np.testing.assert_array_equal(sums.class_counts, np.sum([n[4] for n in nodes], axis=0))
+
+
+def test_the_sums_do_not_depend_on_the_order_replies_arrive_in():
+    nodes = _nodes(k=8)
+    reference = _summed(nodes)
+    for seed in range(3):
+        order = np.random.default_rng(seed).permutation(len(nodes))
+        other = _summed([nodes[i] for i in order])
+        # bit for bit: fixed-point addition is exact
+        np.testing.assert_array_equal(other.closed_form(1e-6), reference.closed_form(1e-6))
+        np.testing.assert_array_equal(other.pooled(1e-3), reference.pooled(1e-3))
+
+
+@pytest.mark.parametrize("bad, match", [
+    (lambda n: (0,) + n[1:], "positive count"),
+    (lambda n: (n[0], n[1][:, :3]) + n[2:], "do not fit"),
+    (lambda n: (n[0], n[1], np.full_like(n[2], np.nan)) + n[3:], "NaN"),
+    (lambda n: (n[0], n[1], n[2] * 1e12) + n[3:], "beyond what the fixed-point sums hold"),
+    (lambda n: n[:3], "every node adds label moments"),
+])
+def test_a_node_that_cannot_be_summed_is_refused_and_adds_nothing(bad, match):
+    nodes = _nodes(k=3)
+    sums = _summed(nodes[:2])
+    before = (sums.nodes, sums.count, sums.pooled_gram().copy())
+    with pytest.raises(ValueError, match=match):
+        sums.add(*bad(nodes[2]))
+    assert (sums.nodes, sums.count) == before[:2]
+    np.testing.assert_array_equal(sums.pooled_gram(), before[2])
+
+
+def test_sums_are_refused_for_points_and_models_that_need_every_matrix():
+    for bad in ({"gram_point": "best"}, {"gram_point": "shared"},
+                {"gram_weighting": "radius"}, {"model": "mlp"}, {"space": "ball"}):
+        with pytest.raises(SettingsError, match="server-grams='sums'"):
+            Settings(server_grams="sums", **bad)
+
+
+def test_auto_keeps_the_matrices_up_to_the_threshold_and_sums_beyond():
+    auto = Settings()
+    assert not holds_sums(auto, SUMS_ABOVE_NODES)
+    assert holds_sums(auto, SUMS_ABOVE_NODES + 1)
+    assert not holds_sums(Settings(gram_point="best"), 1000)
+    assert not holds_sums(Settings(server_grams="nodes"), 1000)
+    assert holds_sums(Settings(server_grams="sums"), 2)
+
+
+@pytest.fixture
+def strategies(monkeypatch):
+    """Every convex GEMS strategy a run builds, to inspect what the server held."""
+    import gems_fl.serverapp.run as run_module
+
+    built = []
+
+    class Recording(run_module.GEMS):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            built.append(self)
+
+    monkeypatch.setattr(run_module, "GEMS", Recording)
+    return built
+
+
+COMMON = {"label-division": "classes-per-node:4", "refine-rounds": 2}
+
+
+def test_a_run_on_sums_gives_the_model_and_membership_of_a_run_on_every_matrix(tmp_path,
+                                                                                strategies):
+    full = run_in_process(4, tmp_path / "nodes", **COMMON, **{"server-grams": "nodes"})
+    summed = run_in_process(4, tmp_path / "sums", **COMMON, **{"server-grams": "sums"})
+
+    on_sums = strategies[1]
+    assert on_sums.sums is not None and on_sums.sums.nodes == 4
+    assert all(isinstance(r.space, SummedGramSpace) and not hasattr(r.space, "gram")
+               for r in on_sums.outcome.accepted)
+    assert strategies[0].sums is None
+
+    models = [np.load(tmp_path / m / "run-1" / "gems_model.npz") for m in ("nodes", "sums")]
+    for key in ("weight", "bias"):
+        np.testing.assert_allclose(models[0][key], models[1][key], rtol=1e-5, atol=1e-6)
+    assert summed["rows"]["GEMS"]["accuracy"] == full["rows"]["GEMS"]["accuracy"]
+
+    # the server's check (every matrix) and the nodes' own checks (sums) agree per node
+    a, b = full["intersection"], summed["intersection"]
+    assert a["inside"] == b["inside"] and a["found"] == b["found"]
+    for name in a["distance"]:
+        assert b["distance"][name] == pytest.approx(a["distance"][name], rel=1e-5)
+    assert "membership" in b and "membership" not in a
+    for row in full["nodes"] + summed["nodes"]:
+        assert row["inside_by_node"] == row["inside"]
+    per_node = summed["verification"]["per_node"]
+    assert all("own_space" in entry for entry in per_node.values())
+
+
+def test_with_sums_a_node_that_does_not_answer_has_unknown_membership(tmp_path):
+    def drop(reply: Message):
+        return None if reply.metadata.src_node_id == 1002 else reply
+
+    results = run_in_process(3, tmp_path, evaluate_hook=drop,
+                             **{"label-division": "classes-per-node:4", "round-timeout": 5.0,
+                                "required-nodes": "2", "server-grams": "sums"})
+    inter = results["intersection"]
+    assert inter["inside"]["partition-2"] is None and inter["distance"]["partition-2"] is None
+    assert inter["inside"]["partition-0"] is not None
+    assert inter["found"] is False and inter["objective"] is None
+    row = {n["name"]: n for n in results["nodes"]}["partition-2"]
+    assert row["inside"] is None and row["inside_by_node"] is None
+
+
+def test_an_evaluate_answer_without_the_own_space_check_is_refused(tmp_path):
+    def strip(reply: Message):
+        if reply.metadata.src_node_id == 1001:
+            metrics = reply.content["metrics"]
+            del metrics["space.distance"]
+            del metrics["space.inside"]
+        return reply
+
+    results = run_in_process(3, tmp_path, evaluate_hook=strip,
+                             **{"label-division": "classes-per-node:4", "required-nodes": "2"})
+    missing = results["verification"]["missing"]
+    assert [m["node_name"] for m in missing] == ["partition-1"]
+    assert "own space check" in missing[0]["reason"]
