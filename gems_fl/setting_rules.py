@@ -40,7 +40,10 @@ def check_rules(settings: "Settings", node_only: bool) -> None:
 
 
 def _server_grams(settings: "Settings") -> None:
-    """``server-grams=sums`` keeps no node's matrix: only points solved from sums."""
+    """``server-grams=sums`` keeps no node's matrix: only points solved from sums; secure
+    aggregation holds only sums too."""
+    if settings.secure_aggregation:
+        _secure(settings)
     if settings.server_grams != "sums":
         return
     wrong = []
@@ -58,6 +61,28 @@ def _server_grams(settings: "Settings") -> None:
         raise SettingsError("server-grams='sums' keeps only the sums of the nodes' Gram "
                             "statistics, which does not fit " + "; ".join(wrong)
                             + ". Use server-grams='nodes' or 'auto'")
+
+
+def _secure(settings: "Settings") -> None:
+    wrong = []
+    if settings.space != "gram" or settings.model != "logistic":
+        wrong.append(f"space='{settings.space}', model='{settings.model}' (needs the logistic "
+                     "model's Gram spaces: the MLP's layer merge needs every node's neurons)")
+    if settings.gram_point not in SUMS_POINTS:
+        wrong.append(f"gram-point='{settings.gram_point}' (needs every node's matrix; use "
+                     f"one of {', '.join(SUMS_POINTS)})")
+    if settings.gram_weighting != "samples":
+        wrong.append(f"gram-weighting='{settings.gram_weighting}' (needs 'samples')")
+    if not settings.label_moments:
+        wrong.append("label-moments=false (the secure sums include the label moments)")
+    if settings.server_grams == "nodes":
+        wrong.append("server-grams='nodes' (the server holds only sums)")
+    if settings.refine_rounds:
+        wrong.append(f"refine-rounds={settings.refine_rounds} (each step's gradients would "
+                     "reach the server node by node)")
+    if wrong:
+        raise SettingsError("secure-aggregation=true sends only sums through SecAgg+, which "
+                            "does not fit " + "; ".join(wrong))
 
 
 def _dataset_shape(settings: "Settings") -> None:

@@ -209,6 +209,19 @@ class Settings:
         '`pooled`, `lda` or `closed-form` and gram-weighting `samples`. `auto`: `sums` above '
         f'{SUMS_ABOVE_NODES} nodes where the settings allow it, else `nodes`',
         one_of(SERVER_GRAMS))
+    secure_aggregation: bool = setting(
+        False,
+        '`gram`, logistic model: every per-node statistic the point needs (Gram matrix, '
+        "`W_k G_k`, label moments, class counts) travels through Flower's SecAgg+, so the "
+        'ServerApp holds only their sums; nodes send no model, and each checks h_G against '
+        'its own space (README "Secure aggregation"). Needs gram-point `auto`, `pooled`, '
+        '`lda` or `closed-form` and refine-rounds=0')
+    secure_threshold: float = setting(
+        0.5,
+        '`secure-aggregation`: the share of each node\'s SecAgg+ key shares needed to '
+        'reconstruct it (SecAgg+ `reconstruction_threshold`); nodes that drop out are '
+        'tolerated while every node keeps this share of its neighbours',
+        in_range(0.0, 1.0, 'a share of the key shares', closed='right'))
     label_moments: bool = setting(
         True,
         '`gram` only: nodes also send their label moments (mean of `e_y [x, 1]^T` over their '

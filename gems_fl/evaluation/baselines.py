@@ -40,7 +40,7 @@ class Candidates:
 
     gems: nn.Module
     local: dict[str, nn.Module]
-    averaged: nn.Module
+    averaged: nn.Module | None  # None with no local model (secure aggregation)
     ensemble: bool = False
 
 
@@ -67,11 +67,17 @@ def evaluate_rows(
         rows["Global"] = row(global_model, epochs=report.epochs)
         log(INFO, "Global: %d epochs, test accuracy %.4f", report.epochs, rows["Global"]["accuracy"])
 
-    per_node = {name: accuracy(m, data.test_x, data.test_y) for name, m in models.local.items()}
-    first = next(iter(models.local.values()))
-    rows["Local"] = {"accuracy": float(np.mean(list(per_node.values()))), "per_node": per_node,
-                     "parameters": count_parameters(first)}
-    rows["Averaged"] = row(models.averaged)
+    if models.local:
+        per_node = {name: accuracy(m, data.test_x, data.test_y)
+                    for name, m in models.local.items()}
+        first = next(iter(models.local.values()))
+        rows["Local"] = {"accuracy": float(np.mean(list(per_node.values()))),
+                         "per_node": per_node, "parameters": count_parameters(first)}
+        rows["Averaged"] = row(models.averaged)
+    else:
+        for name in ("Local", "Averaged"):
+            rows[name] = {"accuracy": None, "skipped": "secure-aggregation=true: the "
+                          "server holds no node's model"}
     if models.ensemble:
         local = list(models.local.values())
         votes = ensemble_predict(local, data.test_x, settings.seed)

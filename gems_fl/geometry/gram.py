@@ -224,8 +224,16 @@ def check_gram(g, n: int, *, tol: float = 1e-6,
     if asym > tol * scale:
         raise ValueError(f"Gram matrix is not symmetric: max |G - G^T| = {asym:.3g} exceeds "
                          f"tol * max |G| = {tol * scale:.3g}. Reject this reply")
-    lam = torch.linalg.eigvalsh(0.5 * (t + t.T))
-    lo, hi = float(lam[0]), float(lam[-1])
+    sym = 0.5 * (t + t.T)
+    # A Cholesky factor of G + tol * max(1, max diag) I proves the smallest eigenvalue is
+    # above the bound below (the largest eigenvalue is at least the largest diagonal entry)
+    # at a tenth of an eigenvalue solve's cost; only a matrix it does not clear gets one.
+    shifted = sym + tol * max(1.0, float(sym.diagonal().max())) * torch.eye(n, dtype=sym.dtype)
+    if int(torch.linalg.cholesky_ex(shifted)[1]) == 0:
+        lo = hi = 0.0
+    else:
+        lam = torch.linalg.eigvalsh(sym)
+        lo, hi = float(lam[0]), float(lam[-1])
     if lo < -tol * max(1.0, hi):
         raise ValueError(f"Gram matrix is not positive semidefinite: smallest eigenvalue "
                          f"{lo:.3g} < -tol * max(1, largest eigenvalue) = "

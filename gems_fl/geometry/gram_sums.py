@@ -107,6 +107,21 @@ class GramSums:
         self.nodes += 1
         self.count += n_k
 
+    @classmethod
+    def from_means(cls, count: int, nodes: int, gram: np.ndarray, center_gram: np.ndarray,
+                   moments: np.ndarray, class_shares: np.ndarray) -> "GramSums":
+        """The sums over ``nodes`` nodes and ``count`` training rows, given as their
+        ``n_k``-weighted means (what secure aggregation returns): ``sum n_k G_k / N`` and
+        so on, with the class shares ``sum counts / N``."""
+        c, n = np.shape(center_gram)
+        sums = cls(c, n)
+        sums.add(int(count), np.zeros((c, n)), gram, moments,
+                 np.rint(np.asarray(class_shares) * count).astype(np.int64))
+        sums._center_gram = _fixed("n_k W_k G_k", int(count) * np.asarray(center_gram,
+                                                                        dtype=np.float64))
+        sums.nodes = int(nodes)
+        return sums
+
     @property
     def has_labels(self) -> bool:
         return bool(self._with_labels)

@@ -9,6 +9,8 @@ ClientApp becomes an error reply, as it does under Flower.
 
 from __future__ import annotations
 
+import copy
+
 import uuid
 from collections.abc import Callable, Iterable
 
@@ -112,7 +114,10 @@ class InProcessGrid(Grid):
 
     def _deliver(self, msg: Message) -> Message:
         try:
-            reply = self._app(msg, self._contexts[msg.metadata.dst_node_id])
+            # each node gets its own copy, as over the wire: a node's code may change the
+            # content it receives (secaggplus_mod pops its stage), and one content object
+            # is often shared by every node's message
+            reply = self._app(copy.deepcopy(msg), self._contexts[msg.metadata.dst_node_id])
         except Exception as exc:  # noqa: BLE001 - becomes an error reply, as in Flower
             reply = Message(Error(code=0, reason=f"{type(exc).__name__}: {exc}"), reply_to=msg)
         if self._hook and msg.metadata.message_type == MessageType.TRAIN:

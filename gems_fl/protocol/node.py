@@ -9,6 +9,7 @@ serves (the reproduction's in-process Grid runs the same one). Nothing but the r
 from __future__ import annotations
 
 import logging
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -32,7 +33,7 @@ from gems_fl.geometry.selection import score_candidates
 from gems_fl.learning.models import model_to_vector, state_to_vector, vector_to_state
 from gems_fl.learning.threads import compute_threads
 from gems_fl.learning.train import TrainReport, accuracy, set_default_device
-from gems_fl.protocol import wire
+from gems_fl.protocol import secure, wire
 from gems_fl.protocol.node_layerwise import (
     NodeWork,
     build_partial_mlp,
@@ -160,8 +161,27 @@ def _refine_reply(msg: Message, data, settings: Settings) -> RecordDict:  # noqa
         loss=loss, num_train_examples=len(y_tr))
 
 
+def _secure_fit(msg: Message, context: Context) -> Message:
+    """SecAgg+'s fit instruction: this node's Gram statistics, scaled, for the masked sum
+    (:mod:`gems_fl.protocol.secure`), around the center it kept in round 1."""
+    config = secure.fit_config(msg)
+    settings = Settings.from_node_config(config).for_node(context.node_config)
+    data = cast_node_arrays(load_node_data(settings, own_node_config(context.node_config,
+                                                                     settings.site_files),
+                                           DataAgreement.from_config(config)))
+    own = secure.own_space(context)
+    if own is None:
+        raise RuntimeError("secure aggregation: this node kept no space from round 1")
+    x_tr, y_tr, _, _ = data.arrays
+    stats = secure.node_statistics(x_tr, y_tr, own[0], data.num_classes, settings.gram_rank)
+    return Message(content=secure.secure_fit_reply(msg, stats, len(y_tr), data.seed),
+                   reply_to=msg)
+
+
 def handle_train(msg: Message, context: Context) -> Message:
     """Flower ``train`` handler: data -> local model -> good-enough space -> reply."""
+    if secure.is_secure_fit(msg):
+        return _secure_fit(msg, context)
     config = wire.decode_config(msg.content)
     settings = Settings.from_node_config(config).for_node(context.node_config)
     set_default_device(settings.device)
@@ -183,6 +203,18 @@ def handle_train(msg: Message, context: Context) -> Message:
         data.name, data.source, local.num_train, local.num_val,
         local.val_accuracy, settings.space, local.space.radius, local.layer.certified_radius,
     )
+    if secure.SECURE_PREPARE_KEY in config:  # secure aggregation: metrics and bounds only
+        space = local.space
+        secure.keep_own_space(context, space.matrix, space.radius, local.layer.certified_radius)
+        x_tr, y_tr, _, _ = data.arrays
+        stats = secure.node_statistics(x_tr, y_tr, space.matrix, data.num_classes,
+                                       settings.gram_rank)
+        cert = local.layer.certified_radius
+        return Message(content=secure.encode_prepare_reply({
+            "radius": space.radius, "certified-radius": -1.0 if math.isinf(cert) else cert,
+            "eps": settings.eps, "num-train-examples": local.num_train,
+            "num-val-examples": local.num_val, "local-val-accuracy": local.val_accuracy,
+            **secure.bounds(stats)}), reply_to=msg)
     content = encode_layer_space(local.layer, data.num_features, data.num_classes,
                                  eps=settings.eps, num_train=local.num_train,
                                  num_val=local.num_val, val_accuracy=local.val_accuracy)
@@ -199,7 +231,8 @@ def handle_evaluate(msg: Message, context: Context) -> Message:
                                            DataAgreement.from_config(config)))
     return Message(content=score_models(msg.content, settings.eps, data.x_val, data.y_val,
                                         data.x_test, data.y_test, x_train=data.x_train,
-                                        gram_rank=settings.gram_rank), reply_to=msg)
+                                        gram_rank=settings.gram_rank,
+                                        kept=secure.own_space(context)), reply_to=msg)
 
 
 def handle_query(msg: Message, context: Context) -> Message:
@@ -235,7 +268,7 @@ def build_client_app() -> ClientApp:
     """The GEMS ClientApp: ``train`` (the good-enough space), ``query`` (who this node is
     and what data it holds) and ``evaluate`` (score the server's models, h_G first, on
     this node's own data against its eps)."""
-    app = ClientApp()
+    app = ClientApp(mods=[secure.secure_mod])  # SecAgg+ for its own messages only
     app.train()(handle_train)
     app.query()(handle_query)
     app.evaluate()(handle_evaluate)

@@ -449,7 +449,11 @@ def _rejection(node_id: int, names: Mapping[int, str], reason: str) -> dict[str,
 
 
 def _canonical_key(first: Any) -> str:
-    array = first.center if hasattr(first, "center") else np.asarray(first)
+    if hasattr(first, "center"):  # a space; one without a center (secure): its radii
+        array = (first.center if first.center is not None
+                 else np.array([first.radius, first.certified_radius]))
+    else:
+        array = np.asarray(first)
     return hashlib.sha256(np.ascontiguousarray(array).tobytes()).hexdigest()
 
 

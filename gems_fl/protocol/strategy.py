@@ -33,11 +33,19 @@ from gems_fl.protocol.selection_round import (
     select,
     wants_ridge_choice,
 )
+from gems_fl.naming import describe_node
 from gems_fl.protocol.replies import (
     NotEnoughRepliesError,
     ReplyError,
+    _rejection,
     decode_reply,
     validate_replies,
+)
+from gems_fl.protocol.secure import (
+    SECURE_PREPARE_KEY,
+    decode_prepare_reply,
+    scales_from,
+    secure_sums,
 )
 from gems_fl.protocol.wire import content_bytes
 from gems_fl.settings import Settings
@@ -101,13 +109,17 @@ class GEMS(GEMSBase):
         if server_round > 1:
             return self._configure_refine(server_round, grid)
         self._sent_to, self._gone = select_nodes(grid, self.participants, self.names)
+        self._grid = grid  # secure aggregation runs SecAgg+ on it after round 1
         if holds_sums(self.settings, len(self._sent_to)):
             num_classes, num_features = self.shapes["weight"]
             self.sums = GramSums(num_classes, num_features + 1)
             log(INFO, "Round 1: %d nodes; the server keeps only the sums of their Gram "
                 "statistics (server-grams=%s), and each node checks h_G against its own "
                 "space", len(self._sent_to), self.settings.server_grams)
-        content = wire.encode_config(self.node_config())
+        config = self.node_config()
+        if self.settings.secure_aggregation:
+            config[SECURE_PREPARE_KEY] = 1
+        content = wire.encode_config(config)
         self.rounds.append({"round": server_round, "nodes": list(self._sent_to),
                             "bytes_sent": content_bytes(content) * len(self._sent_to)})
         return self._send(content, self._sent_to, server_round)
@@ -130,6 +142,8 @@ class GEMS(GEMSBase):
                 f"from {len(self._sent_to)} nodes; min-replies={self.settings.min_replies}. "
                 "See the rejection log lines above, or lower min-replies."
             )
+        if self.settings.secure_aggregation:
+            accepted = self._secure_sums(accepted)
         options = AggregateOptions.from_settings(self.settings)
         if self.sums is None:
             result = aggregate_layer_spaces(accepted, options, self.names)
@@ -162,9 +176,56 @@ class GEMS(GEMSBase):
             log_prefix=f"Round {len(self.rounds)}: ", names=self.names, messages=self._messages)
         return [NodeReply(node, space, metrics) for node, (space, metrics) in decoded], rejected
 
+    def _secure_sums(self, accepted: list[NodeReply]) -> list[NodeReply]:
+        """SecAgg+ over the accepted nodes (:func:`gems_fl.protocol.secure.secure_sums`):
+        the sums, and the nodes whose statistics are in them (the others are rejected,
+        by name)."""
+        t0 = time.perf_counter()
+        scales = scales_from([r.metrics for r in accepted])
+        max_weight = max(r.metrics["num-train-examples"] for r in accepted)
+        try:
+            means, counts = secure_sums(
+                self._grid, [r.node_id for r in accepted], {**self.node_config(), **scales},
+                max_weight=max_weight, threshold=self.settings.secure_threshold,
+                timeout=self.settings.round_timeout)
+        except RuntimeError as exc:
+            raise NotEnoughRepliesError(str(exc)) from None
+        kept = []
+        for reply in accepted:
+            expected = int(reply.metrics["num-train-examples"])
+            if counts.get(reply.node_id) == expected:
+                kept.append(reply)
+                continue
+            reason = ("did not finish secure aggregation (SecAgg+)" if reply.node_id not in counts
+                      else f"its SecAgg+ weight {counts[reply.node_id]} is not its training "
+                           f"count {expected}")
+            log(WARNING, "Secure aggregation: node %s left out: %s",
+                describe_node(reply.node_id, self.names), reason)
+            self.outcome.rejected.append(_rejection(reply.node_id, self.names, reason))
+        if len(kept) < len(counts):
+            raise NotEnoughRepliesError("secure aggregation: a node whose statistics are in "
+                                        "the sums has a wrong weight; the sums cannot be used")
+        if len(kept) < self.settings.min_replies:
+            raise NotEnoughRepliesError(f"secure aggregation: only {len(kept)} nodes' "
+                                        f"statistics in the sums; min-replies="
+                                        f"{self.settings.min_replies}")
+        self.outcome.accepted = kept
+        total = sum(int(r.metrics["num-train-examples"]) for r in kept)
+        self.sums = GramSums.from_means(total, len(kept), means["gram"], means["center-gram"],
+                                        means["moments"], means["class-shares"])
+        self.rounds[-1]["secure_aggregation"] = {
+            "nodes": len(kept), "wall_s": time.perf_counter() - t0,
+            "max_weight": max_weight, "scales": scales,
+            "threshold": self.settings.secure_threshold}
+        return kept
+
     def _decode(self, content) -> tuple[object, dict[str, float]]:  # noqa: ANN001 - RecordDict
         """One reply's space; with sums, its Gram statistics are added in and only the
-        center and radii are kept (:class:`~gems_fl.geometry.spaces.SummedGramSpace`)."""
+        center and radii are kept (:class:`~gems_fl.geometry.spaces.SummedGramSpace`);
+        under secure aggregation the reply holds only metrics and bounds."""
+        if self.settings.secure_aggregation:
+            num_classes, num_features = self.shapes["weight"]
+            return decode_prepare_reply(content, num_features + 1)
         space, metrics = decode_reply(content, self.shapes, self.settings.space,
                                       self.settings.gram_rank, labels=self.settings.label_moments)
         if self.sums is None:

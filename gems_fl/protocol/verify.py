@@ -54,6 +54,7 @@ MODEL_PREFIX = "model."
 GEMS_KEY = "gems"
 OWN_KEY = "own"
 OWN_RADIUS_KEY = "own-radius"
+KEPT_KEY = "own-kept"  # config: check h_G against the space this node kept (secure runs)
 
 
 def state_to_model(state: Mapping[str, np.ndarray]) -> nn.Module:
@@ -82,7 +83,8 @@ def encode_evaluate(config: dict[str, Any], models: Mapping[str, Mapping[str, np
                     own: tuple[Mapping[str, np.ndarray], float] | None = None) -> RecordDict:
     """The server's evaluate instruction: settings and every model to score; ``own`` (the
     node's own center as a state dict, its radius) asks the node to check h_G's membership
-    in its own Gram space."""
+    in its own Gram space; ``config[KEPT_KEY]`` asks it to check against the space it kept
+    (secure aggregation: the server never saw it)."""
     records: dict[str, Any] = {wire.CONFIG_KEY: ConfigRecord(dict(config))}
     for key, state in models.items():
         records[MODEL_PREFIX + key] = wire.array_record(
@@ -93,36 +95,43 @@ def encode_evaluate(config: dict[str, Any], models: Mapping[str, Mapping[str, np
     return RecordDict(records)
 
 
-def check_own_space(content: RecordDict, x_train: np.ndarray, gram_rank: int | str
-                    ) -> dict[str, float]:
+def check_own_space(content: RecordDict, x_train: np.ndarray, gram_rank: int | str,
+                    kept: tuple[np.ndarray, float] | None = None) -> dict[str, float]:
     """Node side: h_G's distance from this node's center in its Gram metric, on its own
     training inputs (the same matrix its space was built with), and whether it lies within
-    the radius (:meth:`GramSpace.contains`, the server's own test)."""
+    the radius (:meth:`GramSpace.contains`, the server's own test). The center and radius
+    are the message's ``own`` record, else ``kept`` (what the node kept in round 1)."""
     from gems_fl.geometry.kinds import node_gram
     from gems_fl.geometry.spaces import GramSpace
 
-    own = content.array_records[OWN_KEY]
     gems = content.array_records[MODEL_PREFIX + GEMS_KEY]
     as_matrix = lambda r: np.concatenate(  # noqa: E731
         [r["weight"].numpy().astype(np.float64), r["bias"].numpy().astype(np.float64)[:, None]],
         axis=1)
-    radius = float(content.config_records[wire.CONFIG_KEY][OWN_RADIUS_KEY])
-    space = GramSpace(as_matrix(own), node_gram(x_train, gram_rank)[0], radius)
+    if OWN_KEY in content.array_records:
+        center = as_matrix(content.array_records[OWN_KEY])
+        radius = float(content.config_records[wire.CONFIG_KEY][OWN_RADIUS_KEY])
+    else:
+        center, radius = kept
+    space = GramSpace(center, node_gram(x_train, gram_rank)[0], radius)
     point = as_matrix(gems)
     return {"space.distance": space.distance(point), "space.inside": int(space.contains(point))}
 
 
 def score_models(content: RecordDict, eps: float, x_val: np.ndarray, y_val: np.ndarray,
                  x_test: np.ndarray | None = None, y_test: np.ndarray | None = None, *,
-                 x_train: np.ndarray | None = None, gram_rank: int | str = 0) -> RecordDict:
+                 x_train: np.ndarray | None = None, gram_rank: int | str = 0,
+                 kept: tuple[np.ndarray, float] | None = None) -> RecordDict:
     """Node side: the accuracy of every received model on this node's data, and (when the
     server sent this node's own center) h_G's membership in its space, on ``x_train``."""
     metrics: dict[str, float | int] = {
         "eps": float(eps), "num-val-examples": int(len(y_val)),
         "num-test-examples": 0 if y_test is None else int(len(y_test)),
     }
-    if OWN_KEY in content.array_records and x_train is not None:
-        metrics.update(check_own_space(content, x_train, gram_rank))
+    config = content.config_records[wire.CONFIG_KEY]
+    asked = OWN_KEY in content.array_records or (KEPT_KEY in config and kept is not None)
+    if asked and x_train is not None:
+        metrics.update(check_own_space(content, x_train, gram_rank, kept))
     for name, record in content.array_records.items():
         if not name.startswith(MODEL_PREFIX):
             continue
@@ -268,13 +277,14 @@ def _decode_check(node_id: int, name: str, content: RecordDict) -> NodeCheck:
 def verify_on_nodes(
     grid: Grid, node_ids: list[int], names: Mapping[int, str], config: dict[str, Any],
     models: Mapping[str, Mapping[str, np.ndarray]], timeout: float,
-    own_spaces: Mapping[int, tuple[Mapping[str, np.ndarray], float]] | None = None,
+    own_spaces: Mapping[int, tuple[Mapping[str, np.ndarray], float] | None] | None = None,
 ) -> Verification:
     """Send every model to every node; collect what each node measured on its own data.
 
     ``own_spaces`` (node id -> its center as a state dict, its radius): each of those nodes
-    also checks whether h_G lies in its own Gram space (:func:`check_own_space`), and a
-    node that was asked but does not answer that check is listed in ``missing``.
+    also checks whether h_G lies in its own Gram space (:func:`check_own_space`; a value of
+    None: against the space the node kept, which the server never saw), and a node that
+    was asked but does not answer that check is listed in ``missing``.
 
     A node that does not answer within ``timeout`` seconds (also each message's TTL),
     or answers with an error or a malformed reply, is listed in ``missing`` with the
@@ -282,8 +292,9 @@ def verify_on_nodes(
     """
     content = encode_evaluate(config, models)
     own_spaces = own_spaces or {}
-    contents = {n: encode_evaluate(config, models, own_spaces[n]) if n in own_spaces
-                else content for n in node_ids}
+    kept = encode_evaluate({**config, KEPT_KEY: 1}, models)
+    contents = {n: (content if n not in own_spaces else kept if own_spaces[n] is None
+                    else encode_evaluate(config, models, own_spaces[n])) for n in node_ids}
     messages = [Message(content=contents[n], message_type=MessageType.EVALUATE, dst_node_id=n,
                         group_id="verify", ttl=timeout) for n in node_ids]
     replies = list(grid.send_and_receive(messages, timeout=timeout))

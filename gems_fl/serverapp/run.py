@@ -151,11 +151,13 @@ def run_convex(grid: Grid, settings: Settings, roster: Roster, num_features: int
         chosen = outcome.intersection
         outcome.intersection = result_at([r.space for r in outcome.accepted], point,
                                          chosen.method, {**chosen.details, "refined": True})
-    centers = {roster.names.get(r.node_id, str(r.node_id)): r.space.center for r in outcome.accepted}
+    centers = {roster.names.get(r.node_id, str(r.node_id)): r.space.center for r in outcome.accepted
+               if r.space.center is not None}  # none under secure aggregation
     as_model = lambda v: model_from_vector(v, num_features, num_classes)  # noqa: E731
-    average = np.mean(list(centers.values()), axis=0)
-    node_models = {GEMS_KEY: vector_to_state(point, num_features, num_classes),
-                   "averaged": vector_to_state(average, num_features, num_classes)}
+    node_models = {GEMS_KEY: vector_to_state(point, num_features, num_classes)}
+    average = np.mean(list(centers.values()), axis=0) if centers else None
+    if average is not None:
+        node_models["averaged"] = vector_to_state(average, num_features, num_classes)
     if len(centers) <= MAX_LOCALS_SENT:
         node_models.update({f"local.{name}": vector_to_state(c, num_features, num_classes)
                             for name, c in centers.items()})
@@ -170,7 +172,7 @@ def run_convex(grid: Grid, settings: Settings, roster: Roster, num_features: int
         outcome=outcome, rounds=strategy.rounds, rejected=outcome.rejected,
         node_models=node_models,
         local_models={name: as_model(c) for name, c in centers.items()},
-        averaged=as_model(average), extra=extra,
+        averaged=None if average is None else as_model(average), extra=extra,
     )
 
 
@@ -456,8 +458,9 @@ def own_spaces(run: ProtocolRun, settings: Settings, num_features: int, num_clas
     which the evaluate round sends back so that the node checks h_G against its space."""
     if settings.model != "logistic" or settings.space != "gram":
         return None
-    return {r.node_id: (vector_to_state(r.space.center, num_features, num_classes),
-                        r.space.radius) for r in run.outcome.accepted}
+    return {r.node_id: (None if r.space.center is None else  # secure: the space it kept
+                        (vector_to_state(r.space.center, num_features, num_classes),
+                         r.space.radius)) for r in run.outcome.accepted}
 
 
 def holds_only_sums(run: ProtocolRun) -> bool:
