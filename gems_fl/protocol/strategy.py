@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable, Mapping
-from logging import INFO
+from logging import INFO, WARNING
 from typing import Any
 
 import numpy as np
