@@ -221,3 +221,16 @@ def test_supernode_auth_only_registered_keys_join(sites, tmp_path):
         listed = fed.flwr("supernode", "ls", "--format", "json")
         assert listed.returncode == 0, listed.stderr
         assert good.log().split("SuperNode ID: ")[1].split()[0] in listed.stdout
+
+
+def test_secure_aggregation_over_tls_equals_the_simulation(federation, sites, tmp_path):
+    """SecAgg+ between SuperNode processes over TLS gives the sums, and the model, of the
+    same secure run simulated in-process (the quantisation is seeded on every node)."""
+    secure = {"secure-aggregation": True}
+    deployed = _run(federation, tmp_path, **secure)["results"]
+    simulated = run_in_process(NUM_NODES, tmp_path / "sim", node_configs=sites, **secure)
+    _assert_same(deployed, simulated)
+    assert deployed["privacy"]["secure_aggregation"] is True
+    assert deployed["rounds"][0]["secure_aggregation"]["nodes"] == NUM_NODES
+    assert [n["inside_by_node"] for n in deployed["nodes"]] == \
+        [n["inside_by_node"] for n in simulated["nodes"]]

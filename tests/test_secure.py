@@ -141,3 +141,27 @@ def test_a_node_refuses_to_let_secagg_clip_a_statistic():
     msg = type("Msg", (), {"content": RecordDict({"fitins.config": ConfigRecord(config)})})()
     with pytest.raises(ValueError, match="SecAgg\\+ would clip it"):
         secure.secure_fit_reply(msg, stats, 10, seed=0)
+
+
+@pytest.mark.slow
+def test_a_secure_run_through_flower(tmp_path):
+    """3 SuperNodes through `gems-fl run` (Flower's simulation): SecAgg+ between the real
+    ServerApp and ClientApp processes."""
+    import json
+    import subprocess
+    import sys
+
+    from tests.helpers import ROOT
+
+    proc = subprocess.run(
+        [sys.executable, "-m", "gems_fl.running.cli", "run", str(ROOT), "--nodes", "3",
+         "--run-config", "num-directions=50 secure-aggregation=true", "--output-dir",
+         str(tmp_path)], capture_output=True, text=True, timeout=900, check=False)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    (path,) = tmp_path.glob("run-*/results.json")
+    results = json.loads(path.read_text())
+    assert results["status"] == "completed"
+    assert results["privacy"]["secure_aggregation"] is True
+    assert results["rounds"][0]["secure_aggregation"]["nodes"] == 3
+    assert all(n["inside_by_node"] is not None for n in results["nodes"])
+    assert results["rows"]["GEMS"]["accuracy"] > 0.9
