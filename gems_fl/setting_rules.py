@@ -40,39 +40,15 @@ def check_rules(settings: "Settings", node_only: bool) -> None:
 
 
 def _server_grams(settings: "Settings") -> None:
-    """``server-grams=sums`` keeps no node's matrix: only points solved from sums; secure
-    aggregation holds only sums too."""
-    if settings.secure_aggregation:
-        _secure(settings)
-    if settings.server_grams != "sums":
-        return
-    wrong = []
-    if settings.space != "gram":
-        wrong.append(f"space='{settings.space}' (needs 'gram')")
-    if settings.model != "logistic":
-        wrong.append(f"model='{settings.model}' (the MLP's layer merge needs every node's "
-                     "spaces)")
-    if settings.gram_point not in SUMS_POINTS:
-        wrong.append(f"gram-point='{settings.gram_point}' (needs every node's matrix; use "
-                     f"one of {', '.join(SUMS_POINTS)})")
-    if settings.gram_weighting != "samples":
-        wrong.append(f"gram-weighting='{settings.gram_weighting}' (needs 'samples')")
-    if wrong:
+    """``server-grams=sums`` and ``secure-aggregation`` keep no node's matrix: only the
+    points solved from sums."""
+    if settings.server_grams == "sums" and (wrong := _not_from_sums(settings)):
         raise SettingsError("server-grams='sums' keeps only the sums of the nodes' Gram "
                             "statistics, which does not fit " + "; ".join(wrong)
                             + ". Use server-grams='nodes' or 'auto'")
-
-
-def _secure(settings: "Settings") -> None:
-    wrong = []
-    if settings.space != "gram" or settings.model != "logistic":
-        wrong.append(f"space='{settings.space}', model='{settings.model}' (needs the logistic "
-                     "model's Gram spaces: the MLP's layer merge needs every node's neurons)")
-    if settings.gram_point not in SUMS_POINTS:
-        wrong.append(f"gram-point='{settings.gram_point}' (needs every node's matrix; use "
-                     f"one of {', '.join(SUMS_POINTS)})")
-    if settings.gram_weighting != "samples":
-        wrong.append(f"gram-weighting='{settings.gram_weighting}' (needs 'samples')")
+    if not settings.secure_aggregation:
+        return
+    wrong = _not_from_sums(settings)
     if not settings.label_moments:
         wrong.append("label-moments=false (the secure sums include the label moments)")
     if settings.server_grams == "nodes":
@@ -83,6 +59,20 @@ def _secure(settings: "Settings") -> None:
     if wrong:
         raise SettingsError("secure-aggregation=true sends only sums through SecAgg+, which "
                             "does not fit " + "; ".join(wrong))
+
+
+def _not_from_sums(settings: "Settings") -> list[str]:
+    """The settings that need more than the sums of the Gram statistics, each with why."""
+    wrong = []
+    if settings.space != "gram" or settings.model != "logistic":
+        wrong.append(f"space='{settings.space}', model='{settings.model}' (needs the logistic "
+                     "model's Gram spaces: the MLP's layer merge needs every node's neurons)")
+    if settings.gram_point not in SUMS_POINTS:
+        wrong.append(f"gram-point='{settings.gram_point}' (needs every node's matrix; use "
+                     f"one of {', '.join(SUMS_POINTS)})")
+    if settings.gram_weighting != "samples":
+        wrong.append(f"gram-weighting='{settings.gram_weighting}' (needs 'samples')")
+    return wrong
 
 
 def _dataset_shape(settings: "Settings") -> None:

@@ -45,3 +45,26 @@ def sites(tmp_path):
     from tests.sitegen import site_config
 
     return [site_config(tmp_path / "sites", f"site-{k}", seed=k) for k in range(3)]
+
+
+@pytest.fixture
+def strategies(monkeypatch):
+    """Every convex GEMS strategy a run builds (to inspect what the server held), with
+    the train replies each was given (``seen``)."""
+    import gems_fl.serverapp.run as run_module
+
+    built = []
+
+    class Recording(run_module.GEMS):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            self.seen = []
+            built.append(self)
+
+        def aggregate_train(self, server_round, replies):
+            replies = list(replies)
+            self.seen.extend(replies)
+            return super().aggregate_train(server_round, replies)
+
+    monkeypatch.setattr(run_module, "GEMS", Recording)
+    return built

@@ -98,22 +98,6 @@ def test_auto_keeps_the_matrices_up_to_the_threshold_and_sums_beyond():
     assert holds_sums(Settings(server_grams="sums"), 2)
 
 
-@pytest.fixture
-def strategies(monkeypatch):
-    """Every convex GEMS strategy a run builds, to inspect what the server held."""
-    import gems_fl.serverapp.run as run_module
-
-    built = []
-
-    class Recording(run_module.GEMS):
-        def __init__(self, *args, **kwargs):
-            super().__init__(*args, **kwargs)
-            built.append(self)
-
-    monkeypatch.setattr(run_module, "GEMS", Recording)
-    return built
-
-
 COMMON = {"label-division": "classes-per-node:4", "refine-rounds": 2}
 
 

@@ -13,28 +13,6 @@ from tests.helpers import run_in_process
 COMMON = {"label-division": "classes-per-node:4"}
 
 
-@pytest.fixture
-def strategies(monkeypatch):
-    """Every convex GEMS strategy a run builds, and the train replies it was given."""
-    import gems_fl.serverapp.run as run_module
-
-    built = []
-
-    class Recording(run_module.GEMS):
-        def __init__(self, *args, **kwargs):
-            super().__init__(*args, **kwargs)
-            self.seen: list[Message] = []
-            built.append(self)
-
-        def aggregate_train(self, server_round, replies):
-            replies = list(replies)
-            self.seen.extend(replies)
-            return super().aggregate_train(server_round, replies)
-
-    monkeypatch.setattr(run_module, "GEMS", Recording)
-    return built
-
-
 def test_a_secure_run_gives_the_plain_runs_model_and_the_server_holds_only_sums(
         tmp_path, strategies):
     plain = run_in_process(4, tmp_path / "plain", **COMMON)
