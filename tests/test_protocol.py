@@ -191,3 +191,33 @@ def test_too_few_valid_replies_stops_with_a_clear_error(tmp_path):
 
     with pytest.raises(NotEnoughRepliesError, match="only 1 valid reply.*min-replies=2"):
         run_in_process(3, tmp_path, reply_hook=hook, space="ball")
+
+
+def test_a_window_of_messages_in_flight_gives_the_run_of_the_plain_grid(tmp_path):
+    """WindowedGrid (Flower's simulation) sends in a sliding window; the run is the same."""
+    from client_app import app as client_app
+    from flwr.app import Context, RecordDict
+
+    from gems_fl.protocol.inprocess import InProcessGrid
+    from gems_fl.serverapp import run_server
+    from gems_fl.serverapp.window import WindowedGrid
+    from tests.helpers import FAST, app_defaults
+
+    results = {}
+    for name, window in (("plain", None), ("window", 2)):
+        cfg = {**app_defaults(), **FAST, "output-dir": str(tmp_path / name)}
+        grid = InProcessGrid(client_app, 5, cfg)
+        pushed = []
+
+        def counting_push(messages, push=grid.push_messages, pushed=pushed):
+            batch = list(messages)
+            pushed.append(len(batch))
+            return push(batch)
+
+        grid.push_messages = counting_push
+        ctx = Context(run_id=1, node_id=1, node_config={}, state=RecordDict(), run_config=cfg)
+        results[name] = run_server(grid if window is None else WindowedGrid(grid, window), ctx)
+        if window is not None:  # every round went out two messages at a time
+            assert max(pushed) <= window and len(pushed) > 4 * 3
+    assert results["window"]["rows"] == results["plain"]["rows"]
+    assert results["window"]["nodes"] == results["plain"]["nodes"]

@@ -71,6 +71,7 @@ from gems_fl.protocol.selection_round import result_at
 from gems_fl.protocol.strategy import GEMS
 from gems_fl.protocol.verify import GEMS_KEY, Verification, verify_on_nodes
 from gems_fl.serverapp.preflight import preflight
+from gems_fl.serverapp.window import WindowedGrid
 from gems_fl.settings import Settings, SettingsError
 
 NODE_WAIT_S = 60.0
@@ -396,6 +397,9 @@ def run_server(grid: Grid, context: Context) -> dict[str, Any]:
     except SettingsError as exc:
         raise SettingsError(f"invalid run setting: {exc}") from None
     preflight(settings, check_data=settings.evaluate_on_server)
+    deployed = is_deployed(grid)
+    if in_simulation(grid):  # Flower's engine sweeps every stored message per node
+        grid = WindowedGrid(grid)
     set_default_device(settings.device)  # training on the server: Global, tuning, Raw
     t_wait = time.perf_counter()
     node_ids = wait_for_nodes(grid, settings.min_replies)
@@ -449,7 +453,7 @@ def run_server(grid: Grid, context: Context) -> dict[str, Any]:
     rows = evaluate_baselines(run, server_data, settings, roster, num_features, num_classes)
     timing["baselines"] = time.perf_counter() - t_base
     return finish(context, settings, run, roster, verification, rows, meta, notes,
-                  timing=timing, started=started, t0=t0, send_home=is_deployed(grid))
+                  timing=timing, started=started, t0=t0, send_home=deployed)
 
 
 def own_spaces(run: ProtocolRun, settings: Settings, num_features: int, num_classes: int
@@ -466,6 +470,13 @@ def own_spaces(run: ProtocolRun, settings: Settings, num_features: int, num_clas
 def holds_only_sums(run: ProtocolRun) -> bool:
     """Whether the server kept only the sums of the nodes' Gram statistics."""
     return any(isinstance(r.space, SummedGramSpace) for r in run.outcome.accepted)
+
+
+def in_simulation(grid: Grid) -> bool:
+    """Flower's simulation engine (its in-memory grid)."""
+    from flwr.superlink.grid.inmemory_grid import InMemoryGrid
+
+    return isinstance(grid, InMemoryGrid)
 
 
 def is_deployed(grid: Grid) -> bool:
