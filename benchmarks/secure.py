@@ -60,13 +60,18 @@ def one_run(division: str, nodes: int, seed: int, secure: bool) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", type=int, nargs="+", default=[0])
+    parser.add_argument("--divisions", nargs="+", default=[d for d, _ in DIVISIONS])
     parser.add_argument("--out", default=str(ROOT / "benchmarks" / "out" / "secure.json"))
     args = parser.parse_args()
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    divisions = [(d, k) for d, k in DIVISIONS if d in args.divisions]
     runs = []
-    for division, nodes in DIVISIONS:
+    for division, nodes in divisions:
         for seed in args.seeds:
             for secure in (False, True):
                 runs.append(one_run(division, nodes, seed, secure))
+                save(out, args.seeds, runs, [])  # every run kept, should the rest not finish
                 r = runs[-1]
                 print(f"{division} K={nodes} seed {seed} {'secure' if secure else 'plain '}: "
                       f"GEMS {r['accuracy']:.4f} ({r['point']}), up {r['bytes_up'] / 1e6:.2f} "
@@ -75,7 +80,7 @@ def main() -> None:
     print("\n| division | mode | GEMS (mean) | worst gap to plain | MB up | MB down | GEMS rounds s |")
     print("| --- | --- | ---: | ---: | ---: | ---: | ---: |")
     summary = []
-    for division, nodes in DIVISIONS:
+    for division, nodes in divisions:
         for secure in (False, True):
             rs = [r for r in runs if r["division"] == division and r["secure"] == secure]
             plain = {r["seed"]: r["accuracy"] for r in runs
@@ -90,13 +95,14 @@ def main() -> None:
             print(f"| {division} K={nodes} | {'secure' if secure else 'plain'} | "
                   f"{row['accuracy']:.4f} | {gap:.4f} | {row['mb_up']:.2f} | "
                   f"{row['mb_down']:.2f} | {row['rounds_s']:.1f} |")
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
+    save(out, args.seeds, runs, summary)
+    print(f"wrote {out}")
+
+
+def save(out: Path, seeds: list[int], runs: list[dict], summary: list[dict]) -> None:
     out.write_text(json.dumps({"machine": {"cores": os.cpu_count(),
                                            "loadavg": os.getloadavg()},
-                               "seeds": args.seeds, "runs": runs, "summary": summary},
-                              indent=2))
-    print(f"wrote {out}")
+                               "seeds": seeds, "runs": runs, "summary": summary}, indent=2))
 
 
 if __name__ == "__main__":
