@@ -227,7 +227,7 @@ def check_gram(g, n: int, *, tol: float = 1e-6,
     sym = 0.5 * (t + t.T)
     # A Cholesky factor of G + tol * max(1, max diag) I proves the smallest eigenvalue is
     # above the bound below (the largest eigenvalue is at least the largest diagonal entry)
-    # at a tenth of an eigenvalue solve's cost; only a matrix it does not clear gets one.
+    # for less than an eigenvalue solve costs; only a matrix it does not clear gets one.
     shifted = sym + tol * max(1.0, float(sym.diagonal().max())) * torch.eye(n, dtype=sym.dtype)
     if int(torch.linalg.cholesky_ex(shifted)[1]) == 0:
         lo = hi = 0.0
