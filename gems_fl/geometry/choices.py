@@ -61,7 +61,7 @@ def holds_sums(settings, num_nodes: int) -> bool:
     if settings.server_grams == "nodes" or settings.space != "gram" \
             or settings.model != "logistic":
         return False
-    if settings.server_grams == "sums" or getattr(settings, "secure_aggregation", False):
+    if settings.server_grams == "sums" or settings.secure_aggregation:
         return True
     return (num_nodes > SUMS_ABOVE_NODES and settings.gram_point in SUMS_POINTS
             and settings.gram_weighting == "samples")

@@ -115,11 +115,16 @@ class GramSums:
         so on, with the class shares ``sum counts / N``."""
         c, n = np.shape(center_gram)
         sums = cls(c, n)
-        sums.add(int(count), np.zeros((c, n)), gram, moments,
-                 np.rint(np.asarray(class_shares) * count).astype(np.int64))
-        sums._center_gram = _fixed("n_k W_k G_k", int(count) * np.asarray(center_gram,
-                                                                        dtype=np.float64))
-        sums.nodes = int(nodes)
+        if np.shape(gram) != (n, n) or np.shape(moments) != (c, n) or np.shape(class_shares) != (c,):
+            raise ValueError(f"means of shapes {np.shape(gram)}, {np.shape(moments)}, "
+                             f"{np.shape(class_shares)} do not fit the layer ({c}, {n})")
+        count = int(count)
+        sums._gram = _fixed("sum n_k G_k", count * np.asarray(gram, dtype=np.float64))
+        sums._center_gram = _fixed("sum n_k W_k G_k", count * np.asarray(center_gram,
+                                                                         dtype=np.float64))
+        sums._moments = _fixed("sum n_k M_k", count * np.asarray(moments, dtype=np.float64))
+        sums.class_counts = np.rint(np.asarray(class_shares) * count).astype(np.int64)
+        sums._with_labels, sums.nodes, sums.count = True, int(nodes), count
         return sums
 
     @property

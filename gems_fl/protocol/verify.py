@@ -292,7 +292,8 @@ def verify_on_nodes(
     """
     content = encode_evaluate(config, models)
     own_spaces = own_spaces or {}
-    kept = encode_evaluate({**config, KEPT_KEY: 1}, models)
+    kept = (encode_evaluate({**config, KEPT_KEY: 1}, models)
+            if any(v is None for v in own_spaces.values()) else None)
     contents = {n: (content if n not in own_spaces else kept if own_spaces[n] is None
                     else encode_evaluate(config, models, own_spaces[n])) for n in node_ids}
     messages = [Message(content=contents[n], message_type=MessageType.EVALUATE, dst_node_id=n,
