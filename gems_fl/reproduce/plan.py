@@ -47,7 +47,7 @@ class Options:
     tune_sizes: tuple[int, ...] = (100, 200, 300, 400, 500, 600, 700, 800, 900, 1000)
     size_grid: tuple[tuple[int, float], ...] = ((50, 0.05), (75, 0.1), (100, 0.2), (150, 0.05))
     intersection_eps: tuple[float, ...] = (0.2, 0.4, 0.6, 0.8, 0.9)
-    fed_rounds: int = 30
+    fed_rounds: int = 100  # study 6: FedAvg/FedProx rounds (issue: GEMS vs 100 rounds)
     fed_local_epochs: int = 1
     fedprox_mu: float = 0.01
     spaces: tuple[str, ...] = ("ellipsoid", "ball", "gram")  # study 1 (convex)

@@ -98,6 +98,8 @@ def _parser() -> argparse.ArgumentParser:
                      help="number of seeds 0..N-1 (default: 5, quick: 2)")
     rep.add_argument("--dataset", default=None, help="default: fashion-mnist (quick: digits)")
     rep.add_argument("--data-dir", default="", help="dataset folder (setting data-dir)")
+    rep.add_argument("--fed-rounds", type=int, default=None,
+                     help="study 6: FedAvg/FedProx rounds (default: 100, quick: 4)")
     rep.add_argument("--jobs", type=int, default=2, help="worker processes (default: 2)")
     rep.add_argument("--fresh", action="store_true", help="discard stored trials and cache")
     sub_ = sub.add_parser(
@@ -283,6 +285,11 @@ def _reproduce(args: argparse.Namespace, argv: list[str] | None) -> int:
         changes["seeds"] = tuple(range(args.seeds))
     if args.dataset:
         changes["dataset"] = args.dataset
+    if args.fed_rounds is not None:
+        if args.fed_rounds < 1:
+            print("gems-fl: error: --fed-rounds must be >= 1", file=sys.stderr)
+            return 2
+        changes["fed_rounds"] = args.fed_rounds
     try:
         options = Options.quick_preset(**changes) if args.quick else Options(**changes)
         command = "gems-fl " + " ".join(sys.argv[1:] if argv is None else argv)
