@@ -3,6 +3,7 @@ by :class:`gems_fl.settings.Settings` after each setting passed its own check.""
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING
 
 from gems_fl.data.agreement import NODE_FILES
@@ -46,6 +47,7 @@ def _server_grams(settings: "Settings") -> None:
         raise SettingsError("server-grams='sums' keeps only the sums of the nodes' Gram "
                             "statistics, which does not fit " + "; ".join(wrong)
                             + ". Use server-grams='nodes' or 'auto'")
+    _differential_privacy(settings)
     if not settings.secure_aggregation:
         return
     wrong = _not_from_sums(settings)
@@ -59,6 +61,30 @@ def _server_grams(settings: "Settings") -> None:
     if wrong:
         raise SettingsError("secure-aggregation=true sends only sums through SecAgg+, which "
                             "does not fit " + "; ".join(wrong))
+
+
+def _differential_privacy(settings: "Settings") -> None:
+    """``dp-epsilon``: nodes send only noised sums, so only the points solved from sums of
+    the Gram statistics and label moments, and nothing that needs a node's model."""
+    if not settings.dp_epsilon:
+        return
+    if not math.isfinite(settings.dp_epsilon):
+        raise SettingsError(f"dp-epsilon={settings.dp_epsilon!r} must be finite (0: off)")
+    wrong = _not_from_sums(settings)
+    if settings.gram_point == "closed-form":
+        wrong.append("gram-point='closed-form' (needs each node's W_k G_k, which is not "
+                     "noised; use auto, pooled or lda)")
+    if not settings.label_moments:
+        wrong.append("label-moments=false (the noised sums are the Gram matrix and the "
+                     "label moments)")
+    if settings.server_grams == "nodes":
+        wrong.append("server-grams='nodes' (the server receives only noised sums)")
+    if settings.refine_rounds:
+        wrong.append(f"refine-rounds={settings.refine_rounds} (each step's gradients would "
+                     "leave the nodes without noise)")
+    if wrong:
+        raise SettingsError(f"dp-epsilon={settings.dp_epsilon:g}: nodes send only noised "
+                            "sums, which does not fit " + "; ".join(wrong))
 
 
 def _not_from_sums(settings: "Settings") -> list[str]:

@@ -76,8 +76,8 @@ def evaluate_rows(
         rows["Averaged"] = row(models.averaged)
     else:
         for name in ("Local", "Averaged"):
-            rows[name] = {"accuracy": None, "skipped": "secure-aggregation=true: the "
-                          "server holds no node's model"}
+            rows[name] = {"accuracy": None, "skipped": "secure-aggregation or dp-epsilon: "
+                          "the server holds no node's model"}
     if models.ensemble:
         local = list(models.local.values())
         votes = ensemble_predict(local, data.test_x, settings.seed)

@@ -71,6 +71,7 @@ class GramSums:
         self._moments = np.zeros((num_classes, size), dtype=np.int64)
         self.class_counts = np.zeros(num_classes, dtype=np.int64)
         self._with_labels: bool | None = None
+        self._with_centers = True
 
     def add(self, num_train: int, center: np.ndarray, gram: np.ndarray,
             moments: np.ndarray | None = None, class_counts: np.ndarray | None = None) -> None:
@@ -86,6 +87,8 @@ class GramSums:
         if w.shape != (self.num_classes, self.size) or g.shape != (self.size, self.size):
             raise ValueError(f"center {w.shape} and gram {g.shape} do not fit the layer "
                              f"({self.num_classes}, {self.size})")
+        if self.nodes and not self._with_centers:
+            raise ValueError("noised releases and plain replies cannot share one sum")
         labels = moments is not None
         if self._with_labels is not None and labels != self._with_labels:
             raise ValueError("every node adds label moments, or none does")
@@ -127,6 +130,46 @@ class GramSums:
         sums._with_labels, sums.nodes, sums.count = True, int(nodes), count
         return sums
 
+    def add_noised(self, num_train: int, gram_sum: np.ndarray, moments_sum: np.ndarray) -> None:
+        """Add one node's differentially private release (:mod:`gems_fl.geometry.dp`):
+        ``S_G`` ``(n, n)`` and ``S_M`` ``(C, n)``, sums over its ``num_train`` clipped
+        training rows plus noise. There is no ``W_k G_k`` (these sums then give no
+        closed-form point); the class counts are the moments' bias column, rounded and
+        floored at 0 (the noise reaches them too). Nothing is added when a check fails."""
+        n_k = int(num_train)
+        if n_k <= 0:
+            raise ValueError(f"num_train must be a positive count; got {num_train}")
+        g = np.asarray(gram_sum, dtype=np.float64)
+        m = np.asarray(moments_sum, dtype=np.float64)
+        if g.shape != (self.size, self.size) or m.shape != (self.num_classes, self.size):
+            raise ValueError(f"Gram sum {g.shape} and moments {m.shape} do not fit the layer "
+                             f"({self.num_classes}, {self.size})")
+        if self.nodes and self._with_centers:
+            raise ValueError("noised releases and plain replies cannot share one sum")
+        parts = _fixed("S_G", 0.5 * (g + g.T)), _fixed("S_M", m)
+        self._gram += parts[0]
+        self._moments += parts[1]
+        self.class_counts += np.maximum(np.rint(m[:, -1]), 0).astype(np.int64)
+        self._with_labels, self._with_centers = True, False
+        self.nodes += 1
+        self.count += n_k
+
+    @classmethod
+    def from_noised(cls, count: int, nodes: int, gram_sum: np.ndarray,
+                    moments_sum: np.ndarray) -> "GramSums":
+        """The sums of ``nodes`` nodes' differentially private releases over ``count``
+        training rows, given already summed (secure aggregation returns them)."""
+        c, n = np.shape(moments_sum)
+        sums = cls(c, n)
+        sums.add_noised(count, gram_sum, moments_sum)
+        sums.nodes = int(nodes)
+        return sums
+
+    @property
+    def has_centers(self) -> bool:
+        """Whether the sums hold ``sum n_k W_k G_k`` (not under differential privacy)."""
+        return self._with_centers
+
     @property
     def has_labels(self) -> bool:
         return bool(self._with_labels)
@@ -152,6 +195,9 @@ class GramSums:
         """The samples-weighted closed-form center ``(sum n_k W_k G_k)(sum n_k G_k + ridge N
         I)^-1`` (:func:`gems_fl.geometry.gram_merge.gram_center` with ``weights`` the
         training counts), ``(C, n)``."""
+        if not self.has_centers:
+            raise ValueError("the closed-form point needs sum n_k W_k G_k, which noised "
+                             "(dp-epsilon) sums do not hold; use the pooled or LDA point")
         a = self.pooled_gram()
         a[np.diag_indices_from(a)] += float(ridge)
         return _solve_right(torch.as_tensor(a), torch.as_tensor(_float(self._center_gram)

@@ -33,7 +33,7 @@ from gems_fl.geometry.selection import score_candidates
 from gems_fl.learning.models import model_to_vector, state_to_vector, vector_to_state
 from gems_fl.learning.threads import compute_threads
 from gems_fl.learning.train import TrainReport, accuracy, set_default_device
-from gems_fl.protocol import secure, wire
+from gems_fl.protocol import private, secure, wire
 from gems_fl.protocol.node_layerwise import (
     NodeWork,
     build_partial_mlp,
@@ -173,9 +173,40 @@ def _secure_fit(msg: Message, context: Context) -> Message:
     if own is None:
         raise RuntimeError("secure aggregation: this node kept no space from round 1")
     x_tr, y_tr, _, _ = data.arrays
-    stats = secure.node_statistics(x_tr, y_tr, own[0], data.num_classes, settings.gram_rank)
+    if settings.dp_epsilon:  # the one noised draw of round 1, never a second
+        stats = private.secure_blocks(private.kept_release(context), len(y_tr))
+    else:
+        stats = secure.node_statistics(x_tr, y_tr, own[0], data.num_classes, settings.gram_rank)
     return Message(content=secure.secure_fit_reply(msg, stats, len(y_tr), data.seed),
                    reply_to=msg)
+
+
+def _space_metrics(local, settings: Settings) -> dict[str, float]:  # noqa: ANN001
+    """Round 1's metrics of a node that sends no model (secure aggregation, DP)."""
+    cert = local.layer.certified_radius
+    return {"radius": local.space.radius, "certified-radius": -1.0 if math.isinf(cert) else cert,
+            "eps": settings.eps, "num-train-examples": local.num_train,
+            "num-val-examples": local.num_val, "local-val-accuracy": local.val_accuracy}
+
+
+def _private_reply(context: Context, local, data, settings: Settings,  # noqa: ANN001
+                   secure_prepare: bool) -> RecordDict:
+    """Round 1 under ``dp-epsilon``: keep the own space, draw the noised sums once and send
+    them (or, under secure aggregation, keep them for SecAgg+ and send their bounds)."""
+    space = local.space
+    secure.keep_own_space(context, space.matrix, space.radius, local.layer.certified_radius)
+    x_tr, y_tr, _, _ = data.arrays
+    release = private.node_release(x_tr, y_tr, data.num_classes, settings, data.seed)
+    spec = private.dp_spec(settings)
+    logger.info("node %s: differentially private release, epsilon %g delta %g, rows clipped "
+                "to %g, noise std %.4g", data.name, spec.epsilon, spec.delta, spec.clip,
+                spec.sigma)
+    metrics = _space_metrics(local, settings)
+    if secure_prepare:
+        private.keep_release(context, release)
+        bounds = secure.bounds(private.secure_blocks(release, len(y_tr)))
+        return secure.encode_prepare_reply({**metrics, **bounds}, secure.DP_BLOCKS)
+    return private.encode_release_reply(metrics, release)
 
 
 def handle_train(msg: Message, context: Context) -> Message:
@@ -203,18 +234,17 @@ def handle_train(msg: Message, context: Context) -> Message:
         data.name, data.source, local.num_train, local.num_val,
         local.val_accuracy, settings.space, local.space.radius, local.layer.certified_radius,
     )
+    if settings.dp_epsilon:  # differential privacy: noised sums, no model
+        return Message(content=_private_reply(context, local, data, settings,
+                                              secure.SECURE_PREPARE_KEY in config), reply_to=msg)
     if secure.SECURE_PREPARE_KEY in config:  # secure aggregation: metrics and bounds only
         space = local.space
         secure.keep_own_space(context, space.matrix, space.radius, local.layer.certified_radius)
         x_tr, y_tr, _, _ = data.arrays
         stats = secure.node_statistics(x_tr, y_tr, space.matrix, data.num_classes,
                                        settings.gram_rank)
-        cert = local.layer.certified_radius
         return Message(content=secure.encode_prepare_reply({
-            "radius": space.radius, "certified-radius": -1.0 if math.isinf(cert) else cert,
-            "eps": settings.eps, "num-train-examples": local.num_train,
-            "num-val-examples": local.num_val, "local-val-accuracy": local.val_accuracy,
-            **secure.bounds(stats)}), reply_to=msg)
+            **_space_metrics(local, settings), **secure.bounds(stats)}), reply_to=msg)
     content = encode_layer_space(local.layer, data.num_features, data.num_classes,
                                  eps=settings.eps, num_train=local.num_train,
                                  num_val=local.num_val, val_accuracy=local.val_accuracy)

@@ -44,6 +44,8 @@ OWN_STATE_KEY = "gems-own-center"
 OWN_RADII_KEY = "gems-own-radii"
 #: The statistics, in the order they travel through SecAgg+.
 BLOCKS = ("gram", "center-gram", "moments", "class-shares")
+#: Under ``dp-epsilon``: the node's noised sums ``S_G`` and ``S_M`` (as per-row means).
+DP_BLOCKS = ("gram", "moments")
 BOUND_PREFIX = "bound."
 SCALE_PREFIX = "scale."
 #: SecAgg+ quantises to 2**22 levels and masks modulo 2**32: a sum over more than
@@ -107,7 +109,7 @@ def secure_fit_reply(msg: Message, stats: Mapping[str, np.ndarray], num_train: i
 
     config = msg.content.config_records[_LEGACY_CONFIG]
     arrays = []
-    for key in BLOCKS:
+    for key in stats:  # in the order of BLOCKS or DP_BLOCKS
         scale = float(config[SCALE_PREFIX + key])
         scaled = np.asarray(stats[key], dtype=np.float64) / scale if scale > 0 else \
             np.zeros_like(stats[key], dtype=np.float64)
@@ -142,9 +144,14 @@ def fit_config(msg: Message) -> dict[str, Any]:
 
 
 # ---------------------------------------------------------------------- server side
-def scales_from(replies: list[dict[str, float]]) -> dict[str, float]:
+def blocks_for(dp: bool) -> tuple[str, ...]:
+    """The statistics SecAgg+ carries: :data:`DP_BLOCKS` under ``dp-epsilon``."""
+    return DP_BLOCKS if dp else BLOCKS
+
+
+def scales_from(replies: list[dict[str, float]], blocks: tuple[str, ...] = BLOCKS) -> dict[str, float]:
     """Per statistic, the largest bound any node reported (0 where all are 0)."""
-    return {SCALE_PREFIX + k: max(float(r[BOUND_PREFIX + k]) for r in replies) for k in BLOCKS}
+    return {SCALE_PREFIX + k: max(float(r[BOUND_PREFIX + k]) for r in replies) for k in blocks}
 
 
 class _SumsStrategy(Strategy):
@@ -179,7 +186,8 @@ class _SumsStrategy(Strategy):
 
 
 def secure_sums(grid, node_ids: list[int], config: dict[str, Any], *, max_weight: float,  # noqa: ANN001
-                threshold: float, timeout: float) -> tuple[dict[str, np.ndarray], dict[int, int]]:
+                threshold: float, timeout: float, blocks: tuple[str, ...] = BLOCKS,
+                ) -> tuple[dict[str, np.ndarray], dict[int, int]]:
     """Run SecAgg+ over ``node_ids``; return the ``n_k``-weighted means of the statistics
     (unscaled, ``gram`` as a full matrix) and, per node whose vector is in them, its
     training count. Raises ``RuntimeError`` when the protocol halts (fewer nodes than
@@ -212,13 +220,14 @@ def secure_sums(grid, node_ids: list[int], config: dict[str, Any], *, max_weight
         raise RuntimeError("secure aggregation halted: too few nodes finished SecAgg+ "
                            "(below its reconstruction threshold); see the log above")
     means = {}
-    for key, vector in zip(BLOCKS, strategy.aggregate):
+    for key, vector in zip(blocks, strategy.aggregate):
         means[key] = np.asarray(vector, dtype=np.float64) * float(config[SCALE_PREFIX + key])
     size = int(round((math.sqrt(8 * means["gram"].size + 1) - 1) / 2))
     means["gram"] = unpack_triangle(means["gram"], size)
-    num_classes = means["class-shares"].size
+    num_classes = means["moments"].size // size
     for key in ("center-gram", "moments"):
-        means[key] = means[key].reshape(num_classes, size)
+        if key in means:
+            means[key] = means[key].reshape(num_classes, size)
     dropped = sorted(set(node_ids) - set(strategy.num_examples))
     if dropped:
         log(WARNING, "Secure aggregation: nodes %s did not finish SecAgg+; the sums hold "
@@ -227,18 +236,21 @@ def secure_sums(grid, node_ids: list[int], config: dict[str, Any], *, max_weight
 
 
 # ------------------------------------------------------------------- round 1's reply
-PREPARE_METRIC_KEYS = wire.METRIC_KEYS + tuple(BOUND_PREFIX + k for k in BLOCKS)
+def prepare_metric_keys(blocks: tuple[str, ...] = BLOCKS) -> tuple[str, ...]:
+    """Round 1's metrics under secure aggregation: the usual ones and a bound per block."""
+    return wire.METRIC_KEYS + tuple(BOUND_PREFIX + k for k in blocks)
 
 
-def encode_prepare_reply(metrics: Mapping[str, float]) -> RecordDict:
+def encode_prepare_reply(metrics: Mapping[str, float], blocks: tuple[str, ...] = BLOCKS) -> RecordDict:
     """Round 1's reply under secure aggregation: metrics and bounds, no model."""
     from flwr.app import MetricRecord
 
     return RecordDict({wire.METRICS_KEY: MetricRecord(
-        {k: float(metrics[k]) for k in PREPARE_METRIC_KEYS})})
+        {k: float(metrics[k]) for k in prepare_metric_keys(blocks)})})
 
 
-def decode_prepare_reply(content: RecordDict, size: int):  # noqa: ANN201
+def decode_prepare_reply(content: RecordDict, size: int,  # noqa: ANN201
+                         blocks: tuple[str, ...] = BLOCKS):
     """``(space, metrics)``: the node's radii as a
     :class:`~gems_fl.geometry.spaces.SummedGramSpace` without a center (the server never
     sees it), and its metrics. Raises ``ReplyError`` for any other record, a missing or
@@ -250,8 +262,8 @@ def decode_prepare_reply(content: RecordDict, size: int):  # noqa: ANN201
         raise ReplyError(f"secure round 1 reply records {sorted(content.keys())}: expected "
                          f"only '{wire.METRICS_KEY}' (a node under secure aggregation sends "
                          "no model or matrix)")
-    metrics = _read_metrics(content, PREPARE_METRIC_KEYS)
-    for key in BLOCKS:
+    metrics = _read_metrics(content, prepare_metric_keys(blocks))
+    for key in blocks:
         if metrics[BOUND_PREFIX + key] < 0:
             raise ReplyError(f"{BOUND_PREFIX + key}={metrics[BOUND_PREFIX + key]} is negative")
     certified = metrics["certified-radius"]

@@ -71,7 +71,8 @@ def candidate_points(accepted: list[NodeReply], options: AggregateOptions,
     if options.gram_point == "auto":
         out += [(s, aggregate(replace(options, gram_point="lda", pooled_ridge=s)))
                 for s in LDA_SHRINKAGES]
-        out.append((None, aggregate(replace(options, gram_point="closed-form"))))
+        if sums is None or sums.has_centers:  # noised sums (dp-epsilon) hold no W_k G_k
+            out.append((None, aggregate(replace(options, gram_point="closed-form"))))
     return out
 
 

@@ -41,8 +41,10 @@ from gems_fl.protocol.replies import (
     decode_reply,
     validate_replies,
 )
+from gems_fl.protocol.private import decode_release_reply
 from gems_fl.protocol.secure import (
     SECURE_PREPARE_KEY,
+    blocks_for,
     decode_prepare_reply,
     scales_from,
     secure_sums,
@@ -181,13 +183,15 @@ class GEMS(GEMSBase):
         the sums, and the nodes whose statistics are in them (the others are rejected,
         by name)."""
         t0 = time.perf_counter()
-        scales = scales_from([r.metrics for r in accepted])
+        dp = bool(self.settings.dp_epsilon)
+        blocks = blocks_for(dp)
+        scales = scales_from([r.metrics for r in accepted], blocks)
         max_weight = max(r.metrics["num-train-examples"] for r in accepted)
         try:
             means, counts = secure_sums(
                 self._grid, [r.node_id for r in accepted], {**self.node_config(), **scales},
                 max_weight=max_weight, threshold=self.settings.secure_threshold,
-                timeout=self.settings.round_timeout)
+                timeout=self.settings.round_timeout, blocks=blocks)
         except RuntimeError as exc:
             raise NotEnoughRepliesError(str(exc)) from None
         kept = []
@@ -211,8 +215,13 @@ class GEMS(GEMSBase):
                                         f"{self.settings.min_replies}")
         self.outcome.accepted = kept
         total = sum(int(r.metrics["num-train-examples"]) for r in kept)
-        self.sums = GramSums.from_means(total, len(kept), means["gram"], means["center-gram"],
-                                        means["moments"], means["class-shares"])
+        if dp:  # SecAgg+ returns the n_k-weighted means of the per-row means: sums / total
+            self.sums = GramSums.from_noised(total, len(kept), total * means["gram"],
+                                             total * means["moments"])
+        else:
+            self.sums = GramSums.from_means(total, len(kept), means["gram"],
+                                            means["center-gram"], means["moments"],
+                                            means["class-shares"])
         self.rounds[-1]["secure_aggregation"] = {
             "nodes": len(kept), "wall_s": time.perf_counter() - t0,
             "max_weight": max_weight, "scales": scales,
@@ -223,9 +232,18 @@ class GEMS(GEMSBase):
         """One reply's space; with sums, its Gram statistics are added in and only the
         center and radii are kept (:class:`~gems_fl.geometry.spaces.SummedGramSpace`);
         under secure aggregation the reply holds only metrics and bounds."""
+        num_classes, num_features = self.shapes["weight"]
         if self.settings.secure_aggregation:
-            num_classes, num_features = self.shapes["weight"]
-            return decode_prepare_reply(content, num_features + 1)
+            return decode_prepare_reply(content, num_features + 1,
+                                        blocks_for(bool(self.settings.dp_epsilon)))
+        if self.settings.dp_epsilon:  # the node's noised sums, added in as they arrive
+            space, metrics, gram_sum, moments_sum = decode_release_reply(
+                content, num_classes, num_features + 1)
+            try:
+                self.sums.add_noised(int(metrics["num-train-examples"]), gram_sum, moments_sum)
+            except ValueError as exc:
+                raise ReplyError(f"its noised sums cannot be summed: {exc}") from None
+            return space, metrics
         space, metrics = decode_reply(content, self.shapes, self.settings.space,
                                       self.settings.gram_rank, labels=self.settings.label_moments)
         if self.sums is None:
