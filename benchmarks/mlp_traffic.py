@@ -6,7 +6,9 @@
 Each run is the real ServerApp and ClientApp code over an in-process Grid, with the
 run's defaults except ``model='mlp'``, Fashion-MNIST and ``label-division``
 (``classes-per-node:2`` by default, so that any N works). The table shows, per run:
-the merged hidden width, how many of its neurons are unverified k-means centers, the
+the merged hidden width, how many of its neurons lie in no node's neuron space
+(``unverified``; 0 since ``max-width`` keeps medoids) and how many nodes' neurons have no
+output neuron in their ball (``dropped``), the
 bytes of each round down (server to nodes) and up, GEMS's test accuracy untuned and
 tuned on the public sample, and on how many nodes h_G passed the nodes' own check
 (validation accuracy >= eps). Writes ``benchmarks/out/mlp_traffic.json`` with the
@@ -51,7 +53,7 @@ def run_once(nodes: int, max_width: int, division: str, seed: int, out_dir: Path
     return {
         "nodes": nodes, "max_width": max_width, "wall_s": wall,
         "width": layer["width"], "width_unbounded": layer["merge"]["width"],
-        "unverified": bound.get("unverified", 0),
+        "unverified": bound.get("unverified", 0), "dropped": bound.get("dropped", 0),
         "round1_down": layer["bytes_sent"], "round1_up": layer["bytes_received"],
         "round2_down": output["bytes_sent"], "round2_up": output["bytes_received"],
         "evaluate_down": ver.get("bytes_sent"), "evaluate_up": ver.get("bytes_received"),
@@ -82,12 +84,12 @@ def main() -> None:
     machine["loadavg_after"] = os.getloadavg()
     print(f"\nmachine: {machine}; Fashion-MNIST, label-division {args.label_division}, "
           f"seed {args.seed}; MB = 10^6 bytes")
-    print("| N | max-width | width (unbounded) | unverified | round 1 down / up MB | "
+    print("| N | max-width | width (unbounded) | unverified | dropped | round 1 down / up MB | "
           "round 2 down / up MB | evaluate down MB | GEMS | GEMS tuned | good enough | s |")
-    print("| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+    print("| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     for r in rows:
         print(f"| {r['nodes']} | {r['max_width'] or '-'} | {r['width']} ({r['width_unbounded']}) "
-              f"| {r['unverified']} | {r['round1_down'] / MB:.2f} / {r['round1_up'] / MB:.2f} | "
+              f"| {r['unverified']} | {r['dropped']} | {r['round1_down'] / MB:.2f} / {r['round1_up'] / MB:.2f} | "
               f"{r['round2_down'] / MB:.2f} / {r['round2_up'] / MB:.2f} | "
               f"{(r['evaluate_down'] or 0) / MB:.2f} | {r['gems']:.4f} | {r['gems_tuned']:.4f} | "
               f"{r['good_enough']}/{r['answered']} | {r['wall_s']:.0f} |")

@@ -82,6 +82,9 @@ def _differential_privacy(settings: "Settings") -> None:
     if settings.refine_rounds:
         wrong.append(f"refine-rounds={settings.refine_rounds} (each step's gradients would "
                      "leave the nodes without noise)")
+    if settings.standardize == "federated":
+        wrong.append("standardize='federated' (each node's per-feature sums would leave it "
+                     "without noise in the identity round; use 'off' or 'node')")
     if wrong:
         raise SettingsError(f"dp-epsilon={settings.dp_epsilon:g}: nodes send only noised "
                             "sums, which does not fit " + "; ".join(wrong))

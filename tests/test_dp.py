@@ -193,7 +193,8 @@ def test_a_malformed_release_is_refused_by_name_and_the_round_goes_on(tmp_path, 
                                  {"gram_point": "best"}, {"gram_point": "closed-form"},
                                  {"space": "ellipsoid"}, {"server_grams": "nodes"},
                                  {"label_moments": False, "gram_point": "closed-form"},
-                                 {"gram_weighting": "radius"}])
+                                 {"gram_weighting": "radius"},
+                                 {"standardize": "federated"}])
 def test_dp_refuses_what_needs_a_nodes_model(bad):
     with pytest.raises(SettingsError, match="dp-epsilon=1: nodes send only noised sums"):
         Settings(dp_epsilon=1.0, **bad)

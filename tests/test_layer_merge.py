@@ -487,7 +487,12 @@ def test_invariants_on_random_layers(seed, num_nodes, max_h, d, m, scale):
     _check_invariants(nodes, res)
 
 
-def test_bound_width_keeps_verified_groups_and_reduces_the_neurons_kept_alone():
+def _in_some_ball(row, nodes) -> bool:
+    return any(np.any(np.linalg.norm(c - row, axis=1) <= r * (1 + 1e-9) + 1e-12)
+               for c, r in nodes)
+
+
+def test_bound_width_keeps_verified_groups_and_represents_the_rest_by_their_own_neurons():
     from gems_fl.geometry.layer_merge import bound_width
 
     rng = np.random.default_rng(3)
@@ -502,19 +507,25 @@ def test_bound_width_keeps_verified_groups_and_reduces_the_neurons_kept_alone():
     assert merged.num_intersected_groups >= 1 and merged.num_kept_alone >= 30
     weights, report = bound_width(merged, 12, seed=0)
     groups = np.array([len(g) for g in merged.groups])
-    kept = merged.weights[groups > 1]
-    assert len(weights) == 12
-    np.testing.assert_array_equal(weights[: len(kept)], kept)  # verified rows untouched
-    assert report["kept_alone"] == merged.num_kept_alone
-    assert report["reduced_to"] == report["unverified"] == 12 - len(kept)
+    assert len(weights) == 12 == report["width"]
+    # every output neuron is a row of the merged layer, so it lies in a node's ball
+    rows = {tuple(r) for r in merged.weights}
+    assert all(tuple(r) in rows for r in weights)
+    assert all(_in_some_ball(r, nodes) for r in weights)
+    for kept in merged.weights[groups > 1]:  # verified groups all fit and stay
+        assert any(np.array_equal(kept, r) for r in weights)
+    assert report["kept_alone"] == merged.num_kept_alone and report["unverified"] == 0
+    assert report["reduced_to"] == 12 - int(np.sum(groups > 1))
+    assert report["dropped"] == merged.num_kept_alone - report["reduced_to"]
     same, report = bound_width(merged, merged.width, seed=0)
-    assert same is merged.weights and report["unverified"] == 0
-    # Fewer rows than verified groups: the largest groups stay, the rest become centers.
+    assert same is merged.weights and report["unverified"] == 0 and report["dropped"] == 0
+    # Fewer rows than verified groups: the largest group stays, the rest get one medoid.
     tight, report = bound_width(merged, 2, seed=0)
-    largest = int(np.argmax(groups))
+    largest = merged.weights[int(np.argmax(groups))]
     assert len(tight) == 2 and report["width"] == 2
-    np.testing.assert_array_equal(tight[0], merged.weights[largest])
-    assert report["unverified"] == 1
+    assert any(np.array_equal(largest, r) for r in tight)
+    assert all(_in_some_ball(r, nodes) for r in tight)
+    assert report["unverified"] == 0 and report["reduced_to"] == 1
     assert report["groups_reduced"] == merged.num_intersected_groups - 1
     with pytest.raises((TypeError, ValueError)):
         bound_width(merged, 0, seed=0)
@@ -528,7 +539,8 @@ def test_max_width_bounds_the_merged_layer_and_the_downlink_is_float32(tmp_path)
                                       "public-samples": 0})
     layer = results["rounds"][0]
     assert layer["width"] <= 40 and results["hidden_widths"] == [layer["width"]]
-    assert layer["merge"]["max_width"]["unverified"] > 0
+    bound = layer["merge"]["max_width"]
+    assert bound["unverified"] == 0 and bound["dropped"] > 0
     # Round 2 carries the merged layer in float32: 4 bytes per weight.
     down = [e for e in grid.exchanges if e["type"] == "train"][1]["down"]
     assert down < 3 * layer["width"] * 65 * 8

@@ -378,25 +378,36 @@ def bound_width(merge: LayerMerge, max_width: int, seed: int) -> tuple[np.ndarra
     """The merged layer cut to at most ``max_width`` neurons, and what was done.
 
     Verified groups (two or more neurons with a common point) stay as they are, the
-    largest first while they fit in ``max_width - 1``; the neurons kept alone (and any
-    group that did not fit) are replaced by the centers of a k-means over them, as many
-    as the width left allows (at least one). Those centers lie in no node's neuron
-    space: the report counts them as unverified.
+    largest first while they fit in ``max_width - 1``. The rest (the neurons kept alone
+    and any group that did not fit) are clustered by k-means into as many clusters as the
+    width left allows (at least one), and each cluster is represented by its member
+    nearest the cluster's center (a medoid), not by the center itself: every output
+    neuron is then a merged neuron or a node's own neuron, so it lies in at least one
+    node's neuron space (``unverified`` stays 0). The neurons of the other members have
+    no output neuron in their balls; the report counts them (``dropped``).
     """
     check_scalar(max_width, "max_width", int, low=1)
     sizes = np.array([len(g) for g in merge.groups])
     if len(sizes) <= max_width:
         return merge.weights, {"kept_alone": int(np.sum(sizes == 1)),
                                "reduced_to": int(np.sum(sizes == 1)), "unverified": 0,
-                               "groups_reduced": 0, "width": int(len(sizes))}
+                               "groups_reduced": 0, "dropped": 0, "width": int(len(sizes))}
     grouped = np.flatnonzero(sizes > 1)
     largest_first = grouped[np.argsort(-sizes[grouped], kind="stable")]
     kept = np.sort(largest_first[: max_width - 1])  # merge order among the kept rows
     rest = np.setdiff1d(np.arange(len(sizes)), kept)
     room = max_width - len(kept)
-    kmeans = KMeans(n_clusters=room, random_state=seed, n_init=1).fit(merge.weights[rest])
-    weights = np.concatenate([merge.weights[kept], kmeans.cluster_centers_]).astype(np.float64)
-    return weights, {"kept_alone": int(np.sum(sizes == 1)), "reduced_to": int(room),
-                     "unverified": int(room), "groups_reduced": int(len(grouped) - len(kept)),
-                     "width": int(len(weights))}
+    rows = merge.weights[rest]
+    kmeans = KMeans(n_clusters=room, random_state=seed, n_init=1).fit(rows)
+    labels = kmeans.labels_
+    gap = np.linalg.norm(rows - kmeans.cluster_centers_[labels], axis=1)
+    order = np.lexsort((gap, labels))  # by cluster, nearest to its center first
+    first = order[np.r_[True, labels[order][1:] != labels[order][:-1]]]
+    medoids = rest[np.sort(first)]
+    chosen = np.sort(np.concatenate([kept, medoids]))  # merge order among all kept rows
+    weights = merge.weights[chosen].astype(np.float64)
+    dropped = int(sizes[rest].sum() - sizes[medoids].sum())
+    return weights, {"kept_alone": int(np.sum(sizes == 1)), "reduced_to": int(len(medoids)),
+                     "unverified": 0, "groups_reduced": int(len(grouped) - len(kept)),
+                     "dropped": dropped, "width": int(len(weights))}
 

@@ -213,9 +213,11 @@ class LayerwiseGEMS(GEMSBase):
             record.merge["max_width"] = bound
             folded = (f" and {bound['groups_reduced']} merged groups"
                       if bound["groups_reduced"] else "")
-            log(INFO, "Layer %d: max-width=%d: %d neurons kept alone%s reduced to %d k-means "
-                "centers (unverified); width %d", record.layer, self.settings.max_width,
-                bound["kept_alone"], folded, bound["reduced_to"], bound["width"])
+            log(INFO, "Layer %d: max-width=%d: %d neurons kept alone%s reduced to %d of "
+                "them (the one nearest each k-means center; %d nodes' neurons have no output "
+                "neuron in their ball); width %d", record.layer, self.settings.max_width,
+                bound["kept_alone"], folded, bound["reduced_to"], bound["dropped"],
+                bound["width"])
         self.layers.append((weights[:, :-1].copy(), weights[:, -1].copy()))
         record.width = int(weights.shape[0])
 
