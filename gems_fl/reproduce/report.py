@@ -124,10 +124,12 @@ def _reach_line(model: str, name: str, label: str, target: float, got: dict | No
                 gems: dict, m: np.ndarray, total: np.ndarray) -> str:
     if got:
         return (f"- {model}: {name} reaches {label}'s mean accuracy {target:.4f} after "
-                f"{got['round']} rounds and {got['bytes']:,.0f} bytes (GEMS: {gems['rounds']} "
+                f"{got['round']} rounds and {got['bytes']:,.0f} bytes, "
+                f"{got['bytes'] / gems['bytes_total']:.1f}x GEMS's (GEMS: {gems['rounds']} "
                 f"round(s), {gems['bytes_total']:,.0f} bytes).")
     return (f"- {model}: {name} does not reach {label}'s mean accuracy {target:.4f} within "
-            f"{len(m)} rounds ({total[-1]:,.0f} bytes; its best mean is {m.max():.4f}).")
+            f"{len(m)} rounds ({total[-1]:,.0f} bytes, {total[-1] / gems['bytes_total']:.1f}x "
+            f"GEMS's; its best mean is {m.max():.4f}).")
 
 
 def _seeds(records: list[dict]) -> int:
