@@ -107,6 +107,7 @@ def test_a_dp_run_sends_only_noised_sums_and_reports_the_guarantee(tmp_path, str
     assert results["rows"]["Local"]["accuracy"] is None
     assert results["rows"]["GEMS"]["accuracy"] > 0.3  # noisy, yet far above chance (0.1)
 
+    assert results["privacy"]["server_receives"] == "each node's noised sums (no model)"
     dp = results["privacy"]["dp"]
     assert dp["epsilon"] == 8.0 and dp["delta"] == 1e-5 and dp["clip"] == 5.0
     assert dp["epsilon_spent"] == pytest.approx(8.0, rel=1e-4)
@@ -157,6 +158,7 @@ def test_dp_through_secure_aggregation_gives_the_plain_dp_model(tmp_path, strate
         np.testing.assert_allclose(models[1][key], models[0][key],
                                    atol=2e-3 * np.abs(models[0][key]).max())
     assert secure["privacy"]["secure_aggregation"] and secure["privacy"]["dp"]["epsilon"] == 8
+    assert "noised on its node" in secure["privacy"]["server_receives"]
     assert secure["rows"]["GEMS"]["accuracy"] == pytest.approx(
         plain["rows"]["GEMS"]["accuracy"], abs=0.01)
 

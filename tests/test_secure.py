@@ -42,8 +42,9 @@ def test_a_secure_run_gives_the_plain_runs_model_and_the_server_holds_only_sums(
     record = results["rounds"][0]["secure_aggregation"]
     assert record["nodes"] == 4 and record["max_weight"] == max(
         n["num_train"] for n in results["nodes"])
-    assert results["privacy"] == {"secure_aggregation": True, "server_holds": "sums",
-                                  "dp": None}
+    assert results["privacy"] == {
+        "secure_aggregation": True, "server_holds": "sums", "dp": None,
+        "server_receives": "only the SecAgg+ sum of the nodes' statistics"}
 
 
 def test_the_same_seed_gives_the_same_secure_sums(tmp_path):

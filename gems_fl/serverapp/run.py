@@ -382,6 +382,16 @@ def own_spaces(run: ProtocolRun, settings: Settings, num_features: int, num_clas
                          r.space.radius)) for r in run.outcome.accepted}
 
 
+def server_receives(settings: Settings) -> str:
+    """What of a node's statistics reaches the ServerApp in round 1."""
+    if settings.secure_aggregation:
+        return "only the SecAgg+ sum of the nodes' statistics" + (
+            " (each noised on its node)" if settings.dp_epsilon else "")
+    if settings.dp_epsilon:
+        return "each node's noised sums (no model)"
+    return "each node's reply (its model and statistics)"
+
+
 def dp_record(settings: Settings) -> dict | None:
     """What the results say of the nodes' DP release (None when ``dp-epsilon`` is 0): the
     guarantee each node's statistics keep, from the accountant, and what it covers."""
@@ -486,6 +496,7 @@ def finish(context: Context, settings: Settings, run: ProtocolRun, roster: Roste
         "notes": notes,
         "privacy": {"secure_aggregation": bool(settings.secure_aggregation),
                     "server_holds": "sums" if holds_only_sums(run) else "every node's reply",
+                    "server_receives": server_receives(settings),
                     "dp": dp_record(settings)},
         "rounds": run.rounds,
         "timing_s": timing,
