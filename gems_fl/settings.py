@@ -59,6 +59,10 @@ if TYPE_CHECKING:
 
 __all__ = ["Settings", "SettingsError", "node_keys"]
 
+#: Paths only a partitioned dataset's nodes read (the files a simulation cuts into
+#: partitions); nodes on their own files (``node-files``) never receive them.
+PARTITION_PATHS = ("data-dir", "feature-cache-dir", "vgg16-weights")
+
 # What `hidden = "auto"` means per dataset (the paper: 100 for CIFAR-10, 50 otherwise).
 AUTO_HIDDEN = {"cifar10": "100"}
 AUTO_HIDDEN_DEFAULT = "50"
@@ -556,8 +560,14 @@ class Settings:
         return {k.replace("_", "-"): v for k, v in asdict(self).items()}
 
     def for_nodes(self) -> dict[str, Any]:
-        """The settings node code reads, as ``{key: value}``: what every message carries."""
-        return {key_of(f): getattr(self, f.name) for f in fields(self) if f.metadata["node"]}
+        """The settings node code reads, as ``{key: value}``: what every message carries.
+        With ``dataset='node-files'`` each node reads its own file, so the server's data
+        paths (:data:`PARTITION_PATHS`) stay on the server."""
+        out = {key_of(f): getattr(self, f.name) for f in fields(self) if f.metadata["node"]}
+        if self.dataset == NODE_FILES:
+            for key in PARTITION_PATHS:
+                out.pop(key, None)
+        return out
 
 
 def node_keys() -> tuple[str, ...]:

@@ -85,6 +85,16 @@ def test_a_node_holds_only_node_settings_and_fails_loudly_on_the_rest():
         Settings.from_node_config({"eps": 2.0})
 
 
+def test_nodes_on_their_own_files_receive_none_of_the_servers_data_paths():
+    from gems_fl.settings import PARTITION_PATHS
+
+    paths = {"data_dir": "/srv/server-data", "feature_cache_dir": "/srv/cache"}
+    assert set(PARTITION_PATHS) <= set(Settings(dataset="digits", **paths).for_nodes())
+    sent = Settings(dataset="node-files", evaluate_on_server=False, **paths).for_nodes()
+    assert set(PARTITION_PATHS).isdisjoint(sent)
+    assert "/srv" not in repr(sent)
+
+
 def test_every_message_to_the_nodes_carries_only_node_settings(tmp_path):
     from client_app import app as client_app
     from gems_fl.data.agreement import CLASSES_KEY, FEATURES_KEY
