@@ -22,17 +22,14 @@ import json
 import os
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # run from a checkout without installing it
 
-from flwr.app import Context, RecordDict  # noqa: E402
+sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from client_app import app as client_app  # noqa: E402
-from gems_fl.protocol.inprocess import InProcessGrid  # noqa: E402
-from gems_fl.serverapp import run_server  # noqa: E402
+from inprocess_run import run_apps  # noqa: E402
 from tests.helpers import app_defaults  # noqa: E402
 
 DIVISIONS = [("paper", 5), ("dirichlet:0.1", 5)]
@@ -44,11 +41,7 @@ def one_run(division: str, nodes: int, seed: int, epsilon: float, clip: float | 
         cfg = {**app_defaults(), "dataset": "fashion-mnist", "label-division": division,
                "seed": seed, "public-samples": 0, "output-dir": out, "dp-epsilon": epsilon,
                "dp-seeded-noise": True, **({"dp-clip": clip} if clip else {})}
-        grid = InProcessGrid(client_app, nodes, cfg)
-        ctx = Context(run_id=1, node_id=1, node_config={}, state=RecordDict(), run_config=cfg)
-        t0 = time.perf_counter()
-        results = run_server(grid, ctx)
-        wall = time.perf_counter() - t0
+        results, grid, wall = run_apps(cfg, nodes)
     selection = next((r for r in results["rounds"] if r.get("refine") == 0), {})
     dp = results["privacy"]["dp"] or {}
     return {"division": division, "nodes": nodes, "seed": seed, "epsilon": epsilon or None,

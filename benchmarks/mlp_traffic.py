@@ -25,32 +25,24 @@ import argparse
 import json
 import os
 import sys
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))  # inprocess_run
 
 MB = 1e6
 
 
 def run_once(nodes: int, max_width: int, division: str, seed: int, out_dir: Path) -> dict:
-    from flwr.app import Context, RecordDict
+    from inprocess_run import run_apps
 
-    from client_app import app as client_app
-    from gems_fl.protocol.inprocess import InProcessGrid
     from gems_fl.running.run_config import app_config
-    from gems_fl.serverapp import run_server
 
     cfg = {**app_config(ROOT), "model": "mlp", "dataset": "fashion-mnist",
            "label-division": division, "max-width": max_width, "seed": seed,
            "output-dir": str(out_dir)}
-    grid = InProcessGrid(client_app, nodes, cfg)
-    ctx = Context(run_id=nodes * 100000 + max_width, node_id=1, node_config={},
-                  state=RecordDict(), run_config=cfg)
-    t0 = time.perf_counter()
-    results = run_server(grid, ctx)
-    wall = time.perf_counter() - t0
+    results, grid, wall = run_apps(cfg, nodes, run_id=nodes * 100000 + max_width)
     # rounds: each hidden layer's, the output layer's, then the selection round (if any)
     layer, last = results["rounds"][0], results["rounds"][-1]
     bound = layer["merge"].get("max_width", {})

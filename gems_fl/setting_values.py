@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import math
 
-from gems_fl.geometry.choices import POOLED_RIDGES
+from gems_fl.geometry.choices import DP_POOLED_RIDGES, POOLED_RIDGES
 from gems_fl.learning.widths import parse_hidden
 from gems_fl.setting_checks import SettingsError
 
@@ -43,11 +43,14 @@ def _auto_or_number(key: str, value: object, convert: type, meaning: str) -> str
     return number
 
 
-def parse_pooled_ridge(value: str) -> tuple[float, ...]:
-    """The ridges ``pooled-ridge`` names: ``auto`` -> the selection round's candidates."""
+def parse_pooled_ridge(value: str, private: bool = False) -> tuple[float, ...]:
+    """The ridges ``pooled-ridge`` names: ``auto`` -> the selection round's candidates,
+    the stronger :data:`DP_POOLED_RIDGES` when the statistics are noised (``private``)."""
     ridge = _auto_or_number("pooled-ridge", value, float,
                             "a finite number >= 0 (auto: chosen on the nodes' validation data)")
-    return POOLED_RIDGES if ridge == "auto" else (ridge,)
+    if ridge == "auto":
+        return DP_POOLED_RIDGES if private else POOLED_RIDGES
+    return (ridge,)
 
 
 def parse_gram_rank(value: str | int) -> str | int:

@@ -18,7 +18,6 @@ from gems_fl.data.agreement import NODE_FILES, STANDARDIZE_CHOICES
 from gems_fl.data.datasets import DATASET_NAMES
 from gems_fl.geometry.choices import (
     DEFAULT_REFINE_L2,
-    DP_POOLED_RIDGES,
     ELLIPSOID_FLOORS,
     GRAM_POINTS,
     GRAM_WEIGHTINGS,
@@ -523,10 +522,7 @@ class Settings:
     def pooled_ridges(self) -> tuple[float, ...]:
         """The pooled ridges to use (``pooled-ridge`` parsed): one, or the candidates of
         the selection round for ``auto``."""
-        ridges = parse_pooled_ridge(self.pooled_ridge)
-        if self.dp_epsilon and ridges == POOLED_RIDGES:  # the noise needs stronger ridges
-            return DP_POOLED_RIDGES
-        return ridges
+        return parse_pooled_ridge(self.pooled_ridge, private=bool(self.dp_epsilon))
 
     @property
     def tune_sizes(self) -> list[int]:

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import lru_cache
 
 import numpy as np
 
@@ -95,14 +96,9 @@ class DPSpec:
                                 "knows it)" if seeded else "operating-system entropy"}
 
 
-_SIGMAS: dict[tuple[float, float, float], float] = {}
-
-
+@lru_cache(maxsize=32)  # every node of a process asks for the same one
 def _sigma(epsilon: float, delta: float, clip: float) -> float:
-    key = (float(epsilon), float(delta), float(clip))
-    if key not in _SIGMAS:  # every node of a process asks for the same one
-        _SIGMAS[key] = gaussian_sigma(epsilon, delta, row_sensitivity(clip))
-    return _SIGMAS[key]
+    return gaussian_sigma(epsilon, delta, row_sensitivity(clip))
 
 
 def clip_rows(x: np.ndarray, clip: float) -> np.ndarray:

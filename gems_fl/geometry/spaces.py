@@ -8,6 +8,8 @@ lets one bisection over ``radius`` serve both kinds, and makes the ball a specia
 
 from __future__ import annotations
 
+import math
+
 from dataclasses import dataclass
 
 import numpy as np
@@ -171,6 +173,15 @@ class SummedGramSpace:
     @classmethod
     def of(cls, space: GramSpace) -> "SummedGramSpace":
         return cls(space.center, space.radius, space.certified_radius, space.gram.shape[0])
+
+    @classmethod
+    def radii_only(cls, metrics: dict, size: int) -> "SummedGramSpace":
+        """A node's radii from its reply's metrics, without a center: under secure
+        aggregation or DP the server never sees it (a certified radius of -1 on the wire
+        means infinite)."""
+        certified = float(metrics["certified-radius"])
+        return cls(None, float(metrics["radius"]), math.inf if certified < 0 else certified,
+                   int(size))
 
     @property
     def dim(self) -> int:

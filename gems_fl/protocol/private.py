@@ -11,7 +11,6 @@ and SecAgg+, so the node releases one draw.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 
 import numpy as np
@@ -90,10 +89,8 @@ def decode_release_reply(content: RecordDict, num_classes: int, size: int):  # n
                          f"({size * (size + 1) // 2},) and ({num_classes}, {size})")
     if not (np.all(np.isfinite(triangle)) and np.all(np.isfinite(moments))):
         raise ReplyError("dp release holds NaN or infinite entries")
-    certified = metrics["certified-radius"]
-    space = SummedGramSpace(None, metrics["radius"], math.inf if certified < 0 else certified,
-                            size)
-    return space, metrics, unpack_triangle(triangle, size), moments
+    return (SummedGramSpace.radii_only(metrics, size), metrics,
+            unpack_triangle(triangle, size), moments)
 
 
 def secure_blocks(release: Mapping[str, np.ndarray], num_train: int) -> dict[str, np.ndarray]:

@@ -266,6 +266,4 @@ def decode_prepare_reply(content: RecordDict, size: int,  # noqa: ANN201
     for key in blocks:
         if metrics[BOUND_PREFIX + key] < 0:
             raise ReplyError(f"{BOUND_PREFIX + key}={metrics[BOUND_PREFIX + key]} is negative")
-    certified = metrics["certified-radius"]
-    return SummedGramSpace(None, metrics["radius"], math.inf if certified < 0 else certified,
-                           size), metrics
+    return SummedGramSpace.radii_only(metrics, size), metrics

@@ -1,5 +1,6 @@
 """What the results file says about the rounds and the nodes: the refinement report of
-either protocol, one row per node, and per-node lists keyed by node name."""
+either protocol, one row per node, per-node lists keyed by node name, and what the
+server saw of the nodes' data (privacy)."""
 
 from __future__ import annotations
 
@@ -102,3 +103,36 @@ def keyed_by_name(report: dict[str, Any], names: list[str]) -> dict[str, Any]:
         if isinstance(value, list) and len(value) == len(names) and key != "weights_order":
             out[key] = dict(sorted(zip(names, value)))
     return out
+
+
+def privacy_record(settings: Settings, holds_sums: bool) -> dict[str, Any]:
+    """``results.json``'s ``privacy``: secure aggregation, what the server held and
+    received, and the nodes' DP release (None without ``dp-epsilon``)."""
+    return {"secure_aggregation": bool(settings.secure_aggregation),
+            "server_holds": "sums" if holds_sums else "every node's reply",
+            "server_receives": server_receives(settings), "dp": dp_record(settings)}
+
+
+def server_receives(settings: Settings) -> str:
+    """What of a node's statistics reaches the ServerApp in round 1."""
+    if settings.secure_aggregation:
+        return "only the SecAgg+ sum of the nodes' statistics" + (
+            " (each noised on its node)" if settings.dp_epsilon else "")
+    if settings.dp_epsilon:
+        return "each node's noised sums (no model)"
+    return "each node's reply (its model and statistics)"
+
+
+def dp_record(settings: Settings) -> dict[str, Any] | None:
+    """What the results say of the nodes' DP release (None when ``dp-epsilon`` is 0): the
+    guarantee each node's statistics keep, from the accountant, and what it covers."""
+    if not settings.dp_epsilon:
+        return None
+    from gems_fl.protocol.private import dp_spec
+
+    return {**dp_spec(settings).report(bool(settings.dp_seeded_noise)),
+            "covers": "each node's training rows, for everything computed from its noised "
+                      "sums (the Gram matrix and label moments; the model)",
+            "not_covered": "the scalars a node still reports: its row counts, its radius, "
+                           "its validation accuracies and losses (validation rows), the "
+                           "distance of h_G from its own space"}

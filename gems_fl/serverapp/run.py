@@ -75,6 +75,7 @@ from gems_fl.serverapp.report import (
     keyed_by_name,
     layerwise_refinement_report,
     node_table,
+    privacy_record,
     refinement_report,
 )
 from gems_fl.serverapp.window import WindowedGrid
@@ -382,31 +383,6 @@ def own_spaces(run: ProtocolRun, settings: Settings, num_features: int, num_clas
                          r.space.radius)) for r in run.outcome.accepted}
 
 
-def server_receives(settings: Settings) -> str:
-    """What of a node's statistics reaches the ServerApp in round 1."""
-    if settings.secure_aggregation:
-        return "only the SecAgg+ sum of the nodes' statistics" + (
-            " (each noised on its node)" if settings.dp_epsilon else "")
-    if settings.dp_epsilon:
-        return "each node's noised sums (no model)"
-    return "each node's reply (its model and statistics)"
-
-
-def dp_record(settings: Settings) -> dict | None:
-    """What the results say of the nodes' DP release (None when ``dp-epsilon`` is 0): the
-    guarantee each node's statistics keep, from the accountant, and what it covers."""
-    if not settings.dp_epsilon:
-        return None
-    from gems_fl.protocol.private import dp_spec
-
-    return {**dp_spec(settings).report(bool(settings.dp_seeded_noise)),
-            "covers": "each node's training rows, for everything computed from its noised "
-                      "sums (the Gram matrix and label moments; the model)",
-            "not_covered": "the scalars a node still reports: its row counts, its radius, "
-                           "its validation accuracies and losses (validation rows), the "
-                           "distance of h_G from its own space"}
-
-
 def holds_only_sums(run: ProtocolRun) -> bool:
     """Whether the server kept only the sums of the nodes' Gram statistics."""
     return any(isinstance(r.space, SummedGramSpace) for r in run.outcome.accepted)
@@ -494,10 +470,7 @@ def finish(context: Context, settings: Settings, run: ProtocolRun, roster: Roste
         "participants": roster.nodes_json({int(r["node_id"]) for r in run.rejected}),
         "identify": roster.report,
         "notes": notes,
-        "privacy": {"secure_aggregation": bool(settings.secure_aggregation),
-                    "server_holds": "sums" if holds_only_sums(run) else "every node's reply",
-                    "server_receives": server_receives(settings),
-                    "dp": dp_record(settings)},
+        "privacy": privacy_record(settings, holds_only_sums(run)),
         "rounds": run.rounds,
         "timing_s": timing,
         "started_unix": started,
