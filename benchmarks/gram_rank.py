@@ -2,10 +2,11 @@
 
     python3 benchmarks/gram_rank.py --seeds 0 1 2 3 4
 
-``gram-rank=r`` sends a rank-r factor ``F`` of the node's Gram matrix and the diagonal of
-the rest, ``G ~ F F^T + diag(G - F F^T)``; 0 sends the full matrix (its upper triangle).
-For each division (the paper's K=5 and Dirichlet(0.1) at K=5, Fashion-MNIST, the run's
-defaults otherwise) and seed, every node trains its model once; then for each rank it
+``gram-rank=r`` sends a rank-r factor ``F`` of the node's Gram matrix (float16 vectors,
+power-of-two scales) and the diagonal of the rest, ``G ~ F F^T + diag(G - F F^T)``;
+``auto`` (the default) rank ``max(32, ceil(size / 16))``, 50 here; 0 sends the full matrix
+(its upper triangle, float32). For each division (the paper's K=5, Dirichlet(0.1) and
+Dirichlet(0.5) at K=5, Fashion-MNIST, the run's defaults otherwise) and seed, every node trains its model once; then for each rank it
 builds its space as a node does (``kinds.Gram.build``: the compressed matrix, the radius
 searched in that space), its reply goes through the wire format and the server's checks,
 and the server forms the run's default point (the selection round emulated as in
@@ -42,11 +43,11 @@ from gems_fl.protocol.replies import decode_reply  # noqa: E402
 from gems_fl.protocol.wire import content_bytes  # noqa: E402
 from gems_fl.settings import Settings  # noqa: E402
 
-DIVISIONS = [("paper", 5), ("dirichlet:0.1", 5)]
-RANKS = (5, 10, 25, 50, 100, 200, 0)  # 0: the full matrix
+DIVISIONS = [("paper", 5), ("dirichlet:0.1", 5), ("dirichlet:0.5", 5)]
+RANKS: tuple[int | str, ...] = ("auto", 99, 0)  # 0: the full matrix; --ranks to change
 
 
-def trial(spec: str, num_nodes: int, seed: int) -> dict:
+def trial(spec: str, num_nodes: int, seed: int, ranks: tuple) -> dict:
     settings = Settings(dataset="fashion-mnist", label_division=spec, seed=seed)
     splits = load_dataset("fashion-mnist", seed=seed)
     division = parse_division(spec, num_nodes, splits.num_classes)
@@ -61,7 +62,7 @@ def trial(spec: str, num_nodes: int, seed: int) -> dict:
     out = {"division": spec, "nodes": num_nodes, "seed": seed,
            "train_s": time.perf_counter() - t0, "ranks": {}}
     test_acc = lambda w: _correct(w, splits.test_x, splits.test_y) / len(splits.test_y)  # noqa: E731
-    for rank in RANKS:
+    for rank in ranks:
         t1 = time.perf_counter()
         options = replace(work.space, gram_rank=rank)
         spaces, counts, vals, sizes = [], [], [], []
@@ -76,7 +77,7 @@ def trial(spec: str, num_nodes: int, seed: int) -> dict:
             spaces.append(space)
             counts.append(metrics["num-train-examples"])
             vals.append((x_val, y_val))
-        auto, _ = _selected(spaces, counts, vals, settings)
+        auto, _, _ = _selected(spaces, counts, vals, settings)
         closed = aggregate_gram(spaces, counts, point="closed-form", ridge=settings.gram_ridge)
         row = {}
         for name, result in (("auto", auto), ("closed-form", closed)):
@@ -93,7 +94,11 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, nargs="+", default=[0])
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "out" / "gram_rank.json")
     parser.add_argument("--resume", action="store_true", help="keep the trials in --out")
+    parser.add_argument("--ranks", nargs="+", default=[str(r) for r in RANKS],
+                        help="gram-rank values to compare (0: the full matrix)")
     args = parser.parse_args()
+    ranks = tuple(r if r == "auto" else int(r) for r in args.ranks)
+    rows_note = {"note": "auto = rank max(32, ceil(size / 16)) in float16 (50 for 785)"}
     rows = json.loads(args.out.read_text())["trials"] if args.resume and args.out.exists() else []
     done = {(r["division"], r["nodes"], r["seed"]) for r in rows}
     args.out.parent.mkdir(parents=True, exist_ok=True)
@@ -102,9 +107,10 @@ def main() -> None:
             for spec, k in DIVISIONS:
                 if (spec, k, seed) in done:
                     continue
-                row = trial(spec, k, seed)
+                row = trial(spec, k, seed, ranks)
                 rows.append(row)
-                args.out.write_text(json.dumps({"seeds": args.seeds, "trials": rows}, indent=2) + "\n")
+                args.out.write_text(json.dumps({**rows_note, "seeds": args.seeds, "trials": rows},
+                                               indent=2) + "\n")
                 cells = "  ".join(f"r={r} {v['bytes_up_per_node'] / 1e3:.0f} KB {v['auto']['accuracy']:.3f}"
                                   for r, v in row["ranks"].items())
                 print(f"{spec} K={k} seed {seed}: {cells}", flush=True)
@@ -114,7 +120,7 @@ def main() -> None:
     print("| --- | --- | ---: | --- | --- | --- |")
     for spec, k in DIVISIONS:
         mine = [r for r in rows if r["division"] == spec and r["seed"] in args.seeds]
-        for rank in RANKS:
+        for rank in ranks:
             cells = [r["ranks"][str(rank)] for r in mine]
             acc = lambda p: f"{np.mean([c[p]['accuracy'] for c in cells]):.4f} (" \
                             f"{np.std([c[p]['accuracy'] for c in cells]):.4f})"  # noqa: E731

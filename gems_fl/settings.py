@@ -172,14 +172,14 @@ class Settings:
         "paper's `ball` or `ellipsoid` (Fisher axes, appendix A)",
         one_of(SPACE_KINDS), node=True)
     gram_rank: int | str = setting(
-        '0',
+        'auto',
         "`gram` only: how a node's Gram matrix travels. 0: the whole matrix (upper triangle, "
-        'float32; exact). r > 0: a rank-r factor `F` and the diagonal of the rest, '
-        '`G ~ F F^T + diag(G - F F^T)` (fewer bytes, a coarser space). `auto`: rank r = '
-        'max(32, ceil(size / 16)) (50 for 784 features) where that is smaller than the '
-        'matrix, else the whole matrix (README "1b": 5.2 times fewer bytes up for 784 '
-        'features, within 0.5 point on the paper\'s K=5 and Dirichlet(0.1), but not on every '
-        'division nor for the MLP\'s output layer)',
+        'float32; exact). r > 0: a rank-r factor `F` (float16 vectors, power-of-two scales) '
+        'and the diagonal of the rest, `G ~ F F^T + diag(G - F F^T)` (fewer bytes, a coarser '
+        'space). `auto` (the default): rank r = max(32, ceil(size / 16)) (50 for 784 features) '
+        'where the matrix is larger than 2 r + 1, else the whole matrix (digits travels whole); '
+        'the whole matrix under secure-aggregation and DP, which sum it whole anyway. README '
+        '"Compressed Gram replies" has the bytes against accuracy',
         parses(parse_gram_rank), node=True)
     gram_ridge: float = setting(
         1e-06,
@@ -471,6 +471,9 @@ class Settings:
             object.__setattr__(self, "hidden", AUTO_HIDDEN.get(self.dataset, AUTO_HIDDEN_DEFAULT))
         # "auto", or the rank as an int whether it came as 50 or "50" (--run-config)
         object.__setattr__(self, "gram_rank", parse_gram_rank(self.gram_rank))
+        if self.gram_rank == "auto" and (self.secure_aggregation or self.dp_epsilon):
+            # SecAgg+ and the DP release carry the whole triangle: a factor saves nothing
+            object.__setattr__(self, "gram_rank", 0)
         object.__setattr__(self, "refine_l2", parse_refine_l2(self.refine_l2))
         for f in fields(self):
             value = getattr(self, f.name)

@@ -63,22 +63,35 @@ def test_an_impossible_minimum_is_refused_with_the_fix(digits):
                               spec="dirichlet:0.05:700", seed=0)
 
 
-def test_a_draw_that_leaves_a_node_without_validation_rows_is_redrawn(digits, monkeypatch):
+def test_a_node_whose_share_misses_the_validation_pool_keeps_a_training_row_for_it(digits):
+    """Many small nodes: the seed's own draw leaves some share without a validation row.
+    Such a node keeps one of its own training rows (seeded) for validation; no row is
+    lost, duplicated or moved between nodes, and every other node's rows stay put."""
     import gems_fl.data.dirichlet as dirichlet
 
     division = parse_division("dirichlet:0.3", 12, 10)
-    dirichlet._shares.cache_clear()
-    monkeypatch.setattr(dirichlet, "DRAWS", 1)  # the seed's own draw alone: a node lacks val
-    with pytest.raises(ValueError, match="in 1 draws some node always lacked .* validation"):
-        dirichlet.dirichlet_shares(digits.train_y, digits.val_y, division, 3)
-    dirichlet._shares.cache_clear()
-    monkeypatch.setattr(dirichlet, "DRAWS", 10)
+    raw = dirichlet._draw(digits.train_y, digits.val_y, division, 3, "dirichlet:0.3")
+    cut = len(digits.train_y)
+    short = [k for k, r in enumerate(raw) if not (r >= cut).any()]
+    assert short, "the test needs a draw in which some node has no validation row"
     shares = dirichlet.dirichlet_shares(digits.train_y, digits.val_y, division, 3)
-    assert all(len(tr) and len(va) for tr, va in shares)
+    for k, (tr, va) in enumerate(shares):
+        assert len(tr) and len(va)
+        np.testing.assert_array_equal(np.sort(np.concatenate([tr, va])), np.sort(raw[k]))
+        if k in short:
+            assert len(va) == 1 and va[0] < cut  # a training-pool row, kept for validation
+        else:
+            np.testing.assert_array_equal(va, np.sort(raw[k][raw[k] >= cut]))
+    everything = np.concatenate([np.concatenate(s) for s in shares])
+    assert len(everything) == len(np.unique(everything)) == cut + len(digits.val_y)
+    x_tr, y_tr, x_val, y_val = node_data(digits, division, short[0], 3)
+    row = shares[short[0]][1][0]
+    np.testing.assert_array_equal(x_val[0], digits.train_x[row])
+    assert y_val[0] == digits.train_y[row] and len(y_tr) == len(shares[short[0]][0])
+    dirichlet._shares.cache_clear()
     again = dirichlet.dirichlet_shares(digits.train_y, digits.val_y, division, 3)
     assert all(np.array_equal(a[0], b[0]) and np.array_equal(a[1], b[1])
                for a, b in zip(shares, again))
-    dirichlet._shares.cache_clear()
 
 
 def test_a_run_on_a_dirichlet_division(tmp_path):

@@ -438,3 +438,24 @@ def test_membership():
     # The minimax point with scaled distance <= 1 is inside every space.
     w, s = minimax_gram_point(centers, [eye, eye], [3.0, 3.0])
     assert s <= 1.0 and all(v.inside for v in membership(w, centers, [eye, eye], [3.0, 3.0]))
+
+
+def test_a_half_factor_is_exact_idempotent_and_safe_at_any_scale():
+    """The factor as it travels: float16 vectors in [-1, 1] times power-of-two scales.
+    The node keeps the split's own product, which splits again into the same arrays (so
+    both ends build one matrix), and data far beyond float16's range still fit."""
+    from gems_fl.geometry.gram import from_half, half_factor, sent_factor
+
+    rng = np.random.default_rng(3)
+    for scale in (1e-3, 1.0, 1e6):
+        g = gram_matrix(rng.normal(size=(200, 30)) * scale)
+        f = low_rank_factor(g, 8)
+        assert np.abs(f).max() > 65504 or scale < 1e6  # float16 alone would overflow
+        kept = sent_factor(g, 8)
+        vectors, scales = half_factor(kept)
+        assert vectors.dtype == np.float16 and np.abs(vectors).max() <= 1
+        assert np.all(np.log2(scales) == np.round(np.log2(scales)))
+        np.testing.assert_array_equal(from_half(vectors, scales), kept)
+        assert relative_error(from_factor(f), from_factor(kept)) < 2e-3
+    with pytest.raises(ValueError, match="finite 2-D"):
+        half_factor(np.array([1.0, np.nan]))

@@ -267,16 +267,24 @@ def test_a_rank_r_reply_carries_the_residual_diagonal_and_the_server_holds_the_n
                           **{"label-division": "classes-per-node:4"})["rounds"][0]["bytes_received"]
     assert up < full
     content = _gram_reply()
-    content.array_records["gram"] = wire.array_record({"factor": np.ones((65, 5), np.float32)})
+    content.array_records["gram"] = wire.array_record({"vectors": np.ones((65, 5), np.float16),
+                                                       "scales": np.ones(5, np.float32)})
     with pytest.raises(replies.ReplyError, match="residual"):
         replies.decode_reply(content, SHAPES, "gram", 5, labels=True)
+    n = SHAPES["weight"][1] + 1
+    content.array_records["gram"] = wire.array_record({"vectors": np.full((n, 2), 2, np.float16),
+                                                       "scales": np.ones(2, np.float32),
+                                                       "residual": np.ones(n, np.float32)})
+    with pytest.raises(replies.ReplyError, match=r"\[-1, 1\]"):
+        replies.decode_reply(content, SHAPES, "gram", 2, labels=True)
 
 
 @pytest.mark.parametrize("features, rank", [(64, 0), (65, 32), (800, 51)])
 def test_gram_rank_auto_compresses_only_where_the_factor_is_smaller(features, rank):
     """gram-rank=auto: r = max(32, ceil(n / 16)) for an n x n matrix when
-    n > 2r + 1, else the whole matrix; the node sends that form and the server, which
-    knows n from the model's shape, reads the same form and holds the node's own space."""
+    n > 2r + 1, else the whole matrix; the node sends that form (float16 vectors) and the
+    server, which knows n from the model's shape, reads the same form and holds exactly
+    the node's own space."""
     from gems_fl.geometry.choices import gram_rank_for
     from gems_fl.geometry.kinds import SpaceOptions, build_layer_space
     from gems_fl.protocol.node import encode_layer_space
@@ -292,11 +300,14 @@ def test_gram_rank_auto_compresses_only_where_the_factor_is_smaller(features, ra
     content = encode_layer_space(layer, features, 3, eps=0.0, num_train=200, num_val=50,
                                  val_accuracy=0.5)
     sent = set(content.array_records["gram"].keys())
-    assert sent == ({"factor", "residual"} if rank else {"triangle"})
+    assert sent == ({"vectors", "scales", "residual"} if rank else {"triangle"})
     if rank:
-        assert content.array_records["gram"]["factor"].shape == (features + 1, rank)
+        vectors = content.array_records["gram"]["vectors"].numpy()
+        assert vectors.shape == (features + 1, rank) and vectors.dtype == np.float16
     shapes = {"weight": (3, features), "bias": (3,)}
     space, _ = replies.decode_reply(content, shapes, "gram", "auto", labels=True)
+    if rank:  # the factor travels exactly; the triangle in float32
+        np.testing.assert_array_equal(space.gram, layer.space.gram)
     np.testing.assert_allclose(space.gram, layer.space.gram, rtol=1e-5, atol=1e-6)
     with pytest.raises(replies.ReplyError, match="gram-rank"):  # the other form is refused
         replies.decode_reply(content, shapes, "gram", 0 if rank else 5, labels=True)

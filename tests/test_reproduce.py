@@ -50,7 +50,8 @@ def test_plan_runs_gram_beside_ball_and_ellipsoid_with_both_k2_divisions():
     plan = build_plan(options)
     for study, model in ((1, "logistic"), (2, "mlp")):
         got = {(t.labels["K"], t.labels["division"], t.labels["space"]) for t in plan
-               if study in t.studies and t.kind == "gems" and not t.labels.get("gram_rank")}
+               if study in t.studies and t.kind == "gems"
+               and t.labels.get("gram_rank", "auto") == "auto"}
         assert got == {(k, d, s) for k, d in options.setups()
                        for s in ("ellipsoid", "ball", "gram")}
         split = [t for t in plan if study in t.studies and t.labels.get("division", "").startswith("0,")]
@@ -61,7 +62,8 @@ def test_plan_runs_gram_beside_ball_and_ellipsoid_with_both_k2_divisions():
     assert set(ranks) == {5, 20, 50, 100, "auto", 0}
     assert Settings.from_run_config(ranks[20].run_config).gram_rank == 20
     assert Settings.from_run_config(ranks["auto"].run_config).gram_rank == "auto"
-    assert 6 in ranks[0].studies, "the full matrix is the K=5 gram trial study 6 uses"
+    assert Settings.from_run_config(ranks[0].run_config).gram_rank == 0
+    assert 6 in ranks["auto"].studies, "auto, the default, is the K=5 gram trial study 6 uses"
     sgd = [t for t in plan if t.kind != "gems" and t.federated.get("optimizer") == "sgd"]
     assert {(t.kind, t.labels["model"]) for t in sgd} == {
         (s, m) for s in ("fedavg", "fedprox") for m in ("logistic", "mlp")}

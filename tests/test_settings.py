@@ -135,10 +135,19 @@ def test_a_gram_rank_at_or_above_the_matrix_size_is_refused_before_the_run():
 
 
 def test_gram_rank_takes_auto_or_a_whole_number_from_either_source():
-    assert Settings().gram_rank == 0  # the whole matrix
+    assert Settings().gram_rank == "auto"  # the default: a factor where it is smaller
     assert Settings.from_run_config({"gram-rank": 50}).gram_rank == 50
     assert Settings.from_run_config({"gram-rank": "0"}).gram_rank == 0  # --run-config text
     assert Settings.from_run_config({"gram-rank": "AUTO"}).gram_rank == "auto"
     for bad in ("-1", "half", "2.5"):
         with pytest.raises(SettingsError, match="gram-rank="):
             Settings.from_run_config({"gram-rank": bad})
+
+
+def test_gram_rank_auto_sends_the_whole_matrix_where_the_sum_travels_whole():
+    """SecAgg+ and the DP release carry the whole triangle, so auto's factor would only
+    coarsen the space: there auto is the whole matrix, and the nodes are told so."""
+    assert Settings(secure_aggregation=True).gram_rank == 0
+    assert Settings(dp_epsilon=4.0).gram_rank == 0
+    assert Settings(dp_epsilon=4.0).for_nodes()["gram-rank"] in (0, "0")
+    assert Settings(secure_aggregation=True, gram_rank=20).gram_rank == 20  # asked for

@@ -5,7 +5,8 @@ For each class, the shares of the nodes are drawn from Dirichlet(alpha) (small a
 each class on few nodes) by flwr-datasets' ``DirichletPartitioner``. A node's training
 and validation samples follow the same draw: the training and validation pools are
 shuffled together (seeded), partitioned once, and each node's share is split back by
-the pool each row came from. The partitioner sees only a label column and a row
+the pool each row came from; a share with no row of one pool takes one of its own rows
+into it (see :func:`dirichlet_shares`). The partitioner sees only a label column and a row
 index (``Dataset.from_dict``), never the pixels.
 """
 
@@ -53,19 +54,34 @@ def parse_dirichlet(spec: str, value: str, num_nodes: int) -> DirichletDivision:
 
 def dirichlet_shares(train_labels: np.ndarray, val_labels: np.ndarray,
                      division: DirichletDivision, seed: int) -> list[tuple[np.ndarray, np.ndarray]]:
-    """Per node, its ``(train indices, validation indices)``, sorted; seeded.
+    """Per node, its ``(training rows, validation rows)``, sorted; seeded.
+
+    Rows index the two pools one after the other: ``i < len(train_labels)`` is training
+    pool row ``i``, a larger ``i`` validation pool row ``i - len(train_labels)``
+    (:func:`pool_rows` takes them). A node's rows come from its pools, except that a
+    node whose share holds no validation row keeps one of its training rows, drawn with
+    the seed, for validation (and a node with no training row the reverse): with many
+    small nodes some shares miss the smaller pool, and every node needs both.
 
     Raises ``ValueError`` naming the setting when no draw gives every node ``min_size``
-    samples in 10 tries, or a node has no training or no validation sample.
+    samples.
     """
     return _shares(np.ascontiguousarray(train_labels, dtype=np.int64).tobytes(),
                    np.ascontiguousarray(val_labels, dtype=np.int64).tobytes(), division, int(seed))
 
 
-#: Draws tried before a division is refused: a draw must give every node ``min_size``
-#: samples (flwr-datasets retries that itself) and at least one training and one
-#: validation row (we retry that, with the next draw of the same seed).
-DRAWS = 10
+def pool_rows(train: tuple[np.ndarray, np.ndarray], val: tuple[np.ndarray, np.ndarray],
+              rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``(x, y)`` of ``rows`` (as :func:`dirichlet_shares` numbers them) from the training
+    pool ``train = (x, y)`` and the validation pool ``val``: fresh arrays."""
+    cut = len(train[1])
+    own, other = rows[rows < cut], rows[rows >= cut] - cut
+    if not len(other):
+        return train[0][own], train[1][own]
+    if not len(own):
+        return val[0][other], val[1][other]
+    return (np.concatenate([train[0][own], val[0][other]]),
+            np.concatenate([train[1][own], val[1][other]]))
 
 
 @lru_cache(maxsize=8)  # every node of a process asks for the same partition
@@ -74,24 +90,26 @@ def _shares(train_bytes: bytes, val_bytes: bytes, division: DirichletDivision,
     train = np.frombuffer(train_bytes, dtype=np.int64)
     val = np.frombuffer(val_bytes, dtype=np.int64)
     spec = f"dirichlet:{division.alpha:g}:{division.min_size}"
-    short = ""
-    for draw in range(DRAWS):  # draw 0 is the seed's own; later ones only when it fails
-        shares = _draw(train, val, division, seed + 7919 * draw, spec)
-        empty = [(k, len(tr), len(va)) for k, (tr, va) in enumerate(shares)
-                 if len(tr) == 0 or len(va) == 0]
-        if not empty:
-            return shares
-        k, n_tr, n_va = empty[0]
-        short = f"node {k} got {n_tr} training and {n_va} validation samples"
-    raise ValueError(
-        f"label-division '{spec}' with {division.num_nodes} nodes: in {DRAWS} draws some "
-        f"node always lacked training or validation samples (last: {short}); every node "
-        "needs both: raise MIN ('dirichlet:ALPHA:MIN'), alpha, or use fewer nodes")
+    rows = _draw(train, val, division, seed, spec)
+    cut = len(train)
+    rng = np.random.default_rng([int(seed), 0x5E1F])  # which row a short node lends itself
+    shares = []
+    for share in rows:
+        tr, va = share[share < cut], share[share >= cut]
+        if not len(va):
+            pick = rng.integers(len(tr))
+            tr, va = np.delete(tr, pick), tr[pick:pick + 1]
+        elif not len(tr):
+            pick = rng.integers(len(va))
+            tr, va = va[pick:pick + 1], np.delete(va, pick)
+        shares.append((np.sort(tr), np.sort(va)))
+    return shares
 
 
 def _draw(train: np.ndarray, val: np.ndarray, division: DirichletDivision, seed: int,
-          spec: str) -> list[tuple[np.ndarray, np.ndarray]]:
-    """One seeded Dirichlet draw over the training and validation pools together."""
+          spec: str) -> list[np.ndarray]:
+    """One seeded Dirichlet draw over the training and validation pools together: each
+    node's rows, numbered as in :func:`dirichlet_shares`."""
     from datasets import Dataset
     from flwr_datasets.partitioner import DirichletPartitioner
 
@@ -104,12 +122,10 @@ def _draw(train: np.ndarray, val: np.ndarray, division: DirichletDivision, seed:
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # it warns at every retry; we say it once below
-            rows = [np.asarray(part.load_partition(k)["row"], dtype=np.int64)
+            return [np.asarray(part.load_partition(k)["row"], dtype=np.int64)
                     for k in range(division.num_nodes)]
     except ValueError:
         raise ValueError(
             f"label-division '{spec}' with {division.num_nodes} nodes: no Dirichlet draw "
             f"gave every node {division.min_size} samples in 10 tries; use a larger alpha, "
             "a smaller MIN ('dirichlet:ALPHA:MIN') or fewer nodes") from None
-    return [(np.sort(r[r < len(train)]), np.sort(r[r >= len(train)] - len(train)))
-            for r in rows]

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from gems_fl.data.datasets import DatasetSplits
-from gems_fl.data.dirichlet import DirichletDivision, dirichlet_shares, parse_dirichlet
+from gems_fl.data.dirichlet import DirichletDivision, dirichlet_shares, parse_dirichlet, pool_rows
 
 PAPER_DIVISIONS: dict[int, list[list[int]]] = {
     2: [[0, 1, 2, 3, 4], [0, 1, 2, 3, 4]],
@@ -466,10 +466,10 @@ def node_data(
         if not valid_id or not 0 <= node_id < division.num_nodes:
             raise ValueError(f"node_id must be an integer in 0..{division.num_nodes - 1}, "
                              f"got {node_id!r}.")
-        train_idx, val_idx = dirichlet_shares(splits.train_y, splits.val_y, division,
-                                              _check_seed(seed))[node_id]
-        return (splits.train_x[train_idx], splits.train_y[train_idx],
-                splits.val_x[val_idx], splits.val_y[val_idx])
+        train_rows, val_rows = dirichlet_shares(splits.train_y, splits.val_y, division,
+                                                _check_seed(seed))[node_id]
+        pools = (splits.train_x, splits.train_y), (splits.val_x, splits.val_y)
+        return (*pool_rows(*pools, train_rows), *pool_rows(*pools, val_rows))
     division = check_division(division, splits.num_classes)
     if not valid_id or not 0 <= node_id < len(division):
         raise ValueError(

@@ -153,6 +153,34 @@ def low_rank_factor(g: np.ndarray, rank: int) -> np.ndarray:
     return (vec * lam.sqrt()).numpy().astype(np.float32)
 
 
+def half_factor(f: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """A factor ``(n, r)`` as it travels: ``(vectors, scales)`` with ``F = vectors * scales``,
+    ``vectors`` float16 in ``[-1, 1]`` and each column's scale a power of two (float32).
+
+    A power-of-two scale makes the split exact and idempotent: the factor a node keeps,
+    ``from_half(*half_factor(F))``, splits again into the same arrays, so the node and
+    the server build the same matrix from it. Half the bytes of float32, and a column's
+    own scale keeps every entry within float16's range whatever the data's scale.
+    """
+    t = np.asarray(f, dtype=np.float32)
+    if t.ndim != 2 or not np.all(np.isfinite(t)):
+        raise ValueError(f"factor must be a finite 2-D array; got shape {t.shape}")
+    peak = np.abs(t).max(axis=0, initial=0.0)
+    scales = np.exp2(np.ceil(np.log2(np.where(peak > 0, peak, 1.0)))).astype(np.float32)
+    return (t / scales).astype(np.float16), scales
+
+
+def from_half(vectors: np.ndarray, scales: np.ndarray) -> np.ndarray:
+    """The float32 factor ``vectors * scales`` of :func:`half_factor`."""
+    return np.asarray(vectors, dtype=np.float32) * np.asarray(scales, dtype=np.float32)
+
+
+def sent_factor(g: np.ndarray, rank: int) -> np.ndarray:
+    """The rank-``rank`` factor of ``G`` as the server receives it (float16 vectors,
+    power-of-two scales): :func:`low_rank_factor` through :func:`half_factor`."""
+    return from_half(*half_factor(low_rank_factor(g, rank)))
+
+
 def residual_diagonal(g: np.ndarray, factor: np.ndarray) -> np.ndarray:
     """``diag(G - F F^T)`` (float32, ``>= 0``): what a rank-r factor leaves out of each
     direction's own variance. Sent beside ``F``, it keeps every input direction a node's

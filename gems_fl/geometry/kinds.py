@@ -30,8 +30,8 @@ from gems_fl.geometry.gram import (
     from_factor,
     gram_matrix,
     label_moments,
-    low_rank_factor,
     residual_diagonal,
+    sent_factor,
 )
 from gems_fl.geometry.gram_merge import aggregate_gram
 from gems_fl.geometry.gram_search import search_gram_radius
@@ -285,8 +285,8 @@ def node_gram(train_inputs: np.ndarray, gram_rank: int | str = 0
     rank = choices.gram_rank_for(gram_rank, gram.shape[0])
     if rank <= 0:
         return gram, None, None
-    factor = low_rank_factor(gram, min(rank, gram.shape[0]))
-    residual = residual_diagonal(gram, factor)
+    factor = sent_factor(gram, min(rank, gram.shape[0]))
+    residual = residual_diagonal(gram, factor)  # of the factor as sent, so both ends agree
     return from_factor(factor, residual), factor, residual
 
 

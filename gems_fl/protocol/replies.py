@@ -24,7 +24,7 @@ from flwr.common.constant import ErrorCode
 from flwr.common.logger import log
 
 from gems_fl.geometry.choices import gram_rank_for
-from gems_fl.geometry.gram import check_gram, check_moments, from_factor, unpack_triangle
+from gems_fl.geometry.gram import check_gram, check_moments, from_factor, from_half, unpack_triangle
 from gems_fl.geometry.kinds import space_kind
 from gems_fl.geometry.spaces import GramSpace, Space
 from gems_fl.learning.models import state_to_vector
@@ -185,8 +185,8 @@ def _read_gram(content: RecordDict, n: int, rank: int) -> np.ndarray:
     record = content.array_records.get(GRAM_KEY)
     if record is None:
         raise ReplyError(f"'{GRAM_KEY}' is not an ArrayRecord")
-    key = "factor" if rank > 0 else "triangle"
-    expected_keys = {"factor", "residual"} if rank > 0 else {"triangle"}
+    key = "vectors" if rank > 0 else "triangle"
+    expected_keys = {"vectors", "scales", "residual"} if rank > 0 else {"triangle"}
     if set(record.keys()) != expected_keys:
         raise ReplyError(f"'{GRAM_KEY}' holds {sorted(record.keys())}, expected "
                          f"{sorted(expected_keys)} (gram-rank={rank})")
@@ -200,11 +200,19 @@ def _read_gram(content: RecordDict, n: int, rank: int) -> np.ndarray:
         if rank > 0:
             expected = (n, min(rank, n))
             if arr.shape != expected:
-                raise ValueError(f"factor has shape {arr.shape}, expected {expected}")
+                raise ValueError(f"vectors have shape {arr.shape}, expected {expected}")
+            if np.abs(arr).max(initial=0.0) > 1:
+                raise ValueError("vectors must lie in [-1, 1] (each column's scale is sent apart)")
+            scales = np.asarray(record["scales"].numpy(), dtype=np.float64)
+            if scales.shape != (expected[1],) or not np.all(np.isfinite(scales)) \
+                    or scales.min(initial=1.0) <= 0:
+                raise ValueError(f"scales must be {expected[1]} finite values > 0; got shape "
+                                 f"{scales.shape}")
             residual = np.asarray(record["residual"].numpy(), dtype=np.float64)
             if residual.shape != (n,) or not np.all(np.isfinite(residual)) or residual.min() < 0:
                 raise ValueError(f"residual must be {n} finite values >= 0 (the diagonal of "
                                  f"G - F F^T); got shape {residual.shape}")
+            arr = from_half(arr, scales)
             gram = from_factor(arr, residual)
         else:
             if arr.shape != (n * (n + 1) // 2,):

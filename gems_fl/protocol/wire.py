@@ -35,8 +35,9 @@ Client -> server (the reply; nothing else leaves the client)::
     "center":  ArrayRecord   the local optimum as the model's state_dict (weight, bias)
     "axes":    ArrayRecord   relative ellipsoid axes, same keys and shapes (ellipsoid only)
     "gram":    ArrayRecord   gram only: "triangle", the upper triangle of G (float32), or
-                             "factor" F and "residual" d with G ~ F F^T + diag(d)
-                             (gram-rank > 0)
+                             a rank-r factor F = "vectors" (n x r, float16 in [-1, 1]) *
+                             "scales" (r powers of two, float32) and "residual" d
+                             (float32) with G ~ F F^T + diag(d) (gram-rank r > 0, auto)
     "labels":  ArrayRecord   gram only: "moments", mean of e_y [x, 1]^T over the training
                              rows (C x (d+1), float32), and "counts", the class counts
     "metrics": MetricRecord  radius, certified-radius (-1: infinite), eps (the node's
@@ -56,6 +57,7 @@ import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, MetricRecord, RecordDict
 
 from gems_fl.geometry.gram import (
+    half_factor,
     pack_triangle,
 )
 
@@ -240,8 +242,9 @@ def encode_reply(
     """A node's reply: its good-enough space and a few counts.
 
     A Gram space sends ``G`` as its upper triangle (float32) or, with ``gram_factor``,
-    as the rank-r factor ``F`` and the residual's diagonal ``gram_residual``
-    (``G ~ F F^T + diag(residual)``) instead.
+    as the rank-r factor ``F`` (float16 vectors and power-of-two scales,
+    :func:`gems_fl.geometry.gram.half_factor`) and the residual's diagonal
+    ``gram_residual`` (``G ~ F F^T + diag(residual)``) instead.
     """
     records: dict[str, Any] = {CENTER_KEY: array_record(center)}
     if axes is not None:
@@ -249,7 +252,8 @@ def encode_reply(
     if gram_factor is not None:
         if gram_residual is None:
             raise ValueError("a rank-r Gram reply carries its residual diagonal too")
-        records[GRAM_KEY] = array_record({"factor": np.asarray(gram_factor, dtype=np.float32),
+        vectors, scales = half_factor(gram_factor)
+        records[GRAM_KEY] = array_record({"vectors": vectors, "scales": scales,
                                           "residual": np.asarray(gram_residual, dtype=np.float32)})
     elif gram is not None:
         records[GRAM_KEY] = array_record({"triangle": pack_triangle(gram)})

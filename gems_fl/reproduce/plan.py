@@ -174,8 +174,8 @@ def build_plan(options: Options) -> list[Trial]:
                 {"K": k, "division": spec, "space": space, "model": "logistic"})
     if 1 in wanted and "gram" in options.spaces:
         for rank in options.gram_ranks:
-            # 0, the whole matrix, is the default: the K=5 gram trial itself
-            cfg = {**convex, "space": "gram", **({"gram-rank": rank} if rank != 0 else {})}
+            # auto is the default: the K=5 gram trial itself
+            cfg = {**convex, "space": "gram", **({"gram-rank": rank} if rank != "auto" else {})}
             add(1, "gems", cfg, 5, {"K": 5, "division": "paper", "space": "gram",
                                     "model": "logistic", "gram_rank": rank})
     for k, spec in options.setups() if 2 in wanted else ():

@@ -57,7 +57,7 @@ def rank_order(rank: int | str) -> tuple[int, int, int]:
 
 
 def rank_label(rank: int | str) -> str:
-    return "full (default)" if rank == 0 else "auto" if rank == "auto" else f"r={rank}"
+    return "full" if rank == 0 else "auto (default)" if rank == "auto" else f"r={rank}"
 
 
 def _select(records: list[dict], study: int, **labels) -> list[dict]:
@@ -70,8 +70,10 @@ def _acc(record: dict, row: str) -> float | None:
 
 
 def _main(records: list[dict], study: int, **labels) -> list[dict]:
-    """:func:`_select` without the gram-rank sweep's low-rank trials."""
-    return [r for r in _select(records, study, **labels) if not r["labels"].get("gram_rank")]
+    """:func:`_select` without the gram-rank sweep's other trials (``auto``, the default,
+    is the main trial itself)."""
+    return [r for r in _select(records, study, **labels)
+            if r["labels"].get("gram_rank", "auto") == "auto"]
 
 
 def _setup_key(k: int, division: str) -> str:
@@ -222,7 +224,7 @@ class Report:
                                    "h_G good enough (nodes)"], rows), payload,
                          "gram-rank r > 0 sends a rank-r factor of each node's Gram matrix and "
                          "the diagonal of the rest, auto a rank that follows the matrix size, "
-                         "0 the full matrix (the default: the gram rows of the tables above). " + self._seed_note([r for recs in groups.values() for r in recs]))
+                         "0 the full matrix; auto is the default (the gram rows of the tables above). " + self._seed_note([r for recs in groups.values() for r in recs]))
         fig, ax = plt.subplots(figsize=(6, 4))
         for entry in payload["ranks"]:
             acc = [a for a in entry["GEMS"] if a is not None]
