@@ -459,3 +459,18 @@ def test_a_half_factor_is_exact_idempotent_and_safe_at_any_scale():
         assert relative_error(from_factor(f), from_factor(kept)) < 2e-3
     with pytest.raises(ValueError, match="finite 2-D"):
         half_factor(np.array([1.0, np.nan]))
+
+
+def test_a_factor_from_fewer_rows_than_inputs_is_the_eigen_factor():
+    """A node with fewer rows than inputs gets its factor from the thin SVD of its rows:
+    the same matrix as the eigen-decomposition of G gives, zero columns past its rank."""
+    rng = np.random.default_rng(5)
+    x = rng.normal(size=(20, 50)) * rng.uniform(0.1, 3, size=50)
+    g = gram_matrix(x)
+    for rank in (5, 21, 30):
+        thin, full = low_rank_factor(g, rank, x), low_rank_factor(g, rank)
+        assert thin.shape == full.shape == (51, rank)
+        np.testing.assert_allclose(from_factor(thin), from_factor(full), atol=1e-5)
+    assert np.all(low_rank_factor(g, 30, x)[:, 20:] == 0)  # rank of G is at most 20
+    with pytest.raises(ValueError, match="rows have 49 features"):
+        low_rank_factor(g, 5, x[:, :49])

@@ -285,7 +285,7 @@ def node_gram(train_inputs: np.ndarray, gram_rank: int | str = 0
     rank = choices.gram_rank_for(gram_rank, gram.shape[0])
     if rank <= 0:
         return gram, None, None
-    factor = sent_factor(gram, min(rank, gram.shape[0]))
+    factor = sent_factor(gram, min(rank, gram.shape[0]), train_inputs)
     residual = residual_diagonal(gram, factor)  # of the factor as sent, so both ends agree
     return from_factor(factor, residual), factor, residual
 
