@@ -190,3 +190,14 @@ def test_a_center_that_fails_eps_has_radius_0_and_eps_0_has_no_bound():
     assert certified_radius(w, x, y, 0.5) == 0.0
     assert certified_radius_in_metric(w, x, y, 0.5) == 0.0
     assert certified_radius(w, x, y, 0.0) == math.inf
+
+
+def test_a_zero_radius_is_explained_by_what_caused_it():
+    """Radius 0 means the node's model fails its eps, or passes it with no room: the
+    note says which (a node with one validation row and accuracy 1.000 is the second)."""
+    from gems_fl.geometry.eps import zero_radius_reason
+
+    assert "0.300 < its eps=0.4" in zero_radius_reason(0.3, 0.4)
+    passing = zero_radius_reason(1.0, 0.4)
+    assert "passes its eps=0.4" in passing and "<" not in passing
+    assert "not reported" in zero_radius_reason(0.5, None)

@@ -40,3 +40,18 @@ def pass_count(eps: float, num: int) -> int:
 def passes(num_correct: int, num: int, eps: float) -> bool:
     """Whether ``num_correct`` correct out of ``num`` is good enough (accuracy >= eps)."""
     return int(num_correct) >= pass_count(eps, num)
+
+
+def zero_radius_reason(accuracy: float, eps: float | None) -> str:
+    """Why a node's space is the single point of its model (radius 0), in words: its
+    model fails its ``eps``, or it passes but every radius the search tried let some
+    sampled model fall below (few validation rows leave no room: with one row, one
+    mistake is accuracy 0)."""
+    if eps is None:
+        return f"its own model has validation accuracy {accuracy:.3f} (its eps not reported)"
+    if accuracy < eps:
+        return (f"its own model has validation accuracy {accuracy:.3f} < its eps={eps}; "
+                "lower eps to give it room")
+    return (f"its own model passes its eps={eps} (validation accuracy {accuracy:.3f}) but "
+            "at every radius the search tried some sampled model fell below it; more "
+            "validation rows or a lower eps give it room")

@@ -18,6 +18,7 @@ from flwr.common.logger import log
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Strategy
 
+from gems_fl.geometry.eps import zero_radius_reason
 from gems_fl.geometry.intersect import IntersectionResult
 from gems_fl.geometry.kinds import AggregateOptions, space_kind
 from gems_fl.geometry.spaces import GramSpace, Space
@@ -73,10 +74,9 @@ def aggregate_layer_spaces(
     """
     for reply in nodes:
         if reply.space.radius == 0.0:
-            log(WARNING, "Node %s: its own model has validation accuracy %.3f < its eps=%s, "
-                "so its space is the single point of its model (radius 0); lower eps "
-                "to give it room.", describe_node(reply.node_id, names),
-                reply.metrics["local-val-accuracy"], reply.metrics.get("eps", "?"))
+            log(WARNING, "Node %s: its space is the single point of its model (radius 0): %s.",
+                describe_node(reply.node_id, names),
+                zero_radius_reason(reply.metrics["local-val-accuracy"], reply.metrics.get("eps")))
     kind = space_kind(options.kind)
     result = kind.aggregate([r.space for r in nodes],
                             [r.metrics["num-train-examples"] for r in nodes], options)

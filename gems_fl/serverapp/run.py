@@ -51,6 +51,7 @@ from gems_fl.evaluation.server_data import (
     scale_server_data,
     tune_on_public,
 )
+from gems_fl.geometry.eps import zero_radius_reason
 from gems_fl.geometry.gram_sums import complete_membership
 from gems_fl.geometry.spaces import SummedGramSpace
 from gems_fl.learning.models import (
@@ -447,10 +448,10 @@ def finish(context: Context, settings: Settings, run: ProtocolRun, roster: Roste
     :mod:`gems_fl.evaluation.results_bundle`)."""
     for reply in run.outcome.accepted:
         if reply.space.radius == 0.0:
-            notes.append(f"node {roster.names.get(reply.node_id, reply.node_id)}: local "
-                         f"validation accuracy {reply.metrics['local-val-accuracy']:.3f} < its "
-                         f"eps={reply.metrics.get('eps', settings.eps)}, radius 0; lower eps "
-                         "to give it room")
+            reason = zero_radius_reason(reply.metrics["local-val-accuracy"],
+                                        reply.metrics.get("eps", settings.eps))
+            notes.append(f"node {roster.names.get(reply.node_id, reply.node_id)}: radius 0: "
+                         f"{reason}")
     run.extra.pop("first_layer_centers", None)
     names = [roster.names.get(r.node_id, str(r.node_id)) for r in run.outcome.accepted]
     timing["total"] = time.perf_counter() - t0
