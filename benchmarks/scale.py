@@ -80,6 +80,9 @@ def run(nodes: int, run_config: str, out_dir: Path) -> dict:
         report.update({
             "accepted": len(res["nodes"]), "rejected": len(res["rejected"]),
             "good_enough": res.get("verification", {}).get("good_enough"),
+            # the nodes that ran their own check of h_G in the evaluate round
+            "answered": res.get("verification", {}).get("answered"),
+            "attendance": (res.get("attendance") or {}).get("line"),
             "gems_accuracy": res["rows"]["GEMS"].get("accuracy"),
             "timing_s": res.get("timing_s"),
             "rounds": [{k: r.get(k) for k in ("round", "layer", "width", "bytes_sent",

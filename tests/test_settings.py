@@ -146,8 +146,11 @@ def test_gram_rank_takes_auto_or_a_whole_number_from_either_source():
 
 def test_gram_rank_auto_sends_the_whole_matrix_where_the_sum_travels_whole():
     """SecAgg+ and the DP release carry the whole triangle, so auto's factor would only
-    coarsen the space: there auto is the whole matrix, and the nodes are told so."""
+    coarsen the space: there auto is the whole matrix, and the nodes are told so. So is
+    the MLP's output layer, where the factor was not shown to keep accuracy."""
     assert Settings(secure_aggregation=True).gram_rank == 0
     assert Settings(dp_epsilon=4.0).gram_rank == 0
     assert Settings(dp_epsilon=4.0).for_nodes()["gram-rank"] in (0, "0")
     assert Settings(secure_aggregation=True, gram_rank=20).gram_rank == 20  # asked for
+    assert Settings(model="mlp").gram_rank == 0  # the output layer travels whole by default
+    assert Settings(model="mlp", gram_rank=32).gram_rank == 32
