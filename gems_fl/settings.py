@@ -47,6 +47,7 @@ from gems_fl.setting_values import (
     check_classes,
     check_hidden,
     parse_gram_rank,
+    run_gram_rank,
     parse_pooled_ridge,
     parse_refine_l2,
     parse_required_nodes,
@@ -471,12 +472,7 @@ class Settings:
         if self.hidden.strip().lower() == "auto":
             object.__setattr__(self, "hidden", AUTO_HIDDEN.get(self.dataset, AUTO_HIDDEN_DEFAULT))
         # "auto", or the rank as an int whether it came as 50 or "50" (--run-config)
-        object.__setattr__(self, "gram_rank", parse_gram_rank(self.gram_rank))
-        if self.gram_rank == "auto" and (self.secure_aggregation or self.dp_epsilon
-                                         or self.model == "mlp"):
-            # SecAgg+ and the DP release carry the whole triangle: a factor saves nothing.
-            # The MLP's output layer: not shown to keep 0.5 point (README "1b")
-            object.__setattr__(self, "gram_rank", 0)
+        object.__setattr__(self, "gram_rank", run_gram_rank(self))
         object.__setattr__(self, "refine_l2", parse_refine_l2(self.refine_l2))
         for f in fields(self):
             value = getattr(self, f.name)
