@@ -358,8 +358,10 @@ class Settings:
     tune_stop: str = setting(
         'holdout',
         'how fine-tuning (GEMS tuned, Raw, the fine-tuning study) stops: `holdout` holds out '
-        '20 % of the public sample and keeps the epoch that does best there (the starting '
-        'model included, at most `tune-max-epochs`, 5 epochs without a new best end it); '
+        '20 % of the public sample, picks there the epoch (the start included; at most '
+        '`tune-max-epochs`, ended by 5 epochs in which neither held-out accuracy nor loss '
+        'improved) and, for a trained start, the factor it is shrunk by first (1, 0.5, 0.2 '
+        'or 0), then tunes that long on the whole sample; '
         "`fixed` runs exactly `tune-epochs` epochs on all of it (the paper's recipe)",
         one_of(TUNE_STOPS))
     tune_max_epochs: int = setting(

@@ -1,5 +1,6 @@
-"""Fine-tuning with held-out early stopping: the kept weights are the best on the
-held-out rows (the start included), and the fixed recipe stays the paper's."""
+"""Fine-tuning with held-out early stopping: the held-out rows choose the epoch (the start
+included) and, for a trained start, how far it is shrunk; the model is then tuned that long
+on every row; the fixed recipe stays the paper's."""
 
 from __future__ import annotations
 
@@ -8,8 +9,8 @@ import pytest
 import torch
 from torch import nn
 
-from gems_fl.learning.recipe import TuneRecipe
-from gems_fl.learning.train import accuracy, fine_tune_holdout
+from gems_fl.learning.recipe import WARM_SHRINKS, TuneRecipe
+from gems_fl.learning.train import _HoldoutKeeper, accuracy, fine_tune, fine_tune_holdout
 
 
 def _data(seed: int = 0, n: int = 200):
@@ -30,7 +31,7 @@ def test_the_kept_weights_are_the_best_epoch_on_the_held_out_rows():
     torch.manual_seed(0)
     model = nn.Linear(5, 2)
     report = fine_tune_holdout(model, x, y, max_epochs=30, patience=30, holdout_fraction=0.25,
-                               lr=0.05, batch_size=16, seed=1)
+                               lr=0.05, batch_size=16, seed=1, refit=False)
     assert report.stopped_by == "holdout" and report.epochs == 30
     hx, hy = _holdout(x, y, 0.25, 1)
     kept = accuracy(model, hx, hy)
@@ -42,7 +43,7 @@ def test_the_kept_weights_are_the_best_epoch_on_the_held_out_rows():
         torch.manual_seed(0)
         replay = nn.Linear(5, 2)
         fine_tune_holdout(replay, x, y, max_epochs=epochs, patience=10**6, holdout_fraction=0.25,
-                          lr=0.05, batch_size=16, seed=1)
+                          lr=0.05, batch_size=16, seed=1, refit=False)
         scores.append(accuracy(replay, hx, hy))
     assert kept == pytest.approx(max(scores))
 
@@ -71,3 +72,68 @@ def test_the_recipe_keeps_the_papers_fixed_epochs_as_an_option():
         TuneRecipe(epochs=4, lr=0.01, batch_size=32, stop="sometimes")
     assert not TuneRecipe(epochs=0, lr=0.01, batch_size=32, stop="fixed").active
     assert TuneRecipe(epochs=0, lr=0.01, batch_size=32, stop="holdout").active
+
+
+def test_the_chosen_epochs_are_then_tuned_on_every_row_from_the_same_start():
+    x, y = _data(3)
+    torch.manual_seed(0)
+    model = nn.Linear(5, 2)
+    start = {k: v.clone() for k, v in model.state_dict().items()}
+    report = fine_tune_holdout(model, x, y, max_epochs=25, patience=25, holdout_fraction=0.25,
+                               lr=0.05, batch_size=16, seed=1)
+    assert report.stopped_by == "holdout-refit" and report.best_epoch > 0
+    replay = nn.Linear(5, 2)
+    replay.load_state_dict(start)
+    fine_tune(replay, x, y, epochs=report.best_epoch, lr=0.05, batch_size=16, seed=1)
+    for k, v in model.state_dict().items():
+        assert torch.equal(v, replay.state_dict()[k])
+
+
+def test_patience_waits_while_the_held_out_loss_still_falls():
+    """A new lowest held-out loss resets patience even when accuracy is below its best (a
+    far-off start improves its loss long before its accuracy), but it is not kept."""
+    x, y = _data(4, n=60)
+    xt, yt = torch.as_tensor(x), torch.as_tensor(y)
+
+    def linear(w1, b1):  # class 1's logit w1 . x + b1, class 0's its negative
+        m = nn.Linear(5, 2)
+        with torch.no_grad():
+            m.weight.copy_(torch.tensor([[-v for v in w1], w1]))
+            m.bias.copy_(torch.tensor([-b1, b1]))
+        return m
+
+    def score(m):
+        with torch.no_grad():
+            logits = m(xt)
+        return (float((logits.argmax(1) == yt).float().mean()),
+                float(nn.functional.cross_entropy(logits, yt)))
+
+    confident = linear([50.0, 0, 0, 0, 0], 0.0)  # accurate, confidently wrong on the rest
+    cautious = linear([0.5, 0.25, 0, 0, 0], -0.3)  # the true rule, mildly, biased
+    (acc_a, loss_a), (acc_b, loss_b) = score(confident), score(cautious)
+    assert acc_b < acc_a and loss_b < loss_a  # the premise
+    keeper = _HoldoutKeeper(confident, xt, yt)
+    assert keeper.update(cautious, 1) == 0  # the loss fell: patience starts again
+    assert keeper.best_epoch == 0  # accuracy did not: the confident model stays kept
+    assert keeper.update(cautious, 2) == 1  # neither improved
+
+
+def test_a_warm_start_that_is_far_off_is_shrunk_before_tuning():
+    x, y = _data(5)
+    model = nn.Linear(5, 2)
+    with torch.no_grad():  # confidently wrong: the rule's opposite, with large weights
+        model.weight.copy_(torch.tensor([[100.0, 50.0, 0, 0, 0], [-100.0, -50.0, 0, 0, 0]]))
+        model.bias.zero_()
+    recipe = TuneRecipe(epochs=5, lr=0.01, batch_size=16, stop="holdout", max_epochs=10)
+    report = recipe.tune(model, x, y, seed=0, warm=True)
+    assert report.shrink == 0.0 and report.shrink in WARM_SHRINKS
+    assert accuracy(model, x, y) > 0.9
+    cold = nn.Linear(5, 2)
+    with torch.no_grad():
+        cold.weight.copy_(torch.tensor([[100.0, 50.0, 0, 0, 0], [-100.0, -50.0, 0, 0, 0]]))
+        cold.bias.zero_()
+    unshrunk = recipe.tune(cold, x, y, seed=0)  # not warm: the start is tuned as it is
+    assert unshrunk.shrink == 1.0 and accuracy(cold, x, y) < 0.5
+    with pytest.raises(ValueError, match="shrinks"):
+        fine_tune_holdout(nn.Linear(5, 2), x, y, max_epochs=2, patience=2, holdout_fraction=0.2,
+                          lr=0.01, batch_size=16, seed=0, shrinks=(1.5,))

@@ -101,7 +101,7 @@ def evaluate_rows(
     tuned = copy.deepcopy(models.gems)
     if settings.tune_layers == "last":
         freeze_hidden(tuned)
-    report = tune.tune(tuned, data.public_x, data.public_y, settings.seed)
+    report = tune.tune(tuned, data.public_x, data.public_y, settings.seed, warm=True)
     rows["GEMS tuned"] = row(tuned, tuned_layers=settings.tune_layers, **_tuned(report))
 
     torch.manual_seed(settings.seed + 1)
@@ -119,6 +119,8 @@ def _tuned(report) -> dict[str, object]:  # noqa: ANN001 - TrainReport
     out: dict[str, object] = {"tune_epochs": report.epochs}
     if report.best_epoch is not None:
         out["kept_epoch"] = report.best_epoch
+    if report.shrink is not None:
+        out["start_shrunk_by"] = report.shrink
     return out
 
 

@@ -61,7 +61,7 @@ def fine_tuning_curve(
         model = copy.deepcopy(start)
         if pretrained and settings.tune_layers == "last":
             freeze_hidden(model)
-        recipe.tune(model, x, y, settings.seed)
+        recipe.tune(model, x, y, settings.seed, warm=pretrained)
         return accuracy(model, *test)
 
     curve: dict[str, list[float]] = {name: [] for name in CURVE_ROWS}

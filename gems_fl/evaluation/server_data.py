@@ -191,7 +191,7 @@ def tune_on_public(run, public: PublicData, settings: Settings, num_features: in
     if settings.tune_layers == "last":
         for layer in getattr(tuned, "hidden", []):
             layer.requires_grad_(False)
-    tune.tune(tuned, public.x, public.y, settings.seed)
+    tune.tune(tuned, public.x, public.y, settings.seed, warm=True)
     torch.manual_seed(settings.seed + 1)
     raw = settings.new_model(num_features, num_classes)
     tune.tune(raw, public.x, public.y, settings.seed)

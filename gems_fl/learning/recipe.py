@@ -37,6 +37,7 @@ class TrainRecipe:
 
 
 TUNE_STOPS = ("holdout", "fixed")
+WARM_SHRINKS = (1.0, 0.5, 0.2, 0.0)  # factors a warm start is tried at (tune-stop=holdout)
 
 
 @dataclass(frozen=True)
@@ -70,15 +71,24 @@ class TuneRecipe:
                     f"{self.holdout_fraction:.0%} of the sample")
         return f"{self.epochs} epochs"
 
-    def tune(self, model: nn.Module, x: np.ndarray, y: np.ndarray, seed: int) -> TrainReport:
-        """Fine-tune the trainable weights of ``model`` in place on ``(x, y)``."""
+    def tune(self, model: nn.Module, x: np.ndarray, y: np.ndarray, seed: int,
+             warm: bool = False) -> TrainReport:
+        """Fine-tune the trainable weights of ``model`` in place on ``(x, y)``.
+
+        ``warm``: ``model`` is a trained start (GEMS, a local model), not a fresh one.
+        Held out, the start is then also tried shrunk towards zero by each factor of
+        :data:`WARM_SHRINKS` and the held-out rows pick one ("shrink and perturb", Ash &
+        Adams 2020: a warm start with large weights can tune to a worse model than a cold
+        one, e.g. a GEMS model whose nodes never saw some classes).
+        """
         from gems_fl.learning.train import fine_tune, fine_tune_holdout
 
         if self.stop == "holdout":
             return fine_tune_holdout(model, x, y, max_epochs=self.max_epochs,
                                      patience=self.patience,
                                      holdout_fraction=self.holdout_fraction, lr=self.lr,
-                                     batch_size=self.batch_size, seed=seed)
+                                     batch_size=self.batch_size, seed=seed,
+                                     shrinks=WARM_SHRINKS if warm else (1.0,))
         return fine_tune(model, x, y, epochs=self.epochs, lr=self.lr,
                          batch_size=self.batch_size, seed=seed)
 

@@ -9,6 +9,8 @@ and numpy arrays. Prediction and evaluation stay on the CPU.
 
 from __future__ import annotations
 
+import copy
+
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -77,6 +79,8 @@ class TrainReport:
     train_accuracy: list[float] = field(default_factory=list)
     stopped_by: str = ""
     best_epoch: int | None = None  # held-out early stopping: the epoch whose weights were kept
+    holdout_score: tuple[float, float] | None = None  # its held-out (accuracy, -loss)
+    shrink: float | None = None  # the factor the kept start was shrunk by
 
 
 def _tensors(x: np.ndarray, y: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
@@ -195,16 +199,24 @@ def _epochs_on(
     if holdout is not None:
         keeper.restore(model)
         report.best_epoch = keeper.best_epoch
+        report.holdout_score = keeper.best
         report.stopped_by = "holdout"
     return report
 
 
 class _HoldoutKeeper:
-    """The weights with the best held-out accuracy so far (ties: the lower loss)."""
+    """The weights with the best held-out accuracy so far (ties: the lower loss).
+
+    Patience counts epochs in which neither the held-out accuracy reached a new best nor
+    the held-out loss fell below its best: a start that is far off (a model that has never
+    seen some classes) improves its loss for many epochs before its accuracy moves, and
+    stopping on accuracy alone ends such a tuning on a plateau.
+    """
 
     def __init__(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> None:
         self.x, self.y = x, y
         self.best: tuple[float, float] = (-1.0, float("inf"))
+        self.lowest_loss = float("inf")
         self.best_epoch, self.since = 0, 0
         self.state: dict[str, torch.Tensor] = {}
         self.update(model, 0)
@@ -216,11 +228,13 @@ class _HoldoutKeeper:
         logits = model(self.x)
         score = (float((logits.argmax(dim=1) == self.y).float().mean()),
                  -float(nn.functional.cross_entropy(logits, self.y)))
+        improved = False
         if score[0] > self.best[0] or (score[0] == self.best[0] and score[1] > self.best[1]):
-            self.best, self.best_epoch, self.since = score, epoch, 0
+            self.best, self.best_epoch, improved = score, epoch, True
             self.state = {k: v.detach().clone() for k, v in model.state_dict().items()}
-        else:
-            self.since += 1
+        if -score[1] < self.lowest_loss - LOSS_TOL:
+            self.lowest_loss, improved = -score[1], True
+        self.since = 0 if improved else self.since + 1
         return self.since
 
     def restore(self, model: nn.Module) -> None:
@@ -239,6 +253,8 @@ def fine_tune_holdout(
     batch_size: int,
     seed: int,
     device: str | None = None,
+    refit: bool = True,
+    shrinks: tuple[float, ...] = (1.0,),
 ) -> TrainReport:
     """Fine-tune on part of ``(x, y)`` and keep the weights that do best on the rest.
 
@@ -256,9 +272,40 @@ def fine_tune_holdout(
     order = np.random.default_rng(seed).permutation(len(y))
     held = min(len(y) - 1, max(1, int(round(holdout_fraction * len(y)))))
     keep, hold = order[held:], order[:held]
-    return _run_epochs(model, x[keep], y[keep], lr=lr, batch_size=batch_size,
-                       max_epochs=max_epochs, patience=patience, seed=seed, device=device,
-                       holdout=(x[hold], y[hold]))
+    if not shrinks or any(not 0 <= f <= 1 for f in shrinks):
+        raise ValueError(f"shrinks={shrinks} must be factors in [0, 1], at least one")
+    original = copy.deepcopy(model.state_dict())
+    best: tuple[TrainReport, dict, dict] | None = None  # report, start, tuned weights
+    for factor in shrinks:
+        model.load_state_dict(original)
+        _shrink_trainable(model, factor)
+        start = copy.deepcopy(model.state_dict())
+        report = _run_epochs(model, x[keep], y[keep], lr=lr, batch_size=batch_size,
+                             max_epochs=max_epochs, patience=patience, seed=seed, device=device,
+                             holdout=(x[hold], y[hold]))
+        report.shrink = factor
+        if best is None or report.holdout_score > best[0].holdout_score:  # ties: larger factor
+            best = (report, start, copy.deepcopy(model.state_dict()))
+    report, start, tuned = best
+    if not refit or not report.best_epoch:
+        model.load_state_dict(tuned)
+        return report
+    model.load_state_dict(start)
+    # The held-out rows chose the start and how long to tune; the model is then tuned
+    # that long from that start on every row, so the holdout costs the tuned model no data.
+    _run_epochs(model, x, y, lr=lr, batch_size=batch_size, max_epochs=report.best_epoch,
+                patience=None, seed=seed, device=device)
+    report.stopped_by = "holdout-refit"
+    return report
+
+
+@torch.no_grad()
+def _shrink_trainable(model: nn.Module, factor: float) -> None:
+    """Scale the trainable weights by ``factor`` (a warm start shrunk towards zero)."""
+    if factor != 1:
+        for p in model.parameters():
+            if p.requires_grad:
+                p.mul_(factor)
 
 
 def train_until_converged(
