@@ -260,10 +260,14 @@ def fine_tune_holdout(
 
     A seeded ``holdout_fraction`` of the rows (at least one) is held out; the model is
     tuned on the others with Adam, and after every epoch scored on the held-out rows
-    (accuracy, ties broken by cross-entropy). Training stops after ``patience`` epochs
-    without a new best, or after ``max_epochs``; the best weights are loaded back. The
-    weights before tuning are a candidate too, so tuning never makes the model worse on
-    the held-out rows. Fewer than 2 rows: tuning is skipped.
+    (accuracy, ties broken by cross-entropy). Training stops after ``patience`` epochs in
+    which neither the held-out accuracy nor the held-out loss improved, or after
+    ``max_epochs``. The weights before tuning are a candidate too, so tuning never makes
+    the model worse on the held-out rows. Each factor of ``shrinks`` is tried: the start's
+    trainable weights scaled by it, then tuned as above; the held-out rows pick the
+    factor. ``refit``: the picked start is then tuned for the picked number of epochs on
+    every row (the report keeps the held-out run's figures); otherwise the held-out run's
+    best weights are kept. Fewer than 2 rows: tuning is skipped.
     """
     if not 0 < holdout_fraction < 1:
         raise ValueError(f"holdout_fraction={holdout_fraction} must lie in (0, 1)")
