@@ -299,7 +299,9 @@ class Report:
                               **{row: {"mean": c.mean(0).tolist(), "std": c.std(0).tolist()}
                                  for row, c in curves.items()},
                               "recipe": {k: recs[0]["outcome"]["fine_tuning"][k]
-                                         for k in ("epochs", "lr", "tuned_layers")}}
+                                         for k in ("epochs", "lr", "tuned_layers", "stop",
+                                                   "max_epochs")
+                                         if k in recs[0]["outcome"]["fine_tuning"]}}
             rows = [[str(n)] + [f"{curves[row][:, i].mean():.4f} ({curves[row][:, i].std():.4f})"
                                 for row in CURVE_ROWS] for i, n in enumerate(sizes)]
             tables.append(f"**{model}** (K=5)\n\n" + markdown(["public samples", *CURVE_ROWS], rows))
@@ -314,9 +316,15 @@ class Report:
             ax.legend()
             figures.append((fig, f"study3_fine_tuning_{model}.png"))
         recipe = next(iter(payload.values()))["recipe"] if payload else {}
-        note = (f"Every row is tuned with Adam, lr {recipe.get('lr')}, {recipe.get('epochs')} "
-                f"epochs, batch 32, on the same nested public samples; pretrained MLPs tune "
-                f"their `{recipe.get('tuned_layers')}` layer(s), Raw trains from scratch.\n")
+        if recipe.get("stop", "fixed") == "holdout":
+            how = (f"at most {recipe.get('max_epochs')} epochs, the epoch and (for the trained "
+                   "starts) the factor the start is shrunk by (1, 0.5, 0.2, 0) chosen on a "
+                   "held-out 20 % of the sample, then that many epochs on all of it")
+        else:
+            how = f"{recipe.get('epochs')} epochs"
+        note = (f"Every row is tuned with Adam, lr {recipe.get('lr')}, {how}, batch 32, on the "
+                f"same nested public samples; pretrained MLPs tune their "
+                f"`{recipe.get('tuned_layers')}` layer(s), Raw trains from scratch.\n")
         self._save_table("study3_fine_tuning", "3. Fine-tuning study", "\n".join(tables), payload, note)
         for fig, name in figures:
             self._save_plot(fig, name)
