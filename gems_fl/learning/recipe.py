@@ -67,8 +67,9 @@ class TuneRecipe:
     def describe(self) -> str:
         """The recipe in a few words, for logs."""
         if self.stop == "holdout":
-            return (f"up to {self.max_epochs} epochs, the best on a held-out "
-                    f"{self.holdout_fraction:.0%} of the sample")
+            return (f"up to {self.max_epochs} epochs, the epoch (and a trained start's "
+                    f"shrink factor) chosen on a held-out {self.holdout_fraction:.0%} of the "
+                    "sample, then tuned on all of it")
         return f"{self.epochs} epochs"
 
     def tune(self, model: nn.Module, x: np.ndarray, y: np.ndarray, seed: int,
