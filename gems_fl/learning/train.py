@@ -10,7 +10,6 @@ and numpy arrays. Prediction and evaluation stay on the CPU.
 from __future__ import annotations
 
 import copy
-
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -279,26 +278,26 @@ def fine_tune_holdout(
     if not shrinks or any(not 0 <= f <= 1 for f in shrinks):
         raise ValueError(f"shrinks={shrinks} must be factors in [0, 1], at least one")
     original = copy.deepcopy(model.state_dict())
-    best: tuple[TrainReport, dict, dict] | None = None  # report, start, tuned weights
+    best: tuple[TrainReport, dict] | None = None  # the report and its tuned weights
     for factor in shrinks:
         model.load_state_dict(original)
         _shrink_trainable(model, factor)
-        start = copy.deepcopy(model.state_dict())
         report = _run_epochs(model, x[keep], y[keep], lr=lr, batch_size=batch_size,
                              max_epochs=max_epochs, patience=patience, seed=seed, device=device,
                              holdout=(x[hold], y[hold]))
         report.shrink = factor
         if best is None or report.holdout_score > best[0].holdout_score:  # ties: larger factor
-            best = (report, start, copy.deepcopy(model.state_dict()))
-    report, start, tuned = best
+            best = (report, copy.deepcopy(model.state_dict()))
+    report, tuned = best
     if not refit or not report.best_epoch:
         model.load_state_dict(tuned)
         return report
-    model.load_state_dict(start)
     # The held-out rows chose the start and how long to tune; the model is then tuned
     # that long from that start on every row, so the holdout costs the tuned model no data.
-    _run_epochs(model, x, y, lr=lr, batch_size=batch_size, max_epochs=report.best_epoch,
-                patience=None, seed=seed, device=device)
+    model.load_state_dict(original)
+    _shrink_trainable(model, report.shrink)
+    fine_tune(model, x, y, epochs=report.best_epoch, lr=lr, batch_size=batch_size, seed=seed,
+              device=device)
     report.stopped_by = "holdout-refit"
     return report
 
