@@ -33,6 +33,11 @@ def check_rules(settings: "Settings", node_only: bool) -> None:
             raise SettingsError(
                 f"gram-point='{settings.gram_point}' fits the labels of all nodes from their "
                 "label moments: set label-moments=true, or gram-point='closed-form'")
+        if settings.space == "gram" and settings.gram_point == "gaussian" \
+                and settings.class_grams == "false":
+            raise SettingsError(
+                "gram-point='gaussian' fits virtual rows of each class's Gaussian, from the "
+                "nodes' class Gram matrices: set class-grams to 'auto' or 'true'")
         _server_grams(settings)
         if settings.refine_rounds and settings.space != "gram":
             raise SettingsError(
@@ -55,6 +60,8 @@ def _server_grams(settings: "Settings") -> None:
         wrong.append("label-moments=false (the secure sums include the label moments)")
     if settings.server_grams == "nodes":
         wrong.append("server-grams='nodes' (the server holds only sums)")
+    if settings.class_grams == "true":
+        wrong.append("class-grams=true (the secure sums hold no class Gram matrices)")
     if settings.refine_rounds:
         wrong.append(f"refine-rounds={settings.refine_rounds} (each step's gradients would "
                      "reach the server node by node)")
@@ -74,6 +81,8 @@ def _differential_privacy(settings: "Settings") -> None:
     if settings.gram_point == "closed-form":
         wrong.append("gram-point='closed-form' (needs each node's W_k G_k, which is not "
                      "noised; use auto, pooled or lda)")
+    if settings.class_grams == "true":
+        wrong.append("class-grams=true (the noised sums hold no class Gram matrices)")
     if not settings.label_moments:
         wrong.append("label-moments=false (the noised sums are the Gram matrix and the "
                      "label moments)")

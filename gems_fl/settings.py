@@ -18,6 +18,7 @@ from gems_fl.data.agreement import NODE_FILES, STANDARDIZE_CHOICES
 from gems_fl.data.datasets import DATASET_NAMES
 from gems_fl.geometry.choices import (
     DEFAULT_REFINE_L2,
+    CLASS_GRAMS,
     ELLIPSOID_FLOORS,
     GRAM_POINTS,
     GRAM_WEIGHTINGS,
@@ -196,10 +197,14 @@ class Settings:
     gram_point: str = setting(
         'auto',
         '`gram` only: `auto` (the default) lets the selection round choose, on the nodes\' '
-        'validation data, among `pooled`, `lda` and `closed-form` (see "Good-enough spaces"); '
+        'validation data, among `pooled`, `lda`, `gaussian` (where the nodes sent class Gram '
+        'matrices, `class-grams`) and `closed-form` (see "Good-enough spaces"); '
         '`pooled` is the ridge least-squares classifier of all nodes\' data, from their Gram '
         'matrices and label moments; `lda` the linear discriminant of the same sums (class '
-        'means and shared within-class covariance, shrinkage from `pooled-ridge`); `best` the '
+        'means and shared within-class covariance, shrinkage from `pooled-ridge`); `gaussian` '
+        'the softmax layer fitted to virtual rows drawn from each class\'s pooled mean and '
+        'covariance (CCVR; needs class Gram matrices; L2 1e-6, or chosen among 1e-6, 1e-5 and '
+        '1e-4 with `pooled-ridge=auto`); `best` the '
         'best pooled fit inside every node\'s space '
         '(the pooled point when they share none); `closed-form` the weighted center of the '
         'spaces (RegMean); `shared` the point minimising the largest scaled distance when '
@@ -260,6 +265,14 @@ class Settings:
         'training rows, one model\'s size) and class counts; `gram-point` `auto`, `pooled` '
         'and `best` need them',
         node=True)
+    class_grams: str = setting(
+        'auto',
+        '`gram` with `label-moments`: nodes also send the Gram matrix of each class they hold '
+        '(mean of `x~ x~^T` over its rows; whole, float32), from which the server fits the '
+        '`gaussian` point. `auto` (the default): for layers of at most 256 inputs (the MLP\'s '
+        'output layer, digits; not 784 pixels, where it would send one 1.3 MB matrix per class) '
+        'and whenever `gram-point=gaussian`. Not with `secure-aggregation` or `dp-epsilon`',
+        one_of(CLASS_GRAMS), node=True)
     refine_rounds: int = setting(
         0,
         '`gram`: R steps after the one-shot `h_G` (the logistic model, or the MLP\'s output '

@@ -5,10 +5,18 @@ SPACE_KINDS = ("ball", "ellipsoid", "gram")
 PAPER_SPACE_KINDS = ("ball", "ellipsoid")  # the paper's parameter-space spaces
 ELLIPSOID_FLOORS = ("quantile", "paper")
 GRAM_WEIGHTINGS = ("samples", "radius")
-GRAM_POINTS = ("auto", "pooled", "lda", "best", "closed-form", "shared")
+GRAM_POINTS = ("auto", "pooled", "lda", "gaussian", "best", "closed-form", "shared")
 # the points fitted to the labels (they need label moments); `auto` chooses on validation
-# among the pooled point, the pooled LDA point and the closed-form center
-POOLED_POINTS = ("auto", "pooled", "lda", "best")
+# among the pooled point, the pooled LDA point, the gaussian point (with class Gram
+# matrices) and the closed-form center
+POOLED_POINTS = ("auto", "pooled", "lda", "gaussian", "best")
+# gram-point gaussian / auto: the L2 penalties of the fit to the virtual rows the selection
+# round scores (standardised units; the first is the one used without that round)
+GAUSSIAN_L2S = (1e-6, 1e-5, 1e-4)
+# class-grams=auto: nodes send class Gram matrices (whole, float32) for layers of at most
+# this size (inputs + 1): the MLP's output layer up to width 256 and digits, not pixels
+CLASS_GRAMS = ("auto", "true", "false")
+CLASS_GRAMS_AUTO_MAX = 257
 # pooled-ridge=auto: the ridges the selection round scores on the nodes' validation data
 # (relative to one mean Gram matrix), and the one a layer without that round uses.
 POOLED_RIDGES = (1e-4, 1e-3, 1e-2, 1e-1)
@@ -70,3 +78,13 @@ def holds_sums(settings, num_nodes: int) -> bool:
         return True
     return (num_nodes > SUMS_ABOVE_NODES and settings.gram_point in SUMS_POINTS
             and settings.gram_weighting == "samples")
+
+
+def class_grams_for(setting: str, size: int, point: str = "auto") -> bool:
+    """Whether a node sends class Gram matrices for a ``size x size`` layer under
+    ``class-grams=setting``: ``auto`` where the layer is small (the matrices travel whole,
+    one per class the node holds) or ``gram-point='gaussian'`` needs them."""
+    value = str(setting).strip().lower()
+    if value == "auto":
+        return int(size) <= CLASS_GRAMS_AUTO_MAX or point == "gaussian"
+    return value == "true"

@@ -81,6 +81,59 @@ def label_moments(x: np.ndarray | torch.Tensor, y, num_classes: int) -> tuple[np
     return moments.numpy(), counts.numpy().astype(np.int64)
 
 
+def class_grams(x: np.ndarray | torch.Tensor, y, num_classes: int) -> np.ndarray:
+    """``mean over the rows of class c of x~ x~^T`` for every class the node holds.
+
+    Returns float64 ``(m, d + 1, d + 1)``, one matrix per class with a training row, in
+    class order (the classes whose count in :func:`label_moments` is > 0). Each has 1 at
+    its bias entry and ``[mean of class c, 1]`` in its last row; the count-weighted sum of
+    them is the node's Gram matrix. With the label moments they give each class's mean
+    and covariance, which the ``gaussian`` point needs (:mod:`gems_fl.geometry.virtual`).
+    """
+    xt = _matrix("x", x)
+    num, d = xt.shape
+    if num == 0:
+        raise ValueError("x has no rows: class Gram matrices are means over inputs and need one")
+    yt = _labels(y, num, int(num_classes))
+    xa = torch.cat([xt, torch.ones(num, 1, dtype=xt.dtype)], dim=1)
+    out = []
+    for c in torch.unique(yt).tolist():
+        rows = xa[yt == c]
+        g = rows.T @ rows / len(rows)
+        out.append(0.5 * (g + g.T))
+    return torch.stack(out).numpy()
+
+
+def check_class_grams(triangles, counts: np.ndarray, moments: np.ndarray, n: int,
+                      *, tol: float = 1e-4) -> np.ndarray:
+    """Validate a node's class Gram matrices (packed upper triangles, one row per class
+    with a count > 0, in class order) against its checked label moments and counts;
+    return them as float64 ``(m, n, n)``.
+
+    Raises ``ValueError`` naming the first problem: a shape other than ``(m, n (n + 1) /
+    2)``; a matrix that fails :func:`check_gram` (finite, symmetric, PSD, bias entry 1); a
+    last row farther than ``tol`` (relative to the largest entry) from ``[class mean,
+    1]``, the class mean the label moments give.
+    """
+    tri = np.asarray(triangles, dtype=np.float64)
+    held = np.flatnonzero(np.asarray(counts) > 0)
+    if tri.shape != (len(held), n * (n + 1) // 2):
+        raise ValueError(f"class Gram matrices have shape {tri.shape}; expected "
+                         f"({len(held)}, {n * (n + 1) // 2}): one packed triangle per class "
+                         "with training rows")
+    num_rows = float(np.sum(counts))
+    out = np.empty((len(held), n, n))
+    for i, c in enumerate(held):
+        g = check_gram(unpack_triangle(tri[i], n), n, unit_bias_tol=1e-4)
+        mean = np.append(np.asarray(moments[c, :-1], dtype=np.float64) * num_rows / counts[c], 1.0)
+        gap = float(np.abs(g[-1] - mean).max())
+        if gap > tol * max(1.0, float(np.abs(g).max())):
+            raise ValueError(f"class {int(c)}'s Gram matrix has a last row {gap:.3g} away from "
+                             "[class mean, 1] as the label moments give it")
+        out[i] = g
+    return out
+
+
 def check_moments(moments, counts, shape: tuple[int, int], num_rows: int,
                   *, tol: float = 1e-5) -> tuple[np.ndarray, np.ndarray]:
     """Validate label moments received from a node; return them as float64 and int64.

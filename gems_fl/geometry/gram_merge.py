@@ -29,6 +29,7 @@ from gems_fl.geometry.choices import GRAM_WEIGHTINGS as WEIGHTINGS
 from gems_fl.geometry.intersect import IntersectionResult
 from gems_fl.geometry.pooled import best_point, pooled_lda, pooled_point
 from gems_fl.geometry.spaces import GramSpace
+from gems_fl.geometry.virtual import gaussian_point, pooled_class_moments
 
 def _node_inputs(centers: Sequence, grams: Sequence, what: str = "grams"):
     if len(centers) == 0:
@@ -295,7 +296,7 @@ def merge_weights(spaces: Sequence[GramSpace], num_train: Sequence[float], weigh
 
 def aggregate_gram(
     spaces: Sequence[GramSpace], num_train: Sequence[float], *, weighting: str = "samples",
-    ridge: float = 1e-6, point: str = "closed-form", pooled_ridge: float = 1e-3,
+    ridge: float = 1e-6, point: str = "closed-form", pooled_ridge: float = 1e-3, seed: int = 0,
 ) -> IntersectionResult:
     """Choose ``h_G`` for the Gram spaces and report membership in each of them.
 
@@ -305,7 +306,10 @@ def aggregate_gram(
     ``best`` (the best pooled fit inside every space, :func:`~gems_fl.geometry.pooled.
     best_point`; the pooled point when the spaces share no point, and ``details`` says so)
     or ``lda`` (the pooled linear discriminant, :func:`~gems_fl.geometry.pooled.pooled_lda`,
-    with ``pooled_ridge`` as its shrinkage).
+    with ``pooled_ridge`` as its shrinkage) or ``gaussian`` (the softmax layer fitted to
+    virtual rows of each class's pooled Gaussian, :func:`~gems_fl.geometry.virtual.
+    gaussian_point`, with ``pooled_ridge`` as its L2 penalty and ``seed`` fixing the draw;
+    it needs every node's class Gram matrices).
     """
     if not spaces:
         raise ValueError("no spaces to aggregate")
@@ -322,6 +326,8 @@ def aggregate_gram(
                                   "weights": [float(v) for v in lam]}
     if point == "lda":  # pooled_ridge is the LDA shrinkage
         chosen, method = _lda_choice(spaces, num_train, pooled_ridge, details), "lda"
+    elif point == "gaussian":  # pooled_ridge is the fit's L2 penalty
+        chosen, method = _gaussian_choice(spaces, pooled_ridge, seed, details), "gaussian"
     elif point in ("auto", "pooled", "best"):  # auto: the pooled point until the selection round
         chosen, method = _pooled_choice(spaces, num_train, "best" if point == "best" else "pooled",
                                         pooled_ridge, details)
@@ -374,6 +380,25 @@ def _lda_choice(spaces: Sequence[GramSpace], num_train: Sequence[float], shrinka
     details["lda_shrinkage"] = float(shrinkage)
     return pooled_lda([s.gram for s in spaces], [s.moments for s in spaces], num_train,
                       shrinkage)
+
+
+def has_class_grams(spaces: Sequence) -> bool:
+    """Whether every space carries its node's class Gram matrices (the ``gaussian`` point)."""
+    return all(getattr(s, "class_grams", None) is not None
+               and getattr(s, "class_counts", None) is not None for s in spaces)
+
+
+def _gaussian_choice(spaces: Sequence[GramSpace], l2: float, seed: int,
+                     details: dict) -> np.ndarray:
+    """The ``gaussian`` point (:func:`gems_fl.geometry.virtual.gaussian_point`)."""
+    if not has_class_grams(spaces):
+        missing = [k for k, s in enumerate(spaces) if getattr(s, "class_grams", None) is None]
+        raise ValueError(f"gram-point='gaussian' needs every node's class Gram matrices; "
+                         f"spaces {missing} have none (set class-grams=true)")
+    counts, means, covs = pooled_class_moments([s.class_grams for s in spaces],
+                                               [s.class_counts for s in spaces])
+    details["gaussian_l2"] = float(l2)
+    return gaussian_point(counts, means, covs, l2=l2, seed=seed)
 
 
 def _pooled_choice(spaces: Sequence[GramSpace], num_train: Sequence[float], point: str,

@@ -18,7 +18,7 @@ kind           space                                          radius units
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -27,6 +27,7 @@ from gems_fl.geometry.certify import certified_gram_radius, certified_radius
 from gems_fl.geometry import choices
 from gems_fl.geometry.fisher import diagonal_fisher, fisher_axes
 from gems_fl.geometry.gram import (
+    class_grams,
     from_factor,
     gram_matrix,
     label_moments,
@@ -74,6 +75,12 @@ class SpaceOptions(_FromSettings):
         a rank that follows the matrix size (:func:`~gems_fl.geometry.choices.gram_rank_for`).
     label_moments : bool
         ``gram`` only: also compute the label moments and class counts (the pooled points).
+    class_grams : str
+        ``gram`` with label moments: ``"true"`` also computes the Gram matrix of each class
+        the node holds (the ``gaussian`` point), ``"auto"`` for small layers
+        (:func:`~gems_fl.geometry.choices.class_grams_for`), ``"false"`` never.
+    gram_point : str
+        The run's ``gram-point`` (``gaussian`` asks for class Gram matrices).
     """
 
     kind: str = "gram"
@@ -85,9 +92,21 @@ class SpaceOptions(_FromSettings):
     ellipsoid_floor: str = "quantile"
     gram_rank: int | str = 0
     label_moments: bool = False
+    class_grams: str = "false"
+    gram_point: str = "auto"
+
+    @classmethod
+    def from_settings(cls, settings: object) -> "SpaceOptions":
+        """The settings' options; no class Gram matrices under secure aggregation or DP,
+        whose replies carry only sums."""
+        options = super().from_settings(settings)
+        if getattr(settings, "secure_aggregation", False) or getattr(settings, "dp_epsilon", 0):
+            return replace(options, class_grams="false")
+        return options
 
     def __post_init__(self) -> None:
         check_option(self.kind, "kind", choices.SPACE_KINDS)
+        check_option(str(self.class_grams).lower(), "class_grams", choices.CLASS_GRAMS)
         check_option(self.ellipsoid_floor, "ellipsoid_floor", choices.ELLIPSOID_FLOORS)
 
     @property
@@ -118,10 +137,12 @@ class AggregateOptions(_FromSettings):
         """The settings' options; ``pooled-ridge=auto`` gives the default ridge here (the
         convex strategy's selection round scores the others, see ``Settings.pooled_ridges``)."""
         ridges = settings.pooled_ridges
+        default = (choices.GAUSSIAN_L2S[0] if settings.gram_point == "gaussian"
+                   else choices.DEFAULT_POOLED_RIDGE)
         return cls(kind=settings.space, no_intersection=settings.no_intersection,
                    seed=settings.seed, gram_weighting=settings.gram_weighting,
                    gram_ridge=settings.gram_ridge, gram_point=settings.gram_point,
-                   pooled_ridge=ridges[0] if len(ridges) == 1 else choices.DEFAULT_POOLED_RIDGE)
+                   pooled_ridge=ridges[0] if len(ridges) == 1 else default)
 
     def __post_init__(self) -> None:
         for name, allowed in (("kind", choices.SPACE_KINDS),
@@ -239,21 +260,25 @@ class Gram(SpaceKind):
         gram, factor, residual = node_gram(train_inputs, options.gram_rank)
         moments, counts = (label_moments(train_inputs, train_labels, center.shape[0])
                            if options.label_moments else (None, None))
+        per_class = (class_grams(train_inputs, train_labels, center.shape[0])
+                     if options.label_moments and choices.class_grams_for(
+                         options.class_grams, gram.shape[0], options.gram_point) else None)
         search = search_gram_radius(center, gram, val_inputs, y_val, eps=options.eps,
                                     num_directions=options.num_directions,
                                     r_max=options.bound, delta=options.delta, seed=seed)
         cert = certified_gram_radius(center, gram, val_inputs, y_val, options.eps)
         return LayerSpace(GramSpace(center.reshape(-1), gram, search.radius, cert, moments,
-                                    counts), cert, search.center_accuracy, factor, residual)
+                                    counts, per_class), cert, search.center_accuracy, factor,
+                          residual)
 
     def make(self, center, radius, certified, extras) -> GramSpace:
-        moments, counts = extras.get("labels", (None, None))
-        return GramSpace(center, extras["gram"], radius, certified, moments, counts)
+        moments, counts, per_class = extras.get("labels", (None, None, None))
+        return GramSpace(center, extras["gram"], radius, certified, moments, counts, per_class)
 
     def aggregate(self, spaces, num_train, options) -> IntersectionResult:
         return aggregate_gram(list(spaces), list(num_train), weighting=options.gram_weighting,
                               ridge=options.gram_ridge, point=options.gram_point,
-                              pooled_ridge=options.pooled_ridge)
+                              pooled_ridge=options.pooled_ridge, seed=options.seed)
 
     def report(self, result: IntersectionResult, options: AggregateOptions) -> str:
         details = result.details

@@ -107,7 +107,9 @@ class GramSpace:
     change of the node's logits. ``certified_radius`` is the closed-form radius in the
     node's validation-logit metric within which no model can drop below eps.
     ``moments`` ``(C, n)`` and ``class_counts`` ``(C,)`` are the node's label moments
-    (:func:`gems_fl.geometry.gram.label_moments`), which the pooled points need.
+    (:func:`gems_fl.geometry.gram.label_moments`), which the pooled points need;
+    ``class_grams`` ``(m, n, n)`` its Gram matrix of each class it holds (class order,
+    :func:`gems_fl.geometry.gram.class_grams`), which the ``gaussian`` point needs.
     """
 
     center: np.ndarray
@@ -116,6 +118,7 @@ class GramSpace:
     certified_radius: float = 0.0
     moments: np.ndarray | None = None
     class_counts: np.ndarray | None = None
+    class_grams: np.ndarray | None = None
 
     def __post_init__(self) -> None:
         gram = np.asarray(self.gram, dtype=np.float64)

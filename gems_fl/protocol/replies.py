@@ -24,7 +24,7 @@ from flwr.common.constant import ErrorCode
 from flwr.common.logger import log
 
 from gems_fl.geometry.choices import gram_rank_for
-from gems_fl.geometry.gram import check_gram, check_moments, from_factor, from_half, unpack_triangle
+from gems_fl.geometry.gram import check_class_grams, check_gram, check_moments, from_factor, from_half, unpack_triangle
 from gems_fl.geometry.kinds import space_kind
 from gems_fl.geometry.spaces import GramSpace, Space
 from gems_fl.learning.models import state_to_vector
@@ -162,18 +162,23 @@ def _read_gram_record(content: RecordDict, shapes: dict[str, tuple[int, ...]],
 
 
 def _read_labels(content: RecordDict, shapes: dict[str, tuple[int, ...]], rank: int,
-                 metrics: dict[str, float]) -> tuple[np.ndarray, np.ndarray]:
-    """Label moments and class counts, checked against the model and the node's count."""
+                 metrics: dict[str, float]) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+    """Label moments, class counts and (when sent) class Gram matrices, checked against
+    the model, the node's count and each other."""
     record = content.array_records.get(LABELS_KEY)
     if record is None:
         raise ReplyError(f"'{LABELS_KEY}' is not an ArrayRecord")
-    if set(record.keys()) != {"moments", "counts"}:
+    if set(record.keys()) not in ({"moments", "counts"}, {"moments", "counts", "class-grams"}):
         raise ReplyError(f"'{LABELS_KEY}' holds {sorted(record.keys())}, expected "
-                         "['counts', 'moments']")
+                         "['counts', 'moments'] and optionally 'class-grams'")
     try:
         moments, counts = (np.asarray(record[k].numpy()) for k in ("moments", "counts"))
         classes, n = shapes["weight"][0], shapes["weight"][1] + 1
-        return check_moments(moments, counts, (classes, n), int(metrics["num-train-examples"]))
+        moments, counts = check_moments(moments, counts, (classes, n),
+                                        int(metrics["num-train-examples"]))
+        per_class = (check_class_grams(record["class-grams"].numpy(), counts, moments, n)
+                     if "class-grams" in record else None)
+        return moments, counts, per_class
     except ReplyError:
         raise
     except Exception as exc:  # noqa: BLE001 - any decode or check failure is a bad reply

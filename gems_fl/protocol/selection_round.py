@@ -19,11 +19,12 @@ from flwr.common.logger import log
 
 from gems_fl.geometry.choices import (
     DEFAULT_REFINE_L2,
+    GAUSSIAN_L2S,
     LDA_SHRINKAGES,
     POOLED_POINTS,
     REFINE_METHODS,
 )
-from gems_fl.geometry.gram_merge import gram_result
+from gems_fl.geometry.gram_merge import gram_result, has_class_grams
 from gems_fl.geometry.gram_sums import GramSums, aggregate_sums, summed_result
 from gems_fl.geometry.intersect import IntersectionResult
 from gems_fl.geometry.kinds import AggregateOptions, space_kind
@@ -52,9 +53,11 @@ def candidate_points(accepted: list[NodeReply], options: AggregateOptions,
                      sums: GramSums | None = None) -> list[Candidate]:
     """The one-shot point for each pooled ridge (``pooled-ridge=auto``; for
     ``gram-point=lda`` each is a shrinkage) and, for ``gram-point=auto``, the pooled LDA
-    point for each of ``LDA_SHRINKAGES`` and the closed-form center; else ``result`` alone
-    (only its logit scale is then chosen). ``sums``: the server holds only the sums of
-    the Gram statistics, and every candidate is solved from them."""
+    point for each of ``LDA_SHRINKAGES``, the gaussian point for each of ``GAUSSIAN_L2S``
+    when every node sent class Gram matrices, and the closed-form center; for
+    ``gram-point=gaussian`` the gaussian point for each of ``GAUSSIAN_L2S``; else ``result``
+    alone (only its logit scale is then chosen). ``sums``: the server holds only the sums
+    of the Gram statistics, and every candidate is solved from them."""
     if not (options.kind == "gram" and options.gram_point in POOLED_POINTS):
         return [(None, result)]
     spaces = [r.space for r in accepted]
@@ -65,12 +68,17 @@ def candidate_points(accepted: list[NodeReply], options: AggregateOptions,
     else:
         aggregate = lambda o: aggregate_sums(sums, spaces, counts, point=o.gram_point,  # noqa: E731
                                              ridge=o.gram_ridge, pooled_ridge=o.pooled_ridge)
+    if options.gram_point == "gaussian":
+        ridges = GAUSSIAN_L2S if len(ridges) > 1 else ridges
     out: list[Candidate] = [(r, result if r == options.pooled_ridge else
                              aggregate(replace(options, pooled_ridge=r)))
                             for r in ridges]
     if options.gram_point == "auto":
         out += [(s, aggregate(replace(options, gram_point="lda", pooled_ridge=s)))
                 for s in LDA_SHRINKAGES]
+        if sums is None and has_class_grams(spaces):
+            out += [(v, aggregate(replace(options, gram_point="gaussian", pooled_ridge=v)))
+                    for v in GAUSSIAN_L2S]
         if sums is None or sums.has_centers:  # noised sums (dp-epsilon) hold no W_k G_k
             out.append((None, aggregate(replace(options, gram_point="closed-form"))))
     return out
@@ -91,9 +99,17 @@ class Selected:
 
     def regularisation(self) -> dict[str, Any]:
         """The kept point and its regularisation, for the round's record."""
-        lda = self.result.method == "lda"
-        return {"point": self.result.method, "pooled_ridge": None if lda else self.ridge,
-                **({"lda_shrinkage": self.ridge} if lda else {})}
+        return {"point": self.result.method, **_regularisation(self.result.method, self.ridge)}
+
+
+_NAMES = {"lda": "shrinkage", "gaussian": "L2"}
+
+
+def _regularisation(method: str, value: float | None) -> dict[str, float | None]:
+    """A point's regularisation by its name: the pooled ridge, the LDA shrinkage or the
+    gaussian fit's L2 penalty."""
+    name = {"lda": "lda_shrinkage", "gaussian": "gaussian_l2"}.get(method)
+    return {"pooled_ridge": value} if name is None else {"pooled_ridge": None, name: value}
 
 
 def select(server_round: int, replies: list[Message], sent_to: list[int],
@@ -113,9 +129,9 @@ def select(server_round: int, replies: list[Message], sent_to: list[int],
     choice = choose_candidate([v[0] for _, v in decoded], [v[1] for _, v in decoded],
                               [v[2] for _, v in decoded], TEMPERATURES)
     ridge, result = candidates[choice.index]
-    scale = choice.temperature if scale_always or result.method in ("pooled", "lda") else 1.0
-    table = [{"point": c.method, "pooled_ridge": r if c.method != "lda" else None,
-              **({"lda_shrinkage": r} if c.method == "lda" else {}),
+    scale = (choice.temperature if scale_always or result.method in ("pooled", "lda", "gaussian")
+             else 1.0)
+    table = [{"point": c.method, **_regularisation(c.method, r),
               "val_accuracy": float(a), "val_loss": float(min(loss))}
              for (r, c), a, loss in zip(candidates, choice.val_accuracy, choice.val_loss)]
     details = {**result.details, "selection": {
@@ -125,8 +141,7 @@ def select(server_round: int, replies: list[Message], sent_to: list[int],
     best = choice.val_loss[choice.index]
     log(INFO, "Selection round: %s, %slogit scale %g (pooled validation accuracy %.4f, "
         "cross-entropy %.4f; %d nodes); h_G lies in %s of %d spaces", result.method,
-        "" if ridge is None else f"{'shrinkage' if result.method == 'lda' else 'pooled ridge'} "
-        f"{ridge:g}, ", scale,
+        "" if ridge is None else f"{_NAMES.get(result.method, 'pooled ridge')} {ridge:g}, ", scale,
         choice.val_accuracy[choice.index], float(np.min(best)), len(decoded),
         "?" if None in result.inside else sum(result.inside), len(result.inside))
     return Selected(result, ridge, scale, float(choice.val_accuracy[choice.index]),

@@ -39,7 +39,10 @@ Client -> server (the reply; nothing else leaves the client)::
                              "scales" (r powers of two, float32) and "residual" d
                              (float32) with G ~ F F^T + diag(d) (gram-rank r > 0, auto)
     "labels":  ArrayRecord   gram only: "moments", mean of e_y [x, 1]^T over the training
-                             rows (C x (d+1), float32), and "counts", the class counts
+                             rows (C x (d+1), float32), and "counts", the class counts;
+                             with class-grams, "class-grams": the packed upper triangle
+                             of mean x~ x~^T over the rows of each class held, in class
+                             order (m x (d+1)(d+2)/2, float32)
     "metrics": MetricRecord  radius, certified-radius (-1: infinite), eps (the node's
                              own), num-train-examples, num-val-examples,
                              local-val-accuracy
@@ -237,14 +240,16 @@ def encode_reply(
     gram: np.ndarray | None = None,
     gram_factor: np.ndarray | None = None,
     gram_residual: np.ndarray | None = None,
-    labels: tuple[np.ndarray, np.ndarray] | None = None,
+    labels: tuple[np.ndarray, ...] | None = None,
 ) -> RecordDict:
     """A node's reply: its good-enough space and a few counts.
 
     A Gram space sends ``G`` as its upper triangle (float32) or, with ``gram_factor``,
     as the rank-r factor ``F`` (float16 vectors and power-of-two scales,
     :func:`gems_fl.geometry.gram.half_factor`) and the residual's diagonal
-    ``gram_residual`` (``G ~ F F^T + diag(residual)``) instead.
+    ``gram_residual`` (``G ~ F F^T + diag(residual)``) instead. ``labels`` is
+    ``(moments, counts)`` or ``(moments, counts, class_grams)``; class Gram matrices
+    travel as packed upper triangles (float32), one row per class with rows.
     """
     records: dict[str, Any] = {CENTER_KEY: array_record(center)}
     if axes is not None:
@@ -258,9 +263,12 @@ def encode_reply(
     elif gram is not None:
         records[GRAM_KEY] = array_record({"triangle": pack_triangle(gram)})
     if labels is not None:
-        moments, counts = labels
-        records[LABELS_KEY] = array_record({"moments": np.asarray(moments, dtype=np.float32),
-                                            "counts": np.asarray(counts, dtype=np.int64)})
+        moments, counts, *rest = labels
+        state = {"moments": np.asarray(moments, dtype=np.float32),
+                 "counts": np.asarray(counts, dtype=np.int64)}
+        if rest and rest[0] is not None:
+            state["class-grams"] = np.stack([pack_triangle(g) for g in rest[0]])
+        records[LABELS_KEY] = array_record(state)
     records[METRICS_KEY] = MetricRecord(
         {
             "radius": float(radius),
