@@ -577,6 +577,8 @@ class Settings:
         With ``dataset='node-files'`` each node reads its own file, so the server's data
         paths (:data:`PARTITION_PATHS`) stay on the server."""
         out = {key_of(f): getattr(self, f.name) for f in fields(self) if f.metadata["node"]}
+        if self.gram_point == "gaussian" and self.class_grams == "auto":
+            out["class-grams"] = "true"  # the point needs them whatever the layer's size
         if self.dataset == NODE_FILES:
             for key in PARTITION_PATHS:
                 out.pop(key, None)

@@ -105,7 +105,7 @@ def test_freeze_hidden_makes_the_hidden_layers_a_fixed_extractor():
 
 
 def test_the_mlp_output_layer_is_chosen_on_the_nodes_validation_features(tmp_path):
-    from gems_fl.geometry.choices import LDA_SHRINKAGES, POOLED_RIDGES
+    from gems_fl.geometry.choices import GAUSSIAN_L2S, LDA_SHRINKAGES, POOLED_RIDGES
 
     exchanged = []
 
@@ -117,9 +117,11 @@ def test_the_mlp_output_layer_is_chosen_on_the_nodes_validation_features(tmp_pat
     selection = results["rounds"][-1]["selection"]
     table = selection["candidates"]
     accuracies = [c["val_accuracy"] for c in table]
-    assert [(c["point"], c["pooled_ridge"] or c.get("lda_shrinkage")) for c in table] == \
+    # digits' layers are small, so the nodes sent class Gram matrices (class-grams=auto)
+    assert [(c["point"], c["pooled_ridge"] or c.get("lda_shrinkage") or c.get("gaussian_l2"))
+            for c in table] == \
         [("pooled", r) for r in POOLED_RIDGES] + [("lda", s) for s in LDA_SHRINKAGES] + \
-        [("closed-form", None)]
+        [("gaussian", v) for v in GAUSSIAN_L2S] + [("closed-form", None)]
     assert selection["val_accuracy"] == max(accuracies)
     kept = min((c for c in table if c["val_accuracy"] == max(accuracies)),
                key=lambda c: c["val_loss"])
@@ -130,7 +132,9 @@ def test_the_mlp_output_layer_is_chosen_on_the_nodes_validation_features(tmp_pat
     alone = ({"gram-point": "pooled", "pooled-ridge": kept["pooled_ridge"]}
              if kept["point"] == "pooled" else
              {"gram-point": "lda", "pooled-ridge": kept["lda_shrinkage"]}
-             if kept["point"] == "lda" else {"gram-point": "closed-form"})
+             if kept["point"] == "lda" else
+             {"gram-point": "gaussian", "pooled-ridge": kept["gaussian_l2"]}
+             if kept["point"] == "gaussian" else {"gram-point": "closed-form"})
     fixed = run_in_process(3, tmp_path / "fixed", **{**MLP_FAST, **alone})
     assert [r["round"] for r in fixed["rounds"]] == [1, 2, 3]  # nothing left to choose
     saved = np.load(tmp_path / "run-1" / "gems_model.npz")

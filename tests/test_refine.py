@@ -187,7 +187,7 @@ def test_the_choice_pools_by_rows_accuracy_first_then_loss():
 
 
 def test_the_point_and_ridge_are_chosen_on_the_nodes_validation_data(tmp_path):
-    from gems_fl.geometry.choices import LDA_SHRINKAGES, POOLED_RIDGES
+    from gems_fl.geometry.choices import GAUSSIAN_L2S, LDA_SHRINKAGES, POOLED_RIDGES
 
     results = run_in_process(3, tmp_path, **{"label-division": "paper"})
     assert results["settings"]["pooled-ridge"] == "auto"
@@ -196,9 +196,11 @@ def test_the_point_and_ridge_are_chosen_on_the_nodes_validation_data(tmp_path):
     assert kinds == ["spaces", "selection"]
     chosen = results["rounds"][1]
     table = chosen["candidates"]
-    assert [(c["point"], c["pooled_ridge"] or c.get("lda_shrinkage")) for c in table] == \
+    # digits' layers are small, so the nodes sent class Gram matrices (class-grams=auto)
+    assert [(c["point"], c["pooled_ridge"] or c.get("lda_shrinkage") or c.get("gaussian_l2"))
+            for c in table] == \
         [("pooled", r) for r in POOLED_RIDGES] + [("lda", s) for s in LDA_SHRINKAGES] + \
-        [("closed-form", None)]
+        [("gaussian", v) for v in GAUSSIAN_L2S] + [("closed-form", None)]
     accuracies = [c["val_accuracy"] for c in table]
     assert chosen["val_accuracy"] == max(accuracies)
     best = [c for c in table if c["val_accuracy"] == max(accuracies)]
@@ -211,6 +213,9 @@ def test_the_point_and_ridge_are_chosen_on_the_nodes_validation_data(tmp_path):
         assert details["selection"]["scale_applied"] == chosen["temperature"]
     elif kept["point"] == "lda":
         assert details["lda_shrinkage"] == kept["lda_shrinkage"] == chosen["lda_shrinkage"]
+        assert details["selection"]["scale_applied"] == chosen["temperature"]
+    elif kept["point"] == "gaussian":
+        assert details["gaussian_l2"] == kept["gaussian_l2"] == chosen["gaussian_l2"]
         assert details["selection"]["scale_applied"] == chosen["temperature"]
     else:  # the closed-form center keeps its scale, which places it in the spaces
         assert details["selection"]["scale_applied"] == 1.0

@@ -80,11 +80,11 @@ def holds_sums(settings, num_nodes: int) -> bool:
             and settings.gram_weighting == "samples")
 
 
-def class_grams_for(setting: str, size: int, point: str = "auto") -> bool:
+def class_grams_for(setting: str, size: int) -> bool:
     """Whether a node sends class Gram matrices for a ``size x size`` layer under
     ``class-grams=setting``: ``auto`` where the layer is small (the matrices travel whole,
-    one per class the node holds) or ``gram-point='gaussian'`` needs them."""
+    one per class the node holds; ``gram-point='gaussian'`` sends nodes ``true``)."""
     value = str(setting).strip().lower()
     if value == "auto":
-        return int(size) <= CLASS_GRAMS_AUTO_MAX or point == "gaussian"
+        return int(size) <= CLASS_GRAMS_AUTO_MAX
     return value == "true"

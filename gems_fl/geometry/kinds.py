@@ -79,8 +79,6 @@ class SpaceOptions(_FromSettings):
         ``gram`` with label moments: ``"true"`` also computes the Gram matrix of each class
         the node holds (the ``gaussian`` point), ``"auto"`` for small layers
         (:func:`~gems_fl.geometry.choices.class_grams_for`), ``"false"`` never.
-    gram_point : str
-        The run's ``gram-point`` (``gaussian`` asks for class Gram matrices).
     """
 
     kind: str = "gram"
@@ -93,7 +91,6 @@ class SpaceOptions(_FromSettings):
     gram_rank: int | str = 0
     label_moments: bool = False
     class_grams: str = "false"
-    gram_point: str = "auto"
 
     @classmethod
     def from_settings(cls, settings: object) -> "SpaceOptions":
@@ -262,7 +259,7 @@ class Gram(SpaceKind):
                            if options.label_moments else (None, None))
         per_class = (class_grams(train_inputs, train_labels, center.shape[0])
                      if options.label_moments and choices.class_grams_for(
-                         options.class_grams, gram.shape[0], options.gram_point) else None)
+                         options.class_grams, gram.shape[0]) else None)
         search = search_gram_radius(center, gram, val_inputs, y_val, eps=options.eps,
                                     num_directions=options.num_directions,
                                     r_max=options.bound, delta=options.delta, seed=seed)

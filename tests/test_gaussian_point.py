@@ -1,0 +1,174 @@
+"""The gaussian point: class Gram matrices on the node, their wire check, and the softmax
+layer fitted to virtual rows of each class's pooled Gaussian."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from flwr.app import Array
+
+from gems_fl.geometry.gram import class_grams, gram_matrix, label_moments
+from gems_fl.geometry.gram_merge import aggregate_gram
+from gems_fl.geometry.kinds import SpaceOptions, build_layer_space
+from gems_fl.geometry.spaces import GramSpace
+from gems_fl.geometry.virtual import gaussian_point, pooled_class_moments
+from gems_fl.protocol import replies, wire
+from gems_fl.settings import Settings, SettingsError
+
+C, D = 3, 4
+SHAPES = {"weight": (C, D), "bias": (C,)}
+
+
+def _data(seed: int, num: int = 600):
+    rng = np.random.default_rng(seed)
+    y = rng.integers(0, C, num)
+    # class-specific covariances: a shared-covariance model (LDA, least squares) is wrong
+    scales = np.array([[3.0, 0.3, 1, 1], [0.3, 3.0, 1, 1], [1, 1, 0.3, 3.0]])
+    x = rng.normal(size=(num, D)) * scales[y] + np.eye(C, D)[y] * 1.5
+    return x, y
+
+
+def _accuracy(w, x, y):
+    return float(np.mean(np.argmax(x @ w[:, :-1].T + w[:, -1], axis=1) == y))
+
+
+def test_class_grams_sum_to_the_gram_matrix_and_hold_the_class_means():
+    x, y = _data(0)
+    y[y == 1] = 0  # class 1 absent: no matrix for it
+    per_class = class_grams(x, y, C)
+    counts = label_moments(x, y, C)[1]
+    assert per_class.shape == (2, D + 1, D + 1)
+    held = np.flatnonzero(counts)
+    np.testing.assert_allclose(np.einsum("c,cij->ij", counts[held] / len(y), per_class),
+                               gram_matrix(x), rtol=1e-12, atol=1e-12)
+    for g, c in zip(per_class, held):
+        np.testing.assert_allclose(g[-1, :-1], x[y == c].mean(axis=0), rtol=1e-12)
+        assert g[-1, -1] == pytest.approx(1.0)
+
+
+def test_pooled_class_moments_do_not_depend_on_the_split():
+    x, y = _data(1)
+    one = pooled_class_moments([class_grams(x, y, C)], [label_moments(x, y, C)[1]])
+    zero = np.flatnonzero(y == 0)
+    parts = [zero[:10], zero[10:], np.flatnonzero(y > 0)[::2], np.flatnonzero(y > 0)[1::2]]
+    split = pooled_class_moments([class_grams(x[p], y[p], C) for p in parts],
+                                 [label_moments(x[p], y[p], C)[1] for p in parts])
+    for a, b in zip(one, split):
+        np.testing.assert_allclose(b, a, rtol=1e-9, atol=1e-12)
+    for c in range(C):
+        rows = x[y == c]
+        np.testing.assert_allclose(one[1][c], rows.mean(axis=0), rtol=1e-10)
+        np.testing.assert_allclose(one[2][c], np.cov(rows.T, bias=True), rtol=1e-8, atol=1e-10)
+
+
+def _logistic(x, y, l2):
+    """The softmax layer fitted to the real rows (the point the virtual rows stand for)."""
+    import torch
+
+    xt, yt = torch.as_tensor(x), torch.as_tensor(y)
+    w = torch.zeros(C, D + 1, dtype=torch.float64, requires_grad=True)
+    opt = torch.optim.LBFGS([w], max_iter=500, line_search_fn="strong_wolfe")
+
+    def loss():
+        opt.zero_grad()
+        value = torch.nn.functional.cross_entropy(xt @ w[:, :-1].T + w[:, -1], yt) \
+            + l2 * (w[:, :-1] ** 2).sum()
+        value.backward()
+        return value
+
+    opt.step(loss)
+    return w.detach().numpy()
+
+
+def test_gaussian_point_is_the_logistic_fit_of_gaussian_classes_and_is_seeded():
+    x, y = _data(2, 3000)
+    xt, yt = _data(3, 3000)
+    parts = [np.flatnonzero(y == c) for c in range(C)]  # each node one class
+    spaces = []
+    for p in parts:
+        moments, counts = label_moments(x[p], y[p], C)
+        spaces.append(GramSpace(np.zeros(C * (D + 1)), gram_matrix(x[p]), 1.0, 0.0, moments,
+                                counts, class_grams(x[p], y[p], C)))
+    n = [len(p) for p in parts]
+    gaussian = aggregate_gram(spaces, n, point="gaussian", pooled_ridge=1e-6, seed=0)
+    assert gaussian.method == "gaussian" and gaussian.details["gaussian_l2"] == 1e-6
+    w = gaussian.point.reshape(C, D + 1)
+    real = _logistic(x, y, 1e-6)
+    agree = np.mean(np.argmax(xt @ w[:, :-1].T + w[:, -1], 1)
+                    == np.argmax(xt @ real[:, :-1].T + real[:, -1], 1))
+    assert agree > 0.97
+    assert _accuracy(w, xt, yt) > _accuracy(real, xt, yt) - 0.01
+    # no node holds two classes, so no node's own model could separate them: the point
+    # comes from the pooled class statistics alone
+    again = aggregate_gram(spaces, n, point="gaussian", pooled_ridge=1e-6, seed=0)
+    np.testing.assert_array_equal(again.point, gaussian.point)
+    other_seed = aggregate_gram(spaces, n, point="gaussian", pooled_ridge=1e-6, seed=1)
+    assert not np.array_equal(other_seed.point, gaussian.point)
+
+
+def test_the_gaussian_point_needs_every_nodes_class_grams():
+    x, y = _data(4)
+    moments, counts = label_moments(x, y, C)
+    space = GramSpace(np.zeros(C * (D + 1)), gram_matrix(x), 1.0, 0.0, moments, counts)
+    with pytest.raises(ValueError, match="class Gram matrices"):
+        aggregate_gram([space], [len(y)], point="gaussian")
+    with pytest.raises(ValueError, match="l2"):
+        gaussian_point(*pooled_class_moments([class_grams(x, y, C)], [counts]), l2=-1.0)
+
+
+def _reply(x, y, class_grams_setting="true"):
+    center = np.zeros((C, D + 1))
+    options = SpaceOptions(kind="gram", eps=0.0, num_directions=8, label_moments=True,
+                           class_grams=class_grams_setting)
+    layer = build_layer_space(center, (x, y), x[:20], y[:20], options, seed=0)
+    space = layer.space
+    return wire.encode_reply({"weight": center[:, :-1], "bias": center[:, -1]}, None,
+                             radius=space.radius, certified_radius=1.0, eps=0.0,
+                             num_train_examples=len(y), num_val_examples=20,
+                             local_val_accuracy=1.0, gram=space.gram,
+                             labels=(space.moments, space.class_counts, space.class_grams))
+
+
+def test_class_grams_travel_and_are_checked_against_the_label_moments():
+    x, y = _data(5, 200)
+    y[y == 2] = 1
+    space, _ = replies.decode_reply(_reply(x, y), SHAPES, "gram", labels=True)
+    np.testing.assert_allclose(space.class_grams, class_grams(x, y, C), rtol=1e-5, atol=1e-5)
+    without, _ = replies.decode_reply(_reply(x, y, "false"), SHAPES, "gram", labels=True)
+    assert without.class_grams is None
+
+    bad = _reply(x, y)
+    tri = bad["labels"]["class-grams"].numpy().copy()
+    tri[0, D] += 0.5  # class 0's mean entry no longer matches its label moments
+    bad["labels"]["class-grams"] = Array(tri)
+    with pytest.raises(replies.ReplyError, match="class mean"):
+        replies.decode_reply(bad, SHAPES, "gram", labels=True)
+    short = _reply(x, y)
+    short["labels"]["class-grams"] = Array(tri[:1])  # two classes held, one matrix
+    with pytest.raises(replies.ReplyError, match="one packed triangle per class"):
+        replies.decode_reply(short, SHAPES, "gram", labels=True)
+    nan = _reply(x, y)
+    tri = nan["labels"]["class-grams"].numpy().copy()
+    tri[1, 0] = np.nan
+    nan["labels"]["class-grams"] = Array(tri)
+    with pytest.raises(replies.ReplyError, match="NaN"):
+        replies.decode_reply(nan, SHAPES, "gram", labels=True)
+
+
+def test_class_grams_auto_follows_the_layer_size():
+    from gems_fl.geometry.choices import class_grams_for
+
+    assert class_grams_for("auto", 65) and class_grams_for("auto", 257)
+    assert not class_grams_for("auto", 785)
+    assert Settings.from_run_config({"gram-point": "gaussian"}).for_nodes()["class-grams"] == "true"
+    assert Settings.from_run_config({}).for_nodes()["class-grams"] == "auto"
+    assert class_grams_for("true", 785) and not class_grams_for("false", 65)
+
+
+def test_settings_refuse_a_gaussian_point_without_class_grams_and_class_grams_with_sums():
+    with pytest.raises(SettingsError, match="class-grams"):
+        Settings.from_run_config({"gram-point": "gaussian", "class-grams": "false"})
+    with pytest.raises(SettingsError, match="class-grams=true"):
+        Settings.from_run_config({"secure-aggregation": True, "class-grams": "true"})
+    options = SpaceOptions.from_settings(Settings.from_run_config({"dp-epsilon": 1.0}))
+    assert options.class_grams == "false"
