@@ -128,6 +128,7 @@ def node_space(
     delta: float = 0.01,
     gram_rank: int | str = 0,
     label_moments: bool = True,
+    class_grams: bool = False,
 ) -> NodeSpace:
     """A node's good-enough space around its trained linear model.
 
@@ -153,6 +154,9 @@ def node_space(
     label_moments : bool
         ``kind='gram'``: keep the label moments, which :func:`aggregate`'s
         ``gram_point='pooled'`` and ``'best'`` need.
+    class_grams : bool
+        ``kind='gram'`` with ``label_moments``: also keep the node's Gram matrix of each
+        class it holds, which :func:`aggregate`'s ``gram_point='gaussian'`` needs.
 
     Returns
     -------
@@ -168,7 +172,8 @@ def node_space(
         raise ValueError(f"y_train {yt.shape} / y_val {yv.shape} must hold one label per row "
                          f"of x_train ({len(xt)}) / x_val ({len(xv)})")
     options = SpaceOptions(kind=kind, eps=eps, num_directions=num_directions, r_max=r_max,
-                           delta=delta, gram_rank=gram_rank, label_moments=label_moments)
+                           delta=delta, gram_rank=gram_rank, label_moments=label_moments,
+                           class_grams="true" if class_grams else "false")
     layer: LayerSpace = build_layer_space(w, (xt, yt), xv, yv, options, seed)
     return NodeSpace(layer.space, kind, layer.certified_radius, layer.center_accuracy, len(yt),
                      (int(w.shape[0]), int(w.shape[1])))

@@ -214,10 +214,11 @@ class Settings:
         'auto',
         "`gram`, logistic model: what the server keeps of the nodes' Gram matrices. `nodes`: "
         "every node's matrix (the server checks h_G against every space itself). `sums`: only "
-        'the sums the closed-form, pooled and LDA points need, added in as each reply is '
-        'decoded, so memory does not grow with the number of nodes; each node then checks '
-        'h_G against its own space in the evaluate round. `sums` needs gram-point `auto`, '
-        '`pooled`, `lda` or `closed-form` and gram-weighting `samples`. `auto`: `sums` above '
+        'the sums the closed-form, pooled, LDA and gaussian points need (class Gram matrices '
+        'summed per class), added in as each reply is decoded, so memory does not grow with '
+        'the number of nodes; each node then checks h_G against its own space in the '
+        'evaluate round. `sums` needs gram-point `auto`, `pooled`, `lda`, `gaussian` or '
+        '`closed-form` and gram-weighting `samples`. `auto`: `sums` above '
         f'{SUMS_ABOVE_NODES} nodes where the settings allow it, else `nodes`',
         one_of(SERVER_GRAMS))
     secure_aggregation: bool = setting(

@@ -172,3 +172,60 @@ def test_settings_refuse_a_gaussian_point_without_class_grams_and_class_grams_wi
         Settings.from_run_config({"secure-aggregation": True, "class-grams": "true"})
     options = SpaceOptions.from_settings(Settings.from_run_config({"dp-epsilon": 1.0}))
     assert options.class_grams == "false"
+
+
+def test_the_api_offers_the_gaussian_point():
+    from gems_fl.api import aggregate, node_space
+
+    x, y = _data(6, 900)
+    parts = [np.flatnonzero(y == c) for c in range(C)]
+    zeros = np.zeros((C, D + 1))
+    with_grams = [node_space(zeros, x[p], y[p], x[p], y[p], eps=0.0, num_directions=8,
+                             class_grams=True) for p in parts]
+    merged = aggregate(with_grams, gram_point="gaussian", pooled_ridge=1e-6)
+    direct = aggregate_gram([s.space for s in with_grams], [len(p) for p in parts],
+                            point="gaussian", pooled_ridge=1e-6)
+    np.testing.assert_allclose(merged.weights.reshape(-1), direct.point)
+    without = [node_space(zeros, x[p], y[p], x[p], y[p], eps=0.0, num_directions=8)
+               for p in parts]
+    with pytest.raises(ValueError, match="class Gram matrices"):
+        aggregate(without, gram_point="gaussian")
+
+
+def test_sums_of_class_grams_give_the_gaussian_point_of_every_nodes_matrices():
+    from gems_fl.geometry.gram_sums import GramSums, aggregate_sums
+
+    x, y = _data(7, 900)
+    parts = [np.flatnonzero(y == 0), np.flatnonzero(y > 0)[:200], np.flatnonzero(y > 0)[200:]]
+    spaces, sums = [], GramSums(C, D + 1)
+    for p in parts:
+        moments, counts = label_moments(x[p], y[p], C)
+        per_class = class_grams(x[p], y[p], C)
+        space = GramSpace(np.zeros(C * (D + 1)), gram_matrix(x[p]), 1.0, 0.0, moments,
+                          counts, per_class)
+        spaces.append(space)
+        sums.add(len(p), np.zeros((C, D + 1)), space.gram, moments, counts, per_class)
+    assert sums.has_class_grams
+    for a, b in zip(sums.class_moments(), pooled_class_moments(
+            [s.class_grams for s in spaces], [s.class_counts for s in spaces])):
+        np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-8)
+    n = [len(p) for p in parts]
+    from_sums = aggregate_sums(sums, spaces, n, point="gaussian", ridge=1e-6, pooled_ridge=1e-5)
+    from_nodes = aggregate_gram(spaces, n, point="gaussian", pooled_ridge=1e-5)
+    agree = np.mean(np.argmax(x @ from_sums.point.reshape(C, -1)[:, :-1].T, 1)
+                    == np.argmax(x @ from_nodes.point.reshape(C, -1)[:, :-1].T, 1))
+    assert from_sums.method == "gaussian" and agree > 0.99
+    with pytest.raises(ValueError, match="every node adds class Gram matrices"):
+        sums.add(len(parts[0]), np.zeros((C, D + 1)), spaces[0].gram, spaces[0].moments,
+                 spaces[0].class_counts)
+
+
+def test_a_run_on_sums_scores_the_gaussian_points_from_the_summed_class_grams(tmp_path):
+    from gems_fl.geometry.choices import GAUSSIAN_L2S
+    from tests.helpers import run_in_process
+
+    results = run_in_process(3, tmp_path, **{"server-grams": "sums",
+                                             "label-division": "classes-per-node:4"})
+    table = results["rounds"][1]["candidates"]
+    assert [c["gaussian_l2"] for c in table if c["point"] == "gaussian"] == list(GAUSSIAN_L2S)
+    assert results["verification"]["good_enough"] == 3

@@ -98,7 +98,10 @@ def test_auto_keeps_the_matrices_up_to_the_threshold_and_sums_beyond():
     assert holds_sums(Settings(server_grams="sums"), 2)
 
 
-COMMON = {"label-division": "classes-per-node:4", "refine-rounds": 2}
+# class-grams=false: the gaussian point is an iterative fit, which the two paths give only
+# to within its tolerance (tests/test_gaussian_point.py compares them by predictions); the
+# points solved in closed form must agree here to rounding
+COMMON = {"label-division": "classes-per-node:4", "refine-rounds": 2, "class-grams": "false"}
 
 
 def test_a_run_on_sums_gives_the_model_and_membership_of_a_run_on_every_matrix(tmp_path,

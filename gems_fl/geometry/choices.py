@@ -40,7 +40,7 @@ SECANT_FLOOR = 0.05
 # server-grams: what the server keeps of the nodes' Gram matrices; `auto` keeps the sums
 # alone above SUMS_ABOVE_NODES nodes where the point needs nothing else
 SERVER_GRAMS = ("auto", "nodes", "sums")
-SUMS_POINTS = ("auto", "pooled", "lda", "closed-form")
+SUMS_POINTS = ("auto", "pooled", "lda", "gaussian", "closed-form")
 SUMS_ABOVE_NODES = 100
 NO_INTERSECTION_FALLBACKS = ("min-penalty", "mean")
 # Each kind's default upper end of the radius bisection, in the units of its radius

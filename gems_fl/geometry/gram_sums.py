@@ -26,6 +26,7 @@ import torch
 from gems_fl.geometry._linalg import _solve_right
 from gems_fl.geometry.intersect import IntersectionResult
 from gems_fl.geometry.pooled import pooled_lda, pooled_point
+from gems_fl.geometry.virtual import class_statistics, gaussian_point
 
 #: Fixed-point resolution of the sums: 2**-30 (about 1e-9) of one unit of ``n_k G_k``.
 FRACTION_BITS = 30
@@ -72,13 +73,18 @@ class GramSums:
         self.class_counts = np.zeros(num_classes, dtype=np.int64)
         self._with_labels: bool | None = None
         self._with_centers = True
+        self._class_grams: np.ndarray | None = None  # sum over nodes of count_kc S_kc
+        self._with_class_grams: bool | None = None
 
     def add(self, num_train: int, center: np.ndarray, gram: np.ndarray,
-            moments: np.ndarray | None = None, class_counts: np.ndarray | None = None) -> None:
+            moments: np.ndarray | None = None, class_counts: np.ndarray | None = None,
+            class_grams: np.ndarray | None = None) -> None:
         """Add one node: its training-row count, center ``W_k`` ``(C, n)``, Gram matrix
         ``G_k`` ``(n, n)`` (a mean over its rows) and optionally its label moments
-        ``M_k`` ``(C, n)`` and class counts ``(C,)``. Every node adds label moments or
-        none does. Nothing is added when a check fails."""
+        ``M_k`` ``(C, n)`` and class counts ``(C,)``, and with them its class Gram
+        matrices ``(m, n, n)`` (one per class it holds, class order). Every node adds
+        label moments, and class Gram matrices, or none does. Nothing is added when a
+        check fails."""
         n_k = int(num_train)
         if n_k <= 0:
             raise ValueError(f"num_train must be a positive count; got {num_train}")
@@ -101,12 +107,29 @@ class GramSums:
                 raise ValueError(f"label moments {m.shape} or class counts {counts.shape} do "
                                  f"not fit the layer ({self.num_classes}, {self.size})")
             parts.append(_fixed("n_k M_k", n_k * m))
+        with_grams = class_grams is not None
+        if with_grams and not labels:
+            raise ValueError("class Gram matrices come with label moments and class counts")
+        if self._with_class_grams is not None and with_grams != self._with_class_grams:
+            raise ValueError("every node adds class Gram matrices, or none does")
+        if with_grams:
+            held = np.flatnonzero(counts > 0)
+            per_class = np.asarray(class_grams, dtype=np.float64)
+            if per_class.shape != (len(held), self.size, self.size):
+                raise ValueError(f"class Gram matrices {per_class.shape} do not fit the node's "
+                                 f"{len(held)} classes with rows and the layer's size {self.size}")
+            weighted = _fixed("count_kc S_kc", counts[held, None, None] * per_class)
         self._gram += parts[0]
         self._center_gram += parts[1]
         if labels:
             self._moments += parts[2]
             self.class_counts += counts
+        if with_grams:
+            if self._class_grams is None:
+                self._class_grams = np.zeros((self.num_classes, self.size, self.size), np.int64)
+            self._class_grams[held] += weighted
         self._with_labels = labels
+        self._with_class_grams = with_grams
         self.nodes += 1
         self.count += n_k
 
@@ -174,6 +197,23 @@ class GramSums:
     def has_labels(self) -> bool:
         return bool(self._with_labels)
 
+    @property
+    def has_class_grams(self) -> bool:
+        """Whether every node added its class Gram matrices (the ``gaussian`` point)."""
+        return bool(self._with_class_grams) and self._class_grams is not None
+
+    def class_moments(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Each class's row count, mean and covariance over all nodes, as
+        :func:`gems_fl.geometry.virtual.pooled_class_moments` returns them."""
+        self._check()
+        if not self.has_class_grams:
+            raise ValueError("the nodes sent no class Gram matrices (class-grams)")
+        counts = self.class_counts.astype(np.float64)
+        seen = counts > 0
+        second = np.zeros((self.num_classes, self.size, self.size))
+        second[seen] = _float(self._class_grams[seen]) / counts[seen, None, None]
+        return counts, *class_statistics(second)
+
     def _check(self) -> None:
         if self.nodes == 0:
             raise ValueError("no node added yet")
@@ -215,7 +255,8 @@ class GramSums:
     def nbytes(self) -> int:
         """Bytes the sums occupy, whatever the number of nodes."""
         return int(self._gram.nbytes + self._center_gram.nbytes + self._moments.nbytes
-                   + self.class_counts.nbytes)
+                   + self.class_counts.nbytes
+                   + (0 if self._class_grams is None else self._class_grams.nbytes))
 
 
 def summed_result(spaces: Sequence, point: np.ndarray, method: str,
@@ -234,7 +275,8 @@ def summed_result(spaces: Sequence, point: np.ndarray, method: str,
 
 
 def aggregate_sums(sums: GramSums, spaces: Sequence, num_train: Sequence[float], *,
-                   point: str, ridge: float, pooled_ridge: float) -> IntersectionResult:
+                   point: str, ridge: float, pooled_ridge: float, seed: int = 0
+                   ) -> IntersectionResult:
     """``h_G`` from the sums alone (:func:`gems_fl.geometry.gram_merge.aggregate_gram` for
     the points that need no single node's matrix, with ``weighting='samples'``)."""
     details: dict[str, object] = {"weighting": "samples", "ridge": float(ridge),
@@ -247,8 +289,15 @@ def aggregate_sums(sums: GramSums, spaces: Sequence, num_train: Sequence[float],
     if point in ("auto", "pooled"):
         details["pooled_ridge"] = float(pooled_ridge)
         return summed_result(spaces, sums.pooled(pooled_ridge), "pooled", details)
+    if point == "gaussian":
+        if not sums.has_class_grams:
+            raise ValueError("gram-point='gaussian' needs the nodes' class Gram matrices; the "
+                             "sums hold none (set class-grams=true)")
+        details["gaussian_l2"] = float(pooled_ridge)
+        return summed_result(spaces, gaussian_point(*sums.class_moments(), l2=pooled_ridge,
+                                                    seed=seed), "gaussian", details)
     raise ValueError(f"point={point!r} needs every node's Gram matrix; from sums: auto, "
-                     "pooled, lda, closed-form")
+                     "pooled, lda, gaussian, closed-form")
 
 
 def complete_membership(result: IntersectionResult, spaces: Sequence,

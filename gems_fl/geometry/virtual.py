@@ -56,9 +56,15 @@ def pooled_class_moments(class_grams: Sequence[np.ndarray], class_counts: Sequen
     seen = counts > 0
     second = np.zeros_like(sums)
     second[seen] = sums[seen] / counts[seen, None, None]
+    return counts, *class_statistics(second)
+
+
+def class_statistics(second: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``(means (C, n - 1), covariances (C, n - 1, n - 1))`` from each class's mean of
+    ``x~ x~^T`` ``(C, n, n)`` (zeros for a class without rows)."""
     means = second[:, -1, :-1]
     covs = second[:, :-1, :-1] - means[:, :, None] * means[:, None, :]
-    return counts, means, 0.5 * (covs + np.swapaxes(covs, 1, 2))
+    return means, 0.5 * (covs + np.swapaxes(covs, 1, 2))
 
 
 def gaussian_point(counts: np.ndarray, means: np.ndarray, covariances: np.ndarray, *,

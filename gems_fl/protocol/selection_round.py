@@ -67,7 +67,8 @@ def candidate_points(accepted: list[NodeReply], options: AggregateOptions,
         aggregate = lambda o: kind.aggregate(spaces, counts, o)  # noqa: E731
     else:
         aggregate = lambda o: aggregate_sums(sums, spaces, counts, point=o.gram_point,  # noqa: E731
-                                             ridge=o.gram_ridge, pooled_ridge=o.pooled_ridge)
+                                             ridge=o.gram_ridge, pooled_ridge=o.pooled_ridge,
+                                             seed=o.seed)
     if options.gram_point == "gaussian":
         ridges = GAUSSIAN_L2S if len(ridges) > 1 else ridges
     out: list[Candidate] = [(r, result if r == options.pooled_ridge else
@@ -76,7 +77,7 @@ def candidate_points(accepted: list[NodeReply], options: AggregateOptions,
     if options.gram_point == "auto":
         out += [(s, aggregate(replace(options, gram_point="lda", pooled_ridge=s)))
                 for s in LDA_SHRINKAGES]
-        if sums is None and has_class_grams(spaces):
+        if sums.has_class_grams if sums is not None else has_class_grams(spaces):
             out += [(v, aggregate(replace(options, gram_point="gaussian", pooled_ridge=v)))
                     for v in GAUSSIAN_L2S]
         if sums is None or sums.has_centers:  # noised sums (dp-epsilon) hold no W_k G_k

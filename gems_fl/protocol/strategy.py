@@ -153,7 +153,7 @@ class GEMS(GEMSBase):
             result = aggregate_sums(self.sums, [r.space for r in accepted],
                                     [r.metrics["num-train-examples"] for r in accepted],
                                     point=options.gram_point, ridge=options.gram_ridge,
-                                    pooled_ridge=options.pooled_ridge)
+                                    pooled_ridge=options.pooled_ridge, seed=options.seed)
             log(INFO, "Gram sums of %d nodes (%d training rows, %.1f MB held): h_G is the "
                 "%s point; the nodes check its membership", self.sums.nodes, self.sums.count,
                 self.sums.nbytes / 1e6, result.method)
@@ -250,7 +250,7 @@ class GEMS(GEMSBase):
             return space, metrics
         try:
             self.sums.add(int(metrics["num-train-examples"]), space.matrix, space.gram,
-                          space.moments, space.class_counts)
+                          space.moments, space.class_counts, space.class_grams)
         except ValueError as exc:
             raise ReplyError(f"its Gram statistics cannot be summed: {exc}") from None
         return SummedGramSpace.of(space), metrics
