@@ -15,7 +15,9 @@ COMMON = {"label-division": "classes-per-node:4"}
 
 def test_a_secure_run_gives_the_plain_runs_model_and_the_server_holds_only_sums(
         tmp_path, strategies):
-    plain = run_in_process(4, tmp_path / "plain", **COMMON)
+    # the plain run without class Gram matrices: the secure sums hold none, so its
+    # selection round has no gaussian candidates either
+    plain = run_in_process(4, tmp_path / "plain", **COMMON, **{"class-grams": "false"})
     results, grid = run_in_process(4, tmp_path / "secure", return_grid=True,
                                    **COMMON, **{"secure-aggregation": True})
     strategy = strategies[1]
@@ -85,6 +87,7 @@ def test_a_site_that_drops_out_in_secagg_is_named_and_the_sums_hold_the_others(t
     assert results["rounds"][0]["secure_aggregation"]["nodes"] == 3
     # the sums are those of the three others: the plain run without that node agrees
     without = run_in_process(4, tmp_path / "plain", **COMMON, **{"required-nodes": "3"},
+                             **{"class-grams": "false"},
                              reply_hook=lambda r: None if r.metadata.src_node_id == 1002 else r)
     models = [np.load(tmp_path / m / "gems_model.npz") for m in ("run-1", "plain/run-1")]
     for key in ("weight", "bias"):
