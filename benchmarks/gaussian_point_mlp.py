@@ -20,35 +20,20 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import tempfile
-import time
 from pathlib import Path
 
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # run from a checkout without installing it
+sys.path.insert(0, str(ROOT / "benchmarks"))  # the run through the apps
+
+from gram_rank_mlp import mlp_run  # noqa: E402
 
 
 def run_once(division: str, nodes: int, seed: int, class_grams: str) -> dict:
-    from flwr.app import Context, RecordDict
-
-    from client_app import app as client_app
-    from gems_fl.protocol.inprocess import InProcessGrid
-    from gems_fl.running.run_config import app_config
-    from gems_fl.serverapp import run_server
-
-    with tempfile.TemporaryDirectory() as out:
-        cfg = {**app_config(ROOT), "model": "mlp", "dataset": "fashion-mnist",
-               "label-division": division, "seed": seed, "class-grams": class_grams,
-               "public-samples": 0, "output-dir": out}
-        grid = InProcessGrid(client_app, nodes, cfg)
-        ctx = Context(run_id=1, node_id=1, node_config={}, state=RecordDict(), run_config=cfg)
-        t0 = time.perf_counter()
-        results = run_server(grid, ctx)
-        wall = time.perf_counter() - t0
-    output = next(r for r in results["rounds"]
-                  if r.get("layer") is None and not r.get("selection") and not r.get("refine"))
+    results, wall, output = mlp_run({"label-division": division, "seed": seed,
+                                     "class-grams": class_grams}, nodes)
     ver = results["verification"]
     return {"division": division, "nodes": nodes, "seed": seed, "class_grams": class_grams,
             "width": results["hidden_widths"][-1],

@@ -28,19 +28,19 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # run from a checkout without installing it
 
 
-def run_once(division: str, seed: int, rank: str, nodes: int) -> dict:
+def mlp_run(overrides: dict, nodes: int) -> tuple[dict, float, dict]:
+    """One untuned MLP run on Fashion-MNIST through the real apps over an in-process Grid,
+    the run's defaults plus ``overrides``: ``(results, wall seconds, the output round)``."""
     from flwr.app import Context, RecordDict
 
     from client_app import app as client_app
-    from gems_fl.geometry.choices import gram_rank_for
     from gems_fl.protocol.inprocess import InProcessGrid
     from gems_fl.running.run_config import app_config
     from gems_fl.serverapp import run_server
 
     with tempfile.TemporaryDirectory() as out:
         cfg = {**app_config(ROOT), "model": "mlp", "dataset": "fashion-mnist",
-               "label-division": division, "seed": seed, "gram-rank": rank,
-               "public-samples": 0, "output-dir": out}
+               "public-samples": 0, **overrides, "output-dir": out}
         grid = InProcessGrid(client_app, nodes, cfg)
         ctx = Context(run_id=1, node_id=1, node_config={}, state=RecordDict(), run_config=cfg)
         t0 = time.perf_counter()
@@ -48,6 +48,14 @@ def run_once(division: str, seed: int, rank: str, nodes: int) -> dict:
         wall = time.perf_counter() - t0
     output = next(r for r in results["rounds"]
                   if r.get("layer") is None and not r.get("selection") and not r.get("refine"))
+    return results, wall, output
+
+
+def run_once(division: str, seed: int, rank: str, nodes: int) -> dict:
+    from gems_fl.geometry.choices import gram_rank_for
+
+    results, wall, output = mlp_run({"label-division": division, "seed": seed,
+                                     "gram-rank": rank}, nodes)
     width = results["hidden_widths"][-1]
     ver = results["verification"]
     return {"division": division, "seed": seed, "gram_rank": rank, "nodes": nodes,
