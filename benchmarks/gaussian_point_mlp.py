@@ -31,12 +31,14 @@ sys.path.insert(0, str(ROOT / "benchmarks"))  # the run through the apps
 from gram_rank_mlp import mlp_run  # noqa: E402
 
 
-def run_once(division: str, nodes: int, seed: int, class_grams: str) -> dict:
+def run_once(division: str, nodes: int, seed: int, class_grams: str, model: str) -> dict:
     results, wall, output = mlp_run({"label-division": division, "seed": seed,
-                                     "class-grams": class_grams}, nodes)
+                                     "class-grams": class_grams, "model": model}, nodes)
     ver = results["verification"]
-    return {"division": division, "nodes": nodes, "seed": seed, "class_grams": class_grams,
-            "width": results["hidden_widths"][-1],
+    widths = results.get("hidden_widths") or [None]
+    return {"model": model, "division": division, "nodes": nodes, "seed": seed,
+            "class_grams": class_grams, "width": widths[-1],
+            "gaussian_l2": results["intersection"].get("gaussian_l2"),
             "output_up_per_node": output["bytes_received"] / len(output["nodes"]),
             "gems": results["rows"]["GEMS"]["accuracy"],
             "point": results["intersection"]["method"],
@@ -44,11 +46,21 @@ def run_once(division: str, nodes: int, seed: int, class_grams: str) -> dict:
             "good_enough": ver["good_enough"], "answered": ver["answered"], "wall_s": wall}
 
 
+def _key(row: dict) -> tuple:
+    """A run's case: model, division, nodes, seed, class-grams (rows written before
+    ``--model`` are the MLP's)."""
+    return (row.get("model", "mlp"), row["division"], row["nodes"], row["seed"],
+            row["class_grams"])
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seeds", type=int, nargs="+", default=[0])
     parser.add_argument("--cases", nargs="+", default=["paper:5"])
     parser.add_argument("--class-grams", default="auto")
+    parser.add_argument("--model", choices=("mlp", "logistic"), default="mlp",
+                        help="logistic: the convex model on pixels (class-grams=auto sends "
+                             "none there; pass --class-grams true)")
     parser.add_argument("--out", type=Path,
                         default=ROOT / "benchmarks" / "out" / "gaussian_point_mlp.json")
     args = parser.parse_args()
@@ -57,26 +69,25 @@ def main() -> None:
     for seed in args.seeds:
         for case in args.cases:
             division, nodes = case.rsplit(":", 1)
-            key = (division, int(nodes), seed, args.class_grams)
-            if any((r["division"], r["nodes"], r["seed"], r["class_grams"]) == key for r in rows):
+            key = (args.model, division, int(nodes), seed, args.class_grams)
+            if any(_key(r) == key for r in rows):
                 continue
-            row = run_once(division, int(nodes), seed, args.class_grams)
+            row = run_once(division, int(nodes), seed, args.class_grams, args.model)
             rows.append(row)
             args.out.write_text(json.dumps({"runs": rows}, indent=2) + "\n")
-            print(f"{division} K={nodes} seed {seed} class-grams {args.class_grams}: GEMS "
-                  f"{row['gems']:.4f} ({row['point']}), width {row['width']}, output round up "
+            print(f"{args.model} {division} K={nodes} seed {seed} class-grams {args.class_grams}: GEMS "
+                  f"{row['gems']:.4f} ({row['point']}, L2 {row['gaussian_l2']}), width {row['width']}, output round up "
                   f"{row['output_up_per_node']:,.0f} B/node, good enough "
                   f"{row['good_enough']}/{row['answered']} ({row['wall_s']:.0f} s)", flush=True)
-    print("\n| division | K | class-grams | seeds | output round up per node | GEMS untuned | "
+    print("\n| model | division | K | class-grams | seeds | output round up per node | GEMS untuned | "
           "points kept | good enough | Global |")
-    print("| --- | --- | --- | --- | ---: | --- | --- | --- | --- |")
-    groups = sorted({(r["division"], r["nodes"], r["class_grams"]) for r in rows})
-    for division, nodes, grams in groups:
-        mine = [r for r in rows if (r["division"], r["nodes"], r["class_grams"]) ==
-                (division, nodes, grams)]
+    print("| --- | --- | --- | --- | --- | ---: | --- | --- | --- | --- |")
+    groups = sorted({_key(r)[:3] + _key(r)[4:] for r in rows})
+    for model, division, nodes, grams in groups:
+        mine = [r for r in rows if _key(r)[:3] + _key(r)[4:] == (model, division, nodes, grams)]
         acc = [r["gems"] for r in mine]
         kept = {p: sum(r["point"] == p for r in mine) for p in sorted({r["point"] for r in mine})}
-        print(f"| {division} | {nodes} | {grams} | {len(mine)} | "
+        print(f"| {model} | {division} | {nodes} | {grams} | {len(mine)} | "
               f"{np.mean([r['output_up_per_node'] for r in mine]):,.0f} | "
               f"{np.mean(acc):.4f} ({np.std(acc):.4f}) | "
               f"{', '.join(f'{p} {n}' for p, n in kept.items())} | "

@@ -12,7 +12,7 @@ GRAM_POINTS = ("auto", "pooled", "lda", "gaussian", "best", "closed-form", "shar
 POOLED_POINTS = ("auto", "pooled", "lda", "gaussian", "best")
 # gram-point gaussian / auto: the L2 penalties of the fit to the virtual rows the selection
 # round scores (standardised units; the first is the one used without that round)
-GAUSSIAN_L2S = (1e-6, 1e-5, 1e-4)
+GAUSSIAN_L2S = (1e-6, 1e-5, 1e-4, 1e-3)
 # class-grams=auto: nodes send class Gram matrices (whole, float32) for layers of at most
 # this size (inputs + 1): the MLP's output layer up to width 256 and digits, not pixels
 CLASS_GRAMS = ("auto", "true", "false")
