@@ -7,7 +7,8 @@ Each run is a whole GEMS run (``server_app``'s ``run_server`` over the in-proces
 whose nodes run the project's ClientApp) on Fashion-MNIST, 5 nodes, with the run's
 defaults and ``refine-rounds=R``: the one-shot ``h_G``, the selection round (pooled ridge
 and logit scale), then R refinement steps of each ``--methods`` and each ``--refine-l2``.
-``--model mlp`` refines the MLP's output layer on its merged hidden layers instead. Prints
+``--model mlp`` refines the MLP's output layer on its merged hidden layers instead;
+``--class-grams true`` starts the convex model from the gaussian point where it is kept. Prints
 each run's refinement table and writes the JSON (``--out``, default
 ``benchmarks/out/refinement.json``).
 """
@@ -38,6 +39,9 @@ def main() -> None:
     parser.add_argument("--refine-l2", nargs="+", default=["auto"],
                         help="refine-l2 values (default: the run's, auto)")
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "out" / "refinement.json")
+    parser.add_argument("--class-grams", default="auto",
+                        help="class-grams (true: the convex model's nodes send class Gram "
+                             "matrices, so the selection round scores the gaussian point)")
     parser.add_argument("--show", type=Path, help="print the tables of a saved JSON and stop")
     args = parser.parse_args()
     if args.show:
@@ -59,13 +63,13 @@ def main() -> None:
             cfg = {**app_config(ROOT), "dataset": "fashion-mnist", "label-division": division,
                    "seed": seed, "refine-rounds": args.rounds, "refine-method": method,
                    "public-samples": 0, "output-dir": out, "model": args.model,
-                   "refine-l2": l2}
+                   "refine-l2": l2, "class-grams": args.class_grams}
             grid = InProcessGrid(build_client_app(), args.nodes, cfg)
             ctx = Context(run_id=1, node_id=1, node_config={}, state=RecordDict(),
                           run_config=cfg)
             results = run_server(grid, ctx)
         runs.append({"division": division, "seed": seed, "nodes": args.nodes, "method": method,
-                     "model": args.model, "refine_l2": l2,
+                     "model": args.model, "refine_l2": l2, "class_grams": args.class_grams,
                      "refinement": results["refinement"],
                      "h_g": results["intersection"]["method"],
                      "pooled_ridge": results["intersection"].get("pooled_ridge"),
