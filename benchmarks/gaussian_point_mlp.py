@@ -8,7 +8,9 @@ defaults (``gram-point=auto``, ``class-grams=auto``: the output layer's nodes se
 Gram matrix per class they hold, and the selection round scores the gaussian point beside
 the pooled, LDA and closed-form points) except ``model='mlp'``, Fashion-MNIST and
 ``public-samples=0`` (untuned). ``--class-grams false`` runs the previous default (no
-class Gram matrices) for comparison. A case is ``DIVISION:NODES``. Prints per run the
+class Gram matrices) for comparison. ``--model logistic --class-grams true`` runs the
+convex model on pixels with them (section "2c" of the README). A case is
+``DIVISION:NODES``. Prints per run the
 test accuracy, the point the selection round kept, the output round's bytes up per node
 and on how many nodes ``h_G`` passed the nodes' own check; writes JSON after every run
 (``--out``, default ``benchmarks/out/gaussian_point_mlp.json``; runs already there are

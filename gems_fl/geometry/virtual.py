@@ -6,8 +6,8 @@ a few points below the pooled logistic model (Fashion-MNIST pixels: 0.815 agains
 With each node's class Gram matrices (``mean over its rows of class c of x~ x~^T``,
 :func:`gems_fl.geometry.gram.class_grams`) and class counts the server holds, for every
 class, the mean and covariance of that class over all nodes' rows, whatever the split.
-:func:`gaussian_point` draws virtual rows from those Gaussians (as many per class as the
-class has rows, seeded) and fits the softmax layer to them by full-batch L-BFGS: the
+:func:`gaussian_point` draws virtual rows from those Gaussians (``MAX_VIRTUAL_ROWS`` in
+all, each class in proportion to its count, seeded) and fits the softmax layer to them by full-batch L-BFGS: the
 "virtual representations" of CCVR (Luo et al., NeurIPS 2021) and the class statistics of
 FedCGS (AAAI 2025), here with no public data and from one round of sums. The fit runs in
 standardised coordinates (the pooled mean and standard deviation) and is mapped back.
