@@ -41,29 +41,16 @@ sys.path.insert(0, str(ROOT))  # run from a checkout without installing it
 
 from gems_fl.data import load_dataset, node_data, parse_division  # noqa: E402
 from gems_fl.geometry.choices import GAUSSIAN_L2S  # noqa: E402
-from gems_fl.geometry.virtual import FIT_ITERATIONS, gaussian_point  # noqa: E402
+from gems_fl.geometry.virtual import fit_softmax, gaussian_point  # noqa: E402
 
 
 def logistic_fit(x: np.ndarray, y: np.ndarray, num_classes: int, l2: float) -> np.ndarray:
-    """The softmax layer fitted to real rows, as ``gaussian_point`` fits virtual ones."""
+    """The softmax layer fitted to real rows, as ``gaussian_point`` fits virtual ones
+    (standardised, the same penalty and L-BFGS fit, mapped back)."""
     mean, scale = x.mean(0), x.std(0)
     scale = np.where(scale > 1e-6 * max(float(scale.max()), 1e-12), scale, 1.0)
-    xs = torch.as_tensor((x - mean) / scale, dtype=torch.float32)
-    ys = torch.as_tensor(y, dtype=torch.long)
-    w = torch.zeros(num_classes, x.shape[1] + 1, requires_grad=True)
-    opt = torch.optim.LBFGS([w], max_iter=FIT_ITERATIONS, history_size=20,
-                            line_search_fn="strong_wolfe", tolerance_grad=1e-9,
-                            tolerance_change=1e-12)
-
-    def loss() -> torch.Tensor:
-        opt.zero_grad()
-        value = torch.nn.functional.cross_entropy(xs @ w[:, :-1].T + w[:, -1], ys) \
-            + l2 * (w[:, :-1] ** 2).sum()
-        value.backward()
-        return value
-
-    opt.step(loss)
-    ws = w.detach().double().numpy()
+    ws = fit_softmax(torch.as_tensor((x - mean) / scale, dtype=torch.float32),
+                     torch.as_tensor(y, dtype=torch.long), num_classes, l2=l2)
     weight = ws[:, :-1] / scale
     return np.concatenate([weight, (ws[:, -1] - weight @ mean)[:, None]], axis=1)
 

@@ -102,8 +102,17 @@ def gaussian_point(counts: np.ndarray, means: np.ndarray, covariances: np.ndarra
         centre = torch.as_tensor((means[k] - mean) / scale, dtype=torch.float32)
         xs.append(centre + z @ root.T)
         ys.append(torch.full((int(per_class[k]),), int(k), dtype=torch.long))
-    x, y = torch.cat(xs), torch.cat(ys)
-    w = torch.zeros(c, d + 1, dtype=torch.float32, requires_grad=True)
+    ws = fit_softmax(torch.cat(xs), torch.cat(ys), c, l2=l2, iterations=iterations)
+    weight = ws[:, :-1] / scale
+    return np.concatenate([weight, (ws[:, -1] - weight @ mean)[:, None]], axis=1)
+
+
+def fit_softmax(x: torch.Tensor, y: torch.Tensor, num_classes: int, *, l2: float,
+                iterations: int = FIT_ITERATIONS) -> np.ndarray:
+    """The softmax layer ``(C, d + 1)`` minimising the mean cross-entropy on rows ``x``
+    ``(N, d)`` float32 with labels ``y`` plus ``l2 ||weight||^2``, by full-batch L-BFGS
+    from zero (float64 result, in ``x``'s coordinates)."""
+    w = torch.zeros(num_classes, x.shape[1] + 1, dtype=torch.float32, requires_grad=True)
     opt = torch.optim.LBFGS([w], max_iter=int(iterations), history_size=20,
                             line_search_fn="strong_wolfe", tolerance_grad=1e-9,
                             tolerance_change=1e-12)
@@ -116,6 +125,4 @@ def gaussian_point(counts: np.ndarray, means: np.ndarray, covariances: np.ndarra
         return value
 
     opt.step(loss)
-    ws = w.detach().double().numpy()
-    weight = ws[:, :-1] / scale
-    return np.concatenate([weight, (ws[:, -1] - weight @ mean)[:, None]], axis=1)
+    return w.detach().double().numpy()
