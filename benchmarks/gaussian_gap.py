@@ -41,18 +41,17 @@ sys.path.insert(0, str(ROOT))  # run from a checkout without installing it
 
 from gems_fl.data import load_dataset, node_data, parse_division  # noqa: E402
 from gems_fl.geometry.choices import GAUSSIAN_L2S  # noqa: E402
-from gems_fl.geometry.virtual import fit_softmax, gaussian_point  # noqa: E402
+from gems_fl.geometry.virtual import (  # noqa: E402
+    fit_softmax, gaussian_point, standard_scale, unstandardise)
 
 
 def logistic_fit(x: np.ndarray, y: np.ndarray, num_classes: int, l2: float) -> np.ndarray:
     """The softmax layer fitted to real rows, as ``gaussian_point`` fits virtual ones
     (standardised, the same penalty and L-BFGS fit, mapped back)."""
-    mean, scale = x.mean(0), x.std(0)
-    scale = np.where(scale > 1e-6 * max(float(scale.max()), 1e-12), scale, 1.0)
+    mean, scale = x.mean(0), standard_scale(x.std(0))
     ws = fit_softmax(torch.as_tensor((x - mean) / scale, dtype=torch.float32),
                      torch.as_tensor(y, dtype=torch.long), num_classes, l2=l2)
-    weight = ws[:, :-1] / scale
-    return np.concatenate([weight, (ws[:, -1] - weight @ mean)[:, None]], axis=1)
+    return unstandardise(ws, mean, scale)
 
 
 def covariances(kind: str, nodes: list, counts, means, covs) -> np.ndarray:

@@ -48,11 +48,10 @@ def run_once(division: str, nodes: int, seed: int, class_grams: str, model: str)
             "good_enough": ver["good_enough"], "answered": ver["answered"], "wall_s": wall}
 
 
-def _key(row: dict) -> tuple:
-    """A run's case: model, division, nodes, seed, class-grams (rows written before
-    ``--model`` are the MLP's)."""
-    return (row.get("model", "mlp"), row["division"], row["nodes"], row["seed"],
-            row["class_grams"])
+def _case(row: dict) -> tuple:
+    """A run's case: model, division, nodes, class-grams (rows written before ``--model``
+    are the MLP's)."""
+    return row.get("model", "mlp"), row["division"], row["nodes"], row["class_grams"]
 
 
 def main() -> None:
@@ -71,8 +70,8 @@ def main() -> None:
     for seed in args.seeds:
         for case in args.cases:
             division, nodes = case.rsplit(":", 1)
-            key = (args.model, division, int(nodes), seed, args.class_grams)
-            if any(_key(r) == key for r in rows):
+            case_key = (args.model, division, int(nodes), args.class_grams)
+            if any(_case(r) == case_key and r["seed"] == seed for r in rows):
                 continue
             row = run_once(division, int(nodes), seed, args.class_grams, args.model)
             rows.append(row)
@@ -84,9 +83,8 @@ def main() -> None:
     print("\n| model | division | K | class-grams | seeds | output round up per node | GEMS untuned | "
           "points kept | good enough | Global |")
     print("| --- | --- | --- | --- | --- | ---: | --- | --- | --- | --- |")
-    groups = sorted({_key(r)[:3] + _key(r)[4:] for r in rows})
-    for model, division, nodes, grams in groups:
-        mine = [r for r in rows if _key(r)[:3] + _key(r)[4:] == (model, division, nodes, grams)]
+    for model, division, nodes, grams in sorted({_case(r) for r in rows}):
+        mine = [r for r in rows if _case(r) == (model, division, nodes, grams)]
         acc = [r["gems"] for r in mine]
         kept = {p: sum(r["point"] == p for r in mine) for p in sorted({r["point"] for r in mine})}
         print(f"| {model} | {division} | {nodes} | {grams} | {len(mine)} | "

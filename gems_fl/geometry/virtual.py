@@ -88,8 +88,7 @@ def gaussian_point(counts: np.ndarray, means: np.ndarray, covariances: np.ndarra
     mean = counts @ np.asarray(means) / total
     spread = (np.einsum("c,cii->i", counts, np.asarray(covariances))
               + counts @ (np.asarray(means) - mean) ** 2) / total
-    scale = np.sqrt(np.maximum(spread, 0.0))
-    scale = np.where(scale > 1e-6 * max(float(scale.max()), 1e-12), scale, 1.0)
+    scale = standard_scale(np.sqrt(np.maximum(spread, 0.0)))
     gen = torch.Generator().manual_seed(int(seed))
     per_class = np.floor(rows * counts / total + 0.5).astype(int)
     xs, ys = [], []
@@ -103,6 +102,16 @@ def gaussian_point(counts: np.ndarray, means: np.ndarray, covariances: np.ndarra
         xs.append(centre + z @ root.T)
         ys.append(torch.full((int(per_class[k]),), int(k), dtype=torch.long))
     ws = fit_softmax(torch.cat(xs), torch.cat(ys), c, l2=l2, iterations=iterations)
+    return unstandardise(ws, mean, scale)
+
+
+def standard_scale(std: np.ndarray) -> np.ndarray:
+    """Per-feature scales for standardising: ``std``, with 1 for a (near-)constant feature."""
+    return np.where(std > 1e-6 * max(float(std.max()), 1e-12), std, 1.0)
+
+
+def unstandardise(ws: np.ndarray, mean: np.ndarray, scale: np.ndarray) -> np.ndarray:
+    """A layer ``(C, d + 1)`` fitted on ``(x - mean) / scale`` as a layer on ``x``."""
     weight = ws[:, :-1] / scale
     return np.concatenate([weight, (ws[:, -1] - weight @ mean)[:, None]], axis=1)
 
