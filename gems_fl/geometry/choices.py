@@ -13,8 +13,10 @@ POOLED_POINTS = ("auto", "pooled", "lda", "gaussian", "best")
 # gram-point gaussian / auto: the L2 penalties of the fit to the virtual rows the selection
 # round scores (standardised units; the first is the one used without that round)
 GAUSSIAN_L2S = (1e-6, 1e-5, 1e-4, 1e-3)
-# class-grams=auto: nodes send class Gram matrices (whole, float32) for layers of at most
-# this size (inputs + 1): the MLP's output layer up to width 256 and digits, not pixels
+# class-grams: class Gram matrices travel whole (float32 triangles) for layers of at most
+# this size (inputs + 1: the MLP's output layer up to width 256, digits); above it, as each
+# class's covariance in gram-rank's factor form (gems_fl.geometry.class_factors), and
+# class-grams=auto sends them only where that form applies (gram-rank > 0 or auto)
 CLASS_GRAMS = ("auto", "true", "false")
 CLASS_GRAMS_AUTO_MAX = 257
 # pooled-ridge=auto: the ridges the selection round scores on the nodes' validation data
@@ -80,11 +82,21 @@ def holds_sums(settings, num_nodes: int) -> bool:
             and settings.gram_weighting == "samples")
 
 
-def class_grams_for(setting: str, size: int) -> bool:
+def class_gram_rank_for(gram_rank: int | str, size: int) -> int:
+    """The rank of the factor form class Gram matrices of a ``size x size`` layer travel
+    in: 0 (whole) up to ``CLASS_GRAMS_AUTO_MAX``, else ``gram-rank``'s rank for the layer
+    (:func:`gram_rank_for`; 0 with ``gram-rank=0``)."""
+    if int(size) <= CLASS_GRAMS_AUTO_MAX:
+        return 0
+    return min(gram_rank_for(gram_rank, size), int(size) - 1)
+
+
+def class_grams_for(setting: str, size: int, gram_rank: int | str = 0) -> bool:
     """Whether a node sends class Gram matrices for a ``size x size`` layer under
-    ``class-grams=setting``: ``auto`` where the layer is small (the matrices travel whole,
-    one per class the node holds; ``gram-point='gaussian'`` sends nodes ``true``)."""
+    ``class-grams=setting``: ``auto`` where they travel small, whole up to
+    ``CLASS_GRAMS_AUTO_MAX`` or in the factor form of :func:`class_gram_rank_for`
+    (``gram-point='gaussian'`` sends nodes ``true``)."""
     value = str(setting).strip().lower()
     if value == "auto":
-        return int(size) <= CLASS_GRAMS_AUTO_MAX
+        return int(size) <= CLASS_GRAMS_AUTO_MAX or class_gram_rank_for(gram_rank, size) > 0
     return value == "true"

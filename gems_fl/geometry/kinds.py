@@ -24,6 +24,7 @@ import numpy as np
 
 from gems_fl.geometry._checks import check_option
 from gems_fl.geometry.certify import certified_gram_radius, certified_radius
+from gems_fl.geometry.class_factors import class_factors, class_grams_from_factors, class_means
 from gems_fl.geometry import choices
 from gems_fl.geometry.fisher import diagonal_fisher, fisher_axes
 from gems_fl.geometry.gram import (
@@ -77,8 +78,10 @@ class SpaceOptions(_FromSettings):
         ``gram`` only: also compute the label moments and class counts (the pooled points).
     class_grams : str
         ``gram`` with label moments: ``"true"`` also computes the Gram matrix of each class
-        the node holds (the ``gaussian`` point), ``"auto"`` for small layers
-        (:func:`~gems_fl.geometry.choices.class_grams_for`), ``"false"`` never.
+        the node holds (the ``gaussian`` point), ``"auto"`` where they travel small
+        (:func:`~gems_fl.geometry.choices.class_grams_for`), ``"false"`` never. Above
+        ``CLASS_GRAMS_AUTO_MAX`` with ``gram_rank`` they travel, and the space holds them,
+        in factor form (:mod:`gems_fl.geometry.class_factors`).
     """
 
     kind: str = "gram"
@@ -158,6 +161,8 @@ class LayerSpace:
     center_accuracy: float
     factor: np.ndarray | None = None  # the rank-r factor of G sent instead of G
     residual: np.ndarray | None = None  # with it, diag(G - F F^T)
+    # the class Gram matrices' factor form sent instead of them (class_factors.class_factors)
+    class_factors: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
 
 
 class SpaceKind:
@@ -257,16 +262,22 @@ class Gram(SpaceKind):
         gram, factor, residual = node_gram(train_inputs, options.gram_rank)
         moments, counts = (label_moments(train_inputs, train_labels, center.shape[0])
                            if options.label_moments else (None, None))
-        per_class = (class_grams(train_inputs, train_labels, center.shape[0])
-                     if options.label_moments and choices.class_grams_for(
-                         options.class_grams, gram.shape[0]) else None)
+        per_class, sent_classes = None, None
+        if options.label_moments and choices.class_grams_for(options.class_grams,
+                                                             gram.shape[0], options.gram_rank):
+            per_class = class_grams(train_inputs, train_labels, center.shape[0])
+            rank = choices.class_gram_rank_for(options.gram_rank, gram.shape[0])
+            if rank > 0:  # the matrices the server will build from the sent factors
+                means = class_means(moments, counts)
+                sent_classes = class_factors(per_class, means, rank)
+                per_class = class_grams_from_factors(*sent_classes, means)
         search = search_gram_radius(center, gram, val_inputs, y_val, eps=options.eps,
                                     num_directions=options.num_directions,
                                     r_max=options.bound, delta=options.delta, seed=seed)
         cert = certified_gram_radius(center, gram, val_inputs, y_val, options.eps)
         return LayerSpace(GramSpace(center.reshape(-1), gram, search.radius, cert, moments,
                                     counts, per_class), cert, search.center_accuracy, factor,
-                          residual)
+                          residual, sent_classes)
 
     def make(self, center, radius, certified, extras) -> GramSpace:
         moments, counts, per_class = extras.get("labels", (None, None, None))

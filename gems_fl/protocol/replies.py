@@ -23,7 +23,8 @@ from flwr.app import Message, RecordDict
 from flwr.common.constant import ErrorCode
 from flwr.common.logger import log
 
-from gems_fl.geometry.choices import gram_rank_for
+from gems_fl.geometry.choices import class_gram_rank_for, gram_rank_for
+from gems_fl.geometry.class_factors import check_class_factors
 from gems_fl.geometry.gram import check_class_grams, check_gram, check_moments, from_factor, from_half, unpack_triangle
 from gems_fl.geometry.kinds import space_kind
 from gems_fl.geometry.spaces import GramSpace, Space
@@ -31,6 +32,7 @@ from gems_fl.learning.models import state_to_vector
 from gems_fl.naming import describe_node, describe_nodes
 from gems_fl.protocol.wire import (
     AXES_KEY,
+    CLASS_FACTOR_KEYS,
     CENTER_KEY,
     GRADIENT_KEY,
     GRADIENT_METRIC_KEYS,
@@ -161,23 +163,30 @@ def _read_gram_record(content: RecordDict, shapes: dict[str, tuple[int, ...]],
     return _read_gram(content, n, gram_rank_for(rank, n))
 
 
-def _read_labels(content: RecordDict, shapes: dict[str, tuple[int, ...]], rank: int,
+def _read_labels(content: RecordDict, shapes: dict[str, tuple[int, ...]], rank: int | str,
                  metrics: dict[str, float]) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
     """Label moments, class counts and (when sent) class Gram matrices, checked against
-    the model, the node's count and each other."""
+    the model, the node's count and each other. Class Gram matrices come whole or, where
+    :func:`~gems_fl.geometry.choices.class_gram_rank_for` gives a rank, in factor form."""
     record = content.array_records.get(LABELS_KEY)
     if record is None:
         raise ReplyError(f"'{LABELS_KEY}' is not an ArrayRecord")
-    if set(record.keys()) not in ({"moments", "counts"}, {"moments", "counts", "class-grams"}):
+    classes, n = shapes["weight"][0], shapes["weight"][1] + 1
+    class_rank = class_gram_rank_for(rank, n)
+    per_class_keys = set(CLASS_FACTOR_KEYS) if class_rank > 0 else {"class-grams"}
+    if set(record.keys()) not in ({"moments", "counts"}, {"moments", "counts", *per_class_keys}):
         raise ReplyError(f"'{LABELS_KEY}' holds {sorted(record.keys())}, expected "
-                         "['counts', 'moments'] and optionally 'class-grams'")
+                         f"['counts', 'moments'] and optionally {sorted(per_class_keys)}")
     try:
         moments, counts = (np.asarray(record[k].numpy()) for k in ("moments", "counts"))
-        classes, n = shapes["weight"][0], shapes["weight"][1] + 1
         moments, counts = check_moments(moments, counts, (classes, n),
                                         int(metrics["num-train-examples"]))
-        per_class = (check_class_grams(record["class-grams"].numpy(), counts, moments, n)
-                     if "class-grams" in record else None)
+        per_class = None
+        if "class-grams" in record:
+            per_class = check_class_grams(record["class-grams"].numpy(), counts, moments, n)
+        elif CLASS_FACTOR_KEYS[0] in record:
+            per_class = check_class_factors(*(record[k].numpy() for k in CLASS_FACTOR_KEYS),
+                                            record["moments"].numpy(), counts, n, class_rank)
         return moments, counts, per_class
     except ReplyError:
         raise

@@ -42,7 +42,11 @@ Client -> server (the reply; nothing else leaves the client)::
                              rows (C x (d+1), float32), and "counts", the class counts;
                              with class-grams, "class-grams": the packed upper triangle
                              of mean x~ x~^T over the rows of each class held, in class
-                             order (m x (d+1)(d+2)/2, float32)
+                             order (m x (d+1)(d+2)/2, float32); above 257 inputs + 1
+                             with gram-rank r > 0 instead each class's covariance as
+                             "class-vectors" (m x d x r, float16 in [-1, 1]) *
+                             "class-scales" (m x r powers of two) and "class-residual"
+                             (m x d, its diagonal left over), the mean from "moments"
     "metrics": MetricRecord  radius, certified-radius (-1: infinite), eps (the node's
                              own), num-train-examples, num-val-examples,
                              local-val-accuracy
@@ -76,6 +80,7 @@ METRIC_KEYS = ("radius", "certified-radius", "eps", "num-train-examples", "num-v
                "local-val-accuracy")
 GRAM_KEY = "gram"
 LABELS_KEY = "labels"
+CLASS_FACTOR_KEYS = ("class-vectors", "class-scales", "class-residual")
 REFINE_KEY = "gems-refine"  # config key of a refinement round's message: its index (1..R)
 MODEL_KEY = "model"
 LOCAL_MODEL_KEY = "gems-local-model"  # config key: send your whole round-1 local model
@@ -248,8 +253,10 @@ def encode_reply(
     as the rank-r factor ``F`` (float16 vectors and power-of-two scales,
     :func:`gems_fl.geometry.gram.half_factor`) and the residual's diagonal
     ``gram_residual`` (``G ~ F F^T + diag(residual)``) instead. ``labels`` is
-    ``(moments, counts)`` or ``(moments, counts, class_grams)``; class Gram matrices
-    travel as packed upper triangles (float32), one row per class with rows.
+    ``(moments, counts)``, ``(moments, counts, class_grams)`` or ``(moments, counts,
+    class_grams, class_factors)``; class Gram matrices travel as packed upper triangles
+    (float32), one row per class with rows, or, where ``class_factors`` is given
+    (:func:`gems_fl.geometry.class_factors.class_factors`), as those arrays instead.
     """
     records: dict[str, Any] = {CENTER_KEY: array_record(center)}
     if axes is not None:
@@ -266,7 +273,9 @@ def encode_reply(
         moments, counts, *rest = labels
         state = {"moments": np.asarray(moments, dtype=np.float32),
                  "counts": np.asarray(counts, dtype=np.int64)}
-        if rest and rest[0] is not None:
+        if len(rest) > 1 and rest[1] is not None:
+            state.update(zip(CLASS_FACTOR_KEYS, rest[1]))
+        elif rest and rest[0] is not None:
             state["class-grams"] = np.stack([pack_triangle(g) for g in rest[0]])
         records[LABELS_KEY] = array_record(state)
     records[METRICS_KEY] = MetricRecord(
