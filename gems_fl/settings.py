@@ -269,10 +269,14 @@ class Settings:
     class_grams: str = setting(
         'auto',
         '`gram` with `label-moments`: nodes also send the Gram matrix of each class they hold '
-        '(mean of `x~ x~^T` over its rows; whole, float32), from which the server fits the '
-        '`gaussian` point. `auto` (the default): for layers of at most 256 inputs (the MLP\'s '
-        'output layer, digits; not 784 pixels, where it would send one 1.3 MB matrix per class) '
-        'and whenever `gram-point=gaussian`. Not with `secure-aggregation` or `dp-epsilon`',
+        '(mean of `x~ x~^T` over its rows), from which the server fits the `gaussian` point. '
+        'Up to 256 inputs whole (float32); above, with `gram-rank` above 0 or `auto`, each '
+        'class\'s covariance as `gram-rank`\'s rank-r factor (float16) and the diagonal of the '
+        'rest, the mean from the label moments (80 KB per class at 784 pixels, rank 50). '
+        '`auto` (the default): wherever one of those forms applies, and whenever '
+        '`gram-point=gaussian`; not for layers above 256 inputs with `gram-rank=0`, where '
+        'each class would send a whole 1.2 MB matrix (`true` sends them). Not with '
+        '`secure-aggregation` or `dp-epsilon`',
         one_of(CLASS_GRAMS), node=True)
     refine_rounds: int = setting(
         0,

@@ -203,7 +203,7 @@ def test_supernode_auth_only_registered_keys_join(sites, tmp_path):
     """flwr 1.42 offers SuperNode authentication on a self-hosted SuperLink: use it."""
     with TlsFederation(tmp_path / "fed", supernode_auth=True) as fed:
         registered = make_node_key(tmp_path / "site-0.key")
-        unregistered = make_node_key(tmp_path / "stranger.key")
+        make_node_key(tmp_path / "stranger.key")
         reg = fed.register(registered, "site-0")
         assert reg.returncode == 0 and "registered successfully" in reg.stdout, reg.stdout + reg.stderr
         good = fed.add_node(sites[0], extra_args=(

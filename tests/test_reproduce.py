@@ -191,7 +191,7 @@ def test_a_node_can_set_its_own_eps(tmp_path):
 
 
 def test_in_process_grid_counts_the_bytes_of_the_real_records(tmp_path):
-    sent, received = [], []
+    received = []
 
     def hook(reply):
         received.append(content_bytes(reply.content))
