@@ -132,3 +132,16 @@ def test_factors_round_trip_by_the_functions_alone():
         class_factors(grams, means, D + 1)
     with pytest.raises(ValueError, match="must be"):
         class_factors(grams, means[:1], 5)
+
+
+def test_a_class_of_few_rows_takes_the_same_factor_from_its_rows():
+    x, y = _data(6, num=90, noise=0.3)  # about 30 rows per class, fewer than D
+    grams = class_grams(x, y, C)
+    moments, counts = label_moments(x, y, C)
+    means = class_means(moments, counts)
+    rows = [x[y == c] for c in range(C)]
+    from_rows = class_grams_from_factors(*class_factors(grams, means, 20, rows), means)
+    from_matrix = class_grams_from_factors(*class_factors(grams, means, 20), means)
+    np.testing.assert_allclose(from_rows, from_matrix, rtol=2e-3, atol=2e-3 * np.abs(grams).max())
+    with pytest.raises(ValueError, match="rows of 2 classes"):
+        class_factors(grams, means, 20, rows[:2])

@@ -269,7 +269,9 @@ class Gram(SpaceKind):
             rank = choices.class_gram_rank_for(options.gram_rank, gram.shape[0])
             if rank > 0:  # the matrices the server will build from the sent factors
                 means = class_means(moments, counts)
-                sent_classes = class_factors(per_class, means, rank)
+                labels = np.asarray(train_labels)
+                rows = [train_inputs[labels == c] for c in np.flatnonzero(counts > 0)]
+                sent_classes = class_factors(per_class, means, rank, rows)
                 per_class = class_grams_from_factors(*sent_classes, means)
         search = search_gram_radius(center, gram, val_inputs, y_val, eps=options.eps,
                                     num_directions=options.num_directions,
