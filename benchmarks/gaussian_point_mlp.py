@@ -8,8 +8,10 @@ defaults (``gram-point=auto``, ``class-grams=auto``: the output layer's nodes se
 Gram matrix per class they hold, and the selection round scores the gaussian point beside
 the pooled, LDA and closed-form points) except ``model='mlp'``, Fashion-MNIST and
 ``public-samples=0`` (untuned). ``--class-grams false`` runs the previous default (no
-class Gram matrices) for comparison. ``--model logistic --class-grams true`` runs the
-convex model on pixels with them (section "2c" of the README). A case is
+class Gram matrices) for comparison. ``--model logistic`` runs the convex model on
+pixels, where ``class-grams=auto`` sends each class's covariance in ``gram-rank``'s factor
+form and ``--class-grams true`` (with ``gram-rank=auto``, the same) used to send the whole
+matrices (section "2c" of the README). A case is
 ``DIVISION:NODES``. Prints per run the
 test accuracy, the point the selection round kept, the output round's bytes up per node
 and on how many nodes ``h_G`` passed the nodes' own check; writes JSON after every run
@@ -60,8 +62,8 @@ def main() -> None:
     parser.add_argument("--cases", nargs="+", default=["paper:5"])
     parser.add_argument("--class-grams", default="auto")
     parser.add_argument("--model", choices=("mlp", "logistic"), default="mlp",
-                        help="logistic: the convex model on pixels (class-grams=auto sends "
-                             "none there; pass --class-grams true)")
+                        help="logistic: the convex model on pixels (class Gram matrices "
+                             "in factor form there)")
     parser.add_argument("--out", type=Path,
                         default=ROOT / "benchmarks" / "out" / "gaussian_point_mlp.json")
     args = parser.parse_args()

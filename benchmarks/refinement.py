@@ -10,7 +10,8 @@ and logit scale), then R refinement steps of each ``--methods`` and each ``--ref
 ``--model mlp`` refines the MLP's output layer on its merged hidden layers instead;
 ``--class-grams true`` starts the convex model from the gaussian point where it is kept. Prints
 each run's refinement table and writes the JSON (``--out``, default
-``benchmarks/out/refinement.json``).
+``benchmarks/out/refinement.json``; runs already there with the same ``--rounds`` are kept
+and not rerun, so several invocations add up in one file).
 """
 
 from __future__ import annotations
@@ -55,10 +56,15 @@ def main() -> None:
     from gems_fl.running.run_config import app_config
     from gems_fl.serverapp import run_server
 
-    runs = []
+    # runs already in --out are kept (same rounds) and not rerun, so invocations add up
+    saved = json.loads(args.out.read_text()) if args.out.exists() else {}
+    runs = saved.get("runs", []) if saved.get("rounds") == args.rounds else []
     trials = [(d, s, m, l2) for d in args.divisions for s in args.seeds for m in args.methods
               for l2 in args.refine_l2]
     for division, seed, method, l2 in trials:
+        key = (division, seed, args.nodes, method, args.model, l2, args.class_grams)
+        if any(_key(r) == key for r in runs):
+            continue
         with tempfile.TemporaryDirectory() as out:
             cfg = {**app_config(ROOT), "dataset": "fashion-mnist", "label-division": division,
                    "seed": seed, "refine-rounds": args.rounds, "refine-method": method,
@@ -76,10 +82,17 @@ def main() -> None:
                      "verification": {k: results["verification"].get(k)
                                       for k in ("answered", "good_enough")},
                      "global": results["rows"]["Global"]["accuracy"]})
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({"rounds": args.rounds, "runs": runs}, indent=2) + "\n")
-    print_tables(runs)
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps({"rounds": args.rounds, "runs": runs}, indent=2) + "\n")
+    print_tables([r for r in runs if _key(r)[:2] in {(d, s) for d, s, *_ in trials}])
     print(f"JSON: {args.out}")
+
+
+def _key(run: dict) -> tuple:
+    """A run's trial: division, seed, nodes, method, model, refine-l2, class-grams."""
+    return (run["division"], run["seed"], run["nodes"], run.get("method", "monotone"),
+            run.get("model", "logistic"), run.get("refine_l2", "auto"),
+            run.get("class_grams", "auto"))
 
 
 def _what(r: dict) -> str:
