@@ -7,7 +7,7 @@ covariance ``Sigma_c`` in one matrix, ``S_c = [[Sigma_c + m_c m_c^T, m_c], [m_c^
 The label moments already carry ``m_c`` exactly, so a node sends only ``Sigma_c`` the way
 ``gram-rank`` sends its Gram matrix: the top-r eigenpairs as a factor ``F_c`` (float16
 vectors, power-of-two column scales, :func:`gems_fl.geometry.gram.half_factor`) and
-``diag(Sigma_c - F_c F_c^T)``, so every pixel keeps its own variance. 80 KB per class at
+``diag(Sigma_c - F_c F_c^T)``, so every pixel keeps its own variance. 82 KB per class at
 r = 50 and d = 784. Both ends build the same matrices from the sent arrays
 (:func:`class_grams_from_factors`), and a matrix built that way is positive semidefinite
 with bias entry 1 by construction.
@@ -24,7 +24,7 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-from gems_fl.geometry.gram import from_half, half_factor
+from gems_fl.geometry.gram import from_half, half_factor, low_rank_factor
 
 
 def class_means(moments: np.ndarray, counts: np.ndarray) -> np.ndarray:
@@ -69,8 +69,7 @@ def class_factors(grams: np.ndarray, means: np.ndarray, rank: int,
             keep = min(rank, len(sing))
             factor[i, :, :keep] = vh[:keep].T * sing[:keep]
         else:
-            lam, vec = torch.linalg.eigh(cov[i])  # ascending
-            factor[i] = vec[:, -rank:].flip(1) * lam[-rank:].flip(0).clamp_min(0.0).sqrt()
+            factor[i] = torch.as_tensor(low_rank_factor(cov[i].numpy(), rank), dtype=torch.float64)
     halves = [half_factor(f) for f in factor.numpy().astype(np.float32)]
     vectors = np.stack([v for v, _ in halves])
     scales = np.stack([sc for _, sc in halves])
