@@ -29,7 +29,8 @@ from gems_fl.geometry.choices import (
     SPACE_KINDS,
     SUMS_ABOVE_NODES,
 )
-from gems_fl.learning.recipe import TUNE_STOPS, LocalTraining, TrainRecipe, TuneRecipe
+from gems_fl.learning.recipe import (TUNE_LAYERS, TUNE_STOPS, LocalTraining, TrainRecipe,
+                                     TuneRecipe)
 from gems_fl.learning.widths import parse_hidden
 from gems_fl.setting_checks import (
     SettingsError,
@@ -69,7 +70,6 @@ AUTO_HIDDEN = {"cifar10": "100"}
 AUTO_HIDDEN_DEFAULT = "50"
 MODELS = ("logistic", "mlp")
 NEURON_CRITERIA = ("rms", "paper")
-TUNE_LAYERS = ("last", "all")
 DEVICES = ("auto", "cpu", "cuda")  # resolved per process: gems_fl.learning.train.resolve_device
 # the run settings a node's own --node-config may override
 NODE_OVERRIDES = ("eps", "local-max-epochs", "local-patience")
@@ -158,8 +158,10 @@ class Settings:
         'm_eps, k-means clusters over all neurons of all nodes',
         positive)
     tune_layers: str = setting(
-        'last',
-        "MLP fine-tuning: `last` layer only (the paper's choice) or `all`",
+        'auto',
+        "MLP fine-tuning: the `last` layer only (the paper's choice), `all`, or `auto`: "
+        'both, keeping the one that scores better on the held-out 20 % (with `tune-stop=fixed`, '
+        'which holds nothing out: `last`)',
         one_of(TUNE_LAYERS))
     tune_curve: str = setting(
         '',

@@ -137,3 +137,42 @@ def test_a_warm_start_that_is_far_off_is_shrunk_before_tuning():
     with pytest.raises(ValueError, match="shrinks"):
         fine_tune_holdout(nn.Linear(5, 2), x, y, max_epochs=2, patience=2, holdout_fraction=0.2,
                           lr=0.01, batch_size=16, seed=0, shrinks=(1.5,))
+
+
+def _mlp_blind_to_the_label():
+    """An MLP whose hidden units read only the features the label ignores."""
+    from gems_fl.learning.models import MLP
+
+    torch.manual_seed(0)
+    model = MLP(5, [8], 2, dropout=0.0)
+    with torch.no_grad():
+        model.hidden[0].weight[:, :2] = 0.0  # the label is x0 + 0.5 x1 > 0
+    return model
+
+
+def test_tune_layers_auto_tunes_every_layer_when_the_hidden_features_cannot_fit():
+    x, y = _data(6, 400)
+    recipe = TuneRecipe(epochs=5, lr=0.01, batch_size=16, stop="holdout", max_epochs=30)
+    last = _mlp_blind_to_the_label()
+    assert recipe.tune_trained(last, x, y, seed=0, layers="last").layers == "last"
+    np.testing.assert_array_equal(last.hidden[0].weight[:, :2].detach().numpy(), 0.0)
+    auto = _mlp_blind_to_the_label()
+    report = recipe.tune_trained(auto, x, y, seed=0, layers="auto")
+    assert report.layers == "all"
+    assert accuracy(auto, x, y) > accuracy(last, x, y) + 0.1
+    # the kept model is exactly the winning candidate, tuned on its own
+    alone = _mlp_blind_to_the_label()
+    recipe.tune_trained(alone, x, y, seed=0, layers="all")
+    for a, b in zip(auto.state_dict().values(), alone.state_dict().values()):
+        torch.testing.assert_close(a, b)
+
+
+def test_tune_layers_auto_is_the_papers_last_layer_when_nothing_is_held_out():
+    x, y = _data(6, 400)
+    fixed = TuneRecipe(epochs=3, lr=0.01, batch_size=16, stop="fixed")
+    model = _mlp_blind_to_the_label()
+    assert fixed.tune_trained(model, x, y, seed=0, layers="auto").layers == "last"
+    np.testing.assert_array_equal(model.hidden[0].weight[:, :2].detach().numpy(), 0.0)
+    assert fixed.tune_trained(nn.Linear(5, 2), x, y, seed=0, layers="auto").layers == "all"
+    with pytest.raises(ValueError, match="layers='some'"):
+        fixed.tune_trained(nn.Linear(5, 2), x, y, seed=0, layers="some")

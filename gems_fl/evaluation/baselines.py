@@ -21,7 +21,7 @@ from flwr.common.logger import log
 from torch import nn
 
 from gems_fl.evaluation.server_data import ServerData
-from gems_fl.learning.models import count_parameters, freeze_hidden
+from gems_fl.learning.models import count_parameters
 from gems_fl.learning.train import accuracy, predict
 from gems_fl.settings import Settings
 
@@ -95,14 +95,13 @@ def evaluate_rows(
             rows[name] = {"accuracy": None, "skipped": reason}
         return rows
     tune = settings.tune_recipe
-    log(INFO, "GEMS tuned (%s layer%s) and Raw: %s on %d public samples; Raw "
-        "converged: until convergence", settings.tune_layers,
-        "" if settings.tune_layers == "last" else "s", tune.describe(), len(data.public_y))
+    log(INFO, "GEMS tuned (tune-layers=%s) and Raw: %s on %d public samples; Raw "
+        "converged: until convergence", settings.tune_layers, tune.describe(),
+        len(data.public_y))
     tuned = copy.deepcopy(models.gems)
-    if settings.tune_layers == "last":
-        freeze_hidden(tuned)
-    report = tune.tune(tuned, data.public_x, data.public_y, settings.seed, warm=True)
-    rows["GEMS tuned"] = row(tuned, tuned_layers=settings.tune_layers, **_tuned(report))
+    report = tune.tune_trained(tuned, data.public_x, data.public_y, settings.seed,
+                               settings.tune_layers)
+    rows["GEMS tuned"] = row(tuned, tuned_layers=report.layers, **_tuned(report))
 
     torch.manual_seed(settings.seed + 1)
     raw = settings.new_model(num_features, num_classes)

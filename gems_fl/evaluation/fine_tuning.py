@@ -10,8 +10,9 @@ fine-tunes, with the identical recipe (Adam, ``tune-lr``, ``batch-size``, and th
 - **Averaged tuned**: the parameter mean of the local models;
 - **Raw**: a freshly initialised model of the same architecture.
 
-For an MLP with ``tune-layers=last`` only the output layer of the three pretrained
-starting points is updated; Raw, having no trained hidden layer to keep, updates all.
+For an MLP, ``tune-layers`` says which layers of the three pretrained starting points
+are updated (``auto``: the output layer or all, whichever scores better on the held-out
+rows); Raw, having no trained hidden layer to keep, updates all.
 """
 
 from __future__ import annotations
@@ -25,7 +26,6 @@ import torch
 from flwr.common.logger import log
 from torch import nn
 
-from gems_fl.learning.models import freeze_hidden
 from gems_fl.learning.train import accuracy
 from gems_fl.settings import Settings
 
@@ -59,9 +59,10 @@ def fine_tuning_curve(
 
     def tuned_accuracy(start: nn.Module, x: np.ndarray, y: np.ndarray, pretrained: bool) -> float:
         model = copy.deepcopy(start)
-        if pretrained and settings.tune_layers == "last":
-            freeze_hidden(model)
-        recipe.tune(model, x, y, settings.seed, warm=pretrained)
+        if pretrained:
+            recipe.tune_trained(model, x, y, settings.seed, settings.tune_layers)
+        else:
+            recipe.tune(model, x, y, settings.seed)
         return accuracy(model, *test)
 
     curve: dict[str, list[float]] = {name: [] for name in CURVE_ROWS}

@@ -188,10 +188,7 @@ def tune_on_public(run, public: PublicData, settings: Settings, num_features: in
         return {}
     tune = settings.tune_recipe
     tuned = copy.deepcopy(run.gems_model)
-    if settings.tune_layers == "last":
-        for layer in getattr(tuned, "hidden", []):
-            layer.requires_grad_(False)
-    tune.tune(tuned, public.x, public.y, settings.seed, warm=True)
+    tune.tune_trained(tuned, public.x, public.y, settings.seed, settings.tune_layers)
     torch.manual_seed(settings.seed + 1)
     raw = settings.new_model(num_features, num_classes)
     tune.tune(raw, public.x, public.y, settings.seed)

@@ -37,6 +37,9 @@ class TrainRecipe:
 
 
 TUNE_STOPS = ("holdout", "fixed")
+#: which layers of a trained MLP fine-tuning updates: the output layer (the paper), all of
+#: them, or whichever of the two scores better on the held-out rows (``tune-stop=holdout``)
+TUNE_LAYERS = ("auto", "last", "all")
 WARM_SHRINKS = (1.0, 0.5, 0.2, 0.0)  # factors a warm start is tried at (tune-stop=holdout)
 
 
@@ -92,6 +95,55 @@ class TuneRecipe:
                                      shrinks=WARM_SHRINKS if warm else (1.0,))
         return fine_tune(model, x, y, epochs=self.epochs, lr=self.lr,
                          batch_size=self.batch_size, seed=seed)
+
+    def tune_trained(self, model: nn.Module, x: np.ndarray, y: np.ndarray, seed: int,
+                     layers: str) -> TrainReport:
+        """Fine-tune a trained start (GEMS, a local model) in place, as :meth:`tune` with
+        ``warm=True``, updating the ``layers`` of :data:`TUNE_LAYERS`.
+
+        ``last`` freezes the hidden layers (linear probing on their features); ``all``
+        tunes every layer; ``auto`` tunes a copy each way and keeps the one whose held-out
+        score (accuracy, then loss) is higher, ``last`` on a tie (with ``stop='fixed'``,
+        which holds nothing out, ``auto`` is ``last``). A model without hidden layers is
+        tuned once. The report's ``layers`` says which were tuned.
+        """
+        import copy
+
+        from gems_fl.learning.models import freeze_hidden
+
+        if layers not in TUNE_LAYERS:
+            raise ValueError(f"layers={layers!r} is not one of {', '.join(TUNE_LAYERS)}")
+        if not list(getattr(model, "hidden", [])):
+            report = self.tune(model, x, y, seed, warm=True)
+            report.layers = "all"
+            return report
+        if layers == "auto" and self.stop != "holdout":
+            layers = "last"  # nothing held out to choose on: the paper's choice
+        if layers != "auto":
+            if layers == "last":
+                freeze_hidden(model)
+            report = self.tune(model, x, y, seed, warm=True)
+            report.layers = layers
+            return report
+        best: tuple[TrainReport, nn.Module] | None = None
+        for choice in ("last", "all"):
+            candidate = copy.deepcopy(model)
+            if choice == "last":
+                freeze_hidden(candidate)
+            report = self.tune(candidate, x, y, seed, warm=True)
+            report.layers = choice
+            if best is None or _score(report) > _score(best[0]):
+                best = (report, candidate)
+        report, chosen = best
+        if report.layers == "last":
+            freeze_hidden(model)
+        model.load_state_dict(chosen.state_dict())
+        return report
+
+
+def _score(report: TrainReport) -> tuple[float, float]:
+    """A tuning's held-out (accuracy, -loss); the lowest when nothing was held out."""
+    return report.holdout_score or (-float("inf"), -float("inf"))
 
 
 @dataclass(frozen=True)

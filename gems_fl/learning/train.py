@@ -80,6 +80,7 @@ class TrainReport:
     best_epoch: int | None = None  # held-out early stopping: the epoch whose weights were kept
     holdout_score: tuple[float, float] | None = None  # its held-out (accuracy, -loss)
     shrink: float | None = None  # the factor the kept start was shrunk by
+    layers: str | None = None  # a trained MLP's tuning: the layers it updated (last / all)
 
 
 def _tensors(x: np.ndarray, y: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:

@@ -322,9 +322,13 @@ class Report:
                    "held-out 20 % of the sample, then that many epochs on all of it")
         else:
             how = f"{recipe.get('epochs')} epochs"
+        layers = recipe.get("tuned_layers")
+        which = ("the output layer or every layer, whichever scores better on the held-out "
+                 "rows" if layers == "auto" and recipe.get("stop") == "holdout"
+                 else f"their `{'last' if layers == 'auto' else layers}` layer(s)")
         note = (f"Every row is tuned with Adam, lr {recipe.get('lr')}, {how}, batch 32, on the "
-                f"same nested public samples; pretrained MLPs tune their "
-                f"`{recipe.get('tuned_layers')}` layer(s), Raw trains from scratch.\n")
+                f"same nested public samples; pretrained MLPs tune {which}, Raw trains from "
+                "scratch.\n")
         self._save_table("study3_fine_tuning", "3. Fine-tuning study", "\n".join(tables), payload, note)
         for fig, name in figures:
             self._save_plot(fig, name)
