@@ -10,7 +10,8 @@ class, the mean and covariance of that class over all nodes' rows, whatever the 
 all, each class in proportion to its count, seeded) and fits the softmax layer to them by
 full-batch L-BFGS (preconditioned by the rows' covariance): the "virtual representations"
 of CCVR (Luo et al., NeurIPS 2021) and the class statistics of FedCGS (AAAI 2025), here
-with no public data and from one round of sums. The fit runs in standardised coordinates (the pooled mean and standard deviation) and is mapped back.
+with no public data and from one round of sums. The fit runs in standardised
+coordinates (the pooled mean and standard deviation) and is mapped back.
 """
 
 from __future__ import annotations
