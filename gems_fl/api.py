@@ -129,6 +129,7 @@ def node_space(
     gram_rank: int | str = 0,
     label_moments: bool = True,
     class_grams: bool = False,
+    class_components: int = 1,
 ) -> NodeSpace:
     """A node's good-enough space around its trained linear model.
 
@@ -157,6 +158,9 @@ def node_space(
     class_grams : bool
         ``kind='gram'`` with ``label_moments``: also keep the node's Gram matrix of each
         class it holds, which :func:`aggregate`'s ``gram_point='gaussian'`` needs.
+    class_components : int
+        With ``class_grams``: one matrix per k-means component of each class, up to this
+        many (:mod:`gems_fl.geometry.components`), for ``gram_point='mixture'``.
 
     Returns
     -------
@@ -173,7 +177,8 @@ def node_space(
                          f"of x_train ({len(xt)}) / x_val ({len(xv)})")
     options = SpaceOptions(kind=kind, eps=eps, num_directions=num_directions, r_max=r_max,
                            delta=delta, gram_rank=gram_rank, label_moments=label_moments,
-                           class_grams="true" if class_grams else "false")
+                           class_grams="true" if class_grams else "false",
+                           class_components=int(class_components))
     layer: LayerSpace = build_layer_space(w, (xt, yt), xv, yv, options, seed)
     return NodeSpace(layer.space, kind, layer.certified_radius, layer.center_accuracy, len(yt),
                      (int(w.shape[0]), int(w.shape[1])))

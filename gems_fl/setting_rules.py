@@ -33,11 +33,12 @@ def check_rules(settings: "Settings", node_only: bool) -> None:
             raise SettingsError(
                 f"gram-point='{settings.gram_point}' fits the labels of all nodes from their "
                 "label moments: set label-moments=true, or gram-point='closed-form'")
-        if settings.space == "gram" and settings.gram_point == "gaussian" \
+        if settings.space == "gram" and settings.gram_point in ("gaussian", "mixture") \
                 and settings.class_grams == "false":
             raise SettingsError(
-                "gram-point='gaussian' fits virtual rows of each class's Gaussian, from the "
-                "nodes' class Gram matrices: set class-grams to 'auto' or 'true'")
+                f"gram-point='{settings.gram_point}' fits virtual rows of each class's "
+                "Gaussians, from the nodes' class Gram matrices: set class-grams to 'auto' or "
+                "'true'")
         _server_grams(settings)
         if settings.refine_rounds and settings.space != "gram":
             raise SettingsError(

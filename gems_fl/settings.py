@@ -200,13 +200,16 @@ class Settings:
         'auto',
         '`gram` only: `auto` (the default) lets the selection round choose, on the nodes\' '
         'validation data, among `pooled`, `lda`, `gaussian` (where the nodes sent class Gram '
-        'matrices, `class-grams`) and `closed-form` (see "Good-enough spaces"); '
+        'matrices, `class-grams`), `mixture` (where they sent them per k-means component, '
+        '`class-components`) and `closed-form` (see "Good-enough spaces"); '
         '`pooled` is the ridge least-squares classifier of all nodes\' data, from their Gram '
         'matrices and label moments; `lda` the linear discriminant of the same sums (class '
         'means and shared within-class covariance, shrinkage from `pooled-ridge`); `gaussian` '
         'the softmax layer fitted to virtual rows drawn from each class\'s pooled mean and '
         'covariance (CCVR; needs class Gram matrices; L2 1e-6, or chosen among 1e-6, 1e-5, '
-        '1e-4 and 1e-3 with `pooled-ridge=auto`); `best` the '
+        '1e-4 and 1e-3 with `pooled-ridge=auto`); `mixture` the same fit to virtual rows '
+        'of every node\'s k-means components of each class (`class-components`), a mixture '
+        'of Gaussians per class; `best` the '
         'best pooled fit inside every node\'s space '
         '(the pooled point when they share none); `closed-form` the weighted center of the '
         'spaces (RegMean); `shared` the point minimising the largest scaled distance when '
@@ -280,6 +283,16 @@ class Settings:
         'each class would send a whole 1.2 MB matrix (`true` sends them). Not with '
         '`secure-aggregation` or `dp-epsilon`',
         one_of(CLASS_GRAMS), node=True)
+    class_components: int = setting(
+        4,
+        '`class-grams` sent whole (up to 256 inputs: the MLP\'s output layer): each node '
+        'splits the rows of each class it holds into up to this many k-means clusters (of '
+        'at least 50 rows and twice the layer\'s size each) and sends one Gram matrix per '
+        'cluster with its row count; the `mixture` point draws its virtual rows from them, '
+        'a mixture of Gaussians per class, and `gaussian` adds them up (README "Good-enough '
+        'spaces"). The factor form (above 256 inputs) sends one per class; with '
+        '`server-grams=sums` the server adds a class\'s clusters up. 1: one per class',
+        at_least(1, "1: one Gram matrix per class"), node=True)
     refine_rounds: int = setting(
         0,
         '`gram`: R steps after the one-shot `h_G` (the logistic model, or the MLP\'s output '
@@ -584,7 +597,7 @@ class Settings:
         With ``dataset='node-files'`` each node reads its own file, so the server's data
         paths (:data:`PARTITION_PATHS`) stay on the server."""
         out = {key_of(f): getattr(self, f.name) for f in fields(self) if f.metadata["node"]}
-        if self.gram_point == "gaussian" and self.class_grams == "auto":
+        if self.gram_point in ("gaussian", "mixture") and self.class_grams == "auto":
             out["class-grams"] = "true"  # the point needs them whatever the layer's size
         if self.dataset == NODE_FILES:
             for key in PARTITION_PATHS:

@@ -121,7 +121,7 @@ def test_the_mlp_output_layer_is_chosen_on_the_nodes_validation_features(tmp_pat
     assert [(c["point"], c["pooled_ridge"] or c.get("lda_shrinkage") or c.get("gaussian_l2"))
             for c in table] == \
         [("pooled", r) for r in POOLED_RIDGES] + [("lda", s) for s in LDA_SHRINKAGES] + \
-        [("gaussian", v) for v in GAUSSIAN_L2S] + [("closed-form", None)]
+        [("gaussian", v) for v in GAUSSIAN_L2S] + _mixture(table) + [("closed-form", None)]
     assert selection["val_accuracy"] == max(accuracies)
     kept = min((c for c in table if c["val_accuracy"] == max(accuracies)),
                key=lambda c: c["val_loss"])
@@ -193,3 +193,12 @@ def test_mlp_without_server_data_reports_local_and_averaged_on_the_nodes(tmp_pat
     clean = run_in_process(3, tmp_path / "clean", **{**MLP_FAST, "evaluate-on-server": False})
     assert clean["local_models_match_sent_layers"] is True
     assert {"averaged", "local.partition-2"} <= set(clean["verification"]["pooled"])
+
+
+def _mixture(table: list[dict]) -> list[tuple[str, float]]:
+    """The mixture candidates the selection round scores where some node split a class
+    into k-means components (class-components; on digits only classes large enough)."""
+    from gems_fl.geometry.choices import GAUSSIAN_L2S
+
+    return ([("mixture", v) for v in GAUSSIAN_L2S]
+            if any(c["point"] == "mixture" for c in table) else [])

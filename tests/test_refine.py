@@ -200,7 +200,7 @@ def test_the_point_and_ridge_are_chosen_on_the_nodes_validation_data(tmp_path):
     assert [(c["point"], c["pooled_ridge"] or c.get("lda_shrinkage") or c.get("gaussian_l2"))
             for c in table] == \
         [("pooled", r) for r in POOLED_RIDGES] + [("lda", s) for s in LDA_SHRINKAGES] + \
-        [("gaussian", v) for v in GAUSSIAN_L2S] + [("closed-form", None)]
+        [("gaussian", v) for v in GAUSSIAN_L2S] + _mixture(table) + [("closed-form", None)]
     accuracies = [c["val_accuracy"] for c in table]
     assert chosen["val_accuracy"] == max(accuracies)
     best = [c for c in table if c["val_accuracy"] == max(accuracies)]
@@ -324,3 +324,12 @@ def test_refine_l2_auto_penalises_the_logistic_model_only():
         Settings(refine_l2="-1")
     with pytest.raises(SettingsError, match="refine-l2='strong'"):
         Settings(refine_l2="strong")
+
+
+def _mixture(table: list[dict]) -> list[tuple[str, float]]:
+    """The mixture candidates the selection round scores where some node split a class
+    into k-means components (class-components; on digits only classes large enough)."""
+    from gems_fl.geometry.choices import GAUSSIAN_L2S
+
+    return ([("mixture", v) for v in GAUSSIAN_L2S]
+            if any(c["point"] == "mixture" for c in table) else [])

@@ -5,12 +5,14 @@ SPACE_KINDS = ("ball", "ellipsoid", "gram")
 PAPER_SPACE_KINDS = ("ball", "ellipsoid")  # the paper's parameter-space spaces
 ELLIPSOID_FLOORS = ("quantile", "paper")
 GRAM_WEIGHTINGS = ("samples", "radius")
-GRAM_POINTS = ("auto", "pooled", "lda", "gaussian", "best", "closed-form", "shared")
+GRAM_POINTS = ("auto", "pooled", "lda", "gaussian", "mixture", "best", "closed-form", "shared")
 # the points fitted to the labels (they need label moments); `auto` chooses on validation
 # among the pooled point, the pooled LDA point, the gaussian point (with class Gram
-# matrices) and the closed-form center
-POOLED_POINTS = ("auto", "pooled", "lda", "gaussian", "best")
-# gram-point gaussian / auto: the L2 penalties of the fit to the virtual rows the selection
+# matrices), the mixture point (with their k-means components) and the closed-form center
+POOLED_POINTS = ("auto", "pooled", "lda", "gaussian", "mixture", "best")
+# the points fitted to virtual rows of Gaussians (gems_fl.geometry.virtual)
+GAUSSIAN_POINTS = ("gaussian", "mixture")
+# gram-point gaussian / mixture / auto: the L2 penalties of the fit to the virtual rows the selection
 # round scores (standardised units; the first is the one used without that round)
 GAUSSIAN_L2S = (1e-6, 1e-5, 1e-4, 1e-3)
 # class-grams: class Gram matrices travel whole (float32 triangles) for layers of at most
@@ -95,7 +97,7 @@ def class_grams_for(setting: str, size: int, gram_rank: int | str = 0) -> bool:
     """Whether a node sends class Gram matrices for a ``size x size`` layer under
     ``class-grams=setting``: ``auto`` where they travel small, whole up to
     ``CLASS_GRAMS_AUTO_MAX`` or in the factor form of :func:`class_gram_rank_for`
-    (``gram-point='gaussian'`` sends nodes ``true``)."""
+    (``gram-point='gaussian'`` or ``'mixture'`` sends nodes ``true``)."""
     value = str(setting).strip().lower()
     if value == "auto":
         return int(size) <= CLASS_GRAMS_AUTO_MAX or class_gram_rank_for(gram_rank, size) > 0

@@ -29,6 +29,7 @@ from gems_fl.geometry.choices import GRAM_WEIGHTINGS as WEIGHTINGS
 from gems_fl.geometry.intersect import IntersectionResult
 from gems_fl.geometry.pooled import best_point, pooled_lda, pooled_point
 from gems_fl.geometry.spaces import GramSpace
+from gems_fl.geometry.components import mixture_moments
 from gems_fl.geometry.virtual import gaussian_point, pooled_class_moments
 
 def _node_inputs(centers: Sequence, grams: Sequence, what: str = "grams"):
@@ -309,7 +310,8 @@ def aggregate_gram(
     with ``pooled_ridge`` as its shrinkage) or ``gaussian`` (the softmax layer fitted to
     virtual rows of each class's pooled Gaussian, :func:`~gems_fl.geometry.virtual.
     gaussian_point`, with ``pooled_ridge`` as its L2 penalty and ``seed`` fixing the draw;
-    it needs every node's class Gram matrices).
+    it needs every node's class Gram matrices) or ``mixture`` (the same fit to virtual
+    rows of every node's k-means components of each class, where nodes sent them).
     """
     if not spaces:
         raise ValueError("no spaces to aggregate")
@@ -326,8 +328,9 @@ def aggregate_gram(
                                   "weights": [float(v) for v in lam]}
     if point == "lda":  # pooled_ridge is the LDA shrinkage
         chosen, method = _lda_choice(spaces, num_train, pooled_ridge, details), "lda"
-    elif point == "gaussian":  # pooled_ridge is the fit's L2 penalty
-        chosen, method = _gaussian_choice(spaces, pooled_ridge, seed, details), "gaussian"
+    elif point in ("gaussian", "mixture"):  # pooled_ridge is the fit's L2 penalty
+        chosen, method = _gaussian_choice(spaces, pooled_ridge, seed, details,
+                                          mixture=point == "mixture"), point
     elif point in ("auto", "pooled", "best"):  # auto: the pooled point until the selection round
         chosen, method = _pooled_choice(spaces, num_train, "best" if point == "best" else "pooled",
                                         pooled_ridge, details)
@@ -388,17 +391,42 @@ def has_class_grams(spaces: Sequence) -> bool:
                and getattr(s, "class_counts", None) is not None for s in spaces)
 
 
-def _gaussian_choice(spaces: Sequence[GramSpace], l2: float, seed: int,
-                     details: dict) -> np.ndarray:
-    """The ``gaussian`` point (:func:`gems_fl.geometry.virtual.gaussian_point`)."""
+def has_class_components(spaces: Sequence) -> bool:
+    """Whether every space carries class Gram matrices and some node split its classes
+    into k-means components (the ``mixture`` point then differs from ``gaussian``)."""
+    return has_class_grams(spaces) and any(getattr(s, "class_parts", None) is not None
+                                           for s in spaces)
+
+
+def _gaussian_choice(spaces: Sequence[GramSpace], l2: float, seed: int, details: dict, *,
+                     mixture: bool = False) -> np.ndarray:
+    """The ``gaussian`` point (:func:`gems_fl.geometry.virtual.gaussian_point`): one
+    Gaussian per class over all nodes or, with ``mixture``, one per node's k-means
+    component of a class (:mod:`gems_fl.geometry.components`)."""
     if not has_class_grams(spaces):
         missing = [k for k, s in enumerate(spaces) if getattr(s, "class_grams", None) is None]
-        raise ValueError(f"gram-point='gaussian' needs every node's class Gram matrices; "
-                         f"spaces {missing} have none (set class-grams=true)")
-    counts, means, covs = pooled_class_moments([s.class_grams for s in spaces],
-                                               [s.class_counts for s in spaces])
+        raise ValueError(f"gram-point='{'mixture' if mixture else 'gaussian'}' needs every "
+                         f"node's class Gram matrices; spaces {missing} have none (set "
+                         "class-grams=true)")
     details["gaussian_l2"] = float(l2)
+    if mixture:
+        counts, means, covs, classes = mixture_moments(
+            [s.class_grams for s in spaces], [_parts(s) for s in spaces])
+        details["gaussian_components"] = len(counts)
+        return gaussian_point(counts, means, covs, l2=l2, seed=seed, classes=classes,
+                              num_classes=len(spaces[0].class_counts))
+    counts, means, covs = pooled_class_moments([s.per_class_grams for s in spaces],
+                                               [s.class_counts for s in spaces])
     return gaussian_point(counts, means, covs, l2=l2, seed=seed)
+
+
+def _parts(space: GramSpace) -> np.ndarray:
+    """A space's components ``[class, rows]``: one per class held where it sent none."""
+    if space.class_parts is not None:
+        return space.class_parts
+    counts = np.asarray(space.class_counts)
+    held = np.flatnonzero(counts > 0)
+    return np.stack([held, counts[held]], axis=1)
 
 
 def _pooled_choice(spaces: Sequence[GramSpace], num_train: Sequence[float], point: str,

@@ -25,6 +25,7 @@ import numpy as np
 from gems_fl.geometry._checks import check_option
 from gems_fl.geometry.certify import certified_gram_radius, certified_radius
 from gems_fl.geometry.class_factors import class_factors, class_grams_from_factors, class_means
+from gems_fl.geometry.components import component_grams
 from gems_fl.geometry import choices
 from gems_fl.geometry.fisher import diagonal_fisher, fisher_axes
 from gems_fl.geometry.gram import (
@@ -82,6 +83,10 @@ class SpaceOptions(_FromSettings):
         (:func:`~gems_fl.geometry.choices.class_grams_for`), ``"false"`` never. Above
         ``CLASS_GRAMS_AUTO_MAX`` with ``gram_rank`` they travel, and the space holds them,
         in factor form (:mod:`gems_fl.geometry.class_factors`).
+    class_components : int
+        Class Gram matrices sent whole: up to this many k-means components per class
+        (:func:`~gems_fl.geometry.components.component_grams`); 1, and the factor form,
+        one per class.
     """
 
     kind: str = "gram"
@@ -94,6 +99,7 @@ class SpaceOptions(_FromSettings):
     gram_rank: int | str = 0
     label_moments: bool = False
     class_grams: str = "false"
+    class_components: int = 1
 
     @classmethod
     def from_settings(cls, settings: object) -> "SpaceOptions":
@@ -137,7 +143,7 @@ class AggregateOptions(_FromSettings):
         """The settings' options; ``pooled-ridge=auto`` gives the default ridge here (the
         convex strategy's selection round scores the others, see ``Settings.pooled_ridges``)."""
         ridges = settings.pooled_ridges
-        default = (choices.GAUSSIAN_L2S[0] if settings.gram_point == "gaussian"
+        default = (choices.GAUSSIAN_L2S[0] if settings.gram_point in choices.GAUSSIAN_POINTS
                    else choices.DEFAULT_POOLED_RIDGE)
         return cls(kind=settings.space, no_intersection=settings.no_intersection,
                    seed=settings.seed, gram_weighting=settings.gram_weighting,
@@ -262,11 +268,17 @@ class Gram(SpaceKind):
         gram, factor, residual = node_gram(train_inputs, options.gram_rank)
         moments, counts = (label_moments(train_inputs, train_labels, center.shape[0])
                            if options.label_moments else (None, None))
-        per_class, sent_classes = None, None
+        per_class, sent_classes, parts = None, None, None
         if options.label_moments and choices.class_grams_for(options.class_grams,
                                                              gram.shape[0], options.gram_rank):
-            per_class = class_grams(train_inputs, train_labels, center.shape[0])
             rank = choices.class_gram_rank_for(options.gram_rank, gram.shape[0])
+            if rank == 0 and options.class_components > 1:
+                per_class, parts = component_grams(train_inputs, train_labels, center.shape[0],
+                                                   options.class_components, seed)
+                if len(parts) == len(np.unique(parts[:, 0])):
+                    parts = None  # no class was split: the class Gram matrices themselves
+            else:
+                per_class = class_grams(train_inputs, train_labels, center.shape[0])
             if rank > 0:  # the matrices the server will build from the sent factors
                 means = class_means(moments, counts)
                 labels = np.asarray(train_labels)
@@ -278,12 +290,13 @@ class Gram(SpaceKind):
                                     r_max=options.bound, delta=options.delta, seed=seed)
         cert = certified_gram_radius(center, gram, val_inputs, y_val, options.eps)
         return LayerSpace(GramSpace(center.reshape(-1), gram, search.radius, cert, moments,
-                                    counts, per_class), cert, search.center_accuracy, factor,
-                          residual, sent_classes)
+                                    counts, per_class, parts), cert, search.center_accuracy,
+                          factor, residual, sent_classes)
 
     def make(self, center, radius, certified, extras) -> GramSpace:
-        moments, counts, per_class = extras.get("labels", (None, None, None))
-        return GramSpace(center, extras["gram"], radius, certified, moments, counts, per_class)
+        moments, counts, per_class, parts = extras.get("labels", (None, None, None, None))
+        return GramSpace(center, extras["gram"], radius, certified, moments, counts, per_class,
+                         parts)
 
     def aggregate(self, spaces, num_train, options) -> IntersectionResult:
         return aggregate_gram(list(spaces), list(num_train), weighting=options.gram_weighting,

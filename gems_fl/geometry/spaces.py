@@ -16,6 +16,7 @@ import numpy as np
 
 from gems_fl.geometry._checks import check_scalar
 from gems_fl.geometry.choices import PAPER_SPACE_KINDS, SPACE_KINDS  # noqa: F401 - re-exported
+from gems_fl.geometry.components import class_totals
 
 # Tolerances of the membership test: relative to the radius, and absolute.
 CONTAINS_RTOL = 1e-9
@@ -109,7 +110,9 @@ class GramSpace:
     ``moments`` ``(C, n)`` and ``class_counts`` ``(C,)`` are the node's label moments
     (:func:`gems_fl.geometry.gram.label_moments`), which the pooled points need;
     ``class_grams`` ``(m, n, n)`` its Gram matrix of each class it holds (class order,
-    :func:`gems_fl.geometry.gram.class_grams`), which the ``gaussian`` point needs.
+    :func:`gems_fl.geometry.gram.class_grams`), which the ``gaussian`` point needs; with
+    ``class_parts`` ``(m, 2)`` (``[class, rows]``) they are one per k-means component of
+    a class instead (:mod:`gems_fl.geometry.components`).
     """
 
     center: np.ndarray
@@ -119,6 +122,7 @@ class GramSpace:
     moments: np.ndarray | None = None
     class_counts: np.ndarray | None = None
     class_grams: np.ndarray | None = None
+    class_parts: np.ndarray | None = None
 
     def __post_init__(self) -> None:
         gram = np.asarray(self.gram, dtype=np.float64)
@@ -145,6 +149,13 @@ class GramSpace:
     def matrix(self) -> np.ndarray:
         """The center as the ``(C, n)`` matrix."""
         return self.center.reshape(-1, self.gram.shape[0])
+
+    @property
+    def per_class_grams(self) -> np.ndarray | None:
+        """One Gram matrix per class held (components added up), or None."""
+        if self.class_grams is None or self.class_parts is None:
+            return self.class_grams
+        return class_totals(self.class_grams, self.class_parts)
 
     def distance(self, w: np.ndarray) -> float:
         """``sqrt(tr((W - W_k) G_k (W - W_k)^T))``: RMS change of the node's logits."""

@@ -74,18 +74,25 @@ def class_statistics(second: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 def gaussian_point(counts: np.ndarray, means: np.ndarray, covariances: np.ndarray, *,
                    l2: float = 1e-6, seed: int = 0, rows: int = MAX_VIRTUAL_ROWS,
                    shrinkage: float = COVARIANCE_SHRINKAGE,
-                   iterations: int = FIT_ITERATIONS) -> np.ndarray:
+                   iterations: int = FIT_ITERATIONS, classes: np.ndarray | None = None,
+                   num_classes: int | None = None) -> np.ndarray:
     """The softmax layer ``(C, d + 1)`` fitted to virtual rows of the class Gaussians.
 
     ``counts`` ``(C,)``, ``means`` ``(C, d)`` and ``covariances`` ``(C, d, d)`` as
     :func:`pooled_class_moments` returns them. ``l2`` penalises the weights (not the bias)
-    in standardised units; ``seed`` fixes the draw.
+    in standardised units; ``seed`` fixes the draw. For a mixture, the Gaussians are
+    components (:func:`gems_fl.geometry.components.mixture_moments`): ``classes`` ``(M,)``
+    names each one's class, of ``num_classes``.
     """
     counts = np.asarray(counts, dtype=np.float64)
-    c, d = np.shape(means)
-    if counts.shape != (c,) or np.shape(covariances) != (c, d, d):
+    m, d = np.shape(means)
+    if counts.shape != (m,) or np.shape(covariances) != (m, d, d):
         raise ValueError(f"counts {counts.shape}, means {np.shape(means)} and covariances "
-                         f"{np.shape(covariances)} must be (C,), (C, d) and (C, d, d)")
+                         f"{np.shape(covariances)} must be (M,), (M, d) and (M, d, d)")
+    classes = np.arange(m) if classes is None else np.asarray(classes, dtype=np.int64)
+    c = m if num_classes is None else int(num_classes)
+    if classes.shape != (m,) or (m and (classes.min() < 0 or classes.max() >= c)):
+        raise ValueError(f"classes {classes.shape} must name one of {c} classes per Gaussian")
     if not (np.isfinite(l2) and l2 >= 0) or rows < 1 or counts.sum() <= 0:
         raise ValueError(f"l2={l2} must be >= 0, rows={rows} >= 1 and some class must have rows")
     total = counts.sum()
@@ -104,7 +111,7 @@ def gaussian_point(counts: np.ndarray, means: np.ndarray, covariances: np.ndarra
         z = torch.randn(int(per_class[k]), d, generator=gen)
         centre = torch.as_tensor((means[k] - mean) / scale, dtype=torch.float32)
         xs.append(centre + z @ root.T)
-        ys.append(torch.full((int(per_class[k]),), int(k), dtype=torch.long))
+        ys.append(torch.full((int(per_class[k]),), int(classes[k]), dtype=torch.long))
     ws = fit_softmax(torch.cat(xs), torch.cat(ys), c, l2=l2, iterations=iterations)
     return unstandardise(ws, mean, scale)
 

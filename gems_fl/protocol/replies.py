@@ -25,6 +25,7 @@ from flwr.common.logger import log
 
 from gems_fl.geometry.choices import class_gram_rank_for, gram_rank_for
 from gems_fl.geometry.class_factors import check_class_factors
+from gems_fl.geometry.components import check_component_grams
 from gems_fl.geometry.gram import check_class_grams, check_gram, check_moments, from_factor, from_half, unpack_triangle
 from gems_fl.geometry.kinds import space_kind
 from gems_fl.geometry.spaces import GramSpace, Space
@@ -164,30 +165,41 @@ def _read_gram_record(content: RecordDict, shapes: dict[str, tuple[int, ...]],
 
 
 def _read_labels(content: RecordDict, shapes: dict[str, tuple[int, ...]], rank: int | str,
-                 metrics: dict[str, float]) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
-    """Label moments, class counts and (when sent) class Gram matrices, checked against
-    the model, the node's count and each other. Class Gram matrices come whole or, where
-    :func:`~gems_fl.geometry.choices.class_gram_rank_for` gives a rank, in factor form."""
+                 metrics: dict[str, float]) -> tuple[np.ndarray, np.ndarray, np.ndarray | None,
+                                                     np.ndarray | None]:
+    """Label moments, class counts and (when sent) class Gram matrices and their
+    components' ``[class, rows]``, checked against the model, the node's count and each
+    other. Class Gram matrices come whole (per class, or per k-means component with
+    ``class-components``) or, where :func:`~gems_fl.geometry.choices.class_gram_rank_for`
+    gives a rank, in factor form."""
     record = content.array_records.get(LABELS_KEY)
     if record is None:
         raise ReplyError(f"'{LABELS_KEY}' is not an ArrayRecord")
     classes, n = shapes["weight"][0], shapes["weight"][1] + 1
     class_rank = class_gram_rank_for(rank, n)
     per_class_keys = set(CLASS_FACTOR_KEYS) if class_rank > 0 else {"class-grams"}
-    if set(record.keys()) not in ({"moments", "counts"}, {"moments", "counts", *per_class_keys}):
+    allowed = [{"moments", "counts"}, {"moments", "counts", *per_class_keys}]
+    if class_rank == 0:
+        allowed.append({"moments", "counts", "class-grams", "class-components"})
+    if set(record.keys()) not in allowed:
         raise ReplyError(f"'{LABELS_KEY}' holds {sorted(record.keys())}, expected "
-                         f"['counts', 'moments'] and optionally {sorted(per_class_keys)}")
+                         f"['counts', 'moments'] and optionally {sorted(per_class_keys)}"
+                         + ("" if class_rank else " (with 'class-components')"))
     try:
         moments, counts = (np.asarray(record[k].numpy()) for k in ("moments", "counts"))
         moments, counts = check_moments(moments, counts, (classes, n),
                                         int(metrics["num-train-examples"]))
-        per_class = None
-        if "class-grams" in record:
+        per_class, parts = None, None
+        if "class-components" in record:
+            per_class, parts = check_component_grams(
+                record["class-grams"].numpy(), record["class-components"].numpy(), counts,
+                moments, n)
+        elif "class-grams" in record:
             per_class = check_class_grams(record["class-grams"].numpy(), counts, moments, n)
         elif CLASS_FACTOR_KEYS[0] in record:
             per_class = check_class_factors(*(record[k].numpy() for k in CLASS_FACTOR_KEYS),
                                             record["moments"].numpy(), counts, n, class_rank)
-        return moments, counts, per_class
+        return moments, counts, per_class, parts
     except ReplyError:
         raise
     except Exception as exc:  # noqa: BLE001 - any decode or check failure is a bad reply

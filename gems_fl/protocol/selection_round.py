@@ -20,11 +20,12 @@ from flwr.common.logger import log
 from gems_fl.geometry.choices import (
     DEFAULT_REFINE_L2,
     GAUSSIAN_L2S,
+    GAUSSIAN_POINTS,
     LDA_SHRINKAGES,
     POOLED_POINTS,
     REFINE_METHODS,
 )
-from gems_fl.geometry.gram_merge import gram_result, has_class_grams
+from gems_fl.geometry.gram_merge import gram_result, has_class_components, has_class_grams
 from gems_fl.geometry.gram_sums import GramSums, aggregate_sums, summed_result
 from gems_fl.geometry.intersect import IntersectionResult
 from gems_fl.geometry.kinds import AggregateOptions, space_kind
@@ -54,8 +55,9 @@ def candidate_points(accepted: list[NodeReply], options: AggregateOptions,
     """The one-shot point for each pooled ridge (``pooled-ridge=auto``; for
     ``gram-point=lda`` each is a shrinkage) and, for ``gram-point=auto``, the pooled LDA
     point for each of ``LDA_SHRINKAGES``, the gaussian point for each of ``GAUSSIAN_L2S``
-    when every node sent class Gram matrices, and the closed-form center; for
-    ``gram-point=gaussian`` the gaussian point for each of ``GAUSSIAN_L2S``; else ``result``
+    when every node sent class Gram matrices, the mixture point for each of them where
+    nodes split their classes into components (not from sums), and the closed-form center;
+    for ``gram-point=gaussian`` or ``mixture`` that point for each of ``GAUSSIAN_L2S``; else ``result``
     alone (only its logit scale is then chosen). ``sums``: the server holds only the sums
     of the Gram statistics, and every candidate is solved from them."""
     if not (options.kind == "gram" and options.gram_point in POOLED_POINTS):
@@ -69,7 +71,7 @@ def candidate_points(accepted: list[NodeReply], options: AggregateOptions,
         aggregate = lambda o: aggregate_sums(sums, spaces, counts, point=o.gram_point,  # noqa: E731
                                              ridge=o.gram_ridge, pooled_ridge=o.pooled_ridge,
                                              seed=o.seed)
-    if options.gram_point == "gaussian":
+    if options.gram_point in GAUSSIAN_POINTS:
         ridges = GAUSSIAN_L2S if len(ridges) > 1 else ridges
     out: list[Candidate] = [(r, result if r == options.pooled_ridge else
                              aggregate(replace(options, pooled_ridge=r)))
@@ -79,6 +81,9 @@ def candidate_points(accepted: list[NodeReply], options: AggregateOptions,
                 for s in LDA_SHRINKAGES]
         if sums.has_class_grams if sums is not None else has_class_grams(spaces):
             out += [(v, aggregate(replace(options, gram_point="gaussian", pooled_ridge=v)))
+                    for v in GAUSSIAN_L2S]
+        if sums is None and has_class_components(spaces):
+            out += [(v, aggregate(replace(options, gram_point="mixture", pooled_ridge=v)))
                     for v in GAUSSIAN_L2S]
         if sums is None or sums.has_centers:  # noised sums (dp-epsilon) hold no W_k G_k
             out.append((None, aggregate(replace(options, gram_point="closed-form"))))
@@ -103,13 +108,13 @@ class Selected:
         return {"point": self.result.method, **_regularisation(self.result.method, self.ridge)}
 
 
-_NAMES = {"lda": "shrinkage", "gaussian": "L2"}
+_NAMES = {"lda": "shrinkage", "gaussian": "L2", "mixture": "L2"}
 
 
 def _regularisation(method: str, value: float | None) -> dict[str, float | None]:
     """A point's regularisation by its name: the pooled ridge, the LDA shrinkage or the
     gaussian fit's L2 penalty."""
-    name = {"lda": "lda_shrinkage", "gaussian": "gaussian_l2"}.get(method)
+    name = {"lda": "lda_shrinkage", "gaussian": "gaussian_l2", "mixture": "gaussian_l2"}.get(method)
     return {"pooled_ridge": value} if name is None else {"pooled_ridge": None, name: value}
 
 
@@ -130,7 +135,7 @@ def select(server_round: int, replies: list[Message], sent_to: list[int],
     choice = choose_candidate([v[0] for _, v in decoded], [v[1] for _, v in decoded],
                               [v[2] for _, v in decoded], TEMPERATURES)
     ridge, result = candidates[choice.index]
-    scale = (choice.temperature if scale_always or result.method in ("pooled", "lda", "gaussian")
+    scale = (choice.temperature if scale_always or result.method in ("pooled", "lda", "gaussian", "mixture")
              else 1.0)
     table = [{"point": c.method, **_regularisation(c.method, r),
               "val_accuracy": float(a), "val_loss": float(min(loss))}

@@ -250,7 +250,7 @@ class GEMS(GEMSBase):
             return space, metrics
         try:
             self.sums.add(int(metrics["num-train-examples"]), space.matrix, space.gram,
-                          space.moments, space.class_counts, space.class_grams)
+                          space.moments, space.class_counts, space.per_class_grams)
         except ValueError as exc:
             raise ReplyError(f"its Gram statistics cannot be summed: {exc}") from None
         return SummedGramSpace.of(space), metrics

@@ -42,7 +42,9 @@ Client -> server (the reply; nothing else leaves the client)::
                              rows (C x (d+1), float32), and "counts", the class counts;
                              with class-grams, "class-grams": the packed upper triangle
                              of mean x~ x~^T over the rows of each class held, in class
-                             order (m x (d+1)(d+2)/2, float32); above 257 inputs + 1
+                             order (m x (d+1)(d+2)/2, float32), or one per k-means
+                             component of a class with "class-components" (m x 2 int64:
+                             [class, rows]; class-components > 1); above 257 inputs + 1
                              with gram-rank r > 0 instead each class's covariance as
                              "class-vectors" (m x d x r, float16 in [-1, 1]) *
                              "class-scales" (m x r powers of two) and "class-residual"
@@ -253,9 +255,11 @@ def encode_reply(
     as the rank-r factor ``F`` (float16 vectors and power-of-two scales,
     :func:`gems_fl.geometry.gram.half_factor`) and the residual's diagonal
     ``gram_residual`` (``G ~ F F^T + diag(residual)``) instead. ``labels`` is
-    ``(moments, counts)``, ``(moments, counts, class_grams)`` or ``(moments, counts,
-    class_grams, class_factors)``; class Gram matrices travel as packed upper triangles
-    (float32), one row per class with rows, or, where ``class_factors`` is given
+    ``(moments, counts)``, ``(moments, counts, class_grams)``, ``(moments, counts,
+    class_grams, class_factors)`` or ``(moments, counts, class_grams, class_factors,
+    class_parts)``; class Gram matrices travel as packed upper triangles (float32), one
+    row per class with rows (one per component of a class, with ``class_parts`` ``[class,
+    rows]`` as ``class-components``), or, where ``class_factors`` is given
     (:func:`gems_fl.geometry.class_factors.class_factors`), as those arrays instead.
     """
     records: dict[str, Any] = {CENTER_KEY: array_record(center)}
@@ -277,6 +281,8 @@ def encode_reply(
             state.update(zip(CLASS_FACTOR_KEYS, rest[1]))
         elif rest and rest[0] is not None:
             state["class-grams"] = np.stack([pack_triangle(g) for g in rest[0]])
+            if len(rest) > 2 and rest[2] is not None:
+                state["class-components"] = np.asarray(rest[2], dtype=np.int64)
         records[LABELS_KEY] = array_record(state)
     records[METRICS_KEY] = MetricRecord(
         {
