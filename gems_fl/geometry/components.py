@@ -23,8 +23,7 @@ import torch
 from sklearn.cluster import KMeans
 from sklearn.exceptions import ConvergenceWarning
 
-from gems_fl.geometry._linalg import _labels, _matrix
-from gems_fl.geometry.gram import check_gram, unpack_triangle
+from gems_fl.geometry.gram import check_gram, labelled_rows, unpack_triangle
 from gems_fl.geometry.virtual import class_statistics
 
 #: a cluster is formed only for this many rows of its class, and for twice the layer's
@@ -42,14 +41,9 @@ def component_grams(x: np.ndarray | torch.Tensor, y, num_classes: int, component
     With ``components=1`` the grams are :func:`gems_fl.geometry.gram.class_grams`."""
     if int(components) < 1:
         raise ValueError(f"components={components} must be >= 1 (1: one Gaussian per class)")
-    xt = _matrix("x", x)
-    num, d = xt.shape
-    if num == 0:
-        raise ValueError("x has no rows: class Gram matrices are means over inputs and need one")
-    yt = _labels(y, num, int(num_classes))
-    xa = torch.cat([xt, torch.ones(num, 1, dtype=xt.dtype)], dim=1)
+    xa, yt = labelled_rows(x, y, num_classes)
     grams, parts = [], []
-    min_rows = max(MIN_COMPONENT_ROWS, 2 * (d + 1))
+    min_rows = max(MIN_COMPONENT_ROWS, 2 * xa.shape[1])
     for c in torch.unique(yt).tolist():
         rows = xa[yt == c]
         for members in _clusters(rows[:, :-1], int(components), min_rows, seed):

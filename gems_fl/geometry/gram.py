@@ -90,18 +90,24 @@ def class_grams(x: np.ndarray | torch.Tensor, y, num_classes: int) -> np.ndarray
     them is the node's Gram matrix. With the label moments they give each class's mean
     and covariance, which the ``gaussian`` point needs (:mod:`gems_fl.geometry.virtual`).
     """
-    xt = _matrix("x", x)
-    num, d = xt.shape
-    if num == 0:
-        raise ValueError("x has no rows: class Gram matrices are means over inputs and need one")
-    yt = _labels(y, num, int(num_classes))
-    xa = torch.cat([xt, torch.ones(num, 1, dtype=xt.dtype)], dim=1)
+    xa, yt = labelled_rows(x, y, num_classes)
     out = []
     for c in torch.unique(yt).tolist():
         rows = xa[yt == c]
         g = rows.T @ rows / len(rows)
         out.append(0.5 * (g + g.T))
     return torch.stack(out).numpy()
+
+
+def labelled_rows(x: np.ndarray | torch.Tensor, y, num_classes: int
+                  ) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(x~ = [x, 1] (N, d + 1) float64, labels (N,))``, checked, for class statistics."""
+    xt = _matrix("x", x)
+    num = xt.shape[0]
+    if num == 0:
+        raise ValueError("x has no rows: class Gram matrices are means over inputs and need one")
+    yt = _labels(y, num, int(num_classes))
+    return torch.cat([xt, torch.ones(num, 1, dtype=xt.dtype)], dim=1), yt
 
 
 def check_class_grams(triangles, counts: np.ndarray, moments: np.ndarray, n: int,
