@@ -127,16 +127,28 @@ def check_class_grams(triangles, counts: np.ndarray, moments: np.ndarray, n: int
         raise ValueError(f"class Gram matrices have shape {tri.shape}; expected "
                          f"({len(held)}, {n * (n + 1) // 2}): one packed triangle per class "
                          "with training rows")
+    return checked_class_matrices(tri, held, np.asarray(counts)[held], counts, moments, n,
+                                  tol=tol)
+
+
+def checked_class_matrices(triangles: np.ndarray, classes: np.ndarray, rows: np.ndarray,
+                           counts: np.ndarray, moments: np.ndarray, n: int, *,
+                           tol: float = 1e-4) -> np.ndarray:
+    """The matrices ``(m, n, n)`` of packed triangles ``(m, n (n + 1) / 2)``, matrix ``i``
+    over ``rows[i]`` rows of class ``classes[i]`` (one per class, or per k-means component
+    of a class, :mod:`gems_fl.geometry.components`), each checked by :func:`check_gram`
+    (bias entry 1), and each class's row-weighted mean last row within ``tol`` (relative
+    to its largest entry) of ``[class mean, 1]`` as the label moments give it."""
+    out = np.stack([check_gram(unpack_triangle(t, n), n, unit_bias_tol=1e-4) for t in triangles])
     num_rows = float(np.sum(counts))
-    out = np.empty((len(held), n, n))
-    for i, c in enumerate(held):
-        g = check_gram(unpack_triangle(tri[i], n), n, unit_bias_tol=1e-4)
+    for c in np.unique(classes):
+        mine = classes == c
+        last = rows[mine] @ out[mine, -1] / counts[c]
         mean = np.append(np.asarray(moments[c, :-1], dtype=np.float64) * num_rows / counts[c], 1.0)
-        gap = float(np.abs(g[-1] - mean).max())
-        if gap > tol * max(1.0, float(np.abs(g).max())):
+        gap = float(np.abs(last - mean).max())
+        if gap > tol * max(1.0, float(np.abs(out[mine]).max())):
             raise ValueError(f"class {int(c)}'s Gram matrix has a last row {gap:.3g} away from "
                              "[class mean, 1] as the label moments give it")
-        out[i] = g
     return out
 
 

@@ -101,7 +101,8 @@ def encode_layer_space(layer: LayerSpace, num_inputs: int, num_classes: int, *, 
         gram=space.gram if isinstance(space, GramSpace) and layer.factor is None else None,
         gram_factor=layer.factor, gram_residual=layer.residual,
         labels=((space.moments, space.class_counts, space.class_grams, layer.class_factors,
-                 space.class_parts) if isinstance(space, GramSpace) and space.moments is not None else None),
+                 space.class_parts)
+                if isinstance(space, GramSpace) and space.moments is not None else None),
     )
 
 
