@@ -29,7 +29,7 @@ from gems_fl.running.run_config import parse_run_config
 from gems_fl.serverapp.preflight import PreflightError, preflight
 from gems_fl.running.processes import marked_processes
 from gems_fl.running.runlog import Progress, summarise_errors
-from gems_fl.settings_doc import meaning, settings_markdown
+from gems_fl.settings.doc import meaning, settings_markdown
 from gems_fl.settings import Settings
 from tests.helpers import ROOT, app_defaults, run_in_process
 
@@ -199,7 +199,7 @@ def test_run_help_lists_every_setting_with_default_and_meaning(capsys):
 
 
 def test_readme_settings_table_is_generated_from_the_declarations():
-    # `python -m gems_fl.settings_doc` prints the table; README.md holds it verbatim
+    # `python -m gems_fl.settings.doc` prints the table; README.md holds it verbatim
     assert settings_markdown() in (ROOT / "README.md").read_text()
     for f in fields(Settings):
         assert meaning(f.name.replace("_", "-"))

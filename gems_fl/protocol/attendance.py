@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from gems_fl.setting_values import parse_required_nodes
+from gems_fl.settings.values import parse_required_nodes
 
 REASON_CHARS = 120  # a left-out site's reason in the one-line statement (results keep it whole)
 

@@ -31,7 +31,7 @@ def settings_epilog(width: int = 100) -> str:
     :mod:`gems_fl.settings`, like the README table)."""
     import json
 
-    from gems_fl.settings_doc import meaning
+    from gems_fl.settings.doc import meaning
 
     lines = ["run settings (--run-config \"key=value ...\"; quote text values: "
              "\"dataset='fashion-mnist'\"):"]

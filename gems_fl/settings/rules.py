@@ -8,8 +8,8 @@ from typing import TYPE_CHECKING
 
 from gems_fl.data.agreement import NODE_FILES
 from gems_fl.geometry.choices import POOLED_POINTS, SPACE_R_MAX, SUMS_POINTS
-from gems_fl.setting_checks import SettingsError
-from gems_fl.setting_values import parse_gram_rank
+from gems_fl.settings.checks import SettingsError
+from gems_fl.settings.values import parse_gram_rank
 
 if TYPE_CHECKING:
     from gems_fl.settings import Settings

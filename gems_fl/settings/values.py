@@ -8,7 +8,7 @@ import math
 
 from gems_fl.geometry.choices import DP_POOLED_RIDGES, POOLED_RIDGES
 from gems_fl.learning.widths import parse_hidden
-from gems_fl.setting_checks import SettingsError
+from gems_fl.settings.checks import SettingsError
 
 
 def parse_tune_curve(text: str) -> list[int]:

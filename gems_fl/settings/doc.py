@@ -1,5 +1,5 @@
 """The run settings in words, generated from their declarations in :mod:`gems_fl.settings`:
-the README's "Settings" table (``python -m gems_fl.settings_doc`` prints it; a test checks
+the README's "Settings" table (``python -m gems_fl.settings.doc`` prints it; a test checks
 README.md holds it verbatim) and each setting's meaning for ``gems-fl run --help``."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import fields
 from typing import Any
 
-from gems_fl.setting_checks import key_of
+from gems_fl.settings.checks import key_of
 from gems_fl.settings import Settings
 
 

@@ -1,0 +1,172 @@
+"""Run settings: one declaration per setting, one validated object built from them.
+
+Every key of ``[tool.flwr.app.config]`` in ``pyproject.toml`` is one field of
+:class:`Settings` (``-`` becomes ``_``), declared with :func:`~gems_fl.settings.checks.setting`
+in the module of its group (:mod:`.data`, :mod:`.training`, :mod:`.spaces`,
+:mod:`.aggregation`, :mod:`.privacy`, :mod:`.operation`): its default (hence its type), its
+meaning, its constraint, and whether nodes need it. From those declarations come the
+validation (:meth:`Settings.from_run_config` stops a bad ``--run-config`` at the start with
+a message naming the key; :mod:`.rules` checks the settings against each other), ``gems-fl
+run --help``, the README's "Settings" table (:mod:`.doc`, checked by a test), and what a
+node receives (:meth:`Settings.for_nodes`: only the settings node code reads).
+"""
+
+from __future__ import annotations
+
+from dataclasses import InitVar, asdict, dataclass, fields
+from typing import TYPE_CHECKING, Any, Mapping
+
+from gems_fl.data.agreement import NODE_FILES
+from gems_fl.learning.recipe import LocalTraining, TrainRecipe, TuneRecipe
+from gems_fl.learning.widths import parse_hidden
+from gems_fl.settings.aggregation import AggregationSettings
+from gems_fl.settings.checks import SettingsError, coerce, key_of
+from gems_fl.settings.data import DataSettings
+from gems_fl.settings.operation import OperationSettings
+from gems_fl.settings.privacy import PrivacySettings
+from gems_fl.settings.rules import check_rules
+from gems_fl.settings.spaces import SpaceSettings
+from gems_fl.settings.training import TrainingSettings
+from gems_fl.settings.values import (parse_pooled_ridge, parse_refine_l2, parse_tune_curve,
+                                     run_gram_rank)
+
+if TYPE_CHECKING:
+    from torch import nn
+
+__all__ = ["Settings", "SettingsError", "node_keys"]
+
+#: Paths only a partitioned dataset's nodes read (the files a simulation cuts into
+#: partitions); nodes on their own files (``node-files``) never receive them.
+PARTITION_PATHS = ("data-dir", "feature-cache-dir", "vgg16-weights")
+
+# What `hidden = "auto"` means per dataset (the paper: 100 for CIFAR-10, 50 otherwise).
+AUTO_HIDDEN = {"cifar10": "100"}
+AUTO_HIDDEN_DEFAULT = "50"
+# the run settings a node's own --node-config may override
+NODE_OVERRIDES = ("eps", "local-max-epochs", "local-patience")
+
+
+@dataclass(frozen=True)
+class Settings(OperationSettings, PrivacySettings, AggregationSettings, SpaceSettings,
+               TrainingSettings, DataSettings):
+    """Validated run settings (see README.md, "Settings"): the groups' fields, data
+    first (the README table's order).
+
+    ``scope="node"`` builds what a node holds: the settings it received
+    (:meth:`for_nodes`), validated; the server-only ones are ``None`` there, so node
+    code that reads one fails loudly instead of using a default the operator never set.
+    """
+
+    scope: InitVar[str] = "run"
+
+    def __post_init__(self, scope: str) -> None:
+        node_only = scope == "node"
+        if self.hidden.strip().lower() == "auto":
+            object.__setattr__(self, "hidden", AUTO_HIDDEN.get(self.dataset, AUTO_HIDDEN_DEFAULT))
+        # "auto", or the rank as an int whether it came as 50 or "50" (--run-config)
+        object.__setattr__(self, "gram_rank", run_gram_rank(self))
+        object.__setattr__(self, "refine_l2", parse_refine_l2(self.refine_l2))
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if node_only and not f.metadata["node"]:
+                if value != f.default:
+                    raise SettingsError(f"{key_of(f)} is a server-side setting; nodes do not "
+                                        "receive it")
+                object.__setattr__(self, f.name, None)
+                continue
+            if f.metadata["check"] is not None:
+                f.metadata["check"](key_of(f), value)
+        check_rules(self, node_only)
+
+    @classmethod
+    def from_run_config(cls, run_config: Mapping[str, Any]) -> "Settings":
+        """Build settings from a Flower run config (keys as in ``pyproject.toml``).
+
+        Unknown keys are ignored (Flower passes the whole app config); each known key
+        must have the type of its default.
+        """
+        return cls(**_known(run_config))
+
+    @classmethod
+    def from_node_config(cls, config: Mapping[str, Any]) -> "Settings":
+        """What a node holds: the settings of a message (:meth:`for_nodes`), validated."""
+        return cls(**_known(config, node_only=True), scope="node")
+
+    def for_node(self, node_config: Mapping[str, Any]) -> "Settings":
+        """These settings with the node's own overrides (keys in ``NODE_OVERRIDES``).
+
+        A node may choose its own target accuracy: ``--node-config "eps=0.6"`` (the
+        paper's intersection analysis gives each node a different eps), and its own
+        training budget (``local-max-epochs``, ``local-patience``: a site with little
+        compute caps its training).
+        """
+        kwargs = {key.replace("-", "_"): coerce(key, node_config[key], getattr(self, key.replace("-", "_")))
+                  for key in NODE_OVERRIDES if key in node_config}
+        if not kwargs:
+            return self
+        values = {f.name: getattr(self, f.name) for f in fields(self) if f.metadata["node"]}
+        return type(self)(**{**values, **kwargs}, scope="node")
+
+    @property
+    def hidden_widths(self) -> list[int]:
+        """Configured hidden widths of the MLP (``hidden`` parsed)."""
+        return parse_hidden(self.hidden)
+
+    @property
+    def pooled_ridges(self) -> tuple[float, ...]:
+        """The pooled ridges to use (``pooled-ridge`` parsed): one, or the candidates of
+        the selection round for ``auto``."""
+        return parse_pooled_ridge(self.pooled_ridge, private=bool(self.dp_epsilon))
+
+    @property
+    def tune_sizes(self) -> list[int]:
+        """Public sample sizes of the fine-tuning study (``tune-curve`` parsed)."""
+        return parse_tune_curve(self.tune_curve)
+
+    @property
+    def local_recipe(self) -> TrainRecipe:
+        """How every model trained to convergence is trained (local, Global, Raw converged)."""
+        return TrainRecipe(lr=self.local_lr, batch_size=self.batch_size,
+                           max_epochs=self.local_max_epochs, patience=self.local_patience)
+
+    @property
+    def tune_recipe(self) -> TuneRecipe:
+        """How GEMS tuned, Raw and every model of the fine-tuning study are tuned."""
+        return TuneRecipe(epochs=self.tune_epochs, lr=self.tune_lr, batch_size=self.batch_size,
+                          stop=self.tune_stop, max_epochs=self.tune_max_epochs)
+
+    @property
+    def local_training(self) -> LocalTraining:
+        """How local models are built and trained (``model``, ``hidden``, ``dropout``, recipe)."""
+        return LocalTraining(self.model, tuple(self.hidden_widths), self.dropout,
+                             self.local_recipe)
+
+    def new_model(self, num_features: int, num_classes: int) -> "nn.Module":
+        """A fresh model of the configured kind (``model``, ``hidden``, ``dropout``)."""
+        return self.local_training.new_model(num_features, num_classes)
+
+    def to_config(self) -> dict[str, Any]:
+        """Settings as a flat ``{key: value}`` dict with ``pyproject.toml`` keys."""
+        return {k.replace("_", "-"): v for k, v in asdict(self).items()}
+
+    def for_nodes(self) -> dict[str, Any]:
+        """The settings node code reads, as ``{key: value}``: what every message carries.
+        With ``dataset='node-files'`` each node reads its own file, so the server's data
+        paths (:data:`PARTITION_PATHS`) stay on the server."""
+        out = {key_of(f): getattr(self, f.name) for f in fields(self) if f.metadata["node"]}
+        if self.gram_point in ("gaussian", "mixture") and self.class_grams == "auto":
+            out["class-grams"] = "true"  # the point needs them whatever the layer's size
+        if self.dataset == NODE_FILES:
+            for key in PARTITION_PATHS:
+                out.pop(key, None)
+        return out
+
+
+def node_keys() -> tuple[str, ...]:
+    """The keys of the settings nodes receive."""
+    return tuple(key_of(f) for f in fields(Settings) if f.metadata["node"])
+
+
+def _known(config: Mapping[str, Any], node_only: bool = False) -> dict[str, Any]:
+    return {f.name: coerce(key_of(f), config[key_of(f)], f.default) for f in fields(Settings)
+            if key_of(f) in config and (f.metadata["node"] or not node_only)}

@@ -1,0 +1,107 @@
+"""Settings of the data: which dataset, where its files are, how it is divided among
+the nodes, and the shape of a site's own files.
+
+One :func:`~gems_fl.settings.checks.setting` declaration per setting;
+:class:`gems_fl.settings.Settings` combines the groups."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from gems_fl.data.agreement import NODE_FILES, STANDARDIZE_CHOICES
+from gems_fl.data.datasets import DATASET_NAMES
+from gems_fl.settings.checks import at_least, one_of, parses, positive, setting
+from gems_fl.settings.values import check_classes
+
+_ROW_HAM10000_PER_CLASS = (
+    "HAM10000: images per class after balancing (the paper's 2000) and training epochs of "
+    'the feature CNN')
+
+
+@dataclass(frozen=True)
+class DataSettings:
+    """Where the data comes from and how it is divided."""
+
+    dataset: str = setting(
+        'digits',
+        '`digits` (scikit-learn, bundled), `fashion-mnist` (IDX files), `mnist` (IDX '
+        'files), `cifar10` (python batches, VGG-16 features), `ham10000` (metadata CSV + '
+        "JPEGs, CNN features), or `node-files` (each SuperNode's own file, any features "
+        'and classes, agreed in the identity round); see "CIFAR-10", "HAM10000" and "Your '
+        'own data" below',
+        one_of((*DATASET_NAMES, NODE_FILES)), node=True)
+    data_dir: str = setting(
+        '',
+        'folder of the IDX files; empty: `/usr/share/datasets/fashion-mnist` for '
+        'Fashion-MNIST (Debian package `dataset-fashion-mnist`); required for MNIST '
+        '(torchvision downloads it there when online), CIFAR-10 and HAM10000',
+        node=True)
+    site_files: str = setting(
+        '',
+        "`gems-fl run --site FILE ...`: a simulation's nodes on site files, comma-separated "
+        "paths; node `k` (partition-id) reads file `k` as its `data-path` and is named by its "
+        "stem. A node with its own `data-path` (a deployed SuperNode) ignores it",
+        node=True)
+    label_division: str = setting(
+        'paper',
+        '`paper` (the appendix table, K = 2, 3, 5), `classes-per-node:N`, `iid`, '
+        '`dirichlet:ALPHA` (each class split over the nodes by a Dirichlet(ALPHA) draw, '
+        'seeded; `dirichlet:ALPHA:MIN`: every node at least MIN samples, default 10), or '
+        'explicit groups such as `0,1/2,3/4,5/6,7/8,9`',
+        node=True)
+    allow_overlap: bool = setting(
+        False,
+        'an explicit `label-division` may give a class to several nodes (its samples are '
+        'split among them); otherwise that is refused before the run starts, as a likely '
+        'typo')
+    num_features: int = setting(
+        0,
+        "`dataset='node-files'`: the number of features every node's file must have; 0: "
+        'the count most nodes report in the identity round (nodes with another count are '
+        'left out and named)',
+        at_least(0, "0: agreed from what the nodes report"), node=True)
+    classes: str = setting(
+        '',
+        "`dataset='node-files'`: the class labels, as comma-separated names "
+        "(`'benign,malignant'`, in index order) or a count (`3`: labels `0..2`, or the 3 "
+        'names most nodes hold); empty: every label the nodes hold, sorted (numerically '
+        'when all are integers)',
+        parses(check_classes), node=True)
+    label_column: str = setting(
+        '',
+        "CSV files (nodes and `public-data`): the label's column, as a 0-based number "
+        '(negative counts from the end) or a header name; empty: the last column',
+        node=True)
+    standardize: str = setting(
+        'off',
+        'feature scaling before training and evaluation: `off`, `node` (each node its own '
+        'training mean and std), or `federated` (one mean and std for all, combined on the '
+        "server from each node's per-feature count, sum and sum of squares sent in the "
+        'identity round; no rows leave a node)',
+        one_of(STANDARDIZE_CHOICES), node=True)
+    public_data: str = setting(
+        '',
+        'a file on the server (`.npz` with `x`, `y` and optionally `x_test`, `y_test`; or '
+        '`.csv`, with `<stem>_test.csv` optional) to fine-tune GEMS and train Raw on; '
+        'without a server test set the nodes evaluate those models too. A test split alone '
+        '(`.npz` with `x_test`, `y_test` only, or a `<stem>_test.csv`) is the server\'s test '
+        'set, with no tuning. Read and checked before any node is contacted. Empty: off')
+    vgg16_weights: str = setting(
+        '',
+        "CIFAR-10: a local VGG-16 state dict (torchvision's `vgg16-397923af.pth`); empty: "
+        'torchvision fetches `VGG16_Weights.IMAGENET1K_V1` (needs torchvision and internet)',
+        node=True)
+    feature_cache_dir: str = setting(
+        '',
+        "where extracted CIFAR-10 / HAM10000 features (and HAM10000's decoded images) are "
+        'cached; empty: `~/.cache/gems-fl/features` (`$XDG_CACHE_HOME/gems-fl/features` '
+        'when set)',
+        node=True)
+    ham10000_per_class: int = setting(
+        2000,
+        _ROW_HAM10000_PER_CLASS,
+        at_least(4, "every class needs an image in each of train, public, val and test"), node=True)
+    ham10000_cnn_epochs: int = setting(
+        10,
+        _ROW_HAM10000_PER_CLASS,
+        positive, node=True)

@@ -1,0 +1,110 @@
+"""Settings of training: the model, how local models are trained, and how the
+server fine-tunes on its public sample.
+
+One :func:`~gems_fl.settings.checks.setting` declaration per setting;
+:class:`gems_fl.settings.Settings` combines the groups."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from gems_fl.learning.recipe import TUNE_LAYERS, TUNE_STOPS
+from gems_fl.settings.checks import at_least, in_range, one_of, parses, positive, setting
+from gems_fl.settings.values import check_hidden, parse_tune_curve
+
+MODELS = ("logistic", "mlp")
+DEVICES = ("auto", "cpu", "cuda")  # resolved per process: gems_fl.learning.train.resolve_device
+
+_ROW_HIDDEN = (
+    'MLP hidden widths (`"100,50"` for two layers) and dropout after each hidden layer; '
+    "`auto` is the paper's width for the dataset: `100` for `cifar10`, `50` for every other")
+
+_ROW_LOCAL_LR = (
+    'Adam learning rate and batch size for all training')
+
+_ROW_LOCAL_MAX_EPOCHS = (
+    'training stops when for `local-patience` epochs neither the training accuracy reached '
+    'a new best nor the loss fell by 1e-3; at most `local-max-epochs`. A site may set its '
+    'own budget with `--node-config "local-max-epochs=50 local-patience=5"`')
+
+_ROW_TUNE_EPOCHS = (
+    'fine-tuning recipe, also used for Raw')
+
+
+@dataclass(frozen=True)
+class TrainingSettings:
+    """What is trained and how."""
+
+    model: str = setting(
+        'logistic',
+        '`logistic` (convex, one round) or `mlp` (layer-wise protocol, one round per '
+        'hidden layer plus one)',
+        one_of(MODELS), node=True)
+    hidden: str = setting(
+        'auto',
+        _ROW_HIDDEN,
+        parses(check_hidden), node=True)
+    dropout: float = setting(
+        0.5,
+        _ROW_HIDDEN,
+        in_range(0.0, 1.0, "a fraction of units", closed="left"), node=True)
+    local_lr: float = setting(
+        0.001,
+        _ROW_LOCAL_LR,
+        positive, node=True)
+    batch_size: int = setting(
+        32,
+        _ROW_LOCAL_LR,
+        positive, node=True)
+    local_max_epochs: int = setting(
+        100,
+        _ROW_LOCAL_MAX_EPOCHS,
+        positive, node=True)
+    local_patience: int = setting(
+        3,
+        _ROW_LOCAL_MAX_EPOCHS,
+        positive, node=True)
+    device: str = setting(
+        'auto',
+        'where local training, fine-tuning and feature extraction run: `auto` (CUDA when '
+        'the process sees one, else CPU), `cpu`, or `cuda` (an error where there is no '
+        'CUDA device); radius searches and the layer merge stay on the CPU',
+        one_of(DEVICES), node=True)
+    public_samples: int = setting(
+        1000,
+        "size of the server's public sample (0: no tuning, no Raw)",
+        at_least(0, "0 turns fine-tuning and the Raw baseline off"))
+    tune_epochs: int = setting(
+        5,
+        _ROW_TUNE_EPOCHS,
+        at_least(0))
+    tune_lr: float = setting(
+        0.001,
+        _ROW_TUNE_EPOCHS,
+        positive)
+    tune_stop: str = setting(
+        'holdout',
+        'how fine-tuning (GEMS tuned, Raw, the fine-tuning study) stops: `holdout` holds out '
+        '20 % of the public sample, picks there the epoch (the start included; at most '
+        '`tune-max-epochs`, ended by 5 epochs in which neither held-out accuracy nor loss '
+        'improved) and, for a trained start, the factor it is shrunk by first (1, 0.5, 0.2 '
+        'or 0), then tunes that long on the whole sample; '
+        "`fixed` runs exactly `tune-epochs` epochs on all of it (the paper's recipe)",
+        one_of(TUNE_STOPS))
+    tune_max_epochs: int = setting(
+        50,
+        '`tune-stop=holdout`: at most this many fine-tuning epochs',
+        at_least(0))
+    tune_layers: str = setting(
+        'auto',
+        "MLP fine-tuning: the `last` layer only (the paper's choice), `all`, or `auto`: "
+        'both, keeping the one that scores better on the held-out 20 % (with `tune-stop=fixed`, '
+        'which holds nothing out: `last`)',
+        one_of(TUNE_LAYERS))
+    tune_curve: str = setting(
+        '',
+        'Fine-tuning study: comma-separated public sample sizes (e.g. `100,200,500`); the '
+        'server then tunes GEMS, each Local model, Averaged and a fresh Raw model '
+        'identically on nested samples of each size and writes the curve to `results.json` '
+        '(`fine_tuning`). Empty: off',
+        parses(parse_tune_curve))
