@@ -10,7 +10,7 @@ if __name__ == "__main__":
     seeds = tuple(range(int(sys.argv[1]) if len(sys.argv) > 1 else 1))
     options = Options(studies=(7,), seeds=seeds, dirichlet_alphas=(0.05, 0.1, 0.5),
                       dirichlet_ks=(5, 20), dirichlet_points=("auto",))
-    print(reproduce(options, Path("/work/repro7d/out"), jobs=2,
+    print(reproduce(options, Path(__file__).resolve().parent / "out", jobs=2,
                     command=f"python3 run.py {len(seeds)}  # Options(studies=(7,), "
                             f"seeds={seeds}, dirichlet_alphas=(0.05, 0.1, 0.5), "
                             "dirichlet_ks=(5, 20), dirichlet_points=('auto',)), jobs=2"))
