@@ -176,3 +176,77 @@ def test_tune_layers_auto_is_the_papers_last_layer_when_nothing_is_held_out():
     assert fixed.tune_trained(nn.Linear(5, 2), x, y, seed=0, layers="auto").layers == "all"
     with pytest.raises(ValueError, match="layers='some'"):
         fixed.tune_trained(nn.Linear(5, 2), x, y, seed=0, layers="some")
+
+
+def _fresh_factory(hidden: int | None = None):
+    """A seeded fresh start (the same model at every call), like Raw's."""
+    from gems_fl.learning.models import MLP
+
+    def fresh():
+        torch.manual_seed(7)
+        return nn.Linear(5, 2) if hidden is None else MLP(5, [hidden], 2, dropout=0.0)
+    return fresh
+
+
+def _converging():
+    from gems_fl.learning.recipe import TrainRecipe
+
+    return TrainRecipe(lr=0.01, batch_size=16, max_epochs=100, patience=3)
+
+
+def test_a_fresh_converged_model_is_kept_where_the_tuned_start_scores_lower_held_out():
+    from gems_fl.learning.models import MLP
+
+    x, y = _data(8, 400)
+    # a tuning budget too small to fix the start (one epoch at a tiny rate, no shrinking
+    # helps a start that is wrong only in its hidden layer's blindness)
+    recipe = TuneRecipe(epochs=5, lr=1e-6, batch_size=16, stop="holdout", max_epochs=1,
+                        fresh=_converging())
+    start = _mlp_blind_to_the_label()
+    chosen, report = recipe.tune_or_fresh(start, x, y, seed=0, layers="last",
+                                          fresh_model=_fresh_factory(hidden=12))
+    assert report.fresh and report.layers == "all" and report.stopped_by == "converged"
+    assert chosen is not start and isinstance(chosen, MLP)
+    assert chosen.hidden[0].out_features == 12  # the fresh model's own widths
+    # the kept model is exactly a fresh one trained to convergence on every row
+    alone = _fresh_factory(hidden=12)()
+    _converging().train(alone, x, y, seed=0)
+    for a, b in zip(chosen.state_dict().values(), alone.state_dict().values()):
+        torch.testing.assert_close(a, b)
+    # and it beat the tuned start on the held-out rows, which is why it was kept
+    tuned = _mlp_blind_to_the_label()
+    tuned_report = recipe.tune_trained(tuned, x, y, seed=0, layers="last")
+    assert report.holdout_score > tuned_report.holdout_score
+    assert accuracy(chosen, x, y) > accuracy(tuned, x, y) + 0.1
+
+
+def test_a_tuned_start_that_scores_as_well_held_out_is_kept():
+    x, y = _data(9, 400)
+    good = nn.Linear(5, 2)
+    with torch.no_grad():  # the rule itself: nothing held out can beat it on accuracy
+        good.weight.copy_(torch.tensor([[-10.0, -5.0, 0, 0, 0], [10.0, 5.0, 0, 0, 0]]))
+        good.bias.zero_()
+    recipe = TuneRecipe(epochs=5, lr=0.01, batch_size=16, stop="holdout", max_epochs=5,
+                        fresh=_converging())
+    chosen, report = recipe.tune_or_fresh(good, x, y, seed=0, layers="auto",
+                                          fresh_model=_fresh_factory())
+    assert chosen is good and not report.fresh and report.holdout_score[0] == 1.0
+
+
+def test_without_a_fresh_recipe_or_a_holdout_the_tuned_start_is_all_there_is():
+    x, y = _data(8, 400)
+    for recipe in (TuneRecipe(epochs=1, lr=1e-6, batch_size=16, stop="holdout", max_epochs=1),
+                   TuneRecipe(epochs=1, lr=1e-6, batch_size=16, stop="fixed",
+                              fresh=_converging())):
+        start = _mlp_blind_to_the_label()
+        chosen, report = recipe.tune_or_fresh(start, x, y, seed=0, layers="last",
+                                              fresh_model=_fresh_factory(hidden=12))
+        assert chosen is start and not report.fresh
+
+
+def test_tune_fresh_setting_builds_the_fresh_recipe_from_the_local_one():
+    from gems_fl.settings import Settings
+
+    on = Settings().tune_recipe
+    assert on.fresh == Settings().local_recipe and "fresh model" in on.describe()
+    assert Settings(tune_fresh=False).tune_recipe.fresh is None

@@ -98,13 +98,12 @@ def evaluate_rows(
     log(INFO, "GEMS tuned (tune-layers=%s) and Raw: %s on %d public samples; Raw "
         "converged: until convergence", settings.tune_layers, tune.describe(),
         len(data.public_y))
-    tuned = copy.deepcopy(models.gems)
-    report = tune.tune_trained(tuned, data.public_x, data.public_y, settings.seed,
-                               settings.tune_layers)
+    tuned, report = tune.tune_or_fresh(copy.deepcopy(models.gems), data.public_x,
+                                       data.public_y, settings.seed, settings.tune_layers,
+                                       lambda: raw_start(settings, num_features, num_classes))
     rows["GEMS tuned"] = row(tuned, tuned_layers=report.layers, **_tuned(report))
 
-    torch.manual_seed(settings.seed + 1)
-    raw = settings.new_model(num_features, num_classes)
+    raw = raw_start(settings, num_features, num_classes)
     raw_converged = copy.deepcopy(raw)
     report = tune.tune(raw, data.public_x, data.public_y, settings.seed)
     rows["Raw"] = row(raw, **_tuned(report))
@@ -113,8 +112,17 @@ def evaluate_rows(
     return rows
 
 
+def raw_start(settings: Settings, num_features: int, num_classes: int) -> nn.Module:
+    """Raw's fresh start (seeded ``seed + 1``), the same model at every call."""
+    torch.manual_seed(settings.seed + 1)
+    return settings.new_model(num_features, num_classes)
+
+
 def _tuned(report) -> dict[str, object]:  # noqa: ANN001 - TrainReport
-    """How a fine-tuning went, for its row: epochs run and, held out, the epoch kept."""
+    """How a fine-tuning went, for its row: epochs run and, held out, the epoch kept
+    (``fresh``: a fresh model trained to convergence scored better there and was kept)."""
+    if report.fresh:
+        return {"fresh": True, "epochs": report.epochs}
     out: dict[str, object] = {"tune_epochs": report.epochs}
     if report.best_epoch is not None:
         out["kept_epoch"] = report.best_epoch

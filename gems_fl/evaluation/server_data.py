@@ -182,15 +182,16 @@ def tune_on_public(run, public: PublicData, settings: Settings, num_features: in
     server-side rows, as state dicts for the evaluate round (the nodes score them)."""
     import copy
 
-    import torch
+    from gems_fl.evaluation.baselines import raw_start
 
     if len(public.y) == 0 or not settings.tune_recipe.active:
         return {}
+
     tune = settings.tune_recipe
-    tuned = copy.deepcopy(run.gems_model)
-    tune.tune_trained(tuned, public.x, public.y, settings.seed, settings.tune_layers)
-    torch.manual_seed(settings.seed + 1)
-    raw = settings.new_model(num_features, num_classes)
+    tuned, _ = tune.tune_or_fresh(copy.deepcopy(run.gems_model), public.x, public.y,
+                                  settings.seed, settings.tune_layers,
+                                  lambda: raw_start(settings, num_features, num_classes))
+    raw = raw_start(settings, num_features, num_classes)
     tune.tune(raw, public.x, public.y, settings.seed)
     as_state = lambda m: {k: v.detach().cpu().numpy() for k, v in m.state_dict().items()}  # noqa: E731
     return {"gems-tuned": as_state(tuned), "raw": as_state(raw)}

@@ -8,6 +8,7 @@ at every call site.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -57,6 +58,9 @@ class TuneRecipe:
     max_epochs: int = 50
     patience: int = 5
     holdout_fraction: float = 0.2
+    #: ``stop='holdout'``: the recipe of a fresh model trained until convergence, which
+    #: :meth:`tune_or_fresh` scores on the same held-out rows as the tuned start (None: not tried)
+    fresh: TrainRecipe | None = None
 
     def __post_init__(self) -> None:
         if self.stop not in TUNE_STOPS:
@@ -72,7 +76,9 @@ class TuneRecipe:
         if self.stop == "holdout":
             return (f"up to {self.max_epochs} epochs, the epoch (and a trained start's "
                     f"shrink factor) chosen on a held-out {self.holdout_fraction:.0%} of the "
-                    "sample, then tuned on all of it")
+                    "sample, then tuned on all of it"
+                    + (" (a fresh model trained to convergence is kept instead where it "
+                       "scores better there)" if self.fresh is not None else ""))
         return f"{self.epochs} epochs"
 
     def tune(self, model: nn.Module, x: np.ndarray, y: np.ndarray, seed: int,
@@ -139,6 +145,41 @@ class TuneRecipe:
             freeze_hidden(model)
         model.load_state_dict(chosen.state_dict())
         return report
+
+
+    def tune_or_fresh(self, model: nn.Module, x: np.ndarray, y: np.ndarray, seed: int,
+                      layers: str, fresh_model: Callable[[], nn.Module]
+                      ) -> tuple[nn.Module, TrainReport]:
+        """The better of ``model`` tuned (:meth:`tune_trained`, in place) and a fresh model
+        trained until convergence (:attr:`fresh`), as ``(model, report)``.
+
+        Both are scored on the same held-out rows; the tuned start is kept on a tie. The
+        fresh one, built by ``fresh_model`` (it may have other hidden widths than
+        ``model``), is first trained on the other rows only, for that score, and where it
+        wins, a second one is trained on every row: the model Raw converged trains when
+        ``fresh_model`` builds Raw's start. Why: a start far from every class (a GEMS
+        model whose nodes each saw a few) can tune, within the epochs the held-out rows
+        allow, to a model below what the public sample alone gives; the held-out rows
+        see that and keep the better. Without a held-out rule or :attr:`fresh`, this is
+        :meth:`tune_trained`. The report's ``fresh`` says which was kept.
+        """
+        report = self.tune_trained(model, x, y, seed, layers)
+        if self.stop != "holdout" or self.fresh is None or report.holdout_score is None:
+            return model, report
+        from gems_fl.learning.train import converged_holdout_score
+
+        recipe = self.fresh
+        score = converged_holdout_score(
+            fresh_model(), x, y, holdout_fraction=self.holdout_fraction, lr=recipe.lr,
+            batch_size=recipe.batch_size, max_epochs=recipe.max_epochs,
+            patience=recipe.patience, seed=seed)
+        if score <= report.holdout_score:
+            return model, report
+        chosen = fresh_model()
+        fresh_report = recipe.train(chosen, x, y, seed)
+        fresh_report.holdout_score, fresh_report.fresh = score, True
+        fresh_report.layers = "all"
+        return chosen, fresh_report
 
 
 def _score(report: TrainReport) -> tuple[float, float]:

@@ -81,6 +81,7 @@ class TrainReport:
     holdout_score: tuple[float, float] | None = None  # its held-out (accuracy, -loss)
     shrink: float | None = None  # the factor the kept start was shrunk by
     layers: str | None = None  # a trained MLP's tuning: the layers it updated (last / all)
+    fresh: bool = False  # the held-out rows preferred a fresh model trained to convergence
 
 
 def _tensors(x: np.ndarray, y: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
@@ -221,13 +222,9 @@ class _HoldoutKeeper:
         self.state: dict[str, torch.Tensor] = {}
         self.update(model, 0)
 
-    @torch.no_grad()
     def update(self, model: nn.Module, epoch: int) -> int:
         """Score ``model``; keep it if it is the best. Returns epochs since the best."""
-        model.eval()
-        logits = model(self.x)
-        score = (float((logits.argmax(dim=1) == self.y).float().mean()),
-                 -float(nn.functional.cross_entropy(logits, self.y)))
+        score = _heldout_score(model, self.x, self.y)
         improved = False
         if score[0] > self.best[0] or (score[0] == self.best[0] and score[1] > self.best[1]):
             self.best, self.best_epoch, improved = score, epoch, True
@@ -239,6 +236,38 @@ class _HoldoutKeeper:
 
     def restore(self, model: nn.Module) -> None:
         model.load_state_dict(self.state)
+
+
+@torch.no_grad()
+def _heldout_score(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> tuple[float, float]:
+    """``model``'s (accuracy, -cross-entropy) on held-out rows: the order tunings compare."""
+    model.eval()
+    logits = model(x)
+    return (float((logits.argmax(dim=1) == y).float().mean()),
+            -float(nn.functional.cross_entropy(logits, y)))
+
+
+def holdout_split(num_rows: int, holdout_fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """The rows a held-out tuning trains on and the rows it scores on (seeded; at least one
+    of each). Every held-out choice of one tuning uses this split, so they compare alike."""
+    if not 0 < holdout_fraction < 1:
+        raise ValueError(f"holdout_fraction={holdout_fraction} must lie in (0, 1)")
+    order = np.random.default_rng(seed).permutation(num_rows)
+    held = min(num_rows - 1, max(1, int(round(holdout_fraction * num_rows))))
+    return order[held:], order[:held]
+
+
+def converged_holdout_score(
+    model: nn.Module, x: np.ndarray, y: np.ndarray, *, holdout_fraction: float, lr: float,
+    batch_size: int, max_epochs: int, patience: int, seed: int, device: str | None = None,
+) -> tuple[float, float]:
+    """Train ``model`` in place until convergence (as :func:`train_until_converged`) on the
+    rows :func:`holdout_split` keeps, and return its held-out (accuracy, -loss): the score
+    a fresh model trained to convergence earns in the same comparison as the tunings."""
+    keep, hold = holdout_split(len(y), holdout_fraction, seed)
+    train_until_converged(model, x[keep], y[keep], lr=lr, batch_size=batch_size,
+                          max_epochs=max_epochs, patience=patience, seed=seed, device=device)
+    return _heldout_score(model, *_tensors(x[hold], y[hold]))
 
 
 def fine_tune_holdout(
@@ -273,9 +302,7 @@ def fine_tune_holdout(
         raise ValueError(f"holdout_fraction={holdout_fraction} must lie in (0, 1)")
     if len(y) < 2 or max_epochs == 0:
         return TrainReport(stopped_by="too-few-rows" if len(y) < 2 else "no-epochs")
-    order = np.random.default_rng(seed).permutation(len(y))
-    held = min(len(y) - 1, max(1, int(round(holdout_fraction * len(y)))))
-    keep, hold = order[held:], order[:held]
+    keep, hold = holdout_split(len(y), holdout_fraction, seed)
     if not shrinks or any(not 0 <= f <= 1 for f in shrinks):
         raise ValueError(f"shrinks={shrinks} must be factors in [0, 1], at least one")
     original = copy.deepcopy(model.state_dict())

@@ -514,7 +514,21 @@ class Report:
         self._save_plot(fig, "study6_accuracy_vs_bytes.png")
 
     def _seed_note(self, records: list[dict]) -> str:
-        return f"Mean (std) over {_seeds(records)} seeds.\n"
+        return f"Mean (std) over {_seeds(records)} seeds.\n" + self._fresh_note(records)
+
+    def _fresh_note(self, records: list[dict]) -> str:
+        """How many GEMS tuned rows kept a fresh model trained to convergence
+        (``tune-fresh``), where that option was on."""
+        on = [r for r in records
+              if r["run_config"].get("tune-fresh",
+                                     self.meta.get("defaults", {}).get("tune-fresh", False))
+              and _acc(r, "GEMS tuned") is not None]
+        if not on:
+            return ""
+        fresh = sum(bool(r["outcome"]["rows"]["GEMS tuned"].get("fresh")) for r in on)
+        return (f"GEMS tuned: the held-out 20 % of the public sample kept a fresh model "
+                f"trained to convergence instead of the tuned GEMS model (`tune-fresh`) in "
+                f"{fresh} of {len(on)} runs.\n")
 
     def write_summary(self, header: str) -> Path:
         (self.folder / "results.json").write_text(json.dumps(self.data, indent=2))

@@ -133,7 +133,8 @@ class Settings(OperationSettings, PrivacySettings, AggregationSettings, SpaceSet
     def tune_recipe(self) -> TuneRecipe:
         """How GEMS tuned, Raw and every model of the fine-tuning study are tuned."""
         return TuneRecipe(epochs=self.tune_epochs, lr=self.tune_lr, batch_size=self.batch_size,
-                          stop=self.tune_stop, max_epochs=self.tune_max_epochs)
+                          stop=self.tune_stop, max_epochs=self.tune_max_epochs,
+                          fresh=self.local_recipe if self.tune_fresh else None)
 
     @property
     def local_training(self) -> LocalTraining:

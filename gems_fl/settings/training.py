@@ -101,6 +101,12 @@ class TrainingSettings:
         'both, keeping the one that scores better on the held-out 20 % (with `tune-stop=fixed`, '
         'which holds nothing out: `last`)',
         one_of(TUNE_LAYERS))
+    tune_fresh: bool = setting(
+        True,
+        '`tune-stop=holdout`, GEMS tuned: also train a fresh model until convergence (Raw '
+        "converged's recipe) on the same 80 % and keep it instead where it scores better "
+        'on the held-out 20 % (`results.json` says which was kept: `fresh`); `false`: '
+        'the tuned GEMS model always')
     tune_curve: str = setting(
         '',
         'Fine-tuning study: comma-separated public sample sizes (e.g. `100,200,500`); the '
