@@ -5,7 +5,8 @@ For each public sample size ``n`` (setting ``tune-curve``), the server takes the
 fine-tunes, with the identical recipe (Adam, ``tune-lr``, ``batch-size``, and the
 ``tune-stop`` rule: held-out early stopping or ``tune-epochs`` fixed epochs):
 
-- **GEMS tuned**: the aggregated model ``h_G``;
+- **GEMS tuned**: the aggregated model ``h_G`` (tuned as it is: the study compares
+  starts, so the run row's ``tune-fresh`` choice of a fresh model is not made here);
 - **Local tuned**: each node's local model (the row is their mean accuracy);
 - **Averaged tuned**: the parameter mean of the local models;
 - **Raw**: a freshly initialised model of the same architecture.
