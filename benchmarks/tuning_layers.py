@@ -6,7 +6,8 @@ Each run is the real ServerApp and ClientApp code over an in-process Grid with t
 defaults except ``model='mlp'``, Fashion-MNIST, ``public-samples=1000`` and the case's
 ``space`` and division (``SPACE:DIVISION:NODES``; ``paper:2`` is the appendix's K=2, both
 nodes holding classes 0-4). ``--tune-layers`` (default ``auto``, the run's default) says
-which layers GEMS tuned updates. Prints per run GEMS, GEMS tuned (and the layers the
+which layers GEMS tuned updates; ``--tune-fresh`` (default ``true``, the run's default)
+whether the held-out rows may keep a fresh model trained to convergence instead. Prints per run GEMS, GEMS tuned (and the layers the
 held-out rows kept), Raw and Raw converged; writes JSON after every run (``--out``,
 default ``benchmarks/out/tuning_layers.json``; runs already there are skipped).
 """
@@ -25,12 +26,15 @@ sys.path.insert(0, str(ROOT / "benchmarks"))  # the run through the apps
 from gram_rank_mlp import mlp_run  # noqa: E402
 
 
-def run_once(space: str, division: str, nodes: int, seed: int, layers: str) -> dict:
+def run_once(space: str, division: str, nodes: int, seed: int, layers: str,
+             fresh: bool) -> dict:
     results, wall, _ = mlp_run({"label-division": division, "seed": seed, "space": space,
-                                "public-samples": 1000, "tune-layers": layers}, nodes)
+                                "public-samples": 1000, "tune-layers": layers,
+                                "tune-fresh": fresh}, nodes)
     rows = results["rows"]
     return {"space": space, "division": division, "nodes": nodes, "seed": seed,
-            "tune_layers": layers, "gems": rows["GEMS"]["accuracy"],
+            "tune_layers": layers, "tune_fresh": fresh, "gems": rows["GEMS"]["accuracy"],
+            "fresh": bool(rows["GEMS tuned"].get("fresh")),
             "gems_tuned": rows["GEMS tuned"]["accuracy"],
             "tuned_layers": rows["GEMS tuned"].get("tuned_layers"),
             "raw": rows["Raw"]["accuracy"], "raw_converged": rows["Raw converged"]["accuracy"],
@@ -42,25 +46,27 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, nargs="+", default=[0])
     parser.add_argument("--cases", nargs="+", default=["gram:paper:2"])
     parser.add_argument("--tune-layers", default="auto", choices=("auto", "last", "all"))
+    parser.add_argument("--tune-fresh", default="true", choices=("true", "false"))
     parser.add_argument("--out", type=Path,
                         default=ROOT / "benchmarks" / "out" / "tuning_layers.json")
     args = parser.parse_args()
+    fresh = args.tune_fresh == "true"
     args.out.parent.mkdir(parents=True, exist_ok=True)
     rows = json.loads(args.out.read_text())["runs"] if args.out.exists() else []
     print(f"{'space':>9} {'division':>9} {'K':>3} {'seed':>4} {'GEMS':>7} {'tuned':>7} "
-          f"{'layers':>6} {'Raw':>7} {'Raw conv':>8}")
+          f"{'layers':>6} {'fresh':>5} {'Raw':>7} {'Raw conv':>8}")
     for seed in args.seeds:
         for case in args.cases:
             space, division, nodes = case.split(":", 1)[0], *case.split(":", 1)[1].rsplit(":", 1)
-            key = (space, division, int(nodes), seed, args.tune_layers)
-            if any((r["space"], r["division"], r["nodes"], r["seed"], r["tune_layers"]) == key
-                   for r in rows):
+            key = (space, division, int(nodes), seed, args.tune_layers, fresh)
+            if any((r["space"], r["division"], r["nodes"], r["seed"], r["tune_layers"],
+                    r.get("tune_fresh", False)) == key for r in rows):
                 continue
-            row = run_once(space, division, int(nodes), seed, args.tune_layers)
+            row = run_once(space, division, int(nodes), seed, args.tune_layers, fresh)
             rows.append(row)
             args.out.write_text(json.dumps({"runs": rows}, indent=2) + "\n")
             print(f"{space:>9} {division:>9} {nodes:>3} {seed:>4} {row['gems']:>7.4f} "
-                  f"{row['gems_tuned']:>7.4f} {row['tuned_layers']:>6} {row['raw']:>7.4f} "
+                  f"{row['gems_tuned']:>7.4f} {row['tuned_layers']:>6} {str(row['fresh']):>5} {row['raw']:>7.4f} "
                   f"{row['raw_converged']:>8.4f}", flush=True)
 
 
