@@ -398,3 +398,18 @@ def test_plan_runs_the_dirichlet_study_for_both_models_and_the_refined_trial():
                            and t.run_config["model"] == "logistic" for t in refined)
     assert {t.run_config["label-division"] for t in plan} == {
         f"dirichlet:{a:g}" for a in options.dirichlet_alphas}
+
+
+def test_the_seed_note_counts_the_tuned_rows_that_kept_a_fresh_model(tmp_path):
+    from gems_fl.reproduce.report import Report
+
+    def record(seed, fresh=None, **config):
+        tuned = {"accuracy": 0.8, **({} if fresh is None else {"fresh": fresh})}
+        return {"run_config": {"seed": seed, **config}, "outcome": {"rows": {"GEMS tuned": tuned}}}
+
+    on = Report(tmp_path, [], {"defaults": {"tune-fresh": True}})
+    records = [record(0, True), record(1, False), record(2), record(3, True, **{"tune-fresh": False})]
+    assert "in 1 of 3 runs" in on._fresh_note(records)
+    off = Report(tmp_path, [], {"defaults": {"tune-fresh": False}})
+    assert off._fresh_note([record(0), record(1)]) == ""
+    assert Report(tmp_path, [], {})._fresh_note([record(0, True)]) == ""  # older results

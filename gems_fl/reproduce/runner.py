@@ -33,7 +33,7 @@ from gems_fl.reproduce.plan import Trial
 
 def _compact_gems(results: dict, exchanges: list[dict]) -> dict:
     rows = {name: {k: v for k, v in row.items() if k in ("accuracy", "parameters", "hidden_widths",
-                                                         "skipped")}
+                                                         "skipped", "fresh", "tuned_layers")}
             for name, row in results["rows"].items()}
     rounds = [e for e in exchanges if e["nodes"] > 0 and e["type"] == "train"]
     other = [e for e in exchanges if e["nodes"] > 0 and e["type"] != "train"]
