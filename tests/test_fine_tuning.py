@@ -217,6 +217,7 @@ def test_a_fresh_converged_model_is_kept_where_the_tuned_start_scores_lower_held
     tuned = _mlp_blind_to_the_label()
     tuned_report = recipe.tune_trained(tuned, x, y, seed=0, layers="last")
     assert report.holdout_score > tuned_report.holdout_score
+    assert report.rival_score == tuned_report.holdout_score  # the one not kept
     assert accuracy(chosen, x, y) > accuracy(tuned, x, y) + 0.1
 
 
@@ -231,6 +232,7 @@ def test_a_tuned_start_that_scores_as_well_held_out_is_kept():
     chosen, report = recipe.tune_or_fresh(good, x, y, seed=0, layers="auto",
                                           fresh_model=_fresh_factory())
     assert chosen is good and not report.fresh and report.holdout_score[0] == 1.0
+    assert report.rival_score is not None and report.rival_score <= report.holdout_score
 
 
 def test_without_a_fresh_recipe_or_a_holdout_the_tuned_start_is_all_there_is():
@@ -241,7 +243,7 @@ def test_without_a_fresh_recipe_or_a_holdout_the_tuned_start_is_all_there_is():
         start = _mlp_blind_to_the_label()
         chosen, report = recipe.tune_or_fresh(start, x, y, seed=0, layers="last",
                                               fresh_model=_fresh_factory(hidden=12))
-        assert chosen is start and not report.fresh
+        assert chosen is start and not report.fresh and report.rival_score is None
 
 
 def test_tune_fresh_setting_builds_the_fresh_recipe_from_the_local_one():
@@ -250,3 +252,19 @@ def test_tune_fresh_setting_builds_the_fresh_recipe_from_the_local_one():
     on = Settings().tune_recipe
     assert on.fresh == Settings().local_recipe and "fresh model" in on.describe()
     assert Settings(tune_fresh=False).tune_recipe.fresh is None
+
+
+def test_a_run_says_which_tuned_model_it_kept_and_both_held_out_scores(tmp_path):
+    from tests.helpers import run_in_process
+
+    rows = run_in_process(3, tmp_path, space="ball", seed=1,
+                          **{"label-division": "classes-per-node:4"})["rows"]
+    tuned = rows["GEMS tuned"]
+    assert isinstance(tuned["fresh"], bool)
+    kept, other = tuned["held_out_accuracy"], tuned["other_held_out_accuracy"]
+    assert 0 <= other <= kept <= 1  # the kept one scores at least as well held out
+    if tuned["fresh"]:  # the fresh model on every row is the model Raw converged trains
+        assert tuned["accuracy"] == rows["Raw converged"]["accuracy"]
+    off = run_in_process(3, tmp_path / "off", space="ball", seed=1,
+                         **{"label-division": "classes-per-node:4", "tune-fresh": False})["rows"]
+    assert "fresh" not in off["GEMS tuned"] and "held_out_accuracy" not in off["GEMS tuned"]

@@ -102,6 +102,12 @@ def evaluate_rows(
                                        data.public_y, settings.seed, settings.tune_layers,
                                        lambda: raw_start(settings, num_features, num_classes))
     rows["GEMS tuned"] = row(tuned, tuned_layers=report.layers, **_tuned(report))
+    if report.rival_score is not None:
+        log(INFO, "GEMS tuned: kept %s (held-out accuracy %.4f) over %s (%.4f)",
+            "a fresh model trained to convergence" if report.fresh else "the tuned h_G",
+            report.holdout_score[0],
+            "the tuned h_G" if report.fresh else "a fresh model trained to convergence",
+            report.rival_score[0])
 
     raw = raw_start(settings, num_features, num_classes)
     raw_converged = copy.deepcopy(raw)
@@ -121,9 +127,13 @@ def raw_start(settings: Settings, num_features: int, num_classes: int) -> nn.Mod
 def _tuned(report) -> dict[str, object]:  # noqa: ANN001 - TrainReport
     """How a fine-tuning went, for its row: epochs run and, held out, the epoch kept
     (``fresh``: a fresh model trained to convergence scored better there and was kept)."""
+    out: dict[str, object] = {}
+    if report.rival_score is not None:  # tune-fresh compared the two on the held-out rows
+        out = {"fresh": report.fresh, "held_out_accuracy": report.holdout_score[0],
+               "other_held_out_accuracy": report.rival_score[0]}
     if report.fresh:
-        return {"fresh": True, "epochs": report.epochs}
-    out: dict[str, object] = {"tune_epochs": report.epochs}
+        return {**out, "epochs": report.epochs}
+    out["tune_epochs"] = report.epochs
     if report.best_epoch is not None:
         out["kept_epoch"] = report.best_epoch
     if report.shrink is not None:

@@ -161,7 +161,8 @@ class TuneRecipe:
         model whose nodes each saw a few) can tune, within the epochs the held-out rows
         allow, to a model below what the public sample alone gives; the held-out rows
         see that and keep the better. Without a held-out rule or :attr:`fresh`, this is
-        :meth:`tune_trained`. The report's ``fresh`` says which was kept.
+        :meth:`tune_trained`. The report's ``fresh`` says which was kept, its
+        ``holdout_score`` and ``rival_score`` the held-out scores of the kept one and the other.
         """
         report = self.tune_trained(model, x, y, seed, layers)
         if self.stop != "holdout" or self.fresh is None or report.holdout_score is None:
@@ -174,10 +175,12 @@ class TuneRecipe:
             batch_size=recipe.batch_size, max_epochs=recipe.max_epochs,
             patience=recipe.patience, seed=seed)
         if score <= report.holdout_score:
+            report.rival_score = score
             return model, report
         chosen = fresh_model()
         fresh_report = recipe.train(chosen, x, y, seed)
         fresh_report.holdout_score, fresh_report.fresh = score, True
+        fresh_report.rival_score = report.holdout_score
         fresh_report.layers = "all"
         return chosen, fresh_report
 

@@ -82,6 +82,7 @@ class TrainReport:
     shrink: float | None = None  # the factor the kept start was shrunk by
     layers: str | None = None  # a trained MLP's tuning: the layers it updated (last / all)
     fresh: bool = False  # the held-out rows preferred a fresh model trained to convergence
+    rival_score: tuple[float, float] | None = None  # tune-or-fresh: the one not kept, held out
 
 
 def _tensors(x: np.ndarray, y: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
