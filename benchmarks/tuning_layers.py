@@ -7,8 +7,9 @@ defaults except ``model='mlp'``, Fashion-MNIST, ``public-samples=1000`` and the 
 ``space`` and division (``SPACE:DIVISION:NODES``; ``paper:2`` is the appendix's K=2, both
 nodes holding classes 0-4). ``--tune-layers`` (default ``auto``, the run's default) says
 which layers GEMS tuned updates; ``--tune-fresh`` (default ``true``, the run's default)
-whether the held-out rows may keep a fresh model trained to convergence instead. Prints per run GEMS, GEMS tuned (and the layers the
-held-out rows kept), Raw and Raw converged; writes JSON after every run (``--out``,
+whether the held-out rows may keep a fresh model trained to convergence instead. Prints
+per run GEMS, GEMS tuned (the layers the held-out rows kept, and whether they kept the
+fresh model), Raw and Raw converged; writes JSON after every run (``--out``,
 default ``benchmarks/out/tuning_layers.json``; runs already there are skipped).
 """
 
@@ -66,7 +67,8 @@ def main() -> None:
             rows.append(row)
             args.out.write_text(json.dumps({"runs": rows}, indent=2) + "\n")
             print(f"{space:>9} {division:>9} {nodes:>3} {seed:>4} {row['gems']:>7.4f} "
-                  f"{row['gems_tuned']:>7.4f} {row['tuned_layers']:>6} {str(row['fresh']):>5} {row['raw']:>7.4f} "
+                  f"{row['gems_tuned']:>7.4f} {row['tuned_layers']:>6} {str(row['fresh']):>5} "
+                  f"{row['raw']:>7.4f} "
                   f"{row['raw_converged']:>8.4f}", flush=True)
 
 

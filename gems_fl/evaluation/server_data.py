@@ -186,7 +186,6 @@ def tune_on_public(run, public: PublicData, settings: Settings, num_features: in
 
     if len(public.y) == 0 or not settings.tune_recipe.active:
         return {}
-
     tune = settings.tune_recipe
     tuned, _ = tune.tune_or_fresh(copy.deepcopy(run.gems_model), public.x, public.y,
                                   settings.seed, settings.tune_layers,

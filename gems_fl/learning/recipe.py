@@ -146,7 +146,6 @@ class TuneRecipe:
         model.load_state_dict(chosen.state_dict())
         return report
 
-
     def tune_or_fresh(self, model: nn.Module, x: np.ndarray, y: np.ndarray, seed: int,
                       layers: str, fresh_model: Callable[[], nn.Module]
                       ) -> tuple[nn.Module, TrainReport]:
