@@ -413,3 +413,49 @@ def test_the_seed_note_counts_the_tuned_rows_that_kept_a_fresh_model(tmp_path):
     off = Report(tmp_path, [], {"defaults": {"tune-fresh": False}})
     assert off._fresh_note([record(0), record(1)]) == ""
     assert Report(tmp_path, [], {})._fresh_note([record(0, True)]) == ""  # older results
+
+
+def test_a_trial_records_the_commit_of_the_code_that_ran_it(tmp_path):
+    from gems_fl.evaluation.results import git_commit
+    from gems_fl.reproduce.plan import Trial
+    from gems_fl.reproduce.runner import execute
+
+    trial = Trial("fedavg", {"dataset": "digits", "model": "logistic", "seed": 0}, 2,
+                  federated={"rounds": 1, "local_epochs": 1, "proximal_mu": 0.0})
+    record = execute(trial, str(tmp_path))
+    here = git_commit()
+    assert record["git_commit"] == (here["commit"] if here else None)
+    assert record["git_dirty"] == (here["dirty"] if here else None)
+    assert len(record["outcome"]["accuracy"]) == 1
+
+
+def test_a_stored_trial_without_its_commit_takes_it_from_its_run_and_keeps_it(tmp_path):
+    from gems_fl.reproduce.plan import Trial
+    from gems_fl.reproduce.runner import run_trials
+
+    trial = Trial("gems", {"dataset": "digits", "seed": 0}, 2, labels={"seed": 0})
+    stored = {"kind": "gems", "labels": {"seed": 0}, "studies": [], "outcome": {}, "wall_s": 1.0}
+    (tmp_path / "trials").mkdir()
+    path = tmp_path / "trials" / f"{trial.name}.json"
+    path.write_text(json.dumps(stored))
+    run = tmp_path / "runs" / trial.name / "run-1"
+    run.mkdir(parents=True)
+    (run / "results.json").write_text(json.dumps({"run": {"git_commit": "abc1234def",
+                                                          "git_dirty": False}}))
+    records, ran = run_trials([trial], tmp_path, jobs=1)
+    assert ran == 0 and records[0]["git_commit"] == "abc1234def"
+    assert json.loads(path.read_text())["git_commit"] == "abc1234def"  # written back
+    # Without its run on disk, a stored trial stays as it was: nothing is made up.
+    other = Trial("gems", {"dataset": "digits", "seed": 1}, 2, labels={"seed": 1})
+    (tmp_path / "trials" / f"{other.name}.json").write_text(json.dumps(stored))
+    records, ran = run_trials([other], tmp_path, jobs=1)
+    assert ran == 0 and "git_commit" not in records[0]
+
+
+def test_the_report_header_says_which_commits_computed_the_trials():
+    from gems_fl.reproduce import commits_line
+
+    records = [{"git_commit": "a" * 40, "git_dirty": False}] * 2 + [
+        {"git_commit": "b" * 40, "git_dirty": True}, {}]
+    assert commits_line(records) == ("Trials computed at commit `aaaaaaa` (2), `bbbbbbb` with "
+                                     "uncommitted changes (1), not recorded (1)")

@@ -18,7 +18,7 @@ from gems_fl.reproduce.report_dirichlet import dirichlet_section
 from gems_fl.reproduce.runner import run_trials
 from gems_fl.settings import Settings
 
-__all__ = ["Options", "STUDIES", "expected_files", "reproduce"]
+__all__ = ["Options", "STUDIES", "commits_line", "expected_files", "reproduce"]
 
 
 def expected_files(options: Options) -> list[str]:
@@ -34,6 +34,18 @@ def expected_files(options: Options) -> list[str]:
              6: ["study6_federated.md", "study6_federated.json", "study6_accuracy_vs_bytes.png"],
              7: ["study7_dirichlet.md", "study7_dirichlet.json", "study7_dirichlet.png"]}
     return [f for s in sorted(options.studies) for f in files[s]] + ["results.json", "README.md"]
+
+
+def commits_line(records: list[dict]) -> str:
+    """Which code computed the trials: each git commit (short) with its trial count, a
+    commit with uncommitted changes marked, trials that recorded none counted apart."""
+    counts: dict[str, int] = {}
+    for record in records:
+        commit = record.get("git_commit")
+        name = ("not recorded" if not commit else
+                f"`{commit[:7]}`" + (" with uncommitted changes" if record.get("git_dirty") else ""))
+        counts[name] = counts.get(name, 0) + 1
+    return "Trials computed at commit " + ", ".join(f"{name} ({n})" for name, n in counts.items())
 
 
 def _defaults() -> dict:
@@ -59,6 +71,7 @@ def reproduce(options: Options, out: Path, jobs: int = 2, fresh: bool = False,
             "defaults": _defaults(), "trials": len(trials), "wall_s": wall,
             "trial_compute_s": sum(r["wall_s"] for r in records), "jobs": jobs,
             "trials_run_now": ran,
+            "commits": commits_line(records),
             "command": command}
     report = Report(out, records, meta)
     studies = set(options.studies)
@@ -82,8 +95,9 @@ def reproduce(options: Options, out: Path, jobs: int = 2, fresh: bool = False,
               + (f"{len(trials)} trials, seeds {list(options.seeds)}, {jobs} worker "
                  f"process(es). This invocation ran {ran} of them in {wall:.0f} s wall time; "
                  f"the others were already stored in {out / 'trials'} from an earlier "
-                 "invocation.\n"
+                 f"invocation ({meta['trial_compute_s']:.0f} s of trial time in all).\n"
                  if ran < len(trials) else
                  f"{len(trials)} trials, seeds {list(options.seeds)}, {jobs} worker "
-                 f"process(es); wall time {wall:.0f} s for all of them.\n"))
+                 f"process(es); wall time {wall:.0f} s for all of them.\n")
+              + f"\n{commits_line(records)}.\n")
     return report.write_summary(header)

@@ -5,7 +5,10 @@ call :func:`gems_fl.serverapp.run_server`, the function ``server_app.py`` calls,
 in-process Grid whose nodes run :func:`gems_fl.protocol.node.build_client_app`, the
 ClientApp ``client_app.py`` serves; FedAvg/FedProx trials use :mod:`gems_fl.evaluation.fedavg`. A trial's
 outcome is written to ``trials/<name>.json`` as soon as it finishes, so an interrupted
-reproduction resumes where it stopped, and a finished trial is never run twice.
+reproduction resumes where it stopped, and a finished trial is never run twice. Each
+outcome records the git commit of the code that computed it (``git_commit``,
+``git_dirty``): a reproduction that spans several invocations says which code each
+trial ran.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from rich.progress import (
     TimeElapsedColumn,
 )
 
+from gems_fl.evaluation.results import git_commit
 from gems_fl.learning.train_cache import ENV_VAR as CACHE_ENV_VAR
 from gems_fl.reproduce.plan import Trial
 
@@ -102,10 +106,28 @@ def execute(trial: Trial, work_dir: str) -> dict:
                 outcome = curve.to_dict()
         finally:
             flwr_logger.handlers = saved
+    git = git_commit()
     return {"kind": trial.kind, "labels": trial.labels, "studies": sorted(trial.studies),
             "run_config": trial.run_config, "num_nodes": trial.num_nodes,
             "node_configs": trial.node_configs, "federated": trial.federated,
-            "outcome": outcome, "wall_s": time.perf_counter() - t0}
+            "outcome": outcome, "wall_s": time.perf_counter() - t0,
+            "git_commit": git["commit"] if git else None,
+            "git_dirty": git["dirty"] if git else None}
+
+
+def _with_commit(record: dict, run_dir: Path) -> dict:
+    """A stored outcome from before trials recorded their commit takes it from its GEMS
+    run's own ``results.json`` (``run.git_commit``) when that is still on disk."""
+    from gems_fl.evaluation.results import RESULTS_FILE
+
+    written = run_dir / "run-1" / RESULTS_FILE
+    try:
+        run = json.loads(written.read_text()).get("run") or {}
+    except (OSError, ValueError):
+        return record
+    if run.get("git_commit"):
+        record = {**record, "git_commit": run["git_commit"], "git_dirty": run.get("git_dirty")}
+    return record
 
 
 def _next_trial(queue: list[Trial], running) -> Trial | None:  # noqa: ANN001
@@ -134,6 +156,10 @@ def run_trials(trials: list[Trial], work_dir: Path, jobs: int) -> tuple[list[dic
         path = work_dir / "trials" / f"{trial.name}.json"
         if path.exists():
             stored = json.loads(path.read_text())
+            if "git_commit" not in stored:
+                stored = _with_commit(stored, work_dir / "runs" / trial.name)
+                if "git_commit" in stored:  # kept, for a checkout without the runs
+                    path.write_text(json.dumps(stored))
             stored["studies"] = sorted(set(stored["studies"]) | trial.studies)
             stored["labels"] = {**stored["labels"], **trial.labels}
             done[trial.name] = stored
