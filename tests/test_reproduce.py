@@ -459,3 +459,21 @@ def test_the_report_header_says_which_commits_computed_the_trials():
         {"git_commit": "b" * 40, "git_dirty": True}, {}]
     assert commits_line(records) == ("Trials computed at commit `aaaaaaa` (2), `bbbbbbb` with "
                                      "uncommitted changes (1), not recorded (1)")
+
+
+def test_gram_ranks_flag_is_parsed_and_validated():
+    from gems_fl.running.cli import main, parse_gram_ranks
+
+    assert parse_gram_ranks("5,auto,0") == (5, "auto", 0)
+    assert parse_gram_ranks("none") == ()
+    for bad in ("5,x", "-1", "5,5", ""):
+        assert isinstance(parse_gram_ranks(bad), str), bad
+    assert main(["reproduce", "--gram-ranks", "5,x", "--out", "/nonexistent"]) == 2
+
+
+def test_no_gram_rank_sweep_plans_no_rank_trials_and_expects_no_rank_files():
+    options = Options(studies=(1,), gram_ranks=())
+    plan = build_plan(options)
+    assert len(plan) == len(options.setups()) * len(options.spaces) * len(options.seeds)
+    assert not any("gram_rank" in t.labels for t in plan)
+    assert not any(f.startswith("study1_gram_rank") for f in expected_files(options))

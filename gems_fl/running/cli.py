@@ -100,6 +100,10 @@ def _parser() -> argparse.ArgumentParser:
     rep.add_argument("--data-dir", default="", help="dataset folder (setting data-dir)")
     rep.add_argument("--fed-rounds", type=int, default=None,
                      help="study 6: FedAvg/FedProx rounds (default: 100, quick: 4)")
+    rep.add_argument("--gram-ranks", default=None,
+                     help="study 1's gram-rank sweep (convex K=5): comma-separated ranks, "
+                     "'auto' or 0 (the whole matrix), e.g. 5,auto,0; 'none' skips the sweep "
+                     "(default: 5,20,50,100,auto,0; quick: 5,auto,0)")
     rep.add_argument("--jobs", type=int, default=2, help="worker processes (default: 2)")
     rep.add_argument("--fresh", action="store_true", help="discard stored trials and cache")
     sub_ = sub.add_parser(
@@ -268,6 +272,24 @@ def _report(work, where: str = "") -> int:  # noqa: ANN001 - a callable giving a
     return 0
 
 
+def parse_gram_ranks(text: str) -> tuple[int | str, ...] | str:
+    """``--gram-ranks``: the ranks of study 1's sweep, or a message saying what is wrong."""
+    if text.strip().lower() == "none":
+        return ()
+    ranks: list[int | str] = []
+    for part in (p.strip() for p in text.split(",")):
+        if part == "auto":
+            ranks.append(part)
+        elif part.isdigit():
+            ranks.append(int(part))
+        else:
+            return (f"--gram-ranks {text!r}: {part!r} is not a rank; give ranks >= 0 or "
+                    "'auto' separated by commas (0 is the whole matrix), or 'none'")
+    if len(set(ranks)) != len(ranks):
+        return f"--gram-ranks {text!r} names a rank twice"
+    return tuple(ranks)
+
+
 def _reproduce(args: argparse.Namespace, argv: list[str] | None) -> int:
     from gems_fl.reproduce import Options, expected_files, reproduce
 
@@ -290,6 +312,12 @@ def _reproduce(args: argparse.Namespace, argv: list[str] | None) -> int:
             print("gems-fl: error: --fed-rounds must be >= 1", file=sys.stderr)
             return 2
         changes["fed_rounds"] = args.fed_rounds
+    if args.gram_ranks is not None:
+        ranks = parse_gram_ranks(args.gram_ranks)
+        if isinstance(ranks, str):
+            print(f"gems-fl: error: {ranks}", file=sys.stderr)
+            return 2
+        changes["gram_ranks"] = ranks
     try:
         options = Options.quick_preset(**changes) if args.quick else Options(**changes)
         command = "gems-fl " + " ".join(sys.argv[1:] if argv is None else argv)
