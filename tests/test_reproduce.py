@@ -434,7 +434,8 @@ def test_a_stored_trial_without_its_commit_takes_it_from_its_run_and_keeps_it(tm
     from gems_fl.reproduce.runner import run_trials
 
     trial = Trial("gems", {"dataset": "digits", "seed": 0}, 2, labels={"seed": 0})
-    stored = {"kind": "gems", "labels": {"seed": 0}, "studies": [], "outcome": {}, "wall_s": 1.0}
+    stored = {"kind": "gems", "labels": {"seed": 0, "gram_rank": 5}, "studies": [1],
+              "outcome": {}, "wall_s": 1.0}
     (tmp_path / "trials").mkdir()
     path = tmp_path / "trials" / f"{trial.name}.json"
     path.write_text(json.dumps(stored))
@@ -444,6 +445,8 @@ def test_a_stored_trial_without_its_commit_takes_it_from_its_run_and_keeps_it(tm
                                                           "git_dirty": False}}))
     records, ran = run_trials([trial], tmp_path, jobs=1)
     assert ran == 0 and records[0]["git_commit"] == "abc1234def"
+    # The labels and studies are this plan's, not those an earlier plan stored.
+    assert records[0]["labels"] == {"seed": 0} and records[0]["studies"] == []
     assert json.loads(path.read_text())["git_commit"] == "abc1234def"  # written back
     # Without its run on disk, a stored trial stays as it was: nothing is made up.
     other = Trial("gems", {"dataset": "digits", "seed": 1}, 2, labels={"seed": 1})
@@ -467,7 +470,8 @@ def test_gram_ranks_flag_is_parsed_and_validated():
     assert parse_gram_ranks("5,auto,0") == (5, "auto", 0)
     assert parse_gram_ranks("none") == ()
     for bad in ("5,x", "-1", "5,5", ""):
-        assert isinstance(parse_gram_ranks(bad), str), bad
+        with pytest.raises(ValueError, match="--gram-ranks"):
+            parse_gram_ranks(bad)
     assert main(["reproduce", "--gram-ranks", "5,x", "--out", "/nonexistent"]) == 2
 
 

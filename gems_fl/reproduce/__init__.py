@@ -66,9 +66,6 @@ def reproduce(options: Options, out: Path, jobs: int = 2, fresh: bool = False,
     t0 = time.perf_counter()
     trials = build_plan(options)
     records, ran = run_trials(trials, out, jobs)
-    if not options.gram_ranks:
-        for record in records:  # a rank label stored by an earlier sweep is not this report's
-            record["labels"].pop("gram_rank", None)
     wall = time.perf_counter() - t0
     meta = {"options": {k: getattr(options, k) for k in options.__dataclass_fields__},
             "defaults": _defaults(), "trials": len(trials), "wall_s": wall,

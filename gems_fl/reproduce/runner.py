@@ -30,7 +30,7 @@ from rich.progress import (
     TimeElapsedColumn,
 )
 
-from gems_fl.evaluation.results import git_commit
+from gems_fl.evaluation.results import RESULTS_FILE, git_commit
 from gems_fl.learning.train_cache import ENV_VAR as CACHE_ENV_VAR
 from gems_fl.reproduce.plan import Trial
 
@@ -118,8 +118,6 @@ def execute(trial: Trial, work_dir: str) -> dict:
 def _with_commit(record: dict, run_dir: Path) -> dict:
     """A stored outcome from before trials recorded their commit takes it from its GEMS
     run's own ``results.json`` (``run.git_commit``) when that is still on disk."""
-    from gems_fl.evaluation.results import RESULTS_FILE
-
     written = run_dir / "run-1" / RESULTS_FILE
     try:
         run = json.loads(written.read_text()).get("run") or {}
@@ -160,8 +158,10 @@ def run_trials(trials: list[Trial], work_dir: Path, jobs: int) -> tuple[list[dic
                 stored = _with_commit(stored, work_dir / "runs" / trial.name)
                 if "git_commit" in stored:  # kept, for a checkout without the runs
                     path.write_text(json.dumps(stored))
-            stored["studies"] = sorted(set(stored["studies"]) | trial.studies)
-            stored["labels"] = {**stored["labels"], **trial.labels}
+            # This plan's studies and labels: a label an earlier plan stored (a rank of a
+            # sweep this one skips) is not this report's.
+            stored["studies"] = sorted(trial.studies)
+            stored["labels"] = dict(trial.labels)
             done[trial.name] = stored
     todo = [t for t in trials if t.name not in done]
     columns = (TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),

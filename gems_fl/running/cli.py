@@ -272,8 +272,8 @@ def _report(work, where: str = "") -> int:  # noqa: ANN001 - a callable giving a
     return 0
 
 
-def parse_gram_ranks(text: str) -> tuple[int | str, ...] | str:
-    """``--gram-ranks``: the ranks of study 1's sweep, or a message saying what is wrong."""
+def parse_gram_ranks(text: str) -> tuple[int | str, ...]:
+    """``--gram-ranks``: the ranks of study 1's sweep (ValueError says what is wrong)."""
     if text.strip().lower() == "none":
         return ()
     ranks: list[int | str] = []
@@ -283,10 +283,10 @@ def parse_gram_ranks(text: str) -> tuple[int | str, ...] | str:
         elif part.isdigit():
             ranks.append(int(part))
         else:
-            return (f"--gram-ranks {text!r}: {part!r} is not a rank; give ranks >= 0 or "
-                    "'auto' separated by commas (0 is the whole matrix), or 'none'")
+            raise ValueError(f"--gram-ranks {text!r}: {part!r} is not a rank; give ranks >= 0 "
+                             "or 'auto' separated by commas (0 is the whole matrix), or 'none'")
     if len(set(ranks)) != len(ranks):
-        return f"--gram-ranks {text!r} names a rank twice"
+        raise ValueError(f"--gram-ranks {text!r} names a rank twice")
     return tuple(ranks)
 
 
@@ -313,11 +313,11 @@ def _reproduce(args: argparse.Namespace, argv: list[str] | None) -> int:
             return 2
         changes["fed_rounds"] = args.fed_rounds
     if args.gram_ranks is not None:
-        ranks = parse_gram_ranks(args.gram_ranks)
-        if isinstance(ranks, str):
-            print(f"gems-fl: error: {ranks}", file=sys.stderr)
+        try:
+            changes["gram_ranks"] = parse_gram_ranks(args.gram_ranks)
+        except ValueError as exc:
+            print(f"gems-fl: error: {exc}", file=sys.stderr)
             return 2
-        changes["gram_ranks"] = ranks
     try:
         options = Options.quick_preset(**changes) if args.quick else Options(**changes)
         command = "gems-fl " + " ".join(sys.argv[1:] if argv is None else argv)
