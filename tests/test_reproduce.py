@@ -94,6 +94,13 @@ def test_plan_intersection_grid_gives_each_node_its_eps():
     assert all(t.num_nodes == 2 for t in plan)
 
 
+def test_point_counts_names_the_kept_points_most_often_first():
+    from gems_fl.reproduce.report import point_counts
+
+    assert point_counts(["pooled", "gaussian", "gaussian", None]) == "gaussian 2, ? 1, pooled 1"
+    assert point_counts(["lda"]) == "lda 1"
+
+
 def test_mean_std_format():
     assert mean_std([0.5, 0.7]) == "0.6000 (0.1000)"
     assert mean_std([None]) == "n/a"
@@ -308,9 +315,11 @@ def test_rounds_to_reach():
 def test_reproduce_quick_writes_every_table_and_plot_with_every_row(tmp_path):
     from gems_fl.running.cli import main
 
+    # One seed for every study keeps this end-to-end run short; the second invocation below
+    # adds seed 1 for study 1 and checks the mean (std) over seeds and the resumption.
     out = tmp_path / "repro"
-    assert main(["reproduce", "--quick", "--out", str(out)]) == 0
-    options = Options.quick_preset()
+    assert main(["reproduce", "--quick", "--seeds", "1", "--out", str(out)]) == 0
+    options = Options.quick_preset(seeds=(0,))
     for name in expected_files(options):
         assert (out / name).is_file() and (out / name).stat().st_size > 0, name
     for png in out.glob("*.png"):
@@ -343,6 +352,7 @@ def test_reproduce_quick_writes_every_table_and_plot_with_every_row(tmp_path):
     ranks = json.loads((out / "study1_gram_rank.json").read_text())["ranks"]
     assert [r["gram_rank"] for r in ranks] == [5, "auto", 0]  # fixed ranks, auto, full
     assert all(min(r["bytes_up_per_node"]) > 0 for r in ranks)
+    assert all(len(r["point"]) == len(options.seeds) and None not in r["point"] for r in ranks)
     assert ranks[0]["bytes_up_per_node"][0] < ranks[-1]["bytes_up_per_node"][0]
     fed = json.loads((out / "study6_federated.json").read_text())
     for model in ("logistic", "mlp"):
@@ -369,8 +379,21 @@ def test_reproduce_quick_writes_every_table_and_plot_with_every_row(tmp_path):
     assert sorted(steps, key=int) == ["1", str(options.refine_rounds)]
     assert all(len(v["accuracy"]) == len(options.seeds) for v in steps.values())
     assert "GEMS pooled" in (out / "study7_dirichlet.md").read_text()
-    # A second invocation reuses every stored trial.
-    assert main(["reproduce", "--quick", "--out", str(out)]) == 0
+    # A second invocation with 2 seeds for study 1 reuses seed 0's stored trials untouched,
+    # runs only seed 1's, and reports the mean (std) over both seeds.
+    stored = {p.name: p.stat().st_mtime_ns for p in (out / "trials").glob("*.json")}
+    planned = {f"{t.name}.json" for t in build_plan(Options.quick_preset(seeds=(0, 1),
+                                                                         studies=(1,)))}
+    assert main(["reproduce", "--quick", "--seeds", "2", "--studies", "1",
+                 "--out", str(out)]) == 0
+    now = {p.name: p.stat().st_mtime_ns for p in (out / "trials").glob("*.json")}
+    assert set(now) - set(stored) == planned - set(stored) != set()
+    assert all(now[name] == stored[name] for name in planned & set(stored))
+    convex = json.loads((out / "study1_convex.json").read_text())
+    assert len(convex) == len(options.setups())
+    for row in convex.values():
+        assert row["seeds"] == 2 and len(row["Global"]) == 2
+        assert {len(cell["answered"]) for cell in row["spaces"].values()} == {2}
 
 
 def test_tuning_pool_is_the_public_split_no_node_uses():

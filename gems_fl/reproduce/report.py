@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -58,6 +58,12 @@ def rank_order(rank: int | str) -> tuple[int, int, int]:
 
 def rank_label(rank: int | str) -> str:
     return "full" if rank == 0 else "auto (default)" if rank == "auto" else f"r={rank}"
+
+
+def point_counts(points: list[str | None]) -> str:
+    """How often each point was kept, most often first: ``"gaussian 4, pooled 1"``."""
+    counts = Counter(p or "?" for p in points)
+    return ", ".join(f"{p} {n}" for p, n in sorted(counts.items(), key=lambda i: (-i[1], i[0])))
 
 
 def _select(records: list[dict], study: int, **labels) -> list[dict]:
@@ -215,16 +221,25 @@ class Report:
         for rank in order:
             recs = groups[rank]
             up = [r["outcome"].get("bytes_up_per_node") for r in recs]
-            entry = {"gram_rank": rank, "bytes_up_per_node": up, **_space_cells(recs)}
+            points = [r["outcome"].get("method") for r in recs]
+            entry = {"gram_rank": rank, "bytes_up_per_node": up, "point": points,
+                     **_space_cells(recs)}
             payload["ranks"].append(entry)
             rows.append([rank_label(rank), f"{np.mean(up):,.0f}",
-                         mean_std(entry["GEMS"]), mean_std(entry["GEMS tuned"]), _verified(entry)])
+                         mean_std(entry["GEMS"]), mean_std(entry["GEMS tuned"]), _verified(entry),
+                         point_counts(points)])
         self._save_table("study1_gram_rank", "1b. Gram rank: bytes against accuracy (convex, K=5)",
                          markdown(["gram-rank", "bytes up per node", "GEMS untuned", "GEMS tuned",
-                                   "h_G good enough (nodes)"], rows), payload,
+                                   "h_G good enough (nodes)", "point kept (seeds)"], rows),
+                         payload,
                          "gram-rank r > 0 sends a rank-r factor of each node's Gram matrix and "
                          "the diagonal of the rest, auto a rank that follows the matrix size, "
-                         "0 the full matrix; auto is the default (the gram rows of the tables above). " + self._seed_note([r for recs in groups.values() for r in recs]))
+                         "0 the full matrix; auto is the default (the gram rows of the tables "
+                         "above). The bytes include the class Gram matrices in the same form "
+                         "(class-grams=auto); with the full matrix above 256 inputs, auto sends "
+                         "none (one would be a whole matrix per class), so that row's "
+                         "selection round has no gaussian point to choose. "
+                         + self._seed_note([r for recs in groups.values() for r in recs]))
         fig, ax = plt.subplots(figsize=(6, 4))
         for entry in payload["ranks"]:
             acc = [a for a in entry["GEMS"] if a is not None]
