@@ -21,7 +21,8 @@ from gems_fl.learning.train_cache import ENV_VAR
 from gems_fl.protocol.wire import content_bytes
 from gems_fl.reproduce import Options, expected_files
 from gems_fl.reproduce.plan import build_plan
-from gems_fl.reproduce.report import mean_std, rounds_to_reach
+from gems_fl.reproduce.report import mean_std
+from gems_fl.reproduce.report_federated import rounds_to_reach
 from gems_fl.settings import Settings, SettingsError
 from tests.helpers import FAST, app_defaults, run_in_process
 

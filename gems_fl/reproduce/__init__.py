@@ -15,6 +15,7 @@ from pathlib import Path
 from gems_fl.reproduce.plan import STUDIES, Options, build_plan
 from gems_fl.reproduce.report import Report
 from gems_fl.reproduce.report_dirichlet import dirichlet_section
+from gems_fl.reproduce.report_federated import federated_section
 from gems_fl.reproduce.runner import run_trials
 from gems_fl.settings import Settings
 
@@ -87,7 +88,7 @@ def reproduce(options: Options, out: Path, jobs: int = 2, fresh: bool = False,
     if 5 in studies:
         report.intersection(list(options.intersection_eps))
     if 6 in studies:
-        report.federated()
+        federated_section(report)
     if 7 in studies:
         dirichlet_section(report, options)
     header = (f"# GEMS reproduction on {options.dataset}\n\n"
