@@ -319,15 +319,21 @@ class Launched:
         return code
 
 
+RAY_AGENT_TITLES = (b"ray::DashboardAgent", b"ray::RuntimeEnvAgent")
+RAY_AGENT_SCRIPTS = (b"/ray/dashboard/agent.py", b"/ray/_private/runtime_env/agent/main.py")
+
+
 def _ray_agents() -> set[int]:
-    """PIDs of Ray's retitled agents (their environ no longer shows any marker)."""
+    """PIDs of Ray's agents, by the title Ray gives them (their environ then no longer shows
+    any marker) or, before or without that retitling, by the script they run."""
     found = set()
     for entry in Path("/proc").iterdir():
         try:
-            title = (entry / "cmdline").read_bytes().split(b"\0")[0]
+            args = (entry / "cmdline").read_bytes().split(b"\0")
         except OSError:
             continue
-        if title.startswith((b"ray::DashboardAgent", b"ray::RuntimeEnvAgent")):
+        if args[0].startswith(RAY_AGENT_TITLES) or any(a.endswith(RAY_AGENT_SCRIPTS)
+                                                        for a in args[1:3]):
             found.add(int(entry.name))
     return found
 
