@@ -254,3 +254,44 @@ def test_a_run_on_sums_scores_the_gaussian_points_from_the_summed_class_grams(tm
     table = results["rounds"][1]["candidates"]
     assert [c["gaussian_l2"] for c in table if c["point"] == "gaussian"] == list(GAUSSIAN_L2S)
     assert results["verification"]["good_enough"] == 3
+
+
+def test_the_written_out_gradient_is_autograds():
+    import torch
+
+    from gems_fl.geometry.virtual import softmax_loss_and_gradient
+
+    gen = torch.Generator().manual_seed(0)
+    n, d, c = 300, 6, 4
+    z = torch.randn(n, d, generator=gen, dtype=torch.float64)
+    y = torch.randint(0, c, (n,), generator=gen)
+    s = torch.rand(d, generator=gen, dtype=torch.float64) + 0.5
+    penalty = 1e-2 * s ** 2
+    u = torch.randn(c, d + 1, generator=gen, dtype=torch.float64, requires_grad=True)
+    onehot = torch.nn.functional.one_hot(y, c).double()
+    value, grad = softmax_loss_and_gradient(u.detach().clone(), z, onehot, s, penalty)
+    expected = torch.nn.functional.cross_entropy(z @ (u[:, :-1] * s).T + u[:, -1], y) \
+        + (u[:, :-1] ** 2 * penalty).sum()
+    expected.backward()
+    assert float(value) == pytest.approx(float(expected.detach()), rel=1e-12)
+    torch.testing.assert_close(grad, u.grad, rtol=1e-10, atol=1e-12)
+
+
+def test_the_l2_candidates_share_one_draw_and_each_fit_is_a_fresh_one(monkeypatch):
+    """The selection round asks for the point at every L2 from the same statistics: the
+    virtual rows are drawn once, and each fit equals the fit on a fresh draw."""
+    from gems_fl.geometry import virtual
+
+    x, y = _data(5, 900)
+    moments = pooled_class_moments([class_grams(x, y, C)], [label_moments(x, y, C)[1]])
+    prepared = []
+    real_of = virtual._PreparedRows.of
+    monkeypatch.setattr(virtual._PreparedRows, "of",
+                        classmethod(lambda cls, *a: prepared.append(1) or real_of(*a)))
+    fits = {l2: gaussian_point(*moments, l2=l2, seed=3, rows=2000) for l2 in (1e-4, 1e-6)}
+    assert len(prepared) == 1
+    virtual._LAST_DRAW.clear()
+    np.testing.assert_array_equal(gaussian_point(*moments, l2=1e-6, seed=3, rows=2000), fits[1e-6])
+    assert len(prepared) == 2
+    other = gaussian_point(*moments, l2=1e-6, seed=4, rows=2000)  # another draw
+    assert len(prepared) == 3 and not np.array_equal(other, fits[1e-6])

@@ -31,6 +31,7 @@ from gems_fl.geometry.intersect import IntersectionResult
 from gems_fl.geometry.kinds import AggregateOptions, space_kind
 from gems_fl.geometry.selection import TEMPERATURES, choose_candidate
 from gems_fl.geometry.spaces import SummedGramSpace
+from gems_fl.geometry.virtual import forget_draw
 from gems_fl.protocol.base import NodeReply
 from gems_fl.protocol.replies import (
     NotEnoughRepliesError,
@@ -87,6 +88,7 @@ def candidate_points(accepted: list[NodeReply], options: AggregateOptions,
                     for v in GAUSSIAN_L2S]
         if sums is None or sums.has_centers:  # noised sums (dp-epsilon) hold no W_k G_k
             out.append((None, aggregate(replace(options, gram_point="closed-form"))))
+    forget_draw()  # the gaussian candidates shared one draw of virtual rows
     return out
 
 
