@@ -102,7 +102,7 @@ def main() -> None:
     covs = np.stack([np.cov(x[y == c].T, bias=True) for c in range(classes)])
     rows = []
     print(f"{'fit':>10} {'L2':>7} {'loss':>8} {'test acc':>8} {'seconds':>8}")
-    with compute_threads():
+    with compute_threads() as threads:
         virtual._LAST_DRAW.clear()
         t0 = time.perf_counter()
         virtual._virtual_draw(counts, means, covs, seed=0, rows=virtual.MAX_VIRTUAL_ROWS,
@@ -140,7 +140,7 @@ def main() -> None:
                              "seconds": seconds})
                 print(f"{name:>10} {l2:>7.0e} {loss:>8.5f} {acc:>8.4f} {seconds:>8.1f}", flush=True)
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({"fits": rows, "draw_seconds": draw_seconds, "threads": torch.get_num_threads()},
+    args.out.write_text(json.dumps({"fits": rows, "draw_seconds": draw_seconds, "threads": threads},
                                    indent=2) + "\n")
 
 
