@@ -48,7 +48,7 @@ def federated_section(report: Report) -> None:
     """FedAvg/FedProx (Adam and SGD) against GEMS: accuracy against cumulative bytes,
     and the rounds and bytes each needs to reach GEMS's rows."""
     payload, rows, lines = {}, [], []
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    fig, axes = plt.subplots(1, 2, figsize=(11, 5.6))
     for ax, model in zip(axes, ("logistic", "mlp")):
         entry = {}
         for space, key in (("ellipsoid", "gems"), ("gram", "gems_gram")):
@@ -125,7 +125,9 @@ def federated_section(report: Report) -> None:
         ax.set_ylabel("test accuracy")
         ax.set_ylim(0, 1)
         ax.set_title(f"{model}, K=5")
-        ax.legend(fontsize=6)
+        # below the axes: inside, it covered GEMS markers
+        ax.legend(fontsize=6, ncol=2, loc="upper center", bbox_to_anchor=(0.5, -0.14),
+                  frameon=False)
     table = markdown(["model", "method", "rounds", "bytes (up + down)", "accuracy (last round)",
                       "GEMS tuned", "reaches GEMS tuned (ellipsoid)"], rows)
     note = ("\n".join(lines) + "\n\nFedAvg/FedProx (Adam) train locally with GEMS's Adam "
