@@ -27,7 +27,7 @@ from gems_fl.running import launch
 from gems_fl.running.cli import main
 from gems_fl.running.run_config import parse_run_config
 from gems_fl.serverapp.preflight import PreflightError, preflight
-from gems_fl.running.processes import marked_processes
+from gems_fl.running.processes import marked_processes, processes_using
 from gems_fl.running.runlog import Progress, summarise_errors
 from gems_fl.settings.doc import meaning, settings_markdown
 from gems_fl.settings import Settings
@@ -338,6 +338,25 @@ def _ray_agents() -> set[int]:
     return found
 
 
+def _ray_folders(run: Launched) -> list[Path]:
+    """The Ray folders (``RAY_TMPDIR``) in the environments of the run's marked processes."""
+    folders = set()
+    for pid in run.survivors():
+        try:
+            environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        folders.update(Path(item.split(b"=", 1)[1].decode()) for item in environ
+                       if item.startswith(b"RAY_TMPDIR="))
+    return sorted(folders)
+
+
+def _agents_of(folders: list[Path]) -> set[int]:
+    """The run's own Ray agents: those holding files in its Ray folders. Other tests may
+    run Ray beside this one (``pytest -n``), so Ray's agents at large are not the run's."""
+    return _ray_agents() & set(processes_using(folders)) if folders else set()
+
+
 def _ray_processes() -> list[str]:
     """Command lines of every process of Ray's now (for a failure's message)."""
     found = []
@@ -358,13 +377,12 @@ def test_a_signal_stops_everything_the_run_started(tmp_path, sig):
     """Signalled once Ray's agents run (the run cannot finish first: its nodes train for
     100,000 epochs), the launcher leaves no process behind, Ray's agents included."""
     out = tmp_path / "out"
-    before = _ray_agents()
     run = Launched(tmp_path, ["--nodes", "3", "--output-dir", str(out), "--run-config",
                               "local-max-epochs=100000 local-patience=100000"])
     # Ray's agents appear in ~15 s on an idle machine; the limit only stops a hung run, and
     # what the run printed and what Ray started say why if it is reached.
     deadline = time.monotonic() + 900
-    while not (_ray_agents() - before):
+    while not (agents := _agents_of(folders := _ray_folders(run))):
         assert run.proc.poll() is None, "".join(run.out + run.err)
         assert time.monotonic() < deadline, ("Ray's agents did not start; Ray's processes: "
                                              f"{_ray_processes()}\n" + "".join(run.err[-40:]))
@@ -376,7 +394,8 @@ def test_a_signal_stops_everything_the_run_started(tmp_path, sig):
     last = run.err[-1]
     assert f"interrupted by {signal.Signals(sig).name}" in last and "stopped the SuperLink" in last
     assert run.survivors() == []
-    assert _ray_agents() - before == set()
+    assert _ray_agents() & agents == set()  # by PID: the agents no longer carry the marker
+    assert processes_using(folders) == []  # nothing Ray started holds the run's files
     assert [p.name for p in run.tmp.iterdir() if p.name.startswith(("gems-fl", "ray"))] == []
     assert list(out.glob(f"run-*/{RESULTS_FILE}")) == [] and list(out.glob(".run-*")) == []
 
@@ -416,7 +435,6 @@ def test_the_nodes_run_on_an_existing_ray_cluster(tmp_path):
     """`gems-fl run --ray-address` runs the simulation on a Ray head started here on
     loopback (the run is a job of that cluster, and starts no Ray of its own); stopping
     the head afterwards leaves nothing running."""
-    from gems_fl.running.processes import processes_using
     from gems_fl.running.superlink import free_port
 
     port = free_port()
