@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import re
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -376,10 +377,21 @@ def test_reproduce_quick_writes_every_table_and_plot_with_every_row(tmp_path):
         cell = dirichlet[model][f"{options.dirichlet_ks[0]}:{spec}"]
         for point in options.dirichlet_points:
             assert len([a for a in cell[point]["GEMS"] if a is not None]) == len(options.seeds)
-    steps = dirichlet["logistic"][f"{options.dirichlet_ks[0]}:{spec}"]["refined"]
-    assert sorted(steps, key=int) == ["1", str(options.refine_rounds)]
-    assert all(len(v["accuracy"]) == len(options.seeds) for v in steps.values())
-    assert "GEMS pooled" in (out / "study7_dirichlet.md").read_text()
+        for point in options.dirichlet_spaces:
+            assert len([a for a in cell[point]["GEMS"] if a is not None]) == len(options.seeds)
+        steps = cell["refined"]
+        assert sorted(steps, key=int) == ["1", str(options.refine_rounds)]
+        assert all(len(v["accuracy"]) == len(v["bytes"]) == len(options.seeds)
+                   for v in steps.values())
+        assert steps["1"]["bytes"][0] < steps[str(options.refine_rounds)]["bytes"][0]
+        assert set(cell["baselines"]) == {f"{s}-sgd" for s in options.dirichlet_baselines}
+        for fed in cell["baselines"].values():
+            assert len(fed["accuracy_mean"]) == options.fed_rounds
+            assert all(lr in options.sgd_lrs for lr in fed["lr"])
+            assert set(fed["reaches"]) == {"GEMS auto", f"refined {options.refine_rounds}"}
+    md = (out / "study7_dirichlet.md").read_text()
+    assert "GEMS pooled" in md and "GEMS ellipsoid" in md
+    assert re.search(r"^\| mlp \| dirichlet:[^|]+\| \d+ \| FedProx-SGD \(lr=", md, re.M)
     # A second invocation with 2 seeds for study 1 reuses seed 0's stored trials untouched,
     # runs only seed 1's, and reports the mean (std) over both seeds.
     stored = {p.name: p.stat().st_mtime_ns for p in (out / "trials").glob("*.json")}
@@ -414,14 +426,38 @@ def test_tuning_pool_is_the_public_split_no_node_uses():
 def test_plan_runs_the_dirichlet_study_for_both_models_and_the_refined_trial():
     options = Options(seeds=(0, 1), studies=(7,))
     plan = build_plan(options)
-    per_seed = len(options.dirichlet_alphas) * len(options.dirichlet_ks) * (
-        2 * len(options.dirichlet_points) + 1)
+    divisions = len(options.dirichlet_alphas) * len(options.dirichlet_ks)
+    per_seed = divisions * 2 * (len(options.dirichlet_points) + len(options.dirichlet_spaces)
+                                + 1 + len(options.dirichlet_baselines))
     assert len(plan) == 2 * per_seed
-    refined = [t for t in plan if t.labels["point"] == "refined"]
-    assert refined and all(t.run_config["refine-rounds"] == options.refine_rounds
-                           and t.run_config["model"] == "logistic" for t in refined)
+    refined = [t for t in plan if t.labels.get("point") == "refined"]
+    assert len(refined) == 2 * divisions * 2
+    assert all(t.run_config["refine-rounds"] == options.refine_rounds for t in refined)
+    assert {t.run_config["model"] for t in refined} == {"logistic", "mlp"}
+    paper = [t for t in plan if t.labels.get("point") in options.dirichlet_spaces]
+    assert {t.run_config["space"] for t in paper} == set(options.dirichlet_spaces)
     assert {t.run_config["label-division"] for t in plan} == {
         f"dirichlet:{a:g}" for a in options.dirichlet_alphas}
+    fed = [t for t in plan if t.kind != "gems"]
+    assert {t.kind for t in fed} == set(options.dirichlet_baselines)
+    assert all(t.federated["optimizer"] == "sgd" and t.federated["rounds"] == options.fed_rounds
+               and t.run_config["label-division"] == t.labels["division"] for t in fed)
+    # The baselines cost most: they come last, after every GEMS trial.
+    kinds = [t.kind for t in plan]
+    assert kinds.index("fedavg") > max(i for i, kind in enumerate(kinds) if kind == "gems")
+
+
+def test_the_first_full_dirichlet_plan_keeps_its_trials_and_order():
+    """The trials added to study 7 later are appended: the stored 210 keep their names."""
+    options = Options(studies=(7,))
+    first = Options(studies=(7,), dirichlet_spaces=(), dirichlet_baselines=())
+    old = [t.name for t in build_plan(first) if not (
+        t.labels["point"] == "refined" and t.labels["model"] == "mlp")]
+    assert len(old) == 210
+    names = [t.name for t in build_plan(options)]
+    assert names[:len(old)] == old
+    stored = Path(__file__).resolve().parents[1] / "results" / "reproduction" / "study7" / "trials"
+    assert {p.stem for p in stored.glob("*.json")} <= set(names)
 
 
 def test_the_seed_note_counts_the_tuned_rows_that_kept_a_fresh_model(tmp_path):

@@ -12,7 +12,10 @@ ellipsoid and ball, and the logit-space ``gram``) on every setup of :meth:`Optio
 (K=2 with the appendix's division and with ``k2_split``, K=3, K=5); study 1 also sweeps
 ``gram-rank`` for convex K=5 (bytes up per node against accuracy). Study 6 runs FedAvg and
 FedProx twice: with the Adam recipe, and with local SGD whose learning rate each trial
-chooses from ``sgd_lrs`` on the pooled node validation splits.
+chooses from ``sgd_lrs`` on the pooled node validation splits. Study 7 runs, on every
+Dirichlet division, the Gram points of ``dirichlet_points``, the paper's spaces of
+``dirichlet_spaces``, the refined model of both models and, last because they cost most,
+the local-SGD FedAvg/FedProx of ``dirichlet_baselines``.
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ STUDIES = {
     4: "model size",
     5: "intersection analysis",
     6: "FedAvg / FedProx vs GEMS",
-    7: "Dirichlet divisions: the Gram points and refinement rounds",
+    7: "Dirichlet divisions: Gram points, paper's space, refinement, FedAvg/FedProx-SGD",
 }
 
 
@@ -60,7 +63,10 @@ class Options:
     dirichlet_alphas: tuple[float, ...] = (0.05, 0.1, 0.5)  # study 7's label priors
     dirichlet_ks: tuple[int, ...] = (5, 20)  # study 7's node counts
     dirichlet_points: tuple[str, ...] = ("closed-form", "pooled", "auto")  # study 7; last: default
-    refine_rounds: int = 10  # study 7: the refined trial (logistic); rows after 1, 5 and R
+    refine_rounds: int = 10  # study 7: the refined trials (both models); rows after 1, 5 and R
+    dirichlet_spaces: tuple[str, ...] = ("ellipsoid",)  # study 7: the paper's spaces beside gram
+    # study 7: FedAvg/FedProx with local SGD (study 6's recipe: a rate tuned on validation)
+    dirichlet_baselines: tuple[str, ...] = ("fedavg", "fedprox")
     overrides: tuple[tuple[str, object], ...] = ()  # run-config keys for every trial
     quick: bool = False
 
@@ -219,8 +225,29 @@ def build_plan(options: Options) -> list[Trial]:
                         add(7, "gems", {**base, "label-division": spec, "space": "gram",
                                         "gram-point": point}, k,
                             {**where, "model": model, "point": point})
+                    if options.refine_rounds and model == "logistic":
+                        add(7, "gems", {**base, "label-division": spec, "space": "gram",
+                                        "refine-rounds": options.refine_rounds}, k,
+                            {**where, "model": model, "point": "refined"})
+        # Added after the first full run: appended, so that run's trials keep their order.
+        for alpha in options.dirichlet_alphas:
+            spec = f"dirichlet:{alpha:g}"
+            for k in options.dirichlet_ks:
+                where = {"K": k, "division": spec}
                 if options.refine_rounds:
-                    add(7, "gems", {**convex, "label-division": spec, "space": "gram",
+                    add(7, "gems", {**mlp, "label-division": spec, "space": "gram",
                                     "refine-rounds": options.refine_rounds}, k,
-                        {**where, "model": "logistic", "point": "refined"})
+                        {**where, "model": "mlp", "point": "refined"})
+                for model, base in (("logistic", convex), ("mlp", mlp)):
+                    for space in options.dirichlet_spaces:
+                        add(7, "gems", {**base, "label-division": spec, "space": space}, k,
+                            {**where, "model": model, "point": space})
+        for model in ("logistic", "mlp"):
+            for alpha in options.dirichlet_alphas:
+                spec = f"dirichlet:{alpha:g}"
+                for k in options.dirichlet_ks:
+                    for strategy in options.dirichlet_baselines:
+                        add(7, strategy, {"model": model, "label-division": spec}, k,
+                            {"K": k, "division": spec, "model": model, "strategy": strategy,
+                             "optimizer": "sgd"}, optimizer="sgd")
     return list(trials.values())

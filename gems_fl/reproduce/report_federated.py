@@ -56,7 +56,8 @@ def federated_section(report: Report) -> None:
                     if r["kind"] == "gems"]
             if not gems:
                 continue
-            # The identity check before round 1 is communication too: it opens the sum.
+            # The identity check before round 1 and the nodes' verification round are
+            # communication too: they open the sum.
             per_round = np.array([[e["down"] + e["up"] for e in r["outcome"]["bytes_per_round"]]
                                   for r in gems], dtype=float)
             check = np.mean([sum(e["down"] + e["up"] for e in r["outcome"].get("bytes_other", []))
@@ -137,6 +138,6 @@ def federated_section(report: Report) -> None:
             "choice, per seed when seeds differ). GEMS tuned also uses the server's public "
             "sample, which FedAvg and FedProx do not. Bytes are those of the records "
             "exchanged, both ways; GEMS's include the server's identity check before its "
-            "first round.\n")
+            "first round and the nodes' verification round (each node scores h_G).\n")
     report._save_table("study6_federated", "6. FedAvg / FedProx vs GEMS (K=5)", table, payload, note)
     report._save_plot(fig, "study6_accuracy_vs_bytes.png")

@@ -87,7 +87,8 @@ def _parser() -> argparse.ArgumentParser:
         "write each study's markdown table (mean (std) over seeds), JSON and PNG plots to "
         "the output folder. Studies: 1 convex table, 2 NN table, 3 fine-tuning, 4 model "
         "size, 5 intersection analysis, 6 FedAvg/FedProx vs GEMS, 7 Dirichlet divisions "
-        "(the Gram points and refinement rounds). Finished trials are kept "
+        "(the Gram points, the paper's space, refinement rounds, FedAvg/FedProx with local "
+        "SGD). Finished trials are kept "
         "in OUT/trials and not rerun; --fresh starts over.",
     )
     rep.add_argument("--quick", action="store_true",
