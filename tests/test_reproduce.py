@@ -388,7 +388,9 @@ def test_reproduce_quick_writes_every_table_and_plot_with_every_row(tmp_path):
         for fed in cell["baselines"].values():
             assert len(fed["accuracy_mean"]) == options.fed_rounds
             assert all(lr in options.sgd_lrs for lr in fed["lr"])
-            assert set(fed["reaches"]) == {"GEMS auto", f"refined {options.refine_rounds}"}
+            assert set(fed["reaches"]) == {
+                *(f"GEMS {p}" for p in (*options.dirichlet_spaces, *options.dirichlet_points)),
+                f"refined {options.refine_rounds}", "GEMS tuned (auto)"}
     md = (out / "study7_dirichlet.md").read_text()
     assert "GEMS pooled" in md and "GEMS ellipsoid" in md
     assert re.search(r"^\| mlp \| dirichlet:[^|]+\| \d+ \| FedProx-SGD \(lr=", md, re.M)

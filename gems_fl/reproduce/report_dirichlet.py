@@ -73,10 +73,14 @@ def _baseline_cells(records: list[dict], k: int, spec: str, model: str,
     return out
 
 
+def _mb(n: float) -> str:
+    return f"{n / 1e6:.1f} MB" if n >= 1e7 else f"{n / 1e6:.2f} MB"
+
+
 def _reach_cell(got: dict | None, rounds: int) -> str:
     if got is None:
         return f"not in {rounds}"
-    return f"round {got['round']}, {got['bytes'] / 1e6:.1f} MB ({got['vs_gems']:.1f}x)"
+    return f"round {got['round']}, {_mb(got['bytes'])} ({got['vs_gems']:.1f}x)"
 
 
 def dirichlet_section(report: Report, options) -> None:  # noqa: ANN001 - plan.Options
@@ -103,13 +107,18 @@ def dirichlet_section(report: Report, options) -> None:  # noqa: ANN001 - plan.O
                     cell[p] = _space_cells(by_point[p])
                 refined = _refined_cells(by_point["refined"], steps)
                 cell["refined"] = refined
-                targets = {f"GEMS {default}": (float(np.mean(cell[default]["GEMS"])),
-                                               float(np.mean([gems_bytes(r) for r in
-                                                              by_point[default]])))}
+                # Every GEMS row a baseline is measured against: its mean accuracy, bytes.
+                targets = {f"GEMS {p}": (float(np.mean(cell[p]["GEMS"])),
+                                         float(np.mean([gems_bytes(r) for r in by_point[p]])))
+                           for p in points if by_point[p]}
                 if str(options.refine_rounds) in refined:
                     r_cell = refined[str(options.refine_rounds)]
                     targets[f"refined {options.refine_rounds}"] = (
                         float(np.mean(r_cell["accuracy"])), float(np.mean(r_cell["bytes"])))
+                if by_point[default]:  # tuning happens on the server: GEMS's bytes
+                    targets[f"GEMS tuned ({default})"] = (
+                        float(np.mean([a for a in cell[default]["GEMS tuned"] if a is not None])),
+                        targets[f"GEMS {default}"][1])
                 cell["baselines"] = _baseline_cells(report.records, k, spec, model, targets)
                 entry[f"{k}:{spec}"] = {"K": k, "division": spec, **cell,
                                         "seeds": _seeds(base)}
@@ -117,16 +126,16 @@ def dirichlet_section(report: Report, options) -> None:  # noqa: ANN001 - plan.O
                     [spec, str(k), mean_std(cell["Averaged"])]
                     + [mean_std(cell[p]["GEMS"]) for p in points]
                     + [f"{mean_std(refined[str(st)]['accuracy'])}, "
-                       f"{np.mean(refined[str(st)]['bytes']) / 1e6:.1f} MB"
+                       f"{_mb(np.mean(refined[str(st)]['bytes']))}"
                        if str(st) in refined else "n/a" for st in steps]
                     + [mean_std(cell[default]["GEMS tuned"]), _verified(cell[default]),
                        mean_std(cell["Global"]), mean_std(cell["Raw converged"])])
                 for fed in cell["baselines"].values():
-                    reach_rows.append(
+                    reach_rows.append((
                         [model, spec, str(k), fed["name"],
-                         f"{mean_std(fed['last'])}, {fed['bytes_total'][-1] / 1e6:.1f} MB"]
-                        + [f"{targets[label][0]:.4f}: {_reach_cell(got, fed['rounds'])}"
-                           for label, got in fed["reaches"].items()])
+                         f"{mean_std(fed['last'])}, {_mb(fed['bytes_total'][-1])}"],
+                        {label: f"{targets[label][0]:.4f}: {_reach_cell(got, fed['rounds'])}"
+                         for label, got in fed["reaches"].items()}))
                 labels.append(f"{alpha:g}, K={k}")
                 for name, values in (
                         *[(f"GEMS {p}", cell[p]["GEMS"]) for p in points],
@@ -160,16 +169,15 @@ def dirichlet_section(report: Report, options) -> None:  # noqa: ANN001 - plan.O
         ax.legend(fontsize=6, ncol=3, loc="upper center", bbox_to_anchor=(0.5, -0.2),
                   frameon=False)
     if reach_rows:
-        labels = [f"reaches GEMS {default}"] + ([f"reaches refined {options.refine_rounds}"]
-                                               if options.refine_rounds else [])
-        width = max(len(r) for r in reach_rows)
+        labels = list(dict.fromkeys(label for _, cells in reach_rows for label in cells))
         tables.append("**FedAvg / FedProx with local SGD**: the accuracy after the last round "
-                      "(mean (std)) and the bytes by then; the first round whose mean accuracy "
-                      "reaches a GEMS row's mean (shown first), the bytes by then and their "
-                      "ratio to GEMS's.\n\n"
+                      "(mean (std)) and the bytes by then; for each GEMS row of the division, "
+                      "its mean accuracy, then the first round whose mean accuracy reaches "
+                      "it, the bytes by then and their ratio to that GEMS row's bytes.\n\n"
                       + markdown(["model", "division", "K", "method (lr per seed)",
-                                  "last round, bytes"] + labels[:width - 5],
-                                 [r + [""] * (width - len(r)) for r in reach_rows]))
+                                  "last round, bytes"] + [f"reaches {lab}" for lab in labels],
+                                 [row + [cells.get(lab, "") for lab in labels]
+                                  for row, cells in reach_rows]))
     gems = [r for r in _select(report.records, 7) if r["kind"] == "gems"]
     paper = (f"`GEMS {', '.join(options.dirichlet_spaces)}`: the paper's output space. "
              if options.dirichlet_spaces else "")
