@@ -78,6 +78,45 @@ def test_the_mlp_output_layer_is_refined_on_the_merged_hidden_features(tmp_path)
     assert len(steps) == 3 and all(e["up"] < output["up"] for e in steps)  # gradients only
 
 
+def test_mlp_steps_name_the_kept_hidden_layers_and_a_node_that_lost_them_is_left_out(tmp_path):
+    """The selection round carries the merged hidden layers; each step names them by
+    digest (model-sized messages). A node whose state lost them answers an error, is
+    rejected by name, and the steps go on with the others."""
+    from client_app import app as client_app
+    from gems_fl.protocol import wire
+    from gems_fl.protocol.node import MERGED_LAYERS_KEY
+
+    seen = []
+
+    def app(msg, context):
+        config = msg.content.config_records.get(wire.CONFIG_KEY, {})
+        if wire.REFINE_KEY in config:
+            seen.append((context.node_id, int(config[wire.REFINE_KEY]),
+                         wire.LAYERS_KEY in msg.content.array_records,
+                         config.get(wire.LAYERS_DIGEST_KEY)))
+            if context.node_id == 1001 and int(config[wire.REFINE_KEY]) == 2:
+                del context.state.array_records[MERGED_LAYERS_KEY]  # e.g. a restarted node
+        return client_app(msg, context)
+
+    results, grid = run_in_process(3, tmp_path, client=app, return_grid=True, model="mlp",
+                                   hidden="12", clusters=6,
+                                   **{"num-directions": 20, "eps-neuron": 0.5,
+                                      "refine-rounds": 3, "label-division": "paper",
+                                      "required-nodes": 2})
+    selection = [s for s in seen if s[1] == 0]
+    steps = [s for s in seen if s[1] > 0]
+    assert len(selection) == 3 and all(layers and digest is None for _, _, layers, digest in selection)
+    assert len(steps) == 9 and not any(layers for _, _, layers, _ in steps)
+    assert len({digest for *_, digest in steps}) == 1 and steps[0][3]
+    train = [e for e in grid.exchanges if e["type"] == "train"]
+    assert all(e["down"] < train[2]["down"] / 2 for e in train[3:])  # no layers after selection
+    rounds = [r for r in results["rounds"] if (r.get("refine") or {}).get("step")]
+    assert [1001 in r["nodes"] for r in rounds] == [True, False, False]
+    reasons = [x["reason"] for r in rounds for x in r["rejected"]]
+    assert len(reasons) == 2 and all("keeps no merged hidden layers" in x for x in reasons)
+    assert results["rows"]["GEMS"]["accuracy"] == results["refinement"][-1]["test_accuracy"]
+
+
 def test_a_run_with_refinement_rounds_reports_each_round(tmp_path):
     from gems_fl.evaluation.results import gems_note
     from gems_fl.geometry.selection import TEMPERATURES

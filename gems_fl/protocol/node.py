@@ -139,13 +139,40 @@ def _local_model_reply(data, settings: Settings) -> RecordDict:  # noqa: ANN001 
     return wire.encode_local_model_reply(state, len(y_tr))
 
 
-def _refine_reply(msg: Message, data, settings: Settings) -> RecordDict:  # noqa: ANN001 - NodeData
+MERGED_LAYERS_KEY = "gems.merged-layers"  # this node's state: the selection round's layers
+
+
+def _merged_layers(msg: Message, context: Context) -> list | None:
+    """The MLP's merged hidden layers beneath the output layer: sent with the selection
+    round, which this node keeps in its state, and named by their digest in each
+    refinement step (resending them would cost a node about their size every step).
+    None for the convex model."""
+    if wire.LAYERS_KEY in msg.content.array_records:
+        context.state.array_records[MERGED_LAYERS_KEY] = msg.content.array_records[wire.LAYERS_KEY]
+        return wire.decode_layers(msg.content)
+    digest = msg.content.config_records[wire.CONFIG_KEY].get(wire.LAYERS_DIGEST_KEY)
+    if digest is None:
+        return None
+    kept = context.state.array_records.get(MERGED_LAYERS_KEY)
+    if kept is None:
+        raise ValueError(f"refinement step: this node keeps no merged hidden layers (the "
+                         f"server names digest {digest}); it took no part in the selection "
+                         f"round")
+    layers = wire.decode_layers(RecordDict({wire.LAYERS_KEY: kept}))
+    if wire.layers_digest(layers) != digest:
+        raise ValueError(f"refinement step: the merged hidden layers this node kept have "
+                         f"digest {wire.layers_digest(layers)}, the server names {digest}")
+    return layers
+
+
+def _refine_reply(msg: Message, context: Context, data,  # noqa: ANN001 - NodeData
+                  settings: Settings) -> RecordDict:
     """A refinement step: this node's cross-entropy gradient at the server's model; in the
     selection round, each candidate's validation cross-entropy at each logit scale and its
     correct validation predictions (for the MLP, on the merged hidden layers' features)."""
     x_tr, y_tr, x_val, y_val = data.arrays
-    if wire.LAYERS_KEY in msg.content.array_records:  # the MLP: its output layer's inputs
-        fixed = wire.decode_layers(msg.content)
+    fixed = _merged_layers(msg, context)
+    if fixed is not None:  # the MLP: its output layer's inputs
         model = build_partial_mlp(data.num_features, data.num_classes,
                                   settings.local_training, fixed, data.seed)
         x_tr, x_val = (layer_inputs(model, x, len(fixed)) for x in (x_tr, x_val))
@@ -221,7 +248,7 @@ def handle_train(msg: Message, context: Context) -> Message:
                                                                      settings.site_files),
                                            DataAgreement.from_config(config)))
     if wire.REFINE_KEY in config:
-        return Message(content=_refine_reply(msg, data, settings), reply_to=msg)
+        return Message(content=_refine_reply(msg, context, data, settings), reply_to=msg)
     if wire.LOCAL_MODEL_KEY in config:
         return Message(content=_local_model_reply(data, settings), reply_to=msg)
     with compute_threads():  # one thread count for training and the search after it

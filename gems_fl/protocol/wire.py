@@ -28,7 +28,10 @@ Refinement (``refine-rounds=R``, after round 1): the server sends ``config`` wit
 temperature round (index 0) ``config`` also holds ``gems-temperatures`` and the node
 replies ``metrics`` ``val-losses`` (its validation cross-entropy at each scale) and
 ``num-val-examples``; in a step round it replies ``gradient`` (its mean cross-entropy
-gradient, model-sized) and ``metrics`` (``loss``, ``num-train-examples``).
+gradient, model-sized) and ``metrics`` (``loss``, ``num-train-examples``). For the MLP,
+the selection round also carries the merged hidden layers (``layers``), which each node
+keeps in its state; a step's ``config`` names them by ``layers-digest`` instead of
+sending them again, and a node that holds no layers of that digest answers an error.
 
 Client -> server (the reply; nothing else leaves the client)::
 
@@ -59,6 +62,8 @@ used; a bad reply raises :class:`ReplyError` with a reason the server logs.
 
 from __future__ import annotations
 
+import hashlib
+
 import math
 from typing import Any
 
@@ -72,6 +77,7 @@ from gems_fl.geometry.gram import (
 
 CONFIG_KEY = "config"
 LAYERS_KEY = "layers"
+LAYERS_DIGEST_KEY = "layers-digest"  # refinement steps: the merged layers each node kept
 NEURONS_KEY = "neurons"
 ROUND_KEY = "gems-round"
 NEURON_METRIC_KEYS = ("num-train-examples", "num-val-examples", "local-val-accuracy")
@@ -144,19 +150,32 @@ def encode_neuron_reply(
 
 
 
+def layers_digest(layers: list[tuple[np.ndarray, np.ndarray]]) -> str:
+    """A short SHA-256 of hidden layers as they travel (float32): a refinement step names
+    the merged layers a node kept from the selection round by it, instead of resending
+    them."""
+    h = hashlib.sha256()
+    for weight, bias in layers:
+        for array in (weight, bias):
+            a = np.ascontiguousarray(array, dtype=np.float32)
+            h.update(str(a.shape).encode())
+            h.update(a.tobytes())
+    return h.hexdigest()[:32]
+
+
 def encode_refine_round(config: dict[str, Any], refine_round: int,
                         state: dict[str, np.ndarray],
                         layers: list[tuple[np.ndarray, np.ndarray]] | None = None) -> RecordDict:
     """Refinement step, server -> client: settings, the step's index (1..R) and the
     current model (float64, so that the gradient is taken at exactly the server's point);
-    for the MLP, the model is the output layer and ``layers`` the merged hidden layers."""
-    records = {
-        CONFIG_KEY: ConfigRecord({**config, REFINE_KEY: int(refine_round)}),
+    for the MLP, the model is the output layer, and the merged hidden layers beneath it,
+    which every node keeps from the selection round, are named by :func:`layers_digest`
+    (``layers``: the server's copy)."""
+    extra = {LAYERS_DIGEST_KEY: layers_digest(layers)} if layers else {}
+    return RecordDict({
+        CONFIG_KEY: ConfigRecord({**config, REFINE_KEY: int(refine_round), **extra}),
         MODEL_KEY: array_record({k: np.asarray(v, dtype=np.float64) for k, v in state.items()}),
-    }
-    if layers:
-        records[LAYERS_KEY] = encode_layer_round({}, 0, layers)[LAYERS_KEY]
-    return RecordDict(records)
+    })
 
 
 def encode_selection_round(config: dict[str, Any], candidates: np.ndarray,
