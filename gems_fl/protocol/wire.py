@@ -63,7 +63,6 @@ used; a bad reply raises :class:`ReplyError` with a reason the server logs.
 from __future__ import annotations
 
 import hashlib
-
 import math
 from typing import Any
 

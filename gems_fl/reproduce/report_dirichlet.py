@@ -16,41 +16,35 @@ from gems_fl.reproduce.report import (
     markdown,
     mean_std,
 )
-from gems_fl.reproduce.report_federated import fed_name, rounds_to_reach
+from gems_fl.reproduce.report_federated import fed_name, other_bytes, rounds_to_reach
 
 
-def gems_bytes(record: dict, step: int | None = None) -> float:
-    """Every byte a GEMS trial exchanged, both ways: its protocol rounds (up to refinement
-    step ``step`` when given) plus the server's identity check and the nodes' verification
-    round, as study 6 counts them."""
-    outcome = record["outcome"]
-    other = sum(e["down"] + e["up"] for e in outcome.get("bytes_other") or [])
-    if step is None:
-        return float(other + sum(e["down"] + e["up"] for e in outcome["bytes_per_round"]))
-    hit = next(x for x in outcome["refinement"] or [] if x.get("step") == step)
-    return float(other + hit["cumulative_bytes"])
+def gems_bytes(record: dict) -> float:
+    """Every byte a GEMS trial exchanged, both ways: its protocol rounds plus the server's
+    identity check and the nodes' verification round, as study 6 counts them."""
+    rounds = record["outcome"]["bytes_per_round"]
+    return other_bytes(record) + sum(e["down"] + e["up"] for e in rounds)
 
 
 def _refined_cells(records: list[dict], steps: list[int]) -> dict[str, dict]:
-    """Per refinement step: test accuracy and bytes (see :func:`gems_bytes`) per seed."""
+    """Per refinement step: test accuracy and bytes so far (the protocol's rounds up to
+    that step plus :func:`other_bytes`), per seed."""
     out: dict[str, dict] = {}
     for record in records:
-        for step in steps:
-            hit = next((x for x in record["outcome"].get("refinement") or []
-                        if x.get("step") == step), None)
-            if hit is not None:
-                cell = out.setdefault(str(step), {"accuracy": [], "bytes": []})
+        for hit in record["outcome"].get("refinement") or []:
+            if hit.get("step") in steps:
+                cell = out.setdefault(str(hit["step"]), {"accuracy": [], "bytes": []})
                 cell["accuracy"].append(hit["test_accuracy"])
-                cell["bytes"].append(gems_bytes(record, step))
+                cell["bytes"].append(other_bytes(record) + hit["cumulative_bytes"])
     return out
 
 
-def _baseline_cells(records: list[dict], k: int, spec: str, model: str,
-                    targets: dict[str, tuple[float, float]]) -> dict[str, dict]:
+def _baseline_cells(records: list[dict], strategies: tuple[str, ...], k: int, spec: str,
+                    model: str, targets: dict[str, tuple[float, float]]) -> dict[str, dict]:
     """FedAvg/FedProx-SGD at one division: the mean curve and, per GEMS row of
     ``targets`` (label: mean accuracy, GEMS's bytes), the round and bytes that reach it."""
     out = {}
-    for strategy in ("fedavg", "fedprox"):
+    for strategy in strategies:
         recs = [r for r in _select(records, 7, K=k, division=spec, model=model,
                                    strategy=strategy) if r["kind"] == strategy]
         if not recs:
@@ -119,7 +113,8 @@ def dirichlet_section(report: Report, options) -> None:  # noqa: ANN001 - plan.O
                     targets[f"GEMS tuned ({default})"] = (
                         float(np.mean([a for a in cell[default]["GEMS tuned"] if a is not None])),
                         targets[f"GEMS {default}"][1])
-                cell["baselines"] = _baseline_cells(report.records, k, spec, model, targets)
+                cell["baselines"] = _baseline_cells(
+                    report.records, options.dirichlet_baselines, k, spec, model, targets)
                 entry[f"{k}:{spec}"] = {"K": k, "division": spec, **cell,
                                         "seeds": _seeds(base)}
                 rows.append(
@@ -184,8 +179,8 @@ def dirichlet_section(report: Report, options) -> None:  # noqa: ANN001 - plan.O
     note = (report._seed_note(gems) + "GEMS untuned, one round of "
             "spaces (for the Gram points with pooled-ridge=auto, a selection round in which "
             "the nodes score the candidate ridges on their validation data). " + paper
-            + "`refined s`: the model after s Bohning steps (refine-rounds; the MLP's output layer on "
-            "its merged hidden features). Bytes: every record exchanged, both ways, the "
+            + "`refined s`: the model after s Bohning steps (refine-rounds; the MLP's output "
+            "layer on its merged hidden features). Bytes: every record exchanged, both ways, the "
             "server's identity check and the nodes' verification round included, as in "
             "study 6. \"h_G good enough\": the nodes whose own validation check passed, "
             "summed over seeds. FedAvg/FedProx use local SGD at the rate each trial chose on "

@@ -11,6 +11,12 @@ import numpy as np
 from gems_fl.reproduce.report import Report, _acc, _main, _select, markdown, mean_std
 
 
+def other_bytes(record: dict) -> float:
+    """A GEMS trial's bytes outside its protocol rounds, both ways: the server's identity
+    check before round 1 and the nodes' verification round."""
+    return float(sum(e["down"] + e["up"] for e in record["outcome"].get("bytes_other") or []))
+
+
 def rounds_to_reach(
     accuracy: Sequence[float], bytes_total: Sequence[float], target: float
 ) -> tuple[int, float] | None:
@@ -60,8 +66,7 @@ def federated_section(report: Report) -> None:
             # communication too: they open the sum.
             per_round = np.array([[e["down"] + e["up"] for e in r["outcome"]["bytes_per_round"]]
                                   for r in gems], dtype=float)
-            check = np.mean([sum(e["down"] + e["up"] for e in r["outcome"].get("bytes_other", []))
-                             for r in gems])
+            check = np.mean([other_bytes(r) for r in gems])
             cumulative = (check + per_round.mean(0).cumsum()).tolist()
             entry[key] = {"space": space, "bytes_per_round": per_round.mean(0).tolist(),
                           "bytes_identity_check": float(check),
