@@ -4,7 +4,8 @@ Tests and the reproduction harness drive the very same ``ServerApp`` and ``Clien
 code as ``flwr run``, only the transport differs: each message is handed to the
 ClientApp in this process, with a per-node :class:`~flwr.app.Context` like the one the
 simulation engine builds (``partition-id``, ``num-partitions``). An exception in the
-ClientApp becomes an error reply, as it does under Flower.
+ClientApp becomes an error reply, as it does under Flower. Replies come back in node-id
+order, so a run's result does not depend on the order a strategy sampled the nodes in.
 """
 
 from __future__ import annotations
@@ -128,6 +129,10 @@ class InProcessGrid(Grid):
 
     def pull_messages(self, message_ids: Iterable[str]) -> Iterable[Message]:
         replies = [self._replies.pop(mid) for mid in message_ids if mid in self._replies]
+        # In node order, not in the order the messages went out: Flower's strategies sample
+        # nodes with the global `random` and sum the replies in the order they come, so a
+        # float sum would otherwise depend on whatever drew from `random` before the run.
+        replies.sort(key=lambda r: r.metadata.src_node_id)
         self._up += sum(content_bytes(r.content) for r in replies if r.has_content())
         return replies
 
