@@ -19,17 +19,16 @@ import time
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
-from gems_fl.evaluation.fedavg import run_federated
+from gems_fl.evaluation.fedavg import choose_lr
 
 NEXT_LR = 1.0  # the grid's step (about x3) beyond its top, 0.3
 
 
 def validation_score(record: dict, lr: float) -> float:
+    """The trial's own tuning run (:func:`choose_lr`) at the single rate ``lr``."""
     fed = record["federated"]
-    curve = run_federated(record["run_config"], record["num_nodes"], record["kind"],
-                          fed["tune_rounds"], fed["local_epochs"], fed["proximal_mu"],
-                          optimizer="sgd", lr=lr, evaluate_on="val")
-    return curve.accuracy[-1]
+    return choose_lr(record["run_config"], record["num_nodes"], record["kind"], (lr,),
+                     fed["tune_rounds"], fed["local_epochs"], fed["proximal_mu"]).scores[lr]
 
 
 def check(record: dict) -> dict:
