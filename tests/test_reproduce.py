@@ -468,6 +468,14 @@ def test_plan_runs_the_dirichlet_study_for_both_models_and_the_refined_trial():
     assert {t.kind for t in fed} == set(options.dirichlet_baselines)
     assert all(t.federated["optimizer"] == "sgd" and t.federated["rounds"] == options.fed_rounds
                and t.run_config["label-division"] == t.labels["division"] for t in fed)
+    # The logistic baselines' grid reaches past study 6's top rate; the MLP's keeps it.
+    grids = {m: {tuple(t.federated["lr_grid"]) for t in fed if t.labels["model"] == m}
+             for m in ("logistic", "mlp")}
+    assert grids == {"logistic": {options.dirichlet_logistic_sgd_lrs},
+                     "mlp": {options.sgd_lrs}}
+    assert max(options.dirichlet_logistic_sgd_lrs) > max(options.sgd_lrs)
+    plain = build_plan(Options(seeds=(0,), studies=(7,), dirichlet_logistic_sgd_lrs=()))
+    assert {tuple(t.federated["lr_grid"]) for t in plain if t.kind != "gems"} == {options.sgd_lrs}
     # The baselines cost most: they come last, after every GEMS trial.
     kinds = [t.kind for t in plan]
     assert kinds.index("fedavg") > max(i for i, kind in enumerate(kinds) if kind == "gems")

@@ -67,6 +67,10 @@ class Options:
     dirichlet_spaces: tuple[str, ...] = ("ellipsoid",)  # study 7: the paper's spaces beside gram
     # study 7: FedAvg/FedProx with local SGD (study 6's recipe: a rate tuned on validation)
     dirichlet_baselines: tuple[str, ...] = ("fedavg", "fedprox")
+    # study 7, logistic baselines: 51 of their 60 trials chose sgd_lrs' top rate (0.3), so
+    # their grid goes two steps further (results/reproduction/study7/lr_edge.md); () keeps
+    # sgd_lrs. The MLP's trials were not at the edge and keep sgd_lrs.
+    dirichlet_logistic_sgd_lrs: tuple[float, ...] = (0.01, 0.03, 0.1, 0.3, 1.0, 3.0)
     overrides: tuple[tuple[str, object], ...] = ()  # run-config keys for every trial
     quick: bool = False
 
@@ -78,7 +82,7 @@ class Options:
             size_grid=((20, 0.1), (40, 0.1)), intersection_eps=(0.3, 0.6, 0.9),
             fed_rounds=4, quick=True, nn_spaces=("ellipsoid", "gram"), gram_ranks=(5, "auto", 0),
             sgd_lrs=(0.03, 0.3), sgd_tune_rounds=2, dirichlet_alphas=(0.5,),
-            dirichlet_ks=(3,), refine_rounds=2,
+            dirichlet_ks=(3,), refine_rounds=2, dirichlet_logistic_sgd_lrs=(),
             overrides=(("num-directions", 100), ("local-max-epochs", 20)),
         )
         base.update(changes)
@@ -148,7 +152,8 @@ def build_plan(options: Options) -> list[Trial]:
     curve = ",".join(str(n) for n in options.tune_sizes) if 3 in wanted else ""
 
     def add(study: int, kind: str, cfg: dict, num_nodes: int, labels: dict,
-            node_configs: list[dict] | None = None, optimizer: str = "adam") -> None:
+            node_configs: list[dict] | None = None, optimizer: str = "adam",
+            sgd_lrs: tuple[float, ...] = ()) -> None:
         settings = Settings.from_run_config(options.trial_config(**cfg))
         if (kind == "gems" and num_nodes == 5 and curve and settings.public_samples > 0
                 and settings.space == "ellipsoid" and settings.label_division == "paper"):
@@ -158,7 +163,7 @@ def build_plan(options: Options) -> list[Trial]:
                 "rounds": options.fed_rounds, "local_epochs": options.fed_local_epochs,
                 "proximal_mu": options.fedprox_mu if kind == "fedprox" else 0.0}
             if optimizer == "sgd":
-                federated.update({"optimizer": "sgd", "lr_grid": list(options.sgd_lrs),
+                federated.update({"optimizer": "sgd", "lr_grid": list(sgd_lrs or options.sgd_lrs),
                                   "tune_rounds": options.sgd_tune_rounds})
             trial = Trial(kind, options.trial_config(**cfg, seed=seed), num_nodes, node_configs,
                           {study}, {**labels, "seed": seed}, federated)
@@ -249,5 +254,6 @@ def build_plan(options: Options) -> list[Trial]:
                     for strategy in options.dirichlet_baselines:
                         add(7, strategy, {"model": model, "label-division": spec}, k,
                             {"K": k, "division": spec, "model": model, "strategy": strategy,
-                             "optimizer": "sgd"}, optimizer="sgd")
+                             "optimizer": "sgd"}, optimizer="sgd",
+                            sgd_lrs=options.dirichlet_logistic_sgd_lrs if model == "logistic" else ())
     return list(trials.values())
