@@ -68,7 +68,7 @@ class Options:
     # study 7: FedAvg/FedProx with local SGD (study 6's recipe: a rate tuned on validation)
     dirichlet_baselines: tuple[str, ...] = ("fedavg", "fedprox")
     # study 7, logistic baselines: 51 of their 60 trials chose sgd_lrs' top rate (0.3), so
-    # their grid goes two steps further (results/reproduction/study7/lr_edge.md); () keeps
+    # their grid goes two steps further (results/reproduction/study7/lr_edge_grid_to_0.3.md); () keeps
     # sgd_lrs. The MLP's trials were not at the edge and keep sgd_lrs.
     dirichlet_logistic_sgd_lrs: tuple[float, ...] = (0.01, 0.03, 0.1, 0.3, 1.0, 3.0)
     overrides: tuple[tuple[str, object], ...] = ()  # run-config keys for every trial
