@@ -70,7 +70,9 @@ def test_plan_runs_gram_beside_ball_and_ellipsoid_with_both_k2_divisions():
     sgd = [t for t in plan if t.kind != "gems" and t.federated.get("optimizer") == "sgd"]
     assert {(t.kind, t.labels["model"]) for t in sgd} == {
         (s, m) for s in ("fedavg", "fedprox") for m in ("logistic", "mlp")}
-    assert all(t.federated["lr_grid"] == [0.01, 0.03, 0.1, 0.3] for t in sgd)
+    assert all(t.federated["lr_grid"] == list(options.logistic_sgd_lrs if t.labels["model"]
+                                              == "logistic" else options.sgd_lrs) for t in sgd)
+    assert options.sgd_lrs == (0.01, 0.03, 0.1, 0.3) and max(options.logistic_sgd_lrs) == 3.0
     adam = [t for t in plan if t.kind != "gems" and "optimizer" not in t.federated]
     assert len(adam) == 4 and all(t.labels["optimizer"] == "adam" for t in adam)
     assert "study1_gram_rank.png" in expected_files(options)
@@ -471,10 +473,10 @@ def test_plan_runs_the_dirichlet_study_for_both_models_and_the_refined_trial():
     # The logistic baselines' grid reaches past study 6's top rate; the MLP's keeps it.
     grids = {m: {tuple(t.federated["lr_grid"]) for t in fed if t.labels["model"] == m}
              for m in ("logistic", "mlp")}
-    assert grids == {"logistic": {options.dirichlet_logistic_sgd_lrs},
+    assert grids == {"logistic": {options.logistic_sgd_lrs},
                      "mlp": {options.sgd_lrs}}
-    assert max(options.dirichlet_logistic_sgd_lrs) > max(options.sgd_lrs)
-    plain = build_plan(Options(seeds=(0,), studies=(7,), dirichlet_logistic_sgd_lrs=()))
+    assert max(options.logistic_sgd_lrs) > max(options.sgd_lrs)
+    plain = build_plan(Options(seeds=(0,), studies=(7,), logistic_sgd_lrs=()))
     assert {tuple(t.federated["lr_grid"]) for t in plain if t.kind != "gems"} == {options.sgd_lrs}
     # The baselines cost most: they come last, after every GEMS trial.
     kinds = [t.kind for t in plan]

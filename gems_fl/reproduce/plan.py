@@ -12,7 +12,8 @@ ellipsoid and ball, and the logit-space ``gram``) on every setup of :meth:`Optio
 (K=2 with the appendix's division and with ``k2_split``, K=3, K=5); study 1 also sweeps
 ``gram-rank`` for convex K=5 (bytes up per node against accuracy). Study 6 runs FedAvg and
 FedProx twice: with the Adam recipe, and with local SGD whose learning rate each trial
-chooses from ``sgd_lrs`` on the pooled node validation splits. Study 7 runs, on every
+chooses on the pooled node validation splits, from ``logistic_sgd_lrs`` for the logistic
+model and ``sgd_lrs`` for the MLP. Study 7 runs, on every
 Dirichlet division, the Gram points of ``dirichlet_points``, the paper's spaces of
 ``dirichlet_spaces``, the refined model of both models and, last because they cost most,
 the local-SGD FedAvg/FedProx of ``dirichlet_baselines``.
@@ -67,10 +68,11 @@ class Options:
     dirichlet_spaces: tuple[str, ...] = ("ellipsoid",)  # study 7: the paper's spaces beside gram
     # study 7: FedAvg/FedProx with local SGD (study 6's recipe: a rate tuned on validation)
     dirichlet_baselines: tuple[str, ...] = ("fedavg", "fedprox")
-    # study 7, logistic baselines: 51 of their 60 trials chose sgd_lrs' top rate (0.3), so
-    # their grid goes two steps further (results/reproduction/study7/lr_edge_grid_to_0.3.md); () keeps
-    # sgd_lrs. The MLP's trials were not at the edge and keep sgd_lrs.
-    dirichlet_logistic_sgd_lrs: tuple[float, ...] = (0.01, 0.03, 0.1, 0.3, 1.0, 3.0)
+    # studies 6 and 7, the logistic model's SGD grid: 51 of study 7's 60 logistic trials chose
+    # sgd_lrs' top rate (0.3), so it goes two steps further
+    # (results/reproduction/study7/lr_edge_grid_to_0.3.md); () keeps sgd_lrs. The MLP's
+    # trials were not at the edge and keep sgd_lrs.
+    logistic_sgd_lrs: tuple[float, ...] = (0.01, 0.03, 0.1, 0.3, 1.0, 3.0)
     overrides: tuple[tuple[str, object], ...] = ()  # run-config keys for every trial
     quick: bool = False
 
@@ -82,7 +84,7 @@ class Options:
             size_grid=((20, 0.1), (40, 0.1)), intersection_eps=(0.3, 0.6, 0.9),
             fed_rounds=4, quick=True, nn_spaces=("ellipsoid", "gram"), gram_ranks=(5, "auto", 0),
             sgd_lrs=(0.03, 0.3), sgd_tune_rounds=2, dirichlet_alphas=(0.5,),
-            dirichlet_ks=(3,), refine_rounds=2, dirichlet_logistic_sgd_lrs=(),
+            dirichlet_ks=(3,), refine_rounds=2, logistic_sgd_lrs=(),
             overrides=(("num-directions", 100), ("local-max-epochs", 20)),
         )
         base.update(changes)
@@ -216,7 +218,8 @@ def build_plan(options: Options) -> list[Trial]:
                 for strategy in ("fedavg", "fedprox"):
                     add(6, strategy, {"model": model}, 5,
                         {"K": 5, "model": model, "strategy": strategy, "optimizer": optimizer},
-                        optimizer=optimizer)
+                        optimizer=optimizer,
+                        sgd_lrs=options.logistic_sgd_lrs if model == "logistic" else ())
             for space in ("ellipsoid", "gram"):
                 add(6, "gems", {**base, "space": space}, 5,
                     {"K": 5, "division": "paper", "model": model, "space": space})
@@ -255,5 +258,5 @@ def build_plan(options: Options) -> list[Trial]:
                         add(7, strategy, {"model": model, "label-division": spec}, k,
                             {"K": k, "division": spec, "model": model, "strategy": strategy,
                              "optimizer": "sgd"}, optimizer="sgd",
-                            sgd_lrs=options.dirichlet_logistic_sgd_lrs if model == "logistic" else ())
+                            sgd_lrs=options.logistic_sgd_lrs if model == "logistic" else ())
     return list(trials.values())

@@ -2,7 +2,7 @@
 stored tuning runs recompute to the digit?
 
 Each baseline trial chose its local SGD rate from its grid (``Options.sgd_lrs``, 0.01-0.3,
-for the MLP; ``Options.dirichlet_logistic_sgd_lrs``, 0.01-3.0, for the logistic model) by
+for the MLP; ``Options.logistic_sgd_lrs``, 0.01-3.0, for the logistic model) by
 the pooled node validation accuracy after ``sgd_tune_rounds`` rounds. Where a trial chose
 its grid's largest rate, a larger one might have scored better still, and the baseline
 would then be held back by its recipe. For every such stored trial this script runs the
