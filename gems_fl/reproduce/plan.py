@@ -100,6 +100,10 @@ class Options:
                 out.append((2, self.k2_split))
         return out
 
+    def sgd_grid(self, model: str) -> tuple[float, ...]:
+        """The local-SGD learning rates a FedAvg/FedProx trial of ``model`` chooses from."""
+        return (self.logistic_sgd_lrs or self.sgd_lrs) if model == "logistic" else self.sgd_lrs
+
     def trial_config(self, **run_config) -> dict:
         """A run config for one trial: these options' dataset and overrides plus keys."""
         cfg = {"dataset": self.dataset, "data-dir": self.data_dir, **dict(self.overrides)}
@@ -154,8 +158,7 @@ def build_plan(options: Options) -> list[Trial]:
     curve = ",".join(str(n) for n in options.tune_sizes) if 3 in wanted else ""
 
     def add(study: int, kind: str, cfg: dict, num_nodes: int, labels: dict,
-            node_configs: list[dict] | None = None, optimizer: str = "adam",
-            sgd_lrs: tuple[float, ...] = ()) -> None:
+            node_configs: list[dict] | None = None, optimizer: str = "adam") -> None:
         settings = Settings.from_run_config(options.trial_config(**cfg))
         if (kind == "gems" and num_nodes == 5 and curve and settings.public_samples > 0
                 and settings.space == "ellipsoid" and settings.label_division == "paper"):
@@ -165,7 +168,7 @@ def build_plan(options: Options) -> list[Trial]:
                 "rounds": options.fed_rounds, "local_epochs": options.fed_local_epochs,
                 "proximal_mu": options.fedprox_mu if kind == "fedprox" else 0.0}
             if optimizer == "sgd":
-                federated.update({"optimizer": "sgd", "lr_grid": list(sgd_lrs or options.sgd_lrs),
+                federated.update({"optimizer": "sgd", "lr_grid": list(options.sgd_grid(cfg["model"])),
                                   "tune_rounds": options.sgd_tune_rounds})
             trial = Trial(kind, options.trial_config(**cfg, seed=seed), num_nodes, node_configs,
                           {study}, {**labels, "seed": seed}, federated)
@@ -218,8 +221,7 @@ def build_plan(options: Options) -> list[Trial]:
                 for strategy in ("fedavg", "fedprox"):
                     add(6, strategy, {"model": model}, 5,
                         {"K": 5, "model": model, "strategy": strategy, "optimizer": optimizer},
-                        optimizer=optimizer,
-                        sgd_lrs=options.logistic_sgd_lrs if model == "logistic" else ())
+                        optimizer=optimizer)
             for space in ("ellipsoid", "gram"):
                 add(6, "gems", {**base, "space": space}, 5,
                     {"K": 5, "division": "paper", "model": model, "space": space})
@@ -257,6 +259,5 @@ def build_plan(options: Options) -> list[Trial]:
                     for strategy in options.dirichlet_baselines:
                         add(7, strategy, {"model": model, "label-division": spec}, k,
                             {"K": k, "division": spec, "model": model, "strategy": strategy,
-                             "optimizer": "sgd"}, optimizer="sgd",
-                            sgd_lrs=options.logistic_sgd_lrs if model == "logistic" else ())
+                             "optimizer": "sgd"}, optimizer="sgd")
     return list(trials.values())
