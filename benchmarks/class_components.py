@@ -31,10 +31,10 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # run from a checkout without installing it
 
-from gems_fl.data import load_dataset, node_data, parse_division  # noqa: E402
-from gems_fl.geometry.choices import GAUSSIAN_L2S  # noqa: E402
-from gems_fl.geometry.components import component_grams, mixture_moments  # noqa: E402
-from gems_fl.geometry.virtual import gaussian_point, pooled_class_moments  # noqa: E402
+from gems_fl.data import load_dataset, node_data, parse_division
+from gems_fl.geometry.choices import GAUSSIAN_L2S
+from gems_fl.geometry.components import component_grams, mixture_moments
+from gems_fl.geometry.virtual import gaussian_point, pooled_class_moments
 
 
 def merged_model(division: str, nodes: int, seed: int, runs: Path) -> tuple[Path, float | None]:
@@ -65,7 +65,7 @@ def study(division: str, nodes: int, seed: int, components: list[int], runs: Pat
     if "hidden.1.weight" in model:
         raise SystemExit(f"{path}: more than one hidden layer; this study takes one")
     w1, b1 = (model[k].astype(np.float64) for k in ("hidden.0.weight", "hidden.0.bias"))
-    features = lambda a: np.maximum(np.asarray(a, np.float64) @ w1.T + b1, 0.0)  # noqa: E731
+    features = lambda a: np.maximum(np.asarray(a, np.float64) @ w1.T + b1, 0.0)
     splits = load_dataset("fashion-mnist", seed=seed)
     parts = [node_data(splits, parse_division(division, nodes, splits.num_classes), i, seed)
              for i in range(nodes)]

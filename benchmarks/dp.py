@@ -29,8 +29,9 @@ sys.path.insert(0, str(ROOT))  # run from a checkout without installing it
 
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from inprocess_run import run_apps  # noqa: E402
-from tests.helpers import app_defaults  # noqa: E402
+from inprocess_run import run_apps
+
+from tests.helpers import app_defaults
 
 DIVISIONS = [("paper", 5), ("dirichlet:0.1", 5)]
 EPSILONS = [0.5, 1.0, 4.0, 8.0, 0.0]  # 0: no DP

@@ -25,18 +25,18 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # run from a checkout without installing it
 
-from gems_fl.data import load_dataset, node_data, parse_division  # noqa: E402
-from gems_fl.geometry.choices import DP_POOLED_RIDGES, LDA_SHRINKAGES  # noqa: E402
-from gems_fl.geometry.dp import DPSpec, noised_statistics  # noqa: E402
-from gems_fl.geometry.gram import unpack_triangle  # noqa: E402
-from gems_fl.geometry.pooled import pooled_lda, pooled_point  # noqa: E402
+from gems_fl.data import load_dataset, node_data, parse_division
+from gems_fl.geometry.choices import DP_POOLED_RIDGES, LDA_SHRINKAGES
+from gems_fl.geometry.dp import DPSpec, noised_statistics
+from gems_fl.geometry.gram import unpack_triangle
+from gems_fl.geometry.pooled import pooled_lda, pooled_point
 
 
 def _accuracy(w: np.ndarray, x: np.ndarray, y: np.ndarray) -> float:
     return float(((x @ w[:, :-1].T + w[:, -1]).argmax(axis=1) == y).mean())
 
 
-def trial(seed: int, epsilon: float, clip: float, nodes: list, splits) -> dict:  # noqa: ANN001
+def trial(seed: int, epsilon: float, clip: float, nodes: list, splits) -> dict:
     rng = np.random.default_rng([seed, 104_729])
     spec = DPSpec(epsilon, 1e-5, clip)
     size = splits.num_features + 1

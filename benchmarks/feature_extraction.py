@@ -40,7 +40,12 @@ from gems_fl.data.augment import augment
 from gems_fl.data.cifar10 import vgg_input
 from gems_fl.data.feature_cache import extract_features
 from gems_fl.data.ham10000 import (
-    DIAGNOSES, EXTRACTOR_FRACTION, cnn_input, decode_image, split_counts, train_extractor,
+    DIAGNOSES,
+    EXTRACTOR_FRACTION,
+    cnn_input,
+    decode_image,
+    split_counts,
+    train_extractor,
 )
 from gems_fl.data.vgg16 import VGG16Features
 

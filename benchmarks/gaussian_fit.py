@@ -36,11 +36,11 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # run from a checkout without installing it
 
-from gems_fl.data.datasets import DEFAULT_FASHION_MNIST_DIR  # noqa: E402
-from gems_fl.data.idx import read_idx  # noqa: E402
-from gems_fl.geometry import virtual  # noqa: E402
-from gems_fl.geometry.choices import GAUSSIAN_L2S  # noqa: E402
-from gems_fl.learning.threads import compute_threads  # noqa: E402
+from gems_fl.data.datasets import DEFAULT_FASHION_MNIST_DIR
+from gems_fl.data.idx import read_idx
+from gems_fl.geometry import virtual
+from gems_fl.geometry.choices import GAUSSIAN_L2S
+from gems_fl.learning.threads import compute_threads
 
 
 def plain_fit(x: torch.Tensor, y: torch.Tensor, num_classes: int, *, l2: float,

@@ -39,10 +39,9 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # run from a checkout without installing it
 
-from gems_fl.data import load_dataset, node_data, parse_division  # noqa: E402
-from gems_fl.geometry.choices import GAUSSIAN_L2S  # noqa: E402
-from gems_fl.geometry.virtual import (  # noqa: E402
-    fit_softmax, gaussian_point, standard_scale, unstandardise)
+from gems_fl.data import load_dataset, node_data, parse_division
+from gems_fl.geometry.choices import GAUSSIAN_L2S
+from gems_fl.geometry.virtual import fit_softmax, gaussian_point, standard_scale, unstandardise
 
 
 def logistic_fit(x: np.ndarray, y: np.ndarray, num_classes: int, l2: float) -> np.ndarray:

@@ -32,12 +32,13 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # run from a checkout without installing it
 sys.path.insert(0, str(ROOT / "benchmarks"))  # the run through the apps
 
-from gram_rank_mlp import mlp_run  # noqa: E402
+from gram_rank_mlp import mlp_run
 
 
 def run_once(division: str, nodes: int, seed: int, class_grams: str, model: str) -> dict:
     results, wall, output = mlp_run({"label-division": division, "seed": seed,
-                                     "class-grams": class_grams, "model": model}, nodes)
+                                     "class-grams": class_grams, "model": model,
+                                     "baselines": "all"}, nodes)
     ver = results["verification"]
     widths = results.get("hidden_widths") or [None]
     return {"model": model, "division": division, "nodes": nodes, "seed": seed,

@@ -29,11 +29,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from gems_fl.geometry._linalg import augment
 from gems_fl.geometry.certify import certified_gram_radius
 from gems_fl.geometry.gram import gram_matrix
 from gems_fl.geometry.gram_merge import gram_center, minimax_gram_point
 from gems_fl.geometry.gram_search import DEFAULT_DELTA, DEFAULT_R_MAX, search_gram_radius
+from gems_fl.geometry.linalg import augment
 
 D, C, N_TRAIN, N_VAL, P = 784, 10, 10_000, 1000, 500
 

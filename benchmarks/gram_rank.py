@@ -29,19 +29,19 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # run from a checkout without installing it
 
-from gram_points import _correct, _selected  # noqa: E402  (this folder)
+from gram_points import _correct, _selected
 
-from gems_fl.data import load_dataset, node_data, parse_division  # noqa: E402
-from gems_fl.data.nodes import node_seed  # noqa: E402
-from gems_fl.geometry.eps import passes  # noqa: E402
-from gems_fl.geometry.gram_merge import aggregate_gram  # noqa: E402
-from gems_fl.geometry.kinds import build_layer_space  # noqa: E402
-from gems_fl.learning.threads import compute_threads  # noqa: E402
-from gems_fl.protocol.node import build_local_space, encode_layer_space  # noqa: E402
-from gems_fl.protocol.node_layerwise import NodeWork  # noqa: E402
-from gems_fl.protocol.replies import decode_reply  # noqa: E402
-from gems_fl.protocol.wire import content_bytes  # noqa: E402
-from gems_fl.settings import Settings  # noqa: E402
+from gems_fl.data import load_dataset, node_data, parse_division
+from gems_fl.data.nodes import node_seed
+from gems_fl.geometry.eps import passes
+from gems_fl.geometry.kinds import build_layer_space
+from gems_fl.geometry.points import aggregate_gram
+from gems_fl.learning.threads import compute_threads
+from gems_fl.protocol.node import build_local_space, encode_layer_space
+from gems_fl.protocol.node_layerwise import NodeWork
+from gems_fl.protocol.replies import decode_reply
+from gems_fl.protocol.wire import content_bytes
+from gems_fl.settings import Settings
 
 DIVISIONS = [("paper", 5), ("dirichlet:0.1", 5), ("dirichlet:0.5", 5)]
 RANKS: tuple[int | str, ...] = ("auto", 99, 0)  # 0: the full matrix; --ranks to change
@@ -61,7 +61,7 @@ def trial(spec: str, num_nodes: int, seed: int, ranks: tuple) -> dict:
         nodes.append((local, x_tr, y_tr, x_val, y_val, node_seed(seed, k)))
     out = {"division": spec, "nodes": num_nodes, "seed": seed,
            "train_s": time.perf_counter() - t0, "ranks": {}}
-    test_acc = lambda w: _correct(w, splits.test_x, splits.test_y) / len(splits.test_y)  # noqa: E731
+    test_acc = lambda w: _correct(w, splits.test_x, splits.test_y) / len(splits.test_y)
     for rank in ranks:
         t1 = time.perf_counter()
         options = replace(work.space, gram_rank=rank)
@@ -122,8 +122,9 @@ def main() -> None:
         mine = [r for r in rows if r["division"] == spec and r["seed"] in args.seeds]
         for rank in ranks:
             cells = [r["ranks"][str(rank)] for r in mine]
-            acc = lambda p: f"{np.mean([c[p]['accuracy'] for c in cells]):.4f} (" \
-                            f"{np.std([c[p]['accuracy'] for c in cells]):.4f})"  # noqa: E731
+            def acc(p: str, cells: list = cells) -> str:
+                return (f"{np.mean([c[p]['accuracy'] for c in cells]):.4f} ("
+                        f"{np.std([c[p]['accuracy'] for c in cells]):.4f})")
             good = min(c["auto"]["good_enough"] for c in cells)
             print(f"| {spec} K={k} | {rank or 'full'} | {np.mean([c['bytes_up_per_node'] for c in cells]):,.0f} "
                   f"| {acc('auto')} | {acc('closed-form')} | {good}/{k} |")

@@ -12,7 +12,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # run from a checkout without installing it
 
 
-def run_apps(cfg: dict, nodes: int, run_id: int = 1):  # noqa: ANN201
+def run_apps(cfg: dict, nodes: int, run_id: int = 1):
     from flwr.app import Context, RecordDict
 
     from client_app import app as client_app

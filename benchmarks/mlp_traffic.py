@@ -40,7 +40,7 @@ def run_once(nodes: int, max_width: int, division: str, seed: int, out_dir: Path
     from gems_fl.running.run_config import app_config
 
     cfg = {**app_config(ROOT), "model": "mlp", "dataset": "fashion-mnist",
-           "label-division": division, "max-width": max_width, "seed": seed,
+           "label-division": division, "max-width": max_width, "baselines": "all", "seed": seed,
            "output-dir": str(out_dir)}
     results, grid, wall = run_apps(cfg, nodes, run_id=nodes * 100000 + max_width)
     # rounds: each hidden layer's, the output layer's, then the selection round (if any)

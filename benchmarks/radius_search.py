@@ -48,10 +48,10 @@ from rich.table import Table
 from gems_fl.data import load_dataset
 from gems_fl.data.partition import node_data, parse_division
 from gems_fl.geometry.fisher import diagonal_fisher, fisher_axes
-from gems_fl.geometry._linalg import augment
+from gems_fl.geometry.linalg import augment
 from gems_fl.geometry.radius import sample_directions, search_radius
 from gems_fl.learning.models import build_model, model_to_vector
-from gems_fl.learning.threads import _CORES, ENV_VAR, compute_threads
+from gems_fl.learning.threads import CORES, ENV_VAR, compute_threads
 from gems_fl.learning.train import train_until_converged
 from gems_fl.settings import Settings
 
@@ -66,7 +66,7 @@ def machine() -> dict:
         "usable_cores": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
         "loadavg_1_5_15": [round(v, 2) for v in os.getloadavg()],
         "torch": torch.__version__, "torch_threads": torch.get_num_threads(),
-        "torch_default_threads": _CORES,
+        "torch_default_threads": CORES,
     }
 
 
@@ -118,11 +118,11 @@ def _node_sequence(policy: str, data: tuple, num_classes: int, settings: Setting
     """Train, then search, then the bare matmul, under one thread policy; seconds of each."""
     x_tr, y_tr, x_val, y_val = data
     num_features = x_tr.shape[1]
-    train_threads = _CORES if policy == "policy-all" else 1
-    search_threads = 1 if policy in ("policy-1", "per-call-1") else _CORES
+    train_threads = CORES if policy == "policy-all" else 1
+    search_threads = 1 if policy in ("policy-1", "per-call-1") else CORES
     # train.py's own compute_threads() reads the policy: make it the case's training count.
     os.environ[ENV_VAR] = str(train_threads)
-    outer = _CORES if policy == "per-call-1" else train_threads
+    outer = CORES if policy == "per-call-1" else train_threads
     with compute_threads(outer):
         torch.manual_seed(seed)
         model = build_model("logistic", num_features, num_classes)

@@ -25,7 +25,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # run from a checkout without installing it
 
-from gems_fl.geometry.choices import REFINE_METHODS  # noqa: E402
+from gems_fl.geometry.choices import REFINE_METHODS
 
 
 def main() -> None:
@@ -69,7 +69,7 @@ def main() -> None:
             cfg = {**app_config(ROOT), "dataset": "fashion-mnist", "label-division": division,
                    "seed": seed, "refine-rounds": args.rounds, "refine-method": method,
                    "public-samples": 0, "output-dir": out, "model": args.model,
-                   "refine-l2": l2, "class-grams": args.class_grams}
+                   "refine-l2": l2, "class-grams": args.class_grams, "baselines": "all"}
             grid = InProcessGrid(build_client_app(), args.nodes, cfg)
             ctx = Context(run_id=1, node_id=1, node_config={}, state=RecordDict(),
                           run_config=cfg)

@@ -27,19 +27,19 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # run from a checkout without installing it
 
-import numpy as np  # noqa: E402
-import torch  # noqa: E402
+import numpy as np
+import torch
 
-from gems_fl.data import load_dataset  # noqa: E402
-from gems_fl.geometry.gram import gram_matrix, label_moments  # noqa: E402
-from gems_fl.geometry.pooled import pooled_lda  # noqa: E402
-from gems_fl.geometry.refine import (  # noqa: E402
+from gems_fl.data import load_dataset
+from gems_fl.geometry.gram import gram_matrix, label_moments
+from gems_fl.geometry.pooled import pooled_lda
+from gems_fl.geometry.refine import (
     bohning_step,
     penalised,
     secant_curvature,
     softmax_gradient,
 )
-from gems_fl.geometry.selection import TEMPERATURES  # noqa: E402
+from gems_fl.geometry.selection import TEMPERATURES
 
 RIDGE = 1e-3  # the step's ridge: the pooled ridge the selection round keeps most often
 

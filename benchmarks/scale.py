@@ -24,7 +24,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # run from a checkout without installing it
 
-from gems_fl.running.timing import timing_line  # noqa: E402
+from gems_fl.running.timing import timing_line
 
 MARKER = "GEMS_FL_RUN_MARKER"
 

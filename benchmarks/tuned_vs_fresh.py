@@ -33,17 +33,17 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # run from a checkout without installing it
 
-from gems_fl.data import FeatureOptions, load_dataset  # noqa: E402
-from gems_fl.evaluation.baselines import raw_start  # noqa: E402
-from gems_fl.evaluation.server_data import draw_public_sample  # noqa: E402
-from gems_fl.learning.models import build_model  # noqa: E402
-from gems_fl.learning.train import (  # noqa: E402
-    _heldout_score,
-    _tensors,
+from gems_fl.data import FeatureOptions, load_dataset
+from gems_fl.evaluation.baselines import raw_start
+from gems_fl.evaluation.server_data import draw_public_sample
+from gems_fl.learning.models import build_model
+from gems_fl.learning.train import (
     accuracy,
+    as_tensors,
     converged_holdout_score,
+    heldout_score,
 )
-from gems_fl.settings import Settings  # noqa: E402
+from gems_fl.settings import Settings
 
 FOLDS = 5
 
@@ -58,14 +58,14 @@ def compare(trial: dict, model_file: Path) -> dict:
     gems = build_model("logistic", px.shape[1], splits.num_classes, [], 0.0)
     gems.load_state_dict({k: torch.as_tensor(weights[k]) for k in ("weight", "bias")})
     tune, local = settings.tune_recipe, settings.local_recipe
-    fresh = lambda: raw_start(settings, px.shape[1], splits.num_classes)  # noqa: E731
+    fresh = lambda: raw_start(settings, px.shape[1], splits.num_classes)
 
-    def tuned_on(x: np.ndarray, y: np.ndarray):  # noqa: ANN202
+    def tuned_on(x: np.ndarray, y: np.ndarray):
         model = copy.deepcopy(gems)
         report = tune.tune_trained(model, x, y, seed, settings.tune_layers)
         return model, report
 
-    def fresh_on(x: np.ndarray, y: np.ndarray):  # noqa: ANN202
+    def fresh_on(x: np.ndarray, y: np.ndarray):
         model = fresh()
         local.train(model, x, y, seed)
         return model
@@ -79,9 +79,9 @@ def compare(trial: dict, model_file: Path) -> dict:
     folds = np.array_split(np.random.default_rng(seed + 17).permutation(len(py)), FOLDS)
     for fold in folds:
         keep = np.setdiff1d(np.arange(len(py)), fold)
-        held = _tensors(px[fold], py[fold])
-        nested["tuned"] += round(_heldout_score(tuned_on(px[keep], py[keep])[0], *held)[0] * len(fold))
-        nested["fresh"] += round(_heldout_score(fresh_on(px[keep], py[keep]), *held)[0] * len(fold))
+        held = as_tensors(px[fold], py[fold])
+        nested["tuned"] += round(heldout_score(tuned_on(px[keep], py[keep])[0], *held)[0] * len(fold))
+        nested["fresh"] += round(heldout_score(fresh_on(px[keep], py[keep]), *held)[0] * len(fold))
     return {"labels": trial["labels"], "seed": seed,
             "single_20pct": {"tuned": report.holdout_score, "fresh": single_fresh},
             "nested_5fold_correct": nested, "public_rows": len(py),

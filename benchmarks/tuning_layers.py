@@ -24,14 +24,14 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # run from a checkout without installing it
 sys.path.insert(0, str(ROOT / "benchmarks"))  # the run through the apps
 
-from gram_rank_mlp import mlp_run  # noqa: E402
+from gram_rank_mlp import mlp_run
 
 
 def run_once(space: str, division: str, nodes: int, seed: int, layers: str,
              fresh: bool) -> dict:
     results, wall, _ = mlp_run({"label-division": division, "seed": seed, "space": space,
                                 "public-samples": 1000, "tune-layers": layers,
-                                "tune-fresh": fresh}, nodes)
+                                "tune-fresh": fresh, "baselines": "all"}, nodes)
     rows = results["rows"]
     return {"space": space, "division": division, "nodes": nodes, "seed": seed,
             "tune_layers": layers, "tune_fresh": fresh, "gems": rows["GEMS"]["accuracy"],

@@ -16,7 +16,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from gems_fl.data.nodes import write_partition_files  # noqa: E402
+from gems_fl.data.nodes import write_partition_files
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -27,8 +27,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from gems_fl.running.federation import TlsFederation  # noqa: E402
-from gems_fl.data.nodes import write_partition_files  # noqa: E402
+from gems_fl.data.nodes import write_partition_files
+from gems_fl.running.federation import TlsFederation
 
 
 def _sites(folder: Path, num_nodes: int, seed: int) -> list[dict]:

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
-from gems_fl.geometry import _linalg
+from gems_fl.geometry import linalg
 from gems_fl.geometry.kinds import (
     AggregateOptions,
     LayerSpace,
@@ -108,9 +108,9 @@ class Check:
     inside: bool
 
 
-def _matrix(name: str, value: np.ndarray) -> np.ndarray:
+def _as_matrix(name: str, value: np.ndarray) -> np.ndarray:
     """A finite 2-D float64 array, else ``ValueError`` naming ``name``."""
-    return _linalg._matrix(name, value).numpy()
+    return linalg.layer_matrix(name, value).numpy()
 
 
 def node_space(
@@ -146,7 +146,7 @@ def node_space(
     y_val : np.ndarray, shape (m,)
         Validation labels in ``[0, C)``.
     kind : {"gram", "ball", "ellipsoid"}
-        The kind of space (README "Good-enough spaces").
+        The kind of space (docs/method.md, "Good-enough spaces").
     eps : float
         Minimum validation accuracy of a good-enough model, in ``[0, 1]``.
     seed, num_directions, r_max, delta, gram_rank
@@ -154,7 +154,7 @@ def node_space(
         ``gram_rank=0``, the exact matrix, where the run's default is ``"auto"``).
     label_moments : bool
         ``kind='gram'``: keep the label moments, which :func:`aggregate`'s
-        ``gram_point='pooled'`` and ``'best'`` need.
+        ``gram_point='pooled'`` and ``'lda'`` need.
     class_grams : bool
         ``kind='gram'`` with ``label_moments``: also keep the node's Gram matrix of each
         class it holds, which :func:`aggregate`'s ``gram_point='gaussian'`` needs.
@@ -166,8 +166,8 @@ def node_space(
     -------
     NodeSpace
     """
-    w = _matrix("weights", weights)
-    xt, xv = _matrix("x_train", x_train), _matrix("x_val", x_val)
+    w = _as_matrix("weights", weights)
+    xt, xv = _as_matrix("x_train", x_train), _as_matrix("x_val", x_val)
     yt, yv = np.asarray(y_train), np.asarray(y_val)
     if w.shape[1] != xt.shape[1] + 1 or xv.shape[1] != xt.shape[1]:
         raise ValueError(f"weights has shape {w.shape}, x_train {xt.shape}, x_val {xv.shape}: "
@@ -185,15 +185,15 @@ def node_space(
 
 
 def aggregate(spaces: Sequence[NodeSpace], *, seed: int = 0, no_intersection: str = "min-penalty",
-              gram_weighting: str = "samples", gram_ridge: float = 1e-6,
-              gram_point: str = "closed-form", pooled_ridge: float = 1e-3) -> Aggregate:
+              gram_ridge: float = 1e-6, gram_point: str = "closed-form",
+              pooled_ridge: float = 1e-3) -> Aggregate:
     """``h_G`` for the spaces of several nodes (all of one kind and one layer shape).
 
     Parameters
     ----------
     spaces : sequence of NodeSpace
         One per node, from :func:`node_space`.
-    seed, no_intersection, gram_weighting, gram_ridge, gram_point, pooled_ridge
+    seed, no_intersection, gram_ridge, gram_point, pooled_ridge
         As the run settings of the same names.
 
     Returns
@@ -208,8 +208,8 @@ def aggregate(spaces: Sequence[NodeSpace], *, seed: int = 0, no_intersection: st
         raise ValueError(f"spaces of several kinds {sorted(kinds)}: aggregate one kind at a time")
     kind = kinds.pop()
     options = AggregateOptions(kind=kind, no_intersection=no_intersection, seed=seed,
-                               gram_weighting=gram_weighting, gram_ridge=gram_ridge,
-                               gram_point=gram_point, pooled_ridge=pooled_ridge)
+                               gram_ridge=gram_ridge, gram_point=gram_point,
+                               pooled_ridge=pooled_ridge)
     result = space_kind(kind).aggregate([s.space for s in spaces], [s.num_train for s in spaces],
                                         options)
     shape = spaces[0].weights.shape
@@ -219,7 +219,7 @@ def aggregate(spaces: Sequence[NodeSpace], *, seed: int = 0, no_intersection: st
 
 def check(weights: np.ndarray, space: NodeSpace) -> Check:
     """Whether the model ``weights`` ``(C, d + 1)`` lies in ``space``."""
-    w = _matrix("weights", weights)
+    w = _as_matrix("weights", weights)
     if w.size != space.space.center.size:
         raise ValueError(f"weights has {w.size} entries; the space's models have "
                          f"{space.space.center.size}")
@@ -253,7 +253,7 @@ class GEMSModel:
 
     def logits(self, x: np.ndarray) -> np.ndarray:
         """Logits ``(n, C)`` for rows ``x`` ``(n, d)`` in the run's raw feature units."""
-        z = _matrix("x", x)
+        z = _as_matrix("x", x)
         if z.shape[1] != self.num_features:
             raise ValueError(f"x has {z.shape[1]} features; the model takes {self.num_features}")
         if self.mean is not None:

@@ -34,7 +34,7 @@ def test_pass_count_at_its_boundaries(eps, num, need):
 def test_pass_count_is_the_float_accuracy_rule(eps, num):
     # "correct / num >= eps", as every search compares accuracies, decided on counts
     k = pass_count(eps, num)
-    assert k == next((c for c in range(num + 2) if c > num or c / num >= eps))
+    assert k == next(c for c in range(num + 2) if c > num or c / num >= eps)
 
 
 @given(st.floats(0.0, 1.0), st.integers(1, 300), st.data())

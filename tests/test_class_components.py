@@ -15,12 +15,14 @@ from gems_fl.geometry.components import (
     mixture_moments,
 )
 from gems_fl.geometry.gram import class_grams, gram_matrix, label_moments, pack_triangle
-from gems_fl.geometry.gram_merge import aggregate_gram, has_class_components
+from gems_fl.geometry.gram_merge import has_class_components
 from gems_fl.geometry.kinds import SpaceOptions, build_layer_space
+from gems_fl.geometry.points import aggregate_gram
 from gems_fl.geometry.spaces import GramSpace
 from gems_fl.geometry.virtual import gaussian_point, pooled_class_moments
 from gems_fl.protocol import replies, wire
 from gems_fl.settings import Settings, SettingsError
+from gems_fl.settings.options import space_options
 
 C, D = 2, 2
 SHAPES = {"weight": (C, D), "bias": (C,)}
@@ -92,7 +94,7 @@ def test_the_mixture_fits_a_two_mode_class_better_than_one_gaussian():
 def test_the_server_fits_the_mixture_when_nodes_send_components():
     x, y = _two_modes(3)
     halves = [np.arange(0, 1000), np.arange(1000, 2000)]
-    options = lambda g: SpaceOptions(kind="gram", eps=0.0, num_directions=8,  # noqa: E731
+    options = lambda g: SpaceOptions(kind="gram", eps=0.0, num_directions=8,
                                      label_moments=True, class_grams="true",
                                      class_components=g)
     center = np.zeros((C, D + 1))
@@ -102,7 +104,7 @@ def test_the_server_fits_the_mixture_when_nodes_send_components():
     assert not has_class_components(spaces[1]) and has_class_components(spaces[3])
     np.testing.assert_allclose(spaces[3][0].per_class_grams, spaces[1][0].class_grams,
                                atol=1e-10)
-    fit = lambda g, point: aggregate_gram(spaces[g], [1000, 1000], point=point,  # noqa: E731
+    fit = lambda g, point: aggregate_gram(spaces[g], [1000, 1000], point=point,
                                           pooled_ridge=1e-6)
     mixture, gaussian, plain = fit(3, "mixture"), fit(3, "gaussian"), fit(1, "gaussian")
     assert mixture.method == "mixture" and gaussian.method == "gaussian"
@@ -188,7 +190,7 @@ def test_sums_add_a_class_components_up():
 def test_the_setting_reaches_the_nodes_and_refuses_zero():
     assert Settings.from_run_config({}).class_components == 4
     assert Settings.from_run_config({"class-components": 1}).for_nodes()["class-components"] == 1
-    assert SpaceOptions.from_settings(
+    assert space_options(
         Settings.from_run_config({"class-components": 2})).class_components == 2
     with pytest.raises(SettingsError, match="class-components"):
         Settings.from_run_config({"class-components": 0})

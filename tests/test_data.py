@@ -327,7 +327,7 @@ def test_digits_split_sizes_and_disjointness():
     ])
     bunch = load_digits()
     original = np.column_stack([(bunch.data / 16.0).astype(np.float32), bunch.target])
-    sort = lambda a: a[np.lexsort(a.T[::-1])]  # noqa: E731
+    sort = lambda a: a[np.lexsort(a.T[::-1])]
     np.testing.assert_array_equal(sort(rows), sort(original))
     assert np.all(np.abs(np.bincount(splits.val_y, minlength=10) - 12.8) <= 1)
 

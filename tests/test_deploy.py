@@ -50,8 +50,8 @@ def federation(tmp_path_factory, sites):
 
 
 def _assert_same(deployed: dict, simulated: dict) -> None:
-    exact = lambda res: [(n["name"], n["num_train"]) for n in res["nodes"]]  # noqa: E731
-    close = lambda res: [v for n in res["nodes"]  # noqa: E731
+    exact = lambda res: [(n["name"], n["num_train"]) for n in res["nodes"]]
+    close = lambda res: [v for n in res["nodes"]
                          for v in (n["radius"], n["local_val_accuracy"])]
     assert exact(deployed) == exact(simulated)
     assert close(deployed) == pytest.approx(close(simulated), abs=TOL)

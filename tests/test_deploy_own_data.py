@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from gems_fl.data.site_files import read_site_file
-from gems_fl.running.federation import CONNECTION, TlsFederation, _stop_group
+from gems_fl.running.federation import CONNECTION, TlsFederation, stop_group
 from tests.helpers import FAST, ROOT
 from tests.sitegen import CLASSES, site_config
 
@@ -95,10 +95,10 @@ def test_submit_exits_non_zero_when_the_superlink_stops_mid_run(tmp_path, sites)
                             f"output-dir='{out}'", "--output-dir", str(tmp_path / "home"))
         try:
             fed.wait_for_log(nodes[0], "Receiving: train message", 300)
-            _stop_group(fed.superlink)  # the SuperLink goes away mid-run
+            stop_group(fed.superlink)  # the SuperLink goes away mid-run
             output, _ = proc.communicate(timeout=180)
         finally:
-            _stop_group(proc)
+            stop_group(proc)
     assert proc.returncode == 1, output[-3000:]
     assert "gems-fl: run failed" in output
     assert "does not report the run's status" in output or "ended with status" in output
@@ -126,7 +126,7 @@ def test_submit_a_site_killed_mid_round_exits_3_names_it_and_brings_the_results_
         try:
             output, _ = proc.communicate(timeout=400)
         finally:
-            _stop_group(proc)
+            stop_group(proc)
         killer.join(timeout=5)
         assert victim.process.poll() is not None and nodes[0].process.poll() is None
     assert proc.returncode == 3, output[-4000:]
@@ -160,7 +160,7 @@ def test_ctrl_c_on_submit_stops_the_run_on_the_superlink(tmp_path, sites):
             os.kill(proc.pid, signal.SIGINT)
             output, _ = proc.communicate(timeout=120)
         finally:
-            _stop_group(proc)
+            stop_group(proc)
         assert proc.returncode == 130, output[-3000:]
         run_id = int(re.search(r"stopped run (\d+) on 'gems-tls'", output).group(1))
         assert output.strip().splitlines()[-1].startswith("gems-fl: interrupted by SIGINT")

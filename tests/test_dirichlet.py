@@ -50,7 +50,7 @@ def test_small_alpha_skews_labels_and_validation_follows_the_same_draw(digits):
         return np.mean([np.bincount(p[1], minlength=10).max() / len(p[1]) for p in parts])
 
     assert dominant_share(skewed) > 0.4 > dominant_share(even)
-    for x_tr, y_tr, x_val, y_val in skewed:
+    for _x_tr, y_tr, _x_val, y_val in skewed:
         train_mix = np.bincount(y_tr, minlength=10) / len(y_tr)
         val_mix = np.bincount(y_val, minlength=10) / len(y_val)
         assert np.abs(train_mix - val_mix).max() < 0.35  # one draw for both pools

@@ -85,7 +85,7 @@ def test_noised_sums_give_no_closed_form_and_cannot_mix_with_plain_replies():
     sums.add_noised(10, np.eye(3) * 10, np.ones((2, 3)) * 5)
     assert not sums.has_centers and sums.class_counts.tolist() == [5, 5]
     with pytest.raises(ValueError, match="closed-form"):
-        sums.closed_form(1e-3)
+        sums.center_system()
     with pytest.raises(ValueError, match="cannot share"):
         sums.add(10, np.zeros((2, 3)), np.eye(3), np.ones((2, 3)) / 2, np.array([5, 5]))
     assert sums.nodes == 1 and sums.count == 10  # nothing added
@@ -192,10 +192,9 @@ def test_a_malformed_release_is_refused_by_name_and_the_round_goes_on(tmp_path, 
 
 
 @pytest.mark.parametrize("bad", [{"model": "mlp"}, {"refine_rounds": 2},
-                                 {"gram_point": "best"}, {"gram_point": "closed-form"},
+                                 {"gram_point": "mixture"}, {"gram_point": "closed-form"},
                                  {"space": "ellipsoid"}, {"server_grams": "nodes"},
                                  {"label_moments": False, "gram_point": "closed-form"},
-                                 {"gram_weighting": "radius"},
                                  {"standardize": "federated"}])
 def test_dp_refuses_what_needs_a_nodes_model(bad):
     with pytest.raises(SettingsError, match="dp-epsilon=1: nodes send only noised sums"):

@@ -9,7 +9,7 @@ import sys
 import numpy as np
 import pytest
 
-from gems_fl.evaluation.baselines import ROW_NAMES
+from gems_fl.evaluation.baselines import row_names
 from gems_fl.learning.models import state_to_vector
 from gems_fl.protocol.replies import decode_reply
 from tests.helpers import ROOT, run_in_process
@@ -85,12 +85,12 @@ def test_flwr_simulation_end_to_end(tmp_path):
     (path,) = tmp_path.glob("run-*/results.json")
     results = json.loads(path.read_text())
     assert results["status"] == "completed"
-    assert list(results["rows"]) == list(ROW_NAMES)
-    for name in ROW_NAMES:
+    assert list(results["rows"]) == list(row_names(False, "cheap"))
+    for name in row_names(False, "cheap"):
         assert 0.0 <= results["rows"][name]["accuracy"] <= 1.0
     assert len(results["nodes"]) == 3 and results["dataset"]["num_nodes"] == 3
     assert results["rows"]["GEMS"]["accuracy"] > results["rows"]["Local"]["accuracy"]
-    assert "Test accuracy" in proc.stdout and "GEMS tuned" in proc.stdout
+    assert "Test accuracy" in proc.stdout and "Averaged" in proc.stdout
     # The time split covers the whole command: start-up, the app's phases, shut-down.
     timing = results["timing_s"]
     inside = sum(timing[k] for k in ("wait_for_nodes", "identify", "server_data", "rounds",
@@ -121,6 +121,21 @@ def test_show_prints_every_row_of_a_results_file(tmp_path, capsys):
     run_in_process(2, tmp_path, space="ball")
     assert main(["show", str(tmp_path / "run-1" / "results.json"), "--markdown"]) == 0
     out = capsys.readouterr().out
-    for name in ROW_NAMES:
+    for name in row_names(False, "cheap"):
         assert f"| {name} |" in out
     assert main(["show", str(tmp_path / "missing.json")]) == 2
+
+
+def test_baselines_choose_the_comparison_rows_and_never_change_h_g(tmp_path):
+    runs = {b: run_in_process(2, tmp_path / b, space="ball", baselines=b)
+            for b in ("none", "cheap", "all")}
+    for baselines, results in runs.items():
+        assert list(results["rows"]) == list(row_names(False, baselines)), baselines
+        assert results["settings"]["baselines"] == baselines
+    assert row_names(False, "none") == ("GEMS",)
+    assert {"Global", "GEMS tuned", "Raw", "Raw converged"} <= set(runs["all"]["rows"])
+    models = {b: np.load(tmp_path / b / "run-1" / "gems_model.npz") for b in runs}
+    for name in models["all"].files:
+        np.testing.assert_array_equal(models["none"][name], models["all"][name])
+        np.testing.assert_array_equal(models["cheap"][name], models["all"][name])
+    assert len({r["rows"]["GEMS"]["accuracy"] for r in runs.values()}) == 1

@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from gems_fl.learning.recipe import WARM_SHRINKS, TuneRecipe
-from gems_fl.learning.train import _HoldoutKeeper, accuracy, fine_tune, fine_tune_holdout
+from gems_fl.learning.train import HoldoutKeeper, accuracy, fine_tune, fine_tune_holdout
 
 
 def _data(seed: int = 0, n: int = 200):
@@ -112,7 +112,7 @@ def test_patience_waits_while_the_held_out_loss_still_falls():
     cautious = linear([0.5, 0.25, 0, 0, 0], -0.3)  # the true rule, mildly, biased
     (acc_a, loss_a), (acc_b, loss_b) = score(confident), score(cautious)
     assert acc_b < acc_a and loss_b < loss_a  # the premise
-    keeper = _HoldoutKeeper(confident, xt, yt)
+    keeper = HoldoutKeeper(confident, xt, yt)
     assert keeper.update(cautious, 1) == 0  # the loss fell: patience starts again
     assert keeper.best_epoch == 0  # accuracy did not: the confident model stays kept
     assert keeper.update(cautious, 2) == 1  # neither improved
@@ -257,7 +257,7 @@ def test_tune_fresh_setting_builds_the_fresh_recipe_from_the_local_one():
 def test_a_run_says_which_tuned_model_it_kept_and_both_held_out_scores(tmp_path):
     from tests.helpers import run_in_process
 
-    rows = run_in_process(3, tmp_path, space="ball", seed=1,
+    rows = run_in_process(3, tmp_path, space="ball", seed=1, baselines="all",
                           **{"label-division": "classes-per-node:4"})["rows"]
     tuned = rows["GEMS tuned"]
     assert isinstance(tuned["fresh"], bool)
@@ -265,6 +265,6 @@ def test_a_run_says_which_tuned_model_it_kept_and_both_held_out_scores(tmp_path)
     assert 0 <= other <= kept <= 1  # the kept one scores at least as well held out
     if tuned["fresh"]:  # the fresh model on every row is the model Raw converged trains
         assert tuned["accuracy"] == rows["Raw converged"]["accuracy"]
-    off = run_in_process(3, tmp_path / "off", space="ball", seed=1,
+    off = run_in_process(3, tmp_path / "off", space="ball", seed=1, baselines="all",
                          **{"label-division": "classes-per-node:4", "tune-fresh": False})["rows"]
     assert "fresh" not in off["GEMS tuned"] and "held_out_accuracy" not in off["GEMS tuned"]

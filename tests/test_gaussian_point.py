@@ -8,12 +8,13 @@ import pytest
 from flwr.app import Array
 
 from gems_fl.geometry.gram import class_grams, gram_matrix, label_moments
-from gems_fl.geometry.gram_merge import aggregate_gram
 from gems_fl.geometry.kinds import SpaceOptions, build_layer_space
+from gems_fl.geometry.points import aggregate_gram
 from gems_fl.geometry.spaces import GramSpace
 from gems_fl.geometry.virtual import fit_softmax, gaussian_point, pooled_class_moments
 from gems_fl.protocol import replies, wire
 from gems_fl.settings import Settings, SettingsError
+from gems_fl.settings.options import space_options
 
 C, D = 3, 4
 SHAPES = {"weight": (C, D), "bias": (C,)}
@@ -195,7 +196,7 @@ def test_settings_refuse_a_gaussian_point_without_class_grams_and_class_grams_wi
         Settings.from_run_config({"gram-point": "gaussian", "class-grams": "false"})
     with pytest.raises(SettingsError, match="class-grams=true"):
         Settings.from_run_config({"secure-aggregation": True, "class-grams": "true"})
-    options = SpaceOptions.from_settings(Settings.from_run_config({"dp-epsilon": 1.0}))
+    options = space_options(Settings.from_run_config({"dp-epsilon": 1.0}))
     assert options.class_grams == "false"
 
 
@@ -218,7 +219,8 @@ def test_the_api_offers_the_gaussian_point():
 
 
 def test_sums_of_class_grams_give_the_gaussian_point_of_every_nodes_matrices():
-    from gems_fl.geometry.gram_sums import GramSums, aggregate_sums
+    from gems_fl.geometry.gram_sums import GramSums
+    from gems_fl.geometry.points import aggregate_sums
 
     x, y = _data(7, 900)
     parts = [np.flatnonzero(y == 0), np.flatnonzero(y > 0)[:200], np.flatnonzero(y > 0)[200:]]

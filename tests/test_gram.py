@@ -315,8 +315,8 @@ def test_certified_radius_edge_cases(small_val):
 
 
 def _objective(w, centers, grams, weights, ridge):
-    return sum(l * np.trace((w - c) @ g @ (w - c).T)
-               for c, g, l in zip(centers, grams, weights)) + ridge * (w ** 2).sum()
+    return sum(lam * np.trace((w - c) @ g @ (w - c).T)
+               for c, g, lam in zip(centers, grams, weights)) + ridge * (w ** 2).sum()
 
 
 def test_gram_center_equals_direct_least_squares():
@@ -330,11 +330,11 @@ def test_gram_center_equals_direct_least_squares():
     # Stacked least squares: rows sqrt(l_k) G_k^(1/2) (w - W_k)^T, plus sqrt(ridge) w^T.
     lw = np.array(counts) / sum(counts)
     blocks, rhs = [], []
-    for c, g, l in zip(centers, grams, lw):
+    for c, g, share in zip(centers, grams, lw):
         lam, v = np.linalg.eigh(g)
         half = (v * np.sqrt(lam.clip(0))) @ v.T
-        blocks.append(np.sqrt(l) * half)
-        rhs.append(np.sqrt(l) * half @ c.T)
+        blocks.append(np.sqrt(share) * half)
+        rhs.append(np.sqrt(share) * half @ c.T)
     blocks.append(np.sqrt(ridge) * np.eye(n))
     rhs.append(np.zeros((n, cls)))
     direct = np.linalg.lstsq(np.vstack(blocks), np.vstack(rhs), rcond=None)[0].T

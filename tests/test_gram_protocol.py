@@ -129,8 +129,8 @@ def test_pooled_points_need_label_moments_in_the_settings():
     from gems_fl.settings import Settings, SettingsError
 
     with pytest.raises(SettingsError, match="label-moments=true"):
-        Settings(gram_point="best", label_moments=False)
-    Settings(gram_point="best", label_moments=True)
+        Settings(gram_point="lda", label_moments=False)
+    Settings(gram_point="lda", label_moments=True)
     assert Settings().gram_point == "auto" and Settings().label_moments  # the defaults agree
     Settings(space="ball", label_moments=False)  # the Gram point is not asked for a ball
 
@@ -236,7 +236,7 @@ def test_a_node_with_its_own_eps_is_reported_with_that_eps(tmp_path):
 
 
 def test_mlp_without_public_samples_completes(tmp_path):
-    results = run_in_process(3, tmp_path, model="mlp", space="gram",
+    results = run_in_process(3, tmp_path, model="mlp", space="gram", baselines="all",
                              **{"public-samples": 0, "label-division": "classes-per-node:4"})
     rows = results["rows"]
     assert rows["GEMS tuned"]["accuracy"] is None and "public-samples=0" in rows["GEMS tuned"]["skipped"]
@@ -249,7 +249,6 @@ def test_a_rank_r_reply_carries_the_residual_diagonal_and_the_server_holds_the_n
     node's (F F^T + diag), every input direction keeps its own variance, and a reply
     without the residual is refused."""
     from gems_fl.geometry.gram import from_factor, gram_matrix, low_rank_factor, residual_diagonal
-    from gems_fl.geometry.kinds import AggregateOptions, build_layer_space  # noqa: F401
 
     rng = np.random.default_rng(0)
     x = rng.normal(size=(300, 12)) @ rng.normal(size=(12, 12))

@@ -7,13 +7,22 @@ import numpy as np
 import pytest
 from flwr.app import Message
 
-from gems_fl.geometry.choices import SUMS_ABOVE_NODES, holds_sums
+from gems_fl.geometry.choices import GRAM_POINTS, SUMS_ABOVE_NODES
 from gems_fl.geometry.gram import gram_matrix, label_moments
 from gems_fl.geometry.gram_merge import gram_center
 from gems_fl.geometry.gram_sums import GramSums
+from gems_fl.geometry.points import (
+    POINTS,
+    NodeStatistics,
+    SummedStatistics,
+    aggregate_gram,
+    aggregate_sums,
+    auto_points,
+)
 from gems_fl.geometry.pooled import pooled_lda, pooled_point
-from gems_fl.geometry.spaces import SummedGramSpace
+from gems_fl.geometry.spaces import GramSpace, SummedGramSpace
 from gems_fl.settings import Settings, SettingsError
+from gems_fl.settings.options import holds_sums
 from tests.helpers import run_in_process
 
 C, D = 4, 6
@@ -38,31 +47,76 @@ def _summed(nodes) -> GramSums:
     return sums
 
 
+def _spaces(nodes) -> list[GramSpace]:
+    return [GramSpace(w.reshape(-1), g, 1.0, 1.0, m, c) for _, w, g, m, c in nodes]
+
+
 def test_points_from_sums_equal_the_points_from_every_nodes_matrix():
     nodes = _nodes()
     sums = _summed(nodes)
     counts = [n[0] for n in nodes]
     grams, moments = [n[2] for n in nodes], [n[3] for n in nodes]
-    np.testing.assert_allclose(sums.closed_form(1e-3),
+    spaces = _spaces(nodes)
+    summed = lambda point, value: aggregate_sums(sums, spaces, counts, point=point, ridge=1e-3,
+                                                 pooled_ridge=value).point.reshape(C, -1)
+    np.testing.assert_allclose(summed("closed-form", None),
                                gram_center([n[1] for n in nodes], grams, counts, 1e-3),
                                rtol=1e-7, atol=1e-8)
-    np.testing.assert_allclose(sums.pooled(1e-2), pooled_point(grams, moments, counts, 1e-2),
+    np.testing.assert_allclose(summed("pooled", 1e-2), pooled_point(grams, moments, counts, 1e-2),
                                rtol=1e-7, atol=1e-8)
-    np.testing.assert_allclose(sums.lda(1e-2), pooled_lda(grams, moments, counts, 1e-2),
+    np.testing.assert_allclose(summed("lda", 1e-2), pooled_lda(grams, moments, counts, 1e-2),
                                rtol=1e-7, atol=1e-8)
     assert sums.count == sum(counts) and sums.nodes == len(nodes)
     np.testing.assert_array_equal(sums.class_counts, np.sum([n[4] for n in nodes], axis=0))
 
 
+@pytest.mark.parametrize("point, value", [("closed-form", None), ("pooled", 1e-2),
+                                          ("lda", 1e-2)])
+def test_each_registered_point_is_one_solve_over_either_statistics(point, value):
+    """The nodes' replies and the running sums behind one interface: one solve per point,
+    the same point from both (to the fixed-point sums' resolution)."""
+    nodes = _nodes()
+    counts = [n[0] for n in nodes]
+    spaces = _spaces(nodes)
+    from_nodes = aggregate_gram(spaces, counts, point=point, ridge=1e-3, pooled_ridge=value)
+    from_sums = aggregate_sums(_summed(nodes), spaces, counts, point=point, ridge=1e-3,
+                               pooled_ridge=value)
+    assert from_nodes.method == from_sums.method == point
+    np.testing.assert_allclose(from_sums.point, from_nodes.point, rtol=1e-7, atol=1e-8)
+    assert from_sums.inside == [None] * len(nodes)  # the nodes check membership themselves
+    assert len(from_nodes.inside) == len(nodes) and None not in from_nodes.inside
+
+
+def test_auto_offers_every_point_the_statistics_allow_in_registry_order():
+    nodes = _nodes()
+    counts = [n[0] for n in nodes]
+    spaces = _spaces(nodes)
+    assert [p.name for p in auto_points(NodeStatistics(spaces, counts))] == [
+        "pooled", "lda", "closed-form"]  # no class Gram matrices were sent
+    assert [p.name for p in auto_points(SummedStatistics(_summed(nodes), counts))] == [
+        "pooled", "lda", "closed-form"]
+    bare = [GramSpace(s.center, s.gram, s.radius) for s in spaces]  # no label moments
+    assert [p.name for p in auto_points(NodeStatistics(bare, counts))] == ["closed-form"]
+    assert list(POINTS)[-1] == "closed-form" and set(POINTS) == set(GRAM_POINTS) - {"auto"}
+
+
 def test_the_sums_do_not_depend_on_the_order_replies_arrive_in():
     nodes = _nodes(k=8)
+    spaces = _spaces(nodes)
+    counts = [n[0] for n in nodes]
+
+    def solved(sums, point, value):
+        return aggregate_sums(sums, spaces, counts, point=point, ridge=1e-6,
+                              pooled_ridge=value).point
+
     reference = _summed(nodes)
     for seed in range(3):
         order = np.random.default_rng(seed).permutation(len(nodes))
         other = _summed([nodes[i] for i in order])
         # bit for bit: fixed-point addition is exact
-        np.testing.assert_array_equal(other.closed_form(1e-6), reference.closed_form(1e-6))
-        np.testing.assert_array_equal(other.pooled(1e-3), reference.pooled(1e-3))
+        for point, value in (("closed-form", None), ("pooled", 1e-3)):
+            np.testing.assert_array_equal(solved(other, point, value),
+                                          solved(reference, point, value))
 
 
 @pytest.mark.parametrize("bad, match", [
@@ -83,8 +137,7 @@ def test_a_node_that_cannot_be_summed_is_refused_and_adds_nothing(bad, match):
 
 
 def test_sums_are_refused_for_points_and_models_that_need_every_matrix():
-    for bad in ({"gram_point": "best"}, {"gram_point": "shared"},
-                {"gram_weighting": "radius"}, {"model": "mlp"}, {"space": "ball"}):
+    for bad in ({"gram_point": "mixture"}, {"model": "mlp"}, {"space": "ball"}):
         with pytest.raises(SettingsError, match="server-grams='sums'"):
             Settings(server_grams="sums", **bad)
 
@@ -93,7 +146,7 @@ def test_auto_keeps_the_matrices_up_to_the_threshold_and_sums_beyond():
     auto = Settings()
     assert not holds_sums(auto, SUMS_ABOVE_NODES)
     assert holds_sums(auto, SUMS_ABOVE_NODES + 1)
-    assert not holds_sums(Settings(gram_point="best"), 1000)
+    assert not holds_sums(Settings(gram_point="mixture"), 1000)
     assert not holds_sums(Settings(server_grams="nodes"), 1000)
     assert holds_sums(Settings(server_grams="sums"), 2)
 

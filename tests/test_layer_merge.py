@@ -14,8 +14,8 @@ from sklearn.cluster import KMeans
 from sklearn.exceptions import ConvergenceWarning
 from threadpoolctl import threadpool_limits
 
+from gems_fl.geometry.ball_meet import ball_dual, squared_distances, three_balls_meet
 from gems_fl.geometry.intersect import find_intersection
-from gems_fl.geometry.ball_meet import _ball_dual, _squared_distances, _three_balls_meet
 from gems_fl.geometry.layer_merge import LayerMerge, merge_layer
 from gems_fl.geometry.spaces import Space
 
@@ -415,9 +415,9 @@ def test_three_balls_meet_matches_a_grid_search():
     for _ in range(100):
         centers = base + 0.25 * rng.normal(size=(3, 2))
         radii = rng.uniform(0.85, 1.25, size=3)
-        d2, err2 = _squared_distances(centers)
+        d2, err2 = squared_distances(centers)
         meet = bool(
-            _three_balls_meet(
+            three_balls_meet(
                 d2[0, 1], d2[0, 2], d2[1, 2], radii[0], radii[1], radii[2],
                 err2.max(),
             )
@@ -445,10 +445,10 @@ def test_ball_dual_agrees_with_find_intersection():
         g, d = int(rng.integers(2, 7)), int(rng.integers(2, 12))
         centers = rng.normal(size=(g, d))
         radii = math.sqrt(d) * rng.uniform(0.6, 1.2, size=g)
-        d2, err2 = _squared_distances(centers)
+        d2, err2 = squared_distances(centers)
         lam0 = np.zeros(g)
         lam0[0] = 1.0
-        verdict, lam, _ = _ball_dual(d2, radii**2, lam0, float(err2.max()), 5000)
+        verdict, lam, _ = ball_dual(d2, radii**2, lam0, float(err2.max()), 5000)
         verdicts.append(verdict)
         spaces = [Space(c, r) for c, r in zip(centers, radii)]
         if verdict == "point":

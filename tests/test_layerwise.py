@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from flwr.app import Array, Message
 
-from gems_fl.evaluation.baselines import NN_ROW_NAMES
+from gems_fl.evaluation.baselines import row_names
 from gems_fl.protocol import wire
 from tests.helpers import ROOT, run_in_process
 
@@ -43,7 +43,7 @@ def test_two_hidden_layers_one_round_per_layer_plus_output(tmp_path):
         assert r["bytes_sent"] > 0 and r["bytes_received"] > 0 and r["wall_s"] > 0
     # Round 2 sends the aggregated first layer down: more bytes than round 1's settings.
     assert rounds[1]["bytes_sent"] > rounds[0]["bytes_sent"]
-    assert list(results["rows"]) == list(NN_ROW_NAMES)
+    assert list(results["rows"]) == list(row_names(True, "cheap"))
     assert results["rows"]["GEMS"]["hidden_widths"] == widths
     assert results["local_models_match_sent_layers"] is True
     assert results["rows"]["Ensemble"]["parameters"] == 3 * results["rows"]["Local"]["parameters"]

@@ -147,7 +147,7 @@ def test_node_files_settings_say_what_to_do():
 def test_public_data_tunes_gems_and_raw_and_the_nodes_evaluate_them(tmp_path, sites):
     x, y = blobs(90, 13, 7)
     np.savez(tmp_path / "public.npz", x=x, y=y)
-    results = run_in_process(3, tmp_path / "out", node_configs=sites, **OWN,
+    results = run_in_process(3, tmp_path / "out", node_configs=sites, **OWN, baselines="all",
                              standardize="federated", **{"public-data": str(tmp_path / "public.npz")})
     pooled = results["verification"]["pooled"]
     assert {"gems", "averaged", "gems-tuned", "raw"} <= set(pooled)
@@ -164,6 +164,7 @@ def test_a_test_only_public_file_is_the_servers_test_set_without_tuning(tmp_path
     for name in ("heldout.npz", "heldout_test.csv"):
         results = run_in_process(3, tmp_path / f"out-{name}", node_configs=sites,
                                  **{**OWN, "evaluate-on-server": True, "standardize": "federated",
+                                    "baselines": "all",
                                     "public-data": str(tmp_path / name)})
         rows = results["rows"]
         assert rows["GEMS"]["accuracy"] is not None and rows["Averaged"]["accuracy"] is not None

@@ -1,14 +1,14 @@
-"""The pooled points: the ridge least-squares classifier of all nodes from sums of their
-statistics, and the best pooled fit inside every node's Gram space."""
+"""The pooled points: the ridge least-squares classifier and the linear discriminant of all
+nodes, from sums of their statistics."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from gems_fl.geometry.gram import gram_distance, gram_matrix, label_moments
-from gems_fl.geometry.gram_merge import aggregate_gram, minimax_gram_point
-from gems_fl.geometry.pooled import best_point, pooled_point
+from gems_fl.geometry.gram import gram_matrix, label_moments
+from gems_fl.geometry.points import aggregate_gram
+from gems_fl.geometry.pooled import pooled_point
 from gems_fl.geometry.spaces import GramSpace
 
 C, D = 3, 4
@@ -65,59 +65,6 @@ def _fit(w, a_b):
     return float(((w @ a) * w).sum() - 2 * (b * w).sum())
 
 
-def test_best_point_is_inside_every_space_and_fits_better_than_other_inside_points():
-    x, y = _data(1)
-    parts = np.array_split(np.argsort(y, kind="stable"), 3)  # label-skewed nodes
-    spaces, counts = _spaces(x, y, parts, [0.3, 1.0, 1.0])  # node 0's space binds
-    centers = [s.matrix for s in spaces]
-    grams, moments = [s.gram for s in spaces], [s.moments for s in spaces]
-    radii = [s.radius for s in spaces]
-    pooled = pooled_point(grams, moments, counts, 1e-3)
-    assert not all(s.contains(pooled) for s in spaces), "the test needs a binding constraint"
-    shared, worst = minimax_gram_point(centers, grams, radii)
-    assert worst < 1.0
-    best, info = best_point(centers, grams, radii, moments, counts, ridge=1e-3, feasible=shared)
-    assert all(s.contains(best) for s in spaces)
-    from gems_fl.geometry.pooled import pooled_system
-    a_b = tuple(t.numpy() for t in pooled_system(grams, moments, counts, 1e-3))
-    # no point inside every space fits better: the segment to the minimax point and
-    # random inside points (blended toward it until inside) all fit worse
-    rng = np.random.default_rng(0)
-    for _ in range(50):
-        probe = best + rng.normal(scale=0.05, size=best.shape)
-        t = 0.0
-        while not all(s.contains(probe) for s in spaces) and t < 1:
-            t += 0.05
-            probe = (1 - t) * probe + t * shared
-        if all(s.contains(probe) for s in spaces):
-            assert _fit(best, a_b) <= _fit(probe, a_b) + 1e-9
-    # complementary slackness: a node with a positive multiplier is on its boundary
-    for s, mu in zip(spaces, info["multipliers"]):
-        if mu > 1e-6:
-            assert gram_distance(best, s.matrix, s.gram) == pytest.approx(s.radius, rel=1e-3)
-
-
-def test_best_point_is_the_pooled_point_when_that_lies_in_every_space():
-    x, y = _data(2)
-    parts = np.array_split(np.arange(len(y)), 3)  # iid nodes: the pooled fit is near each
-    spaces, counts = _spaces(x, y, parts, 5.0)
-    result = aggregate_gram(spaces, counts, point="best", pooled_ridge=1e-3)
-    pooled = pooled_point([s.gram for s in spaces], [s.moments for s in spaces], counts, 1e-3)
-    assert result.method == "best" and result.found
-    np.testing.assert_array_equal(result.point, pooled.reshape(-1))
-    assert "pooled point lies in every space" in result.details["best"]
-
-
-def test_best_falls_back_to_the_pooled_point_when_the_spaces_share_none():
-    x, y = _data(3)
-    parts = [np.flatnonzero(y == c) for c in range(C)]
-    spaces, counts = _spaces(x, y, parts, 1e-3)  # tiny, disjoint
-    result = aggregate_gram(spaces, counts, point="best")
-    assert result.method == "pooled" and not result.found
-    assert result.details["spaces_share_a_point"] is False
-    assert "share no point" in result.details["best"]
-
-
 def test_pooled_points_need_label_moments():
     x, y = _data(4)
     spaces, counts = _spaces(x, y, np.array_split(np.arange(len(y)), 2), 1.0)
@@ -126,17 +73,13 @@ def test_pooled_points_need_label_moments():
         aggregate_gram(bare, counts, point="pooled")
 
 
-@pytest.mark.parametrize("point", ["pooled", "best"])
-def test_a_run_with_the_pooled_points(tmp_path, point):
+def test_a_run_with_the_pooled_point(tmp_path):
     from tests.helpers import run_in_process
 
-    results = run_in_process(3, tmp_path, **{"gram-point": point, "label-moments": True,
+    results = run_in_process(3, tmp_path, **{"gram-point": "pooled", "label-moments": True,
                                             "label-division": "paper"})
-    inter = results["intersection"]
-    assert inter["method"] in ({"pooled"} if point == "pooled" else {"best", "pooled"})
+    assert results["intersection"]["method"] == "pooled"
     assert results["rows"]["GEMS"]["accuracy"] > 0.5
-    if inter["method"] == "best":
-        assert inter["found"]
 
 
 def test_the_api_offers_the_pooled_points():
@@ -148,26 +91,6 @@ def test_the_api_offers_the_pooled_points():
               for r in parts]
     merged = aggregate(spaces, gram_point="pooled")
     np.testing.assert_allclose(merged.weights, _pooled_direct(x, y, 1e-3), rtol=1e-6, atol=1e-6)
-
-
-def test_the_step_into_the_spaces_is_the_smallest_one():
-    import torch
-
-    from gems_fl.geometry.pooled import _blend_inside
-
-    x, y = _data(6)
-    parts = np.array_split(np.argsort(y, kind="stable"), 3)
-    spaces, _ = _spaces(x, y, parts, [0.3, 1.0, 1.0])
-    ws = [torch.as_tensor(s.matrix) for s in spaces]
-    gs = [torch.as_tensor(s.gram) for s in spaces]
-    radii = np.array([s.radius for s in spaces])
-    shared, worst = minimax_gram_point([s.matrix for s in spaces], [s.gram for s in spaces], radii)
-    assert worst < 1.0
-    outside = torch.as_tensor(spaces[1].matrix + 0.5)  # far outside node 0's space
-    point, t = _blend_inside(outside, torch.as_tensor(shared), ws, gs, radii)
-    assert 0.0 < t < 1.0 and all(s.contains(point.numpy()) for s in spaces)
-    earlier = outside + (t - 1e-4) * (torch.as_tensor(shared) - outside)
-    assert not all(s.contains(earlier.numpy()) for s in spaces)
 
 
 def test_pooled_lda_from_sums_is_the_lda_of_the_pooled_rows():

@@ -11,8 +11,8 @@ from flwr.app import Array, Error, Message, MessageType, RecordDict
 
 from client_app import app as client_app
 from gems_fl.protocol import replies, wire
-from gems_fl.protocol.inprocess import InProcessGrid
 from gems_fl.protocol.attendance import RequiredNodesMissing
+from gems_fl.protocol.inprocess import InProcessGrid
 from gems_fl.protocol.replies import NotEnoughRepliesError
 from gems_fl.settings import Settings
 from tests.helpers import FAST, app_defaults, run_in_process
@@ -195,9 +195,9 @@ def test_too_few_valid_replies_stops_with_a_clear_error(tmp_path):
 
 def test_a_window_of_messages_in_flight_gives_the_run_of_the_plain_grid(tmp_path):
     """WindowedGrid (Flower's simulation) sends in a sliding window; the run is the same."""
-    from client_app import app as client_app
     from flwr.app import Context, RecordDict
 
+    from client_app import app as client_app
     from gems_fl.protocol.inprocess import InProcessGrid
     from gems_fl.serverapp import run_server
     from gems_fl.serverapp.window import WindowedGrid

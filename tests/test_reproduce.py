@@ -164,17 +164,21 @@ def test_nested_samples_are_prefixes_of_one_permutation():
 
 
 def test_tune_curve_setting_is_validated():
-    assert Settings(tune_curve="100, 200").tune_sizes == [100, 200]
+    assert Settings(tune_curve="100, 200", baselines="all").tune_sizes == [100, 200]
     assert Settings().tune_sizes == []
     with pytest.raises(SettingsError, match="tune-curve"):
-        Settings(tune_curve="100,abc")
+        Settings(tune_curve="100,abc", baselines="all")
     with pytest.raises(SettingsError, match="> 0"):
-        Settings(tune_curve="0,100")
+        Settings(tune_curve="0,100", baselines="all")
+    # the study tunes on the server: a product run's rows do not
+    with pytest.raises(SettingsError, match="baselines='all'"):
+        Settings(tune_curve="100")
 
 
 @pytest.mark.parametrize("model", ["logistic", "mlp"])
 def test_server_writes_the_fine_tuning_curve(tmp_path, model):
-    results = run_in_process(3, tmp_path, model=model, hidden="8", **{"tune-curve": "20,60"})
+    results = run_in_process(3, tmp_path, model=model, hidden="8",
+                             **{"tune-curve": "20,60", "baselines": "all"})
     curve = results["fine_tuning"]
     assert curve["sizes"] == [20, 60]
     assert set(curve["accuracy"]) == set(CURVE_ROWS)
@@ -193,7 +197,7 @@ def test_a_node_can_set_its_own_eps(tmp_path):
                                          {"partition-id": 1, "num-partitions": 2, "eps": 0.9}])
     # Replies are in canonical order, not partition order: match nodes by their names
     # (the two nodes may hold equally many samples: leftovers are spread round-robin).
-    radius = lambda res: {n["name"]: n["radius"] for n in res["nodes"]}  # noqa: E731
+    radius = lambda res: {n["name"]: n["radius"] for n in res["nodes"]}
     first, second = "partition-0", "partition-1"
     assert set(radius(base)) == {first, second}
     assert radius(mixed)[first] == radius(base)[first]  # node 0 kept the run's eps
@@ -255,7 +259,7 @@ def test_fedavg_sums_the_replies_in_node_order_whatever_flower_sampled_first():
         random.seed(draw)
         grid = fedavg_module.InProcessGrid(fedavg_module.fedavg_client_app, 5, cfg)
         sent = grid.push_messages
-        grid.push_messages = lambda msgs: sent(
+        grid.push_messages = lambda msgs, sent=sent: sent(
             orders.append([m.metadata.dst_node_id for m in msgs]) or msgs)
         result = fedavg_module.FedAvg(fraction_evaluate=0.0).start(
             grid=grid, initial_arrays=fedavg_module.ArrayRecord(start.state_dict()),

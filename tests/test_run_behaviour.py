@@ -6,15 +6,15 @@ import io
 import json
 import os
 import re
+import shutil
 import signal
+import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import uuid
-import shutil
-import socket
-import tempfile
 from dataclasses import fields
 from pathlib import Path
 
@@ -25,12 +25,13 @@ from gems_fl.data import write_idx
 from gems_fl.evaluation.results import RESULTS_FILE, write_results
 from gems_fl.running import launch
 from gems_fl.running.cli import main
-from gems_fl.running.run_config import parse_run_config
-from gems_fl.serverapp.preflight import PreflightError, preflight
 from gems_fl.running.processes import marked_processes, processes_using
+from gems_fl.running.run_config import parse_run_config
 from gems_fl.running.runlog import Progress, summarise_errors
-from gems_fl.settings.doc import meaning, settings_markdown
+from gems_fl.serverapp.preflight import PreflightError, preflight
 from gems_fl.settings import Settings
+from gems_fl.settings.checks import USER_MEANING_MAX
+from gems_fl.settings.doc import meaning, reference_markdown, settings_markdown, settings_table, user_keys
 from tests.helpers import ROOT, app_defaults, run_in_process
 
 FAST = "num-directions=30 local-max-epochs=15 public-samples=200"
@@ -198,11 +199,29 @@ def test_run_help_lists_every_setting_with_default_and_meaning(capsys):
     assert "the appendix table" in out
 
 
-def test_readme_settings_table_is_generated_from_the_declarations():
-    # `python -m gems_fl.settings.doc` prints the table; README.md holds it verbatim
+def test_settings_tables_are_generated_from_the_declarations():
+    # `python -m gems_fl.settings.doc` prints the README's table of the user's settings,
+    # `--reference` the whole of docs/settings.md
     assert settings_markdown() in (ROOT / "README.md").read_text()
+    assert reference_markdown() == (ROOT / "docs" / "settings.md").read_text().rstrip("\n") + "\n"
     for f in fields(Settings):
         assert meaning(f.name.replace("_", "-"))
+
+
+def test_the_readme_lists_about_25_user_settings_in_short_rows():
+    rows = settings_table(user_only=True)
+    assert 20 <= len(rows) <= 30, len(rows)
+    assert all(len(text) <= USER_MEANING_MAX for _, _, text in rows)
+
+
+def test_run_help_shows_the_user_settings_first(capsys):
+    with pytest.raises(SystemExit):
+        main(["run", "--help"])
+    out = capsys.readouterr().out
+    more = out.index("more settings")
+    for key in user_keys():
+        assert out.index(f"  {key} = ") < more, key
+    assert out.index("  num-directions = ") > more
 
 
 # ---- progress and error summary (from log lines) ----------------------------------------
@@ -305,7 +324,7 @@ class Launched:
             t.start()
 
     @staticmethod
-    def _read(stream, sink) -> None:  # noqa: ANN001
+    def _read(stream, sink) -> None:
         for line in stream:
             sink.append(line)
 
@@ -459,8 +478,8 @@ def test_the_nodes_run_on_an_existing_ray_cluster(tmp_path):
         (path,) = out.glob(f"run-*/{RESULTS_FILE}")
         assert json.loads(path.read_text())["status"] == "completed"
         jobs = subprocess.run(
-            [sys.executable, "-c", "import ray; ray.init(address='127.0.0.1:%d', "
-             "logging_level='ERROR'); print(len(ray._private.state.jobs()))" % port],
+            [sys.executable, "-c", f"import ray; ray.init(address='127.0.0.1:{port}', "
+             "logging_level='ERROR'); print(len(ray._private.state.jobs()))"],
             env=env, capture_output=True, text=True, timeout=120, check=False)
         assert int(jobs.stdout.strip().splitlines()[-1]) >= 2  # the run's driver and this one
         assert run.survivors() == []

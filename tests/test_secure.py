@@ -106,7 +106,7 @@ def test_below_the_threshold_the_run_fails_clearly(tmp_path):
 
 
 @pytest.mark.parametrize("bad", [{"model": "mlp"}, {"refine_rounds": 2},
-                                 {"gram_point": "best"}, {"space": "ball"},
+                                 {"gram_point": "mixture"}, {"space": "ball"},
                                  {"server_grams": "nodes"},
                                  {"label_moments": False, "gram_point": "closed-form"}])
 def test_secure_aggregation_refuses_what_needs_single_nodes(bad):

@@ -55,11 +55,16 @@ def test_cli_rejects_an_unknown_setting(capsys):
 def test_readme_documents_every_setting():
     import re
 
+    from gems_fl.settings.doc import user_keys
     from tests.helpers import ROOT
 
-    rows = [line for line in (ROOT / "README.md").read_text().splitlines() if line.startswith("| `")]
-    documented = {key for line in rows for key in re.findall(r"`([a-z0-9-]+)`", line.split("|")[1])}
-    assert set(app_defaults()) <= documented, sorted(set(app_defaults()) - documented)
+    def documented(path):
+        rows = [line for line in (ROOT / path).read_text().splitlines() if line.startswith("| `")]
+        return {key for line in rows for key in re.findall(r"`([a-z0-9-]+)`", line.split("|")[1])}
+
+    assert set(user_keys()) <= documented("README.md")
+    assert set(app_defaults()) <= documented("docs/settings.md"), \
+        sorted(set(app_defaults()) - documented("docs/settings.md"))
 
 
 # ---- what the nodes receive ---------------------------------------------------------------
@@ -154,3 +159,18 @@ def test_gram_rank_auto_sends_the_whole_matrix_where_the_sum_travels_whole():
     assert Settings(secure_aggregation=True, gram_rank=20).gram_rank == 20  # asked for
     assert Settings(model="mlp").gram_rank == 0  # the output layer travels whole by default
     assert Settings(model="mlp", gram_rank=32).gram_rank == 32
+
+
+def test_the_paper_profile_sets_the_papers_recipe_where_the_product_default_stands():
+    from gems_fl.settings.operation import PAPER_PROFILE
+
+    paper = Settings(profile="paper")
+    for key, value in PAPER_PROFILE.items():
+        assert getattr(paper, key.replace("-", "_")) == value, key
+    assert Settings(profile="paper", space="ball").space == "ball"  # a user's choice stands
+    assert Settings().space == "gram" and Settings().baselines == "cheap"
+    with pytest.raises(SettingsError, match="profile='lab' is not one of"):
+        Settings(profile="lab")
+    # what the nodes receive is the resolved recipe, not the profile
+    nodes = Settings(profile="paper").for_nodes()
+    assert nodes["ellipsoid-floor"] == "paper" and "profile" not in nodes

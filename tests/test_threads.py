@@ -15,7 +15,7 @@ def test_policy_default_and_environment(monkeypatch):
     monkeypatch.setenv(threads.ENV_VAR, "3")
     assert policy_threads() == 3
     monkeypatch.setenv(threads.ENV_VAR, "all")
-    assert policy_threads() == threads._CORES
+    assert policy_threads() == threads.CORES
     monkeypatch.setenv(threads.ENV_VAR, "0")
     with pytest.raises(ValueError, match="GEMS_FL_THREADS='0' must be an integer >= 1 or 'all'"):
         policy_threads()

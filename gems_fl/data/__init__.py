@@ -17,8 +17,8 @@ from gems_fl.data.datasets import (
     clear_dataset_cache,
     load_dataset,
 )
-from gems_fl.data.idx import read_idx, write_idx
 from gems_fl.data.dirichlet import DirichletDivision
+from gems_fl.data.idx import read_idx, write_idx
 from gems_fl.data.partition import (
     PAPER_DIVISIONS,
     check_division,

@@ -7,8 +7,9 @@ maps its class names to the same indices and scales its features the same way.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any
 
 import numpy as np
 
@@ -50,7 +51,7 @@ class DataAgreement:
         return out
 
     @classmethod
-    def from_config(cls, config: Mapping[str, Any]) -> "DataAgreement | None":
+    def from_config(cls, config: Mapping[str, Any]) -> DataAgreement | None:
         """The agreement carried by a message's config (None: the identity query)."""
         if FEATURES_KEY not in config or CLASSES_KEY not in config:
             return None

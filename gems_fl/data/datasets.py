@@ -95,7 +95,7 @@ class FeatureOptions:
     device: str = "auto"
 
     @classmethod
-    def from_settings(cls, settings: object) -> "FeatureOptions":
+    def from_settings(cls, settings: object) -> FeatureOptions:
         """Take the fields of the same names from a ``gems_fl.settings.Settings``."""
         return cls(**{name: getattr(settings, name) for name in cls.__dataclass_fields__})
 

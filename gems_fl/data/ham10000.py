@@ -217,7 +217,7 @@ def train_extractor(
     batches = [(e, s) for e in range(epochs) for s in range(0, len(labels), 32)]
     order = None
     model.train()
-    for epoch, start in track(batches, description="HAM10000: training the feature CNN", transient=True):
+    for _epoch, start in track(batches, description="HAM10000: training the feature CNN", transient=True):
         if start == 0:
             order = torch.randperm(len(labels), generator=generator)
         idx = order[start:start + 32].numpy()

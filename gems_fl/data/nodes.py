@@ -19,9 +19,10 @@ Flower node id, so a rerun with the same data and seed gives the same numbers.
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Mapping
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -139,7 +140,7 @@ def node_name(node_config: Mapping[str, Any]) -> str:
     )
 
 
-def load_node_data(settings: "Settings", node_config: Mapping[str, Any],
+def load_node_data(settings: Settings, node_config: Mapping[str, Any],
                    agreement: DataAgreement | None = None) -> NodeData:
     """This node's data for the run, from ``data-path`` or ``partition-id``.
 
@@ -169,7 +170,7 @@ def load_node_data(settings: "Settings", node_config: Mapping[str, Any],
     return data
 
 
-def _run_shape(settings: "Settings", agreement: DataAgreement | None,
+def _run_shape(settings: Settings, agreement: DataAgreement | None,
                site: SiteFile | None) -> tuple[int | None, list[str] | None, str]:
     """Features, class names and how to call the run in messages."""
     if agreement is not None:
@@ -195,7 +196,7 @@ def read_node_site(name: str, data_path: str, label_column: str = "") -> SiteFil
         raise NodeDataError(f"node '{name}': {exc}") from None
 
 
-def _load_file_node(settings: "Settings", node_config: Mapping[str, Any],
+def _load_file_node(settings: Settings, node_config: Mapping[str, Any],
                     agreement: DataAgreement | None, name: str, seed: int,
                     data_path: str) -> NodeData:
     site = read_node_site(name, data_path, settings.label_column)
@@ -215,7 +216,7 @@ def _load_file_node(settings: "Settings", node_config: Mapping[str, Any],
     return data
 
 
-def _load_partition_node(settings: "Settings", node_config: Mapping[str, Any], name: str,
+def _load_partition_node(settings: Settings, node_config: Mapping[str, Any], name: str,
                          seed: int, has_partition: bool) -> NodeData:
     if not has_partition or "num-partitions" not in node_config:
         raise NodeDataError(
@@ -252,7 +253,7 @@ def _split_test(data: NodeData, node_config: Mapping[str, Any]) -> None:
         raise NodeDataError(f"node '{data.name}': {exc}") from None
 
 
-def _standardize(data: NodeData, settings: "Settings", agreement: DataAgreement | None) -> None:
+def _standardize(data: NodeData, settings: Settings, agreement: DataAgreement | None) -> None:
     """Scale features: ``node`` with this node's training mean/std, ``federated`` with the
     mean/std the server combined from every node's sums (carried by ``agreement``)."""
     mode = getattr(settings, "standardize", "off")

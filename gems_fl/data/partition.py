@@ -9,10 +9,9 @@ shares over the nodes; :func:`node_data` and :func:`check_partition_sizes` take 
 
 from __future__ import annotations
 
-from functools import lru_cache
-
 import numbers
 from collections.abc import Sequence
+from functools import lru_cache
 
 import numpy as np
 

@@ -77,7 +77,7 @@ def label_names(y: np.ndarray, where: str) -> np.ndarray:
     return np.array([str(int(v)) for v in y]).astype(str) if len(y) else np.array([], dtype=str)
 
 
-def sort_classes(names) -> list[str]:  # noqa: ANN001 - any iterable of str
+def sort_classes(names) -> list[str]:
     """The run's class order: numeric when every name is an integer, else alphabetical."""
     names = {str(n) for n in names}
     try:

@@ -7,6 +7,10 @@ models' majority vote), GEMS (``h_G``), GEMS tuned
 sample with the very same recipe as the fine-tuning), and Raw converged (a fresh model
 trained on the public sample until its training accuracy stops improving: the stronger
 bar). All of them need data that only a simulation's server holds.
+
+Which rows a run computes is ``baselines``: ``cheap`` (the default) scores the models the
+run already has (GEMS, Local, Averaged, Ensemble); ``all`` adds the rows that train on the
+server (Global, GEMS tuned, Raw, Raw converged); ``none`` scores GEMS alone.
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ import torch
 from flwr.common.logger import log
 from torch import nn
 
-from gems_fl.evaluation.server_data import ServerData
+from gems_fl.evaluation.server_data import PublicData, ServerData
 from gems_fl.learning.models import count_parameters
 from gems_fl.learning.train import accuracy, predict
 from gems_fl.settings import Settings
@@ -28,6 +32,16 @@ from gems_fl.settings import Settings
 ROW_NAMES = ("Global", "Local", "Averaged", "GEMS", "GEMS tuned", "Raw", "Raw converged")
 NN_ROW_NAMES = ("Global", "Local", "Averaged", "Ensemble", "GEMS", "GEMS tuned", "Raw",
                 "Raw converged")  # the MLP table adds the local models' majority vote
+#: the rows each ``baselines`` value leaves out
+LEFT_OUT = {"all": (), "cheap": ("Global", "GEMS tuned", "Raw", "Raw converged"),
+            "none": ("Global", "Local", "Averaged", "Ensemble", "GEMS tuned", "Raw",
+                     "Raw converged")}
+
+
+def row_names(layerwise: bool, baselines: str = "all") -> tuple[str, ...]:
+    """The results table's rows for the model kind and ``baselines``, in table order."""
+    return tuple(n for n in (NN_ROW_NAMES if layerwise else ROW_NAMES)
+                 if n not in LEFT_OUT[baselines])
 
 
 @dataclass
@@ -55,11 +69,12 @@ def evaluate_rows(
         return {"accuracy": accuracy(model, data.test_x, data.test_y),
                 "parameters": count_parameters(model), **extra}
 
+    wanted = set(row_names(models.ensemble, settings.baselines))
     rows: dict[str, dict[str, object]] = {}
-    if len(data.train_y) == 0:
+    if "Global" in wanted and len(data.train_y) == 0:
         rows["Global"] = {"accuracy": None,
                           "skipped": "the server holds no node data (dataset='node-files')"}
-    else:
+    elif "Global" in wanted:
         log(INFO, "Global: training on all %d node training samples pooled", len(data.train_y))
         torch.manual_seed(settings.seed)
         global_model = settings.new_model(num_features, num_classes)
@@ -67,18 +82,18 @@ def evaluate_rows(
         rows["Global"] = row(global_model, epochs=report.epochs)
         log(INFO, "Global: %d epochs, test accuracy %.4f", report.epochs, rows["Global"]["accuracy"])
 
-    if models.local:
+    if "Local" in wanted and models.local:
         per_node = {name: accuracy(m, data.test_x, data.test_y)
                     for name, m in models.local.items()}
         first = next(iter(models.local.values()))
         rows["Local"] = {"accuracy": float(np.mean(list(per_node.values()))),
                          "per_node": per_node, "parameters": count_parameters(first)}
         rows["Averaged"] = row(models.averaged)
-    else:
+    elif "Local" in wanted:
         for name in ("Local", "Averaged"):
             rows[name] = {"accuracy": None, "skipped": "secure-aggregation or dp-epsilon: "
                           "the server holds no node's model"}
-    if models.ensemble:
+    if "Ensemble" in wanted and models.local:
         local = list(models.local.values())
         votes = ensemble_predict(local, data.test_x, settings.seed)
         rows["Ensemble"] = {"accuracy": float(np.mean(votes == data.test_y)),
@@ -87,6 +102,8 @@ def evaluate_rows(
     rows["GEMS"] = row(models.gems, **({"hidden_widths": [layer.out_features for layer in hidden]}
                                        if hidden is not None else {}))
 
+    if "Raw" not in wanted:
+        return rows
     if len(data.public_y) == 0 or settings.public_samples == 0:
         reason = ("public-data holds a test split only: no public sample to tune on"
                   if settings.public_data.strip() and settings.public_samples else
@@ -124,7 +141,7 @@ def raw_start(settings: Settings, num_features: int, num_classes: int) -> nn.Mod
     return settings.new_model(num_features, num_classes)
 
 
-def _tuned(report) -> dict[str, object]:  # noqa: ANN001 - TrainReport
+def _tuned(report) -> dict[str, object]:
     """How a fine-tuning went, for its row: epochs run and, held out, the epoch kept
     (``fresh``: a fresh model trained to convergence scored better there and was kept)."""
     out: dict[str, object] = {}
@@ -157,3 +174,19 @@ def ensemble_predict(models: list[nn.Module], x: np.ndarray, seed: int) -> np.nd
 def skipped_rows(reason: str, names: tuple[str, ...] = ROW_NAMES) -> dict[str, dict[str, object]]:
     """Every row marked as not computed, with the reason."""
     return {name: {"accuracy": None, "skipped": reason} for name in names}
+
+
+def tune_on_public(run, public: PublicData, settings: Settings, num_features: int,
+                   num_classes: int) -> dict[str, dict[str, np.ndarray]]:
+    """GEMS tuned and Raw, trained on the server's public data with the same recipe as the
+    server-side rows, as state dicts for the evaluate round (the nodes score them)."""
+    if len(public.y) == 0 or not settings.tune_recipe.active:
+        return {}
+    tune = settings.tune_recipe
+    tuned, _ = tune.tune_or_fresh(copy.deepcopy(run.gems_model), public.x, public.y,
+                                  settings.seed, settings.tune_layers,
+                                  lambda: raw_start(settings, num_features, num_classes))
+    raw = raw_start(settings, num_features, num_classes)
+    tune.tune(raw, public.x, public.y, settings.seed)
+    as_state = lambda m: {k: v.detach().cpu().numpy() for k, v in m.state_dict().items()}
+    return {"gems-tuned": as_state(tuned), "raw": as_state(raw)}

@@ -8,7 +8,7 @@ import platform
 import shutil
 import subprocess
 import time
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -251,7 +251,7 @@ def git_commit(path: Path | None = None) -> dict[str, Any] | None:
 
 
 def _iso(moment: datetime) -> str:
-    return moment.astimezone(timezone.utc).isoformat(timespec="seconds").replace("+00:00", "Z")
+    return moment.astimezone(UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
 
 
 def run_metadata(started_at: datetime | float | None = None) -> dict[str, Any]:
@@ -260,7 +260,7 @@ def run_metadata(started_at: datetime | float | None = None) -> dict[str, Any]:
     ``started_at`` is a ``datetime`` or a POSIX timestamp; ``None`` records no start.
     """
     if isinstance(started_at, (int, float)):
-        started_at = datetime.fromtimestamp(started_at, timezone.utc)
+        started_at = datetime.fromtimestamp(started_at, UTC)
     try:
         usable = len(os.sched_getaffinity(0))
     except AttributeError:  # not Linux
@@ -271,7 +271,7 @@ def run_metadata(started_at: datetime | float | None = None) -> dict[str, Any]:
                "dirty": os.environ.get("GEMS_FL_GIT_DIRTY") == "1"}
     return {
         "started_at": _iso(started_at) if started_at is not None else None,
-        "finished_at": _iso(datetime.now(timezone.utc)),
+        "finished_at": _iso(datetime.now(UTC)),
         "versions": {"python": platform.python_version(),
                      **{key: _version(dist) for key, dist in PACKAGES.items()}},
         "git_commit": git["commit"] if git else None,
@@ -316,7 +316,7 @@ def key_per_node(results: dict[str, Any]) -> dict[str, Any]:
         values = inter.get(key)
         if isinstance(values, list) and len(values) == len(names) and len(set(names)) == len(names):
             inter[key] = dict(sorted(zip(names, values)))
-    order = lambda n: (str(n.get("name") or ""), int(n.get("node_id", 0)))  # noqa: E731
+    order = lambda n: (str(n.get("name") or ""), int(n.get("node_id", 0)))
     for key in ("nodes", "participants"):
         if isinstance(results.get(key), list):
             results[key] = sorted(results[key], key=order)
@@ -337,7 +337,7 @@ def write_results(results: dict[str, Any], folder: Path, h_g: dict[str, np.ndarr
     if started_at is None:
         total = results.get("timing_s", {}).get("total")
         if isinstance(total, (int, float)):
-            started_at = datetime.now(timezone.utc) - timedelta(seconds=float(total))
+            started_at = datetime.now(UTC) - timedelta(seconds=float(total))
     key_per_node(results)
     results["run"] = run_metadata(started_at)
     folder = Path(folder)

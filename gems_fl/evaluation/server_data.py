@@ -67,8 +67,9 @@ def load_server_data(
     notes = []
     size = settings.public_samples
     if size > len(splits.public_y):
-        notes.append(f"public-samples={size} but {settings.dataset}'s public pool holds "
-                     f"{len(splits.public_y)} samples no node uses; using all of them")
+        if settings.baselines == "all":  # only the paper's rows tune on the sample
+            notes.append(f"public-samples={size} but {settings.dataset}'s public pool holds "
+                         f"{len(splits.public_y)} samples no node uses; using all of them")
         size = len(splits.public_y)
     public_x, public_y = draw_public_sample(splits.public_x, splits.public_y, size, settings.seed)
     train_x, train_y = pooled_in_canonical_order(parts)
@@ -114,7 +115,7 @@ class PublicData:
                           pool_x=self.x, pool_y=self.y)
 
 
-def load_public_data(settings: Settings, agreement) -> PublicData:  # noqa: ANN001
+def load_public_data(settings: Settings, agreement) -> PublicData:
     """Read ``public-data`` (npz ``x``/``y`` [+ ``x_test``/``y_test``] or csv [+ ``_test.csv``])
     the way a node reads its file, check it against the run's agreed features and
     classes, map the labels, and scale it (federated: the nodes' mean/std; node: its own).
@@ -156,7 +157,7 @@ def load_public_data(settings: Settings, agreement) -> PublicData:  # noqa: ANN0
                       np.asarray(test_x, dtype=np.float32), encode_labels(test_y, agreement.classes))
 
 
-def scale_server_data(data: ServerData, agreement, settings: Settings) -> None:  # noqa: ANN001
+def scale_server_data(data: ServerData, agreement, settings: Settings) -> None:
     """Scale what a simulation's server holds as the nodes scale theirs (``standardize``):
     federated with the nodes' combined mean/std, node with the pooled training rows'."""
     from gems_fl.data.site_files import combine_stats, feature_stats
@@ -168,29 +169,9 @@ def scale_server_data(data: ServerData, agreement, settings: Settings) -> None: 
     else:
         mean, std = combine_stats([feature_stats(data.train_x)])
 
-    def scale(x):  # noqa: ANN001, ANN202
+    def scale(x):
         return None if x is None else ((np.asarray(x, dtype=np.float64) - mean) / std).astype(np.float32)
 
     data.train_x, data.test_x, data.public_x = scale(data.train_x), scale(data.test_x), scale(data.public_x)
     data.pool_x = scale(data.pool_x)
     data.node_parts = [(scale(p[0]), p[1], scale(p[2]), p[3]) for p in data.node_parts]
-
-
-def tune_on_public(run, public: PublicData, settings: Settings, num_features: int,  # noqa: ANN001
-                   num_classes: int) -> dict[str, dict[str, np.ndarray]]:
-    """GEMS tuned and Raw, trained on the server's public data with the same recipe as the
-    server-side rows, as state dicts for the evaluate round (the nodes score them)."""
-    import copy
-
-    from gems_fl.evaluation.baselines import raw_start
-
-    if len(public.y) == 0 or not settings.tune_recipe.active:
-        return {}
-    tune = settings.tune_recipe
-    tuned, _ = tune.tune_or_fresh(copy.deepcopy(run.gems_model), public.x, public.y,
-                                  settings.seed, settings.tune_layers,
-                                  lambda: raw_start(settings, num_features, num_classes))
-    raw = raw_start(settings, num_features, num_classes)
-    tune.tune(raw, public.x, public.y, settings.seed)
-    as_state = lambda m: {k: v.detach().cpu().numpy() for k, v in m.state_dict().items()}  # noqa: E731
-    return {"gems-tuned": as_state(tuned), "raw": as_state(raw)}

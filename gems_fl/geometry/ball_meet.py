@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import numpy as np
 
-def _squared_distances(c: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+
+def squared_distances(c: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Squared distances between the rows of ``c`` and a bound on their error.
 
     From the Gram matrix of the centred rows (one ``(n, d) @ (d, n)`` product). The
@@ -36,7 +37,7 @@ def _squared_distances(c: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return d2, err2 + np.finfo(np.float64).tiny
 
 
-def _three_balls_meet(
+def three_balls_meet(
     d2_ab: np.ndarray,
     d2_aj: np.ndarray,
     d2_bj: np.ndarray,
@@ -47,7 +48,7 @@ def _three_balls_meet(
 ) -> np.ndarray:
     """Necessary test that three balls have a common point (broadcasts elementwise).
 
-    The three-ball case of :func:`_ball_dual`, in closed form: the balls are disjoint
+    The three-ball case of :func:`ball_dual`, in closed form: the balls are disjoint
     iff ``phi(l) = 1/2 l^T D2 l - l^T r^2 > 0`` for some ``l`` in the simplex. With
     ``l = (1 - s - t, s, t)``, ``phi`` is a quadratic in ``(s, t)`` whose Hessian
     ``[[-2 A, C - A - B], [C - A - B, -2 B]]`` (``A = d2_ab, B = d2_aj, C = d2_bj``) has
@@ -82,7 +83,7 @@ def _three_balls_meet(
     return ~(phi > 0.5 * err2 + 1e-12 * scale)
 
 
-def _ball_dual(
+def ball_dual(
     d2: np.ndarray,
     r2: np.ndarray,
     lam0: np.ndarray,

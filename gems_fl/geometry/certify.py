@@ -30,9 +30,9 @@ import math
 import numpy as np
 import torch
 
-from gems_fl.geometry._linalg import EIGEN_FLOOR, _center_for, _labels, _square, augment
 from gems_fl.geometry.eps import check_eps, pass_count
 from gems_fl.geometry.gram import gram_matrix
+from gems_fl.geometry.linalg import EIGEN_FLOOR, augment, center_for, label_indices, square_matrix
 
 
 def flips_needed(num_correct: int, num_samples: int, eps: float) -> int:
@@ -93,10 +93,10 @@ def _margins(center, x_val, y_val) -> tuple[torch.Tensor, int]:
     xa = augment(x_val)
     if len(xa) == 0:
         raise ValueError("the validation set is empty: a radius needs validation data")
-    w = _center_for("center", center, xa.shape[1])
+    w = center_for("center", center, xa.shape[1])
     if w.shape[0] < 2:
         raise ValueError("a classifier needs at least 2 classes (rows of center)")
-    yt = _labels(y_val, len(xa), w.shape[0])
+    yt = label_indices(y_val, len(xa), w.shape[0])
     z = xa @ w.T
     zy = z.gather(1, yt.view(-1, 1)).squeeze(1)
     others = z.scatter(1, yt.view(-1, 1), -math.inf)
@@ -165,7 +165,7 @@ def certified_gram_radius(
     if g is None or rho == 0.0 or math.isinf(rho):
         return rho
     xa_n = np.shape(x_val)[1] + 1
-    gt = _square("G", g, xa_n)
+    gt = square_matrix("G", g, xa_n)
     g_val = torch.as_tensor(gram_matrix(x_val))
     lam, vec = torch.linalg.eigh(gt)
     if not float(lam[-1]) > 0.0:

@@ -4,14 +4,9 @@ without importing numpy-heavy or torch modules."""
 SPACE_KINDS = ("ball", "ellipsoid", "gram")
 PAPER_SPACE_KINDS = ("ball", "ellipsoid")  # the paper's parameter-space spaces
 ELLIPSOID_FLOORS = ("quantile", "paper")
-GRAM_WEIGHTINGS = ("samples", "radius")
-GRAM_POINTS = ("auto", "pooled", "lda", "gaussian", "mixture", "best", "closed-form", "shared")
-# the points fitted to the labels (they need label moments); `auto` chooses on validation
-# among the pooled point, the pooled LDA point, the gaussian point (with class Gram
-# matrices), the mixture point (with their k-means components) and the closed-form center
-POOLED_POINTS = ("auto", "pooled", "lda", "gaussian", "mixture", "best")
-# the points fitted to virtual rows of Gaussians (gems_fl.geometry.virtual)
-GAUSSIAN_POINTS = ("gaussian", "mixture")
+# gram-point: `auto` and the registered points (gems_fl.geometry.points, which checks
+# that these are its names)
+GRAM_POINTS = ("auto", "pooled", "lda", "gaussian", "mixture", "closed-form")
 # gram-point gaussian / mixture / auto: the L2 penalties of the fit to the virtual rows the selection
 # round scores (standardised units; the first is the one used without that round)
 GAUSSIAN_L2S = (1e-6, 1e-5, 1e-4, 1e-3)
@@ -32,9 +27,9 @@ DEFAULT_POOLED_RIDGE = 1e-3
 # gram-point=auto: the LDA point's shrinkages the selection round also scores (relative to
 # the mean eigenvalue of the pooled within-class covariance)
 LDA_SHRINKAGES = (1e-3, 1e-2, 1e-1)
-# refine-method: Bohning steps scaled by the secant curvature (checked, backtracking), plain
-# Bohning steps, or with momentum
-REFINE_METHODS = ("secant", "monotone", "accelerated")
+# refine-method: Bohning steps scaled by the secant curvature (checked, backtracking), or
+# plain Bohning steps
+REFINE_METHODS = ("secant", "monotone")
 # refine-l2: the L2 penalty of the refined objective, relative to the mean diagonal of the
 # pooled Gram matrix (benchmarks/refinement_offline.py: best pooled validation accuracy)
 DEFAULT_REFINE_L2 = 3e-3
@@ -44,7 +39,6 @@ SECANT_FLOOR = 0.05
 # server-grams: what the server keeps of the nodes' Gram matrices; `auto` keeps the sums
 # alone above SUMS_ABOVE_NODES nodes where the point needs nothing else
 SERVER_GRAMS = ("auto", "nodes", "sums")
-SUMS_POINTS = ("auto", "pooled", "lda", "gaussian", "closed-form")
 SUMS_ABOVE_NODES = 100
 NO_INTERSECTION_FALLBACKS = ("min-penalty", "mean")
 # Each kind's default upper end of the radius bisection, in the units of its radius
@@ -69,19 +63,6 @@ def gram_rank_for(setting: int | str, size: int) -> int:
         rank = max(AUTO_GRAM_RANK_MIN, -(-int(size) // AUTO_GRAM_RANK_SHARE))
         return rank if int(size) > 2 * rank + 1 else 0
     return int(setting)
-
-
-def holds_sums(settings, num_nodes: int) -> bool:
-    """Whether the server keeps only the sums of the nodes' Gram statistics
-    (``server-grams``): ``sums``, or ``auto`` above ``SUMS_ABOVE_NODES`` nodes for the
-    logistic model when the point needs no single node's matrix."""
-    if settings.server_grams == "nodes" or settings.space != "gram" \
-            or settings.model != "logistic":
-        return False
-    if settings.server_grams == "sums" or settings.secure_aggregation or settings.dp_epsilon:
-        return True
-    return (num_nodes > SUMS_ABOVE_NODES and settings.gram_point in SUMS_POINTS
-            and settings.gram_weighting == "samples")
 
 
 def class_gram_rank_for(gram_rank: int | str, size: int) -> int:

@@ -6,7 +6,7 @@ import numpy as np
 import torch
 
 from gems_fl.geometry.choices import ELLIPSOID_FLOORS as FLOORS
-from gems_fl.geometry._linalg import augment
+from gems_fl.geometry.linalg import augment
 
 
 def diagonal_fisher(center: np.ndarray, x: np.ndarray) -> np.ndarray:

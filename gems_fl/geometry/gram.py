@@ -37,8 +37,7 @@ import math
 import numpy as np
 import torch
 
-from gems_fl.geometry._linalg import _center_for, _labels, _matrix, _square, augment
-
+from gems_fl.geometry.linalg import augment, center_for, label_indices, layer_matrix, square_matrix
 
 
 def gram_matrix(x: np.ndarray | torch.Tensor) -> np.ndarray:
@@ -47,7 +46,7 @@ def gram_matrix(x: np.ndarray | torch.Tensor) -> np.ndarray:
     Returns a symmetric float64 ``(d + 1, d + 1)`` array. Its last diagonal entry is 1
     and its last row holds ``[mean x, 1]``.
     """
-    xt = _matrix("x", x)
+    xt = layer_matrix("x", x)
     num, d = xt.shape
     if num == 0:
         raise ValueError("x has no rows: the Gram matrix is a mean over inputs and needs "
@@ -70,11 +69,11 @@ def label_moments(x: np.ndarray | torch.Tensor, y, num_classes: int) -> tuple[np
     ``counts / N``. Beside the Gram matrix (``X~^T X~ / N``) they give the pooled
     least-squares classifier of all nodes from sums alone (:mod:`gems_fl.geometry.pooled`).
     """
-    xt = _matrix("x", x)
+    xt = layer_matrix("x", x)
     num = len(xt)
     if num == 0:
         raise ValueError("x has no rows: label moments are a mean over inputs and need one")
-    yt = _labels(y, num, int(num_classes))
+    yt = label_indices(y, num, int(num_classes))
     counts = torch.bincount(yt, minlength=int(num_classes))
     sums = torch.zeros(int(num_classes), xt.shape[1], dtype=torch.float64).index_add_(0, yt, xt)
     moments = torch.cat([sums, counts.to(torch.float64).unsqueeze(1)], dim=1) / num
@@ -102,11 +101,11 @@ def class_grams(x: np.ndarray | torch.Tensor, y, num_classes: int) -> np.ndarray
 def labelled_rows(x: np.ndarray | torch.Tensor, y, num_classes: int
                   ) -> tuple[torch.Tensor, torch.Tensor]:
     """``(x~ = [x, 1] (N, d + 1) float64, labels (N,))``, checked, for class statistics."""
-    xt = _matrix("x", x)
+    xt = layer_matrix("x", x)
     num = xt.shape[0]
     if num == 0:
         raise ValueError("x has no rows: class Gram matrices are means over inputs and need one")
-    yt = _labels(y, num, int(num_classes))
+    yt = label_indices(y, num, int(num_classes))
     return torch.cat([xt, torch.ones(num, 1, dtype=xt.dtype)], dim=1), yt
 
 
@@ -183,7 +182,7 @@ def pack_triangle(g: np.ndarray) -> np.ndarray:
 
     ``n (n + 1) / 2`` numbers; ``unpack_triangle`` restores the symmetric matrix.
     """
-    t = _square("G", g).numpy()
+    t = square_matrix("G", g).numpy()
     return t[np.triu_indices(len(t))].astype(np.float32)
 
 
@@ -219,7 +218,7 @@ def low_rank_factor(g: np.ndarray, rank: int, rows: np.ndarray | None = None) ->
     (``N x n``) instead of ``G`` (``n x n``): the same pairs, at a fraction of the cost
     (a node of 50 rows with 785 inputs), and zero columns past rank ``N``.
     """
-    t = _square("G", g)
+    t = square_matrix("G", g)
     n = len(t)
     if not isinstance(rank, (int, np.integer)) or not 1 <= rank <= n:
         raise ValueError(f"rank must be an integer in [1, {n}]; got {rank!r}")
@@ -271,8 +270,8 @@ def residual_diagonal(g: np.ndarray, factor: np.ndarray) -> np.ndarray:
     direction's own variance. Sent beside ``F``, it keeps every input direction a node's
     data vary in constrained by that node (with ``F`` alone, directions outside its top r
     would be free, and the node would lose its say there)."""
-    t = _square("G", g)
-    f = _matrix("factor F", factor)
+    t = square_matrix("G", g)
+    f = layer_matrix("factor F", factor)
     if f.shape[0] != t.shape[0]:
         raise ValueError(f"factor has {f.shape[0]} rows; G is {t.shape[0]} x {t.shape[0]}")
     rest = torch.diagonal(t) - (f * f).sum(dim=1)
@@ -282,7 +281,7 @@ def residual_diagonal(g: np.ndarray, factor: np.ndarray) -> np.ndarray:
 def from_factor(f: np.ndarray, residual: np.ndarray | None = None) -> np.ndarray:
     """``F F^T (+ diag(residual))`` in float64 from a ``low_rank_factor`` output ``(n, r)``
     and, where sent, its :func:`residual_diagonal`."""
-    t = _matrix("factor F", f)
+    t = layer_matrix("factor F", f)
     g = t @ t.T
     if residual is not None:
         d = torch.as_tensor(np.asarray(residual), dtype=torch.float64).reshape(-1)
@@ -294,7 +293,7 @@ def from_factor(f: np.ndarray, residual: np.ndarray | None = None) -> np.ndarray
 
 def relative_error(g: np.ndarray, approx: np.ndarray) -> float:
     """``||G - approx||_F / ||G||_F`` (0 when both are zero): how much packing lost."""
-    a, b = _matrix("G", g), _matrix("approx", approx)
+    a, b = layer_matrix("G", g), layer_matrix("approx", approx)
     if a.shape != b.shape:
         raise ValueError(f"G has shape {tuple(a.shape)} and approx {tuple(b.shape)}; "
                          "they must match")
@@ -367,8 +366,8 @@ def gram_distances(ws: np.ndarray, center: np.ndarray, g: np.ndarray) -> np.ndar
     if wt.ndim != 3:
         raise ValueError(f"ws must be a stack (p, C, n) of models; got shape {tuple(wt.shape)}")
     n = wt.shape[2]
-    gt = _square("G", g, n)
-    c = _center_for("center", center, n)
+    gt = square_matrix("G", g, n)
+    c = center_for("center", center, n)
     if c.shape[0] != wt.shape[1]:
         raise ValueError(f"center has {c.shape[0]} rows but the models have {wt.shape[1]}")
     diff = (wt - c).reshape(-1, n)
@@ -393,5 +392,5 @@ def gram_distance(w: np.ndarray, center: np.ndarray, g: np.ndarray) -> float:
 
     Tiny negative values from rounding (an indefinite reply) are clipped to 0.
     """
-    wt = _matrix("W", w)
+    wt = layer_matrix("W", w)
     return float(gram_distances(wt.unsqueeze(0).numpy(), center, g)[0])

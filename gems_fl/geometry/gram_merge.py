@@ -1,16 +1,15 @@
-"""The server's choice of ``h_G`` among logit-space (Gram) ellipsoids.
+"""The server's choice of ``h_G`` among logit-space (Gram) ellipsoids: the pieces the
+aggregation points (:mod:`gems_fl.geometry.points`) share.
 
 ``h_G = argmin_W sum_k lambda_k tr((W - W_k) G_k (W - W_k)^T)`` has the closed form
 ``(sum_k lambda_k W_k G_k)(sum_k lambda_k G_k + ridge I)^-1`` (RegMean's merge): the
 model whose logits on every node's inputs stay, in the weighted mean-square sense,
-closest to that node's own. ``lambda_k`` is the node's training-sample count
-(``weighting='samples'``) or ``1 / rho_k^2`` (``'radius'``, which scales each node's
-distance by its own tolerance).
+closest to that node's own. ``lambda_k`` is the node's share of the training rows.
 
-Membership is then checked in every space. Where the closed form misses some space,
-the point minimising the largest scaled distance ``max_k d_k(W) / rho_k`` is computed
-too: when that maximum is <= 1 the spaces share a point, and ``point='shared'`` uses it.
-The result says which point was used and, per node, inside or by how much it misses.
+Membership is then checked in every space. Where a point misses some space, the point
+minimising the largest scaled distance ``max_k d_k(W) / rho_k`` is computed too: when that
+maximum is <= 1 the spaces share a point (the results say so). The result says which
+point was used and, per node, inside or by how much it misses.
 """
 
 from __future__ import annotations
@@ -22,15 +21,11 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
-from gems_fl.geometry._linalg import _center_for, _matrix, _solve_right, _square
-from gems_fl.geometry.choices import GRAM_POINTS as POINTS
 from gems_fl.geometry.gram import expanded_sq_distances
-from gems_fl.geometry.choices import GRAM_WEIGHTINGS as WEIGHTINGS
 from gems_fl.geometry.intersect import IntersectionResult
-from gems_fl.geometry.pooled import best_point, pooled_lda, pooled_point
+from gems_fl.geometry.linalg import center_for, layer_matrix, solve_right, square_matrix
 from gems_fl.geometry.spaces import GramSpace
-from gems_fl.geometry.components import mixture_moments
-from gems_fl.geometry.virtual import gaussian_point, pooled_class_moments
+
 
 def _node_inputs(centers: Sequence, grams: Sequence, what: str = "grams"):
     if len(centers) == 0:
@@ -38,7 +33,7 @@ def _node_inputs(centers: Sequence, grams: Sequence, what: str = "grams"):
     if len(centers) != len(grams):
         raise ValueError(f"got {len(centers)} centers but {len(grams)} {what}; "
                          "pass one of each per node")
-    ws = [_matrix(f"centers[{i}]", c) for i, c in enumerate(centers)]
+    ws = [layer_matrix(f"centers[{i}]", c) for i, c in enumerate(centers)]
     shape = tuple(ws[0].shape)
     for i, w in enumerate(ws):
         if tuple(w.shape) != shape:
@@ -46,7 +41,7 @@ def _node_inputs(centers: Sequence, grams: Sequence, what: str = "grams"):
                              f"{shape}; every node must share the layer shape (C, d + 1)")
     # Shapes only: finiteness and PSD are check_gram's job when a reply arrives; a full
     # scan of 100 Gram matrices here would cost as much as the aggregation itself.
-    gs = [_square(f"grams[{i}]", g, shape[1], finite=False) for i, g in enumerate(grams)]
+    gs = [square_matrix(f"grams[{i}]", g, shape[1], finite=False) for i, g in enumerate(grams)]
     return ws, gs
 
 
@@ -78,6 +73,23 @@ def gram_center(
     varies) the minimum-norm minimiser is returned -- the ``ridge -> 0+`` limit: it sets
     the components no node's logits depend on to 0.
     """
+    ridge = float(ridge)
+    if not (math.isfinite(ridge) and ridge >= 0):
+        raise ValueError(f"ridge must be finite and >= 0; got {ridge}")
+    a, b = center_system(centers, grams, weights)
+    if ridge > 0:
+        a.diagonal().add_(ridge)
+    w = solve_right(a, b)
+    if not bool(torch.isfinite(w).all()):
+        raise ValueError("the aggregated model is not finite: a center or Gram matrix holds "
+                         "NaN/inf; validate each reply with check_gram first")
+    return w.numpy()
+
+
+def center_system(centers: Sequence[np.ndarray], grams: Sequence[np.ndarray],
+                  weights: Sequence[float] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(sum_k l_k G_k, sum_k l_k W_k G_k)`` of :func:`gram_center`, float64 torch, the
+    first symmetrised; ``l = weights / sum(weights)`` (``None``: equal weights)."""
     ws, gs = _node_inputs(centers, grams)
     k = len(ws)
     lw = _weights("weights", np.ones(k) if weights is None else weights, k)
@@ -85,9 +97,6 @@ def gram_center(
     if total <= 0:
         raise ValueError("weights sum to 0; at least one node needs a positive weight")
     lw = lw / total
-    ridge = float(ridge)
-    if not (math.isfinite(ridge) and ridge >= 0):
-        raise ValueError(f"ridge must be finite and >= 0; got {ridge}")
     n = gs[0].shape[0]
     a = torch.zeros(n, n, dtype=torch.float64)
     b = torch.zeros(ws[0].shape, dtype=torch.float64)
@@ -96,14 +105,7 @@ def gram_center(
             continue
         a.add_(gk, alpha=lk)
         b.addmm_(wk, gk, alpha=lk)
-    a = 0.5 * (a + a.T)
-    if ridge > 0:
-        a.diagonal().add_(ridge)
-    w = _solve_right(a, b)
-    if not bool(torch.isfinite(w).all()):
-        raise ValueError("the aggregated model is not finite: a center or Gram matrix holds "
-                         "NaN/inf; validate each reply with check_gram first")
-    return w.numpy()
+    return 0.5 * (a + a.T), b
 
 
 def _radii(radii, k: int) -> torch.Tensor:
@@ -194,7 +196,7 @@ def minimax_gram_point(
                 if lk > 0.0:
                     a.add_(gk, alpha=lk * s)
                     b.add_(hk, alpha=lk * s)
-            w = _solve_right(0.5 * (a + a.T), b)
+            w = solve_right(0.5 * (a + a.T), b)
             q = torch.tensor([qk * s for qk, s in zip(expanded_sq_distances(w, ga, h, c), inv_r2)],
                              dtype=torch.float64)
             return w, q
@@ -269,7 +271,7 @@ def membership(
     """
     ws, gs = _node_inputs(centers, grams)
     r = _radii(radii, len(ws))
-    wt = _center_for("W", w, ws[0].shape[1])
+    wt = center_for("W", w, ws[0].shape[1])
     if wt.shape != ws[0].shape:
         raise ValueError(f"W has shape {tuple(wt.shape)}; the nodes' models have "
                          f"{tuple(ws[0].shape)}")
@@ -280,66 +282,12 @@ def membership(
     return out
 
 
-def merge_weights(spaces: Sequence[GramSpace], num_train: Sequence[float], weighting: str) -> np.ndarray:
-    """``lambda_k`` for every node, normalised to sum 1."""
-    if weighting not in WEIGHTINGS:
-        raise ValueError(f"weighting={weighting!r}; choose one of {', '.join(WEIGHTINGS)}")
-    if weighting == "samples":
-        lam = np.asarray(num_train, dtype=np.float64)
-    else:
-        radii = np.array([s.radius for s in spaces], dtype=np.float64)
-        # A zero radius is a node that failed eps at its own model; it pins nothing.
-        lam = np.where(radii > 0, 1.0 / np.maximum(radii, 1e-300) ** 2, 0.0)
-        if not np.any(lam > 0):
-            lam = np.ones(len(spaces))
+def merge_weights(spaces: Sequence[GramSpace], num_train: Sequence[float]) -> np.ndarray:
+    """``lambda_k`` for every node: its share of the training rows (sums to 1)."""
+    lam = np.asarray(num_train, dtype=np.float64)
+    if lam.shape != (len(spaces),):
+        raise ValueError(f"num_train has {lam.size} counts for {len(spaces)} spaces")
     return lam / lam.sum()
-
-
-def aggregate_gram(
-    spaces: Sequence[GramSpace], num_train: Sequence[float], *, weighting: str = "samples",
-    ridge: float = 1e-6, point: str = "closed-form", pooled_ridge: float = 1e-3, seed: int = 0,
-) -> IntersectionResult:
-    """Choose ``h_G`` for the Gram spaces and report membership in each of them.
-
-    ``point``: ``closed-form`` (the weighted center), ``shared`` (the minimax point when
-    the center misses a space and that point lies in all), ``pooled`` (the pooled ridge
-    classifier from the label moments, :func:`gems_fl.geometry.pooled.pooled_point`) or
-    ``best`` (the best pooled fit inside every space, :func:`~gems_fl.geometry.pooled.
-    best_point`; the pooled point when the spaces share no point, and ``details`` says so)
-    or ``lda`` (the pooled linear discriminant, :func:`~gems_fl.geometry.pooled.pooled_lda`,
-    with ``pooled_ridge`` as its shrinkage) or ``gaussian`` (the softmax layer fitted to
-    virtual rows of each class's pooled Gaussian, :func:`~gems_fl.geometry.virtual.
-    gaussian_point`, with ``pooled_ridge`` as its L2 penalty and ``seed`` fixing the draw;
-    it needs every node's class Gram matrices) or ``mixture`` (the same fit to virtual
-    rows of every node's k-means components of each class, where nodes sent them).
-    """
-    if not spaces:
-        raise ValueError("no spaces to aggregate")
-    if point not in POINTS:
-        raise ValueError(f"point={point!r}; choose one of {', '.join(POINTS)}")
-    shape = spaces[0].matrix.shape
-    for k, s in enumerate(spaces):
-        if s.matrix.shape != shape:
-            raise ValueError(f"space {k} has a {s.matrix.shape} center; space 0 has {shape}")
-    lam = merge_weights(spaces, num_train, weighting)
-    closed = gram_center([s.matrix for s in spaces], [s.gram for s in spaces], lam, ridge)
-    chosen, method = closed, "closed-form"
-    details: dict[str, object] = {"weighting": weighting, "ridge": float(ridge),
-                                  "weights": [float(v) for v in lam]}
-    if point == "lda":  # pooled_ridge is the LDA shrinkage
-        chosen, method = _lda_choice(spaces, num_train, pooled_ridge, details), "lda"
-    elif point in ("gaussian", "mixture"):  # pooled_ridge is the fit's L2 penalty
-        chosen, method = _gaussian_choice(spaces, pooled_ridge, seed, details,
-                                          mixture=point == "mixture"), point
-    elif point in ("auto", "pooled", "best"):  # auto: the pooled point until the selection round
-        chosen, method = _pooled_choice(spaces, num_train, "best" if point == "best" else "pooled",
-                                        pooled_ridge, details)
-    inside = [s.contains(chosen) for s in spaces]
-    if not all(inside) and all(s.radius > 0 for s in spaces) and "spaces_share_a_point" not in details:
-        shared, _ = _minimax(spaces, details)
-        if point == "shared" and details["spaces_share_a_point"]:
-            chosen, method = np.asarray(shared), "shared"
-    return gram_result(spaces, chosen, method, details)
 
 
 def gram_result(spaces: Sequence[GramSpace], point: np.ndarray, method: str,
@@ -359,8 +307,9 @@ def gram_result(spaces: Sequence[GramSpace], point: np.ndarray, method: str,
     )
 
 
-def _minimax(spaces: Sequence[GramSpace], details: dict) -> tuple[np.ndarray, float]:
-    """The minimax point, with what it says about the spaces recorded in ``details``."""
+def record_minimax(spaces: Sequence[GramSpace], details: dict) -> tuple[np.ndarray, float]:
+    """The minimax point, with what it says about the spaces recorded in ``details``
+    (``spaces_share_a_point``, the scaled distance and its certified lower bound)."""
     shared, worst, info = minimax_gram_point(
         [s.matrix for s in spaces], [s.gram for s in spaces], [s.radius for s in spaces],
         return_info=True, decide_at=1.0)
@@ -371,18 +320,6 @@ def _minimax(spaces: Sequence[GramSpace], details: dict) -> tuple[np.ndarray, fl
     details["spaces_share_a_point"] = (True if worst <= 1.0 else
                                        False if info["lower_bound"] > 1.0 else None)
     return np.asarray(shared), float(worst)
-
-
-def _lda_choice(spaces: Sequence[GramSpace], num_train: Sequence[float], shrinkage: float,
-                details: dict) -> np.ndarray:
-    """The pooled LDA point (:func:`gems_fl.geometry.pooled.pooled_lda`)."""
-    missing = [k for k, s in enumerate(spaces) if s.moments is None]
-    if missing:
-        raise ValueError(f"gram-point='lda' needs every node's label moments; spaces "
-                         f"{missing} have none")
-    details["lda_shrinkage"] = float(shrinkage)
-    return pooled_lda([s.gram for s in spaces], [s.moments for s in spaces], num_train,
-                      shrinkage)
 
 
 def has_class_grams(spaces: Sequence) -> bool:
@@ -398,62 +335,10 @@ def has_class_components(spaces: Sequence) -> bool:
                                            for s in spaces)
 
 
-def _gaussian_choice(spaces: Sequence[GramSpace], l2: float, seed: int, details: dict, *,
-                     mixture: bool = False) -> np.ndarray:
-    """The ``gaussian`` point (:func:`gems_fl.geometry.virtual.gaussian_point`): one
-    Gaussian per class over all nodes or, with ``mixture``, one per node's k-means
-    component of a class (:mod:`gems_fl.geometry.components`)."""
-    if not has_class_grams(spaces):
-        missing = [k for k, s in enumerate(spaces) if getattr(s, "class_grams", None) is None]
-        raise ValueError(f"gram-point='{'mixture' if mixture else 'gaussian'}' needs every "
-                         f"node's class Gram matrices; spaces {missing} have none (set "
-                         "class-grams=true)")
-    details["gaussian_l2"] = float(l2)
-    if mixture:
-        counts, means, covs, classes = mixture_moments(
-            [s.class_grams for s in spaces], [_parts(s) for s in spaces])
-        details["gaussian_components"] = len(counts)
-        return gaussian_point(counts, means, covs, l2=l2, seed=seed, classes=classes,
-                              num_classes=len(spaces[0].class_counts))
-    counts, means, covs = pooled_class_moments([s.per_class_grams for s in spaces],
-                                               [s.class_counts for s in spaces])
-    return gaussian_point(counts, means, covs, l2=l2, seed=seed)
-
-
-def _parts(space: GramSpace) -> np.ndarray:
+def class_parts(space: GramSpace) -> np.ndarray:
     """A space's components ``[class, rows]``: one per class held where it sent none."""
     if space.class_parts is not None:
         return space.class_parts
     counts = np.asarray(space.class_counts)
     held = np.flatnonzero(counts > 0)
     return np.stack([held, counts[held]], axis=1)
-
-
-def _pooled_choice(spaces: Sequence[GramSpace], num_train: Sequence[float], point: str,
-                   pooled_ridge: float, details: dict) -> tuple[np.ndarray, str]:
-    """The ``pooled`` or ``best`` point, and the method that says which one was used."""
-    missing = [k for k, s in enumerate(spaces) if s.moments is None]
-    if missing:
-        raise ValueError(f"gram-point='{point}' needs every node's label moments; spaces "
-                         f"{missing} have none")
-    grams, moments = [s.gram for s in spaces], [s.moments for s in spaces]
-    pooled = pooled_point(grams, moments, num_train, pooled_ridge)
-    details["pooled_ridge"] = float(pooled_ridge)
-    if point == "pooled":
-        return pooled, "pooled"
-    if all(s.contains(pooled) for s in spaces):
-        details["best"] = "the pooled point lies in every space"
-        return pooled, "best"
-    if not all(s.radius > 0 for s in spaces):
-        details["best"] = "a node's radius is 0 (its model fails its eps): pooled point used"
-        return pooled, "pooled"
-    shared, _ = _minimax(spaces, details)
-    if not details["spaces_share_a_point"]:
-        details["best"] = "the spaces share no point (or it was not found): pooled point used"
-        return pooled, "pooled"
-    best, info = best_point([s.matrix for s in spaces], grams, [s.radius for s in spaces],
-                            moments, num_train, ridge=pooled_ridge, feasible=shared)
-    details["best"] = (f"best pooled fit inside every space ({info['iterations']} dual "
-                       f"iterations, step {info['blend']:.3g} toward the minimax point)")
-    details["multipliers"] = info["multipliers"]
-    return best, "best"

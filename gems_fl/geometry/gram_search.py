@@ -14,8 +14,15 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from gems_fl.geometry._linalg import EIGEN_FLOOR, _center_for, _labels, _range_basis, _square, augment
 from gems_fl.geometry.eps import check_eps, pass_count
+from gems_fl.geometry.linalg import (
+    EIGEN_FLOOR,
+    augment,
+    center_for,
+    label_indices,
+    range_basis,
+    square_matrix,
+)
 from gems_fl.geometry.radius import RadiusResult, bisect_radius, margin_intervals
 
 #: Default upper end of the radius bisection, in logit units (RMS of the L2 logit
@@ -66,8 +73,8 @@ def sample_gram_directions(
     """
     _check_search_ints(num_directions)
     classes, n = int(shape[0]), int(shape[1])
-    gt = _square("G", g, n)
-    lam, vec = _range_basis(gt, floor)
+    gt = square_matrix("G", g, n)
+    lam, vec = range_basis(gt, floor)
     u = _whitened_draws(num_directions, classes * len(lam), seed)
     u = u.reshape(num_directions, classes, len(lam)) / lam.sqrt()
     return (u @ vec.T).numpy()
@@ -137,9 +144,9 @@ def search_gram_radius(
     n = xa.shape[1]
     if len(xa) == 0:
         raise ValueError("the validation set is empty: a radius needs validation data")
-    w = _center_for("center", center, n)
-    gt = _square("G", g, n)
-    yt = _labels(y_val, len(xa), w.shape[0])
+    w = center_for("center", center, n)
+    gt = square_matrix("G", g, n)
+    yt = label_indices(y_val, len(xa), w.shape[0])
     num, classes = len(xa), w.shape[0]
     need = pass_count(eps, num)
 
@@ -149,7 +156,7 @@ def search_gram_radius(
     if correct0 < need:
         return GramRadiusResult(0.0, center_acc, False, center_acc, 0, False, 0.0, 0)
 
-    lam, vec = _range_basis(gt, floor)
+    lam, vec = range_basis(gt, floor)
     m = len(lam)
     xw = (xa @ vec) / lam.sqrt()  # (N, m): whitened inputs
     u = _whitened_draws(num_directions, classes * m, seed).reshape(-1, m)  # (p*C, m)

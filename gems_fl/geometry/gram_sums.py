@@ -23,10 +23,8 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-from gems_fl.geometry._linalg import _solve_right
 from gems_fl.geometry.intersect import IntersectionResult
-from gems_fl.geometry.pooled import pooled_lda, pooled_point
-from gems_fl.geometry.virtual import class_statistics, gaussian_point
+from gems_fl.geometry.virtual import class_statistics
 
 #: Fixed-point resolution of the sums: 2**-30 (about 1e-9) of one unit of ``n_k G_k``.
 FRACTION_BITS = 30
@@ -135,7 +133,7 @@ class GramSums:
 
     @classmethod
     def from_means(cls, count: int, nodes: int, gram: np.ndarray, center_gram: np.ndarray,
-                   moments: np.ndarray, class_shares: np.ndarray) -> "GramSums":
+                   moments: np.ndarray, class_shares: np.ndarray) -> GramSums:
         """The sums over ``nodes`` nodes and ``count`` training rows, given as their
         ``n_k``-weighted means (what secure aggregation returns): ``sum n_k G_k / N`` and
         so on, with the class shares ``sum counts / N``."""
@@ -179,7 +177,7 @@ class GramSums:
 
     @classmethod
     def from_noised(cls, count: int, nodes: int, gram_sum: np.ndarray,
-                    moments_sum: np.ndarray) -> "GramSums":
+                    moments_sum: np.ndarray) -> GramSums:
         """The sums of ``nodes`` nodes' differentially private releases over ``count``
         training rows, given already summed (secure aggregation returns them)."""
         c, n = np.shape(moments_sum)
@@ -231,25 +229,14 @@ class GramSums:
             raise ValueError("the nodes sent no label moments (label-moments=false)")
         return _float(self._moments) / self.count
 
-    def closed_form(self, ridge: float) -> np.ndarray:
-        """The samples-weighted closed-form center ``(sum n_k W_k G_k)(sum n_k G_k + ridge N
-        I)^-1`` (:func:`gems_fl.geometry.gram_merge.gram_center` with ``weights`` the
-        training counts), ``(C, n)``."""
+    def center_system(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(sum n_k G_k, sum n_k W_k G_k) / N``, float64 torch, the first symmetric: what
+        the closed-form center solves (:func:`gems_fl.geometry.gram_merge.center_system`)."""
         if not self.has_centers:
             raise ValueError("the closed-form point needs sum n_k W_k G_k, which noised "
                              "(dp-epsilon) sums do not hold; use the pooled or LDA point")
-        a = self.pooled_gram()
-        a[np.diag_indices_from(a)] += float(ridge)
-        return _solve_right(torch.as_tensor(a), torch.as_tensor(_float(self._center_gram)
-                                                               / self.count)).numpy()
-
-    def pooled(self, ridge: float) -> np.ndarray:
-        """The pooled ridge classifier (:func:`gems_fl.geometry.pooled.pooled_point`)."""
-        return pooled_point([self.pooled_gram()], [self.pooled_moments()], [1.0], ridge)
-
-    def lda(self, shrinkage: float) -> np.ndarray:
-        """The pooled LDA classifier (:func:`gems_fl.geometry.pooled.pooled_lda`)."""
-        return pooled_lda([self.pooled_gram()], [self.pooled_moments()], [1.0], shrinkage)
+        return (torch.as_tensor(self.pooled_gram()),
+                torch.as_tensor(_float(self._center_gram) / self.count))
 
     @property
     def nbytes(self) -> int:
@@ -272,32 +259,6 @@ def summed_result(spaces: Sequence, point: np.ndarray, method: str,
                               found=False, method=method, objective=math.nan,
                               inside=[None] * k, miss=[None] * k, iterations=0,
                               details=details)
-
-
-def aggregate_sums(sums: GramSums, spaces: Sequence, num_train: Sequence[float], *,
-                   point: str, ridge: float, pooled_ridge: float, seed: int = 0
-                   ) -> IntersectionResult:
-    """``h_G`` from the sums alone (:func:`gems_fl.geometry.gram_merge.aggregate_gram` for
-    the points that need no single node's matrix, with ``weighting='samples'``)."""
-    details: dict[str, object] = {"weighting": "samples", "ridge": float(ridge),
-                                  "weights": [float(n) / sums.count for n in num_train]}
-    if point == "closed-form":
-        return summed_result(spaces, sums.closed_form(ridge), "closed-form", details)
-    if point == "lda":
-        details["lda_shrinkage"] = float(pooled_ridge)
-        return summed_result(spaces, sums.lda(pooled_ridge), "lda", details)
-    if point in ("auto", "pooled"):
-        details["pooled_ridge"] = float(pooled_ridge)
-        return summed_result(spaces, sums.pooled(pooled_ridge), "pooled", details)
-    if point == "gaussian":
-        if not sums.has_class_grams:
-            raise ValueError("gram-point='gaussian' needs the nodes' class Gram matrices; the "
-                             "sums hold none (set class-grams=true)")
-        details["gaussian_l2"] = float(pooled_ridge)
-        return summed_result(spaces, gaussian_point(*sums.class_moments(), l2=pooled_ridge,
-                                                    seed=seed), "gaussian", details)
-    raise ValueError(f"point={point!r} needs every node's Gram matrix; from sums: auto, "
-                     "pooled, lda, gaussian, closed-form")
 
 
 def complete_membership(result: IntersectionResult, spaces: Sequence,

@@ -12,8 +12,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from gems_fl.geometry._checks import check_option, check_scalar
-from gems_fl.geometry.ball_meet import _ball_dual, _squared_distances, _three_balls_meet
+from gems_fl.geometry.ball_meet import ball_dual, squared_distances, three_balls_meet
+from gems_fl.geometry.checks import check_option, check_scalar
 from gems_fl.geometry.intersect import find_intersection
 from gems_fl.geometry.spaces import Space, within_radius
 
@@ -96,7 +96,7 @@ class _Cluster:
     """One cluster's neurons, indexed locally ``0..n-1`` in (node, neuron) order.
 
     ``members`` are the global indices; ``d2``/``err2`` the squared center distances
-    and their rounding bound (:func:`_squared_distances`); ``compatible`` the pairwise
+    and their rounding bound (:func:`squared_distances`); ``compatible`` the pairwise
     pre-check ``||c_a - c_b|| <= r_a + r_b``, which never fails a true overlap.
     """
 
@@ -114,7 +114,7 @@ class _Cluster:
         cls, c: np.ndarray, r: np.ndarray, node: np.ndarray, members: np.ndarray
     ) -> _Cluster:
         c, r, node = c[members], r[members], node[members]
-        d2, err2 = _squared_distances(c)
+        d2, err2 = squared_distances(c)
         rr = r[:, None] + r[None, :]
         return cls(members, c, r, r * r, node, d2, err2, d2 <= rr * rr + err2)
 
@@ -128,7 +128,7 @@ class _Cluster:
         e_pj = err2[np.ix_(prev_, [j])]
         e_pl = err2[np.ix_(prev_, left)]
         e_jl = err2[j, left][None, :]
-        return _three_balls_meet(
+        return three_balls_meet(
             d2[np.ix_(prev_, [j])],
             d2[np.ix_(prev_, left)],
             d2[j, left][None, :],
@@ -159,7 +159,7 @@ def _node_blocks(node: np.ndarray, order: np.ndarray) -> list[np.ndarray]:
     return np.split(order, starts[1:])
 
 
-class _Greedy:
+class GreedyMerge:
     """The greedy pass over the clusters: stacked neurons, options and counters."""
 
     def __init__(
@@ -308,7 +308,7 @@ class _Greedy:
                 return "point", lam, z.copy()
             return "unknown", lam, None
         rows = np.array(trial)
-        verdict, lam, _ = _ball_dual(
+        verdict, lam, _ = ball_dual(
             cl.d2[rows][:, rows], cl.r2[rows], lam, float(cl.err2[rows][:, rows].max()),
             _DUAL_MAX_ITER,
         )
@@ -363,7 +363,7 @@ class _Greedy:
         worst-case squared margin ``min_k (r_k^2 - ||w - c_k||^2)``, if verified."""
         local = group.members
         sub = np.ix_(local, local)
-        verdict, lam, _ = _ball_dual(
+        verdict, lam, _ = ball_dual(
             cl.d2[sub], cl.r2[local], group.lam, float(cl.err2[sub].max()),
             _DUAL_MAX_ITER, optimize=True,
         )

@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from gems_fl.geometry._checks import check_option, check_scalar
+from gems_fl.geometry.checks import check_option, check_scalar
 from gems_fl.geometry.choices import NO_INTERSECTION_FALLBACKS as FALLBACKS
 from gems_fl.geometry.spaces import Space, within_radius
 

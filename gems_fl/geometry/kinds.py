@@ -18,15 +18,15 @@ kind           space                                          radius units
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import numpy as np
 
-from gems_fl.geometry._checks import check_option
+from gems_fl.geometry import choices
 from gems_fl.geometry.certify import certified_gram_radius, certified_radius
+from gems_fl.geometry.checks import check_option
 from gems_fl.geometry.class_factors import class_factors, class_grams_from_factors, class_means
 from gems_fl.geometry.components import component_grams
-from gems_fl.geometry import choices
 from gems_fl.geometry.fisher import diagonal_fisher, fisher_axes
 from gems_fl.geometry.gram import (
     class_grams,
@@ -36,26 +36,17 @@ from gems_fl.geometry.gram import (
     residual_diagonal,
     sent_factor,
 )
-from gems_fl.geometry.gram_merge import aggregate_gram
 from gems_fl.geometry.gram_search import search_gram_radius
 from gems_fl.geometry.intersect import IntersectionResult, find_intersection
+from gems_fl.geometry.points import aggregate_gram
 from gems_fl.geometry.radius import search_radius
 from gems_fl.geometry.spaces import GramSpace, Space
 
 __all__ = ["AggregateOptions", "LayerSpace", "SpaceKind", "SpaceOptions", "space_kind"]
 
 
-class _FromSettings:
-    """Options read from run settings: ``space`` is the kind, the other fields by name."""
-
-    @classmethod
-    def from_settings(cls, settings: object):  # noqa: ANN206 - the subclass
-        names = [n for n in cls.__dataclass_fields__ if n != "kind"]
-        return cls(kind=settings.space, **{n: getattr(settings, n) for n in names})
-
-
 @dataclass(frozen=True)
-class SpaceOptions(_FromSettings):
+class SpaceOptions:
     """How a node finds the good-enough space of a linear layer.
 
     Parameters
@@ -101,15 +92,6 @@ class SpaceOptions(_FromSettings):
     class_grams: str = "false"
     class_components: int = 1
 
-    @classmethod
-    def from_settings(cls, settings: object) -> "SpaceOptions":
-        """The settings' options; no class Gram matrices under secure aggregation or DP,
-        whose replies carry only sums."""
-        options = super().from_settings(settings)
-        if getattr(settings, "secure_aggregation", False) or getattr(settings, "dp_epsilon", 0):
-            return replace(options, class_grams="false")
-        return options
-
     def __post_init__(self) -> None:
         check_option(self.kind, "kind", choices.SPACE_KINDS)
         check_option(str(self.class_grams).lower(), "class_grams", choices.CLASS_GRAMS)
@@ -122,38 +104,24 @@ class SpaceOptions(_FromSettings):
 
 
 @dataclass(frozen=True)
-class AggregateOptions(_FromSettings):
+class AggregateOptions:
     """How the server picks ``h_G`` among the accepted spaces of one linear layer.
 
     ``no_intersection`` and ``seed`` serve balls and ellipsoids (the fallback when they
-    share no point); ``gram_weighting``, ``gram_ridge``, ``gram_point`` and
-    ``pooled_ridge`` the Gram points (see :func:`gems_fl.geometry.gram_merge.aggregate_gram`).
+    share no point); ``gram_ridge``, ``gram_point`` and ``pooled_ridge`` the Gram points
+    (:mod:`gems_fl.geometry.points`: ``pooled_ridge`` is the point's regularisation).
     """
 
     kind: str = "gram"
     no_intersection: str = "min-penalty"
     seed: int = 0
-    gram_weighting: str = "samples"
     gram_ridge: float = 1e-6
     gram_point: str = "closed-form"
     pooled_ridge: float = choices.DEFAULT_POOLED_RIDGE
 
-    @classmethod
-    def from_settings(cls, settings: object) -> "AggregateOptions":
-        """The settings' options; ``pooled-ridge=auto`` gives the default ridge here (the
-        convex strategy's selection round scores the others, see ``Settings.pooled_ridges``)."""
-        ridges = settings.pooled_ridges
-        default = (choices.GAUSSIAN_L2S[0] if settings.gram_point in choices.GAUSSIAN_POINTS
-                   else choices.DEFAULT_POOLED_RIDGE)
-        return cls(kind=settings.space, no_intersection=settings.no_intersection,
-                   seed=settings.seed, gram_weighting=settings.gram_weighting,
-                   gram_ridge=settings.gram_ridge, gram_point=settings.gram_point,
-                   pooled_ridge=ridges[0] if len(ridges) == 1 else default)
-
     def __post_init__(self) -> None:
         for name, allowed in (("kind", choices.SPACE_KINDS),
                               ("no_intersection", choices.NO_INTERSECTION_FALLBACKS),
-                              ("gram_weighting", choices.GRAM_WEIGHTINGS),
                               ("gram_point", choices.GRAM_POINTS)):
             check_option(getattr(self, name), name, allowed)
 
@@ -299,9 +267,9 @@ class Gram(SpaceKind):
                          parts)
 
     def aggregate(self, spaces, num_train, options) -> IntersectionResult:
-        return aggregate_gram(list(spaces), list(num_train), weighting=options.gram_weighting,
-                              ridge=options.gram_ridge, point=options.gram_point,
-                              pooled_ridge=options.pooled_ridge, seed=options.seed)
+        return aggregate_gram(list(spaces), list(num_train), ridge=options.gram_ridge,
+                              point=options.gram_point, pooled_ridge=options.pooled_ridge,
+                              seed=options.seed)
 
     def report(self, result: IntersectionResult, options: AggregateOptions) -> str:
         details = result.details
@@ -314,7 +282,7 @@ class Gram(SpaceKind):
             shared = (f"; the spaces {text} a point (minimax scaled distance between "
                       f"{details['minimax_lower_bound']:.3g} and "
                       f"{details['minimax_scaled_distance']:.3g})")
-        return (f"Gram center ({result.method}, weights by {options.gram_weighting}): h_G "
+        return (f"Gram point ({result.method}, nodes weighted by their rows): h_G "
                 f"inside {sum(result.inside)} of {len(result.inside)} spaces{shared}")
 
     def where(self, found, method, inside) -> str:

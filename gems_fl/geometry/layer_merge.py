@@ -98,8 +98,8 @@ from sklearn.cluster import KMeans
 from sklearn.exceptions import ConvergenceWarning
 from threadpoolctl import threadpool_limits
 
-from gems_fl.geometry._checks import check_scalar
-from gems_fl.geometry.greedy_merge import METHODS, MergeCounts, MergeOptions, _Greedy
+from gems_fl.geometry.checks import check_scalar
+from gems_fl.geometry.greedy_merge import METHODS, GreedyMerge, MergeCounts, MergeOptions
 
 __all__ = ["METHODS", "LayerMerge", "MergeCounts", "MergeOptions", "bound_width", "merge_layer"]
 
@@ -334,7 +334,7 @@ def merge_layer(
     options = MergeOptions(max_iter, n_init, shrink, polish_max_iter, threads, method)
     c, r, node, neuron = _validate(node_neurons)
     m = min(num_clusters, c.shape[0])
-    greedy = _Greedy(c, r, node, options)
+    greedy = GreedyMerge(c, r, node, options)
     # k-means runs with ``threads`` BLAS/OpenMP threads (None: the libraries'
     # default). The greedy pass runs single-threaded: its products are tiny, and on a
     # shared machine waiting BLAS threads made them ~20x slower (measured).

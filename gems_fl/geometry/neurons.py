@@ -73,7 +73,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from gems_fl.geometry._checks import check_option, check_scalar
+from gems_fl.geometry.checks import check_option, check_scalar
 
 CRITERIA = ("rms", "paper")
 DTYPES = (torch.float32, torch.float64)

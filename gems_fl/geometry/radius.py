@@ -20,9 +20,9 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from gems_fl.geometry._checks import check_scalar
-from gems_fl.geometry._linalg import augment
+from gems_fl.geometry.checks import check_scalar
 from gems_fl.geometry.eps import check_eps, pass_count
+from gems_fl.geometry.linalg import augment
 
 
 @dataclass(frozen=True)

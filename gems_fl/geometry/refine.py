@@ -33,8 +33,8 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-from gems_fl.geometry._linalg import _center_for, _labels, _solve_right, augment
 from gems_fl.geometry.choices import SECANT_FLOOR
+from gems_fl.geometry.linalg import augment, center_for, label_indices, solve_right
 
 
 def softmax_gradient(w: np.ndarray, x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, float]:
@@ -44,8 +44,8 @@ def softmax_gradient(w: np.ndarray, x: np.ndarray, y: np.ndarray) -> tuple[np.nd
     ``-mean log p_y``, with ``P`` the softmax of ``X~ W^T`` and ``Y`` the one-hot labels.
     """
     xa = augment(x)
-    wt = _center_for("w", w, xa.shape[1])
-    yt = _labels(y, len(xa), wt.shape[0])
+    wt = center_for("w", w, xa.shape[1])
+    yt = label_indices(y, len(xa), wt.shape[0])
     if len(xa) == 0:
         raise ValueError("a gradient needs at least one training row")
     logits = xa @ wt.T
@@ -59,8 +59,8 @@ def softmax_gradient(w: np.ndarray, x: np.ndarray, y: np.ndarray) -> tuple[np.nd
 def cross_entropy(w: np.ndarray, x: np.ndarray, y: np.ndarray) -> float:
     """Mean cross-entropy of ``W`` ``(C, d + 1)`` on ``(x (N, d), y (N,))``."""
     xa = augment(x)
-    wt = _center_for("w", w, xa.shape[1])
-    yt = _labels(y, len(xa), wt.shape[0])
+    wt = center_for("w", w, xa.shape[1])
+    yt = label_indices(y, len(xa), wt.shape[0])
     return -float(torch.log_softmax(xa @ wt.T, dim=1).gather(1, yt.view(-1, 1)).mean())
 
 
@@ -84,7 +84,7 @@ def bohning_step(w: np.ndarray, gradient: np.ndarray, pooled_gram: np.ndarray,
     g = torch.as_tensor(np.asarray(pooled_gram), dtype=torch.float64)
     a = 0.5 * (g + g.T)
     a.diagonal().add_(float(ridge) + 2.0 * float(l2))
-    step = _solve_right(a, torch.as_tensor(np.asarray(gradient), dtype=torch.float64))
+    step = solve_right(a, torch.as_tensor(np.asarray(gradient), dtype=torch.float64))
     return np.asarray(w, dtype=np.float64) - 2.0 * step.numpy()
 
 

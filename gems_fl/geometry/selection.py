@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from gems_fl.geometry._linalg import augment
+from gems_fl.geometry.linalg import augment
 
 #: Logit scales the selection round scores. The pooled least-squares point has logits of
 #: order 1 (it regresses one-hot labels); a scale that fits the data's confidence gives

@@ -9,12 +9,11 @@ lets one bisection over ``radius`` serve both kinds, and makes the ball a specia
 from __future__ import annotations
 
 import math
-
 from dataclasses import dataclass
 
 import numpy as np
 
-from gems_fl.geometry._checks import check_scalar
+from gems_fl.geometry.checks import check_scalar
 from gems_fl.geometry.choices import PAPER_SPACE_KINDS, SPACE_KINDS  # noqa: F401 - re-exported
 from gems_fl.geometry.components import class_totals
 
@@ -185,11 +184,11 @@ class SummedGramSpace:
     axes = None
 
     @classmethod
-    def of(cls, space: GramSpace) -> "SummedGramSpace":
+    def of(cls, space: GramSpace) -> SummedGramSpace:
         return cls(space.center, space.radius, space.certified_radius, space.gram.shape[0])
 
     @classmethod
-    def radii_only(cls, metrics: dict, size: int) -> "SummedGramSpace":
+    def radii_only(cls, metrics: dict, size: int) -> SummedGramSpace:
         """A node's radii from its reply's metrics, without a center: under secure
         aggregation or DP the server never sees it (a certified radius of -1 on the wire
         means infinite)."""

@@ -115,7 +115,7 @@ class _PreparedRows:
     eigenvalues: torch.Tensor  # (d,) float64, clamped at 0
 
     @classmethod
-    def of(cls, x: torch.Tensor, y: torch.Tensor, num_classes: int) -> "_PreparedRows":
+    def of(cls, x: torch.Tensor, y: torch.Tensor, num_classes: int) -> _PreparedRows:
         centre = x.sum(0, dtype=torch.float64) / max(len(x), 1)
         centred = x - centre.float()
         cov = (centred.T @ centred).double() / max(len(x), 1)

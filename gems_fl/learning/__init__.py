@@ -4,3 +4,13 @@ thread policy.
 
 Imports numpy and torch only: no geometry, data, protocol or Flower.
 """
+
+#: the public modules (each says what it exports)
+__all__ = [
+    "models",
+    "recipe",
+    "threads",
+    "train",
+    "train_cache",
+    "widths",
+]

@@ -25,15 +25,15 @@ overrides the count, e.g. on a dedicated many-core machine that runs one node.
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Iterator
 
 import torch
 from threadpoolctl import threadpool_limits
 
 ENV_VAR = "GEMS_FL_THREADS"
 DEFAULT_THREADS = 1
-_CORES = torch.get_num_threads()  # torch's default: the usable cores, before any change
+CORES = torch.get_num_threads()  # torch's default: the usable cores, before any change
 
 
 def policy_threads() -> int:
@@ -42,7 +42,7 @@ def policy_threads() -> int:
     if not raw:
         return DEFAULT_THREADS
     if raw == "all":
-        return _CORES
+        return CORES
     try:
         value = int(raw)
     except ValueError:

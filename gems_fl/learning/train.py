@@ -85,7 +85,7 @@ class TrainReport:
     rival_score: tuple[float, float] | None = None  # tune-or-fresh: the one not kept, held out
 
 
-def _tensors(x: np.ndarray, y: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
+def as_tensors(x: np.ndarray, y: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.as_tensor(x, dtype=torch.float32), torch.as_tensor(y, dtype=torch.long)
 
 
@@ -137,7 +137,7 @@ def _run_epochs(
                           max_epochs=max_epochs, patience=patience, seed=seed,
                           proximal_mu=proximal_mu, optimizer=optimizer,
                           holdout=None if holdout is None else
-                          tuple(t.to(device) for t in _tensors(*holdout)))
+                          tuple(t.to(device) for t in as_tensors(*holdout)))
     finally:
         model.to("cpu")
 
@@ -147,7 +147,7 @@ def _epochs_on(
     batch_size: int, max_epochs: int, patience: int | None, seed: int, proximal_mu: float,
     optimizer: str = "adam", holdout: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> TrainReport:
-    xt, yt = (t.to(device) for t in _tensors(x, y))
+    xt, yt = (t.to(device) for t in as_tensors(x, y))
     gen = torch.Generator().manual_seed(seed)  # on the CPU: the same order on every device
     on_cpu = device.type == "cpu"
     trainable = [p for p in model.parameters() if p.requires_grad]
@@ -162,7 +162,7 @@ def _epochs_on(
     report = TrainReport(stopped_by="max-epochs")
     best_acc, best_loss, since_best = -1.0, float("inf"), 0
     if holdout is not None:  # the weights before any epoch are a candidate too
-        keeper = _HoldoutKeeper(model, *holdout)
+        keeper = HoldoutKeeper(model, *holdout)
     for _ in range(max_epochs):
         model.train()
         order = torch.randperm(len(yt), generator=gen).to(device)
@@ -206,7 +206,7 @@ def _epochs_on(
     return report
 
 
-class _HoldoutKeeper:
+class HoldoutKeeper:
     """The weights with the best held-out accuracy so far (ties: the lower loss).
 
     Patience counts epochs in which neither the held-out accuracy reached a new best nor
@@ -225,7 +225,7 @@ class _HoldoutKeeper:
 
     def update(self, model: nn.Module, epoch: int) -> int:
         """Score ``model``; keep it if it is the best. Returns epochs since the best."""
-        score = _heldout_score(model, self.x, self.y)
+        score = heldout_score(model, self.x, self.y)
         improved = False
         if score[0] > self.best[0] or (score[0] == self.best[0] and score[1] > self.best[1]):
             self.best, self.best_epoch, improved = score, epoch, True
@@ -240,7 +240,7 @@ class _HoldoutKeeper:
 
 
 @torch.no_grad()
-def _heldout_score(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> tuple[float, float]:
+def heldout_score(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> tuple[float, float]:
     """``model``'s (accuracy, -cross-entropy) on held-out rows: the order tunings compare."""
     model.eval()
     logits = model(x)
@@ -268,7 +268,7 @@ def converged_holdout_score(
     keep, hold = holdout_split(len(y), holdout_fraction, seed)
     train_until_converged(model, x[keep], y[keep], lr=lr, batch_size=batch_size,
                           max_epochs=max_epochs, patience=patience, seed=seed, device=device)
-    return _heldout_score(model, *_tensors(x[hold], y[hold]))
+    return heldout_score(model, *as_tensors(x[hold], y[hold]))
 
 
 def fine_tune_holdout(

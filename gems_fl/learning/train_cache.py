@@ -16,8 +16,8 @@ import hashlib
 import os
 import pickle
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 import torch
@@ -53,7 +53,7 @@ def call_key(model: nn.Module, x: np.ndarray, y: np.ndarray, recipe: dict) -> st
 
 def cached_training(
     train: Callable[..., object], model: nn.Module, x: np.ndarray, y: np.ndarray, **recipe
-):  # noqa: ANN201 - returns whatever ``train`` returns (a TrainReport)
+):
     """Run ``train(model, x, y, **recipe)``, or load its stored outcome into ``model``."""
     folder = cache_dir()
     if folder is None:

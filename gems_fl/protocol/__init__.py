@@ -6,3 +6,22 @@ identity and evaluate rounds, and the in-process Grid used by the tests and the
 reproduction harness. Imports geometry, learning, data, settings and Flower; never
 evaluation, serverapp or running.
 """
+
+#: the public modules (each says what it exports)
+__all__ = [
+    "attendance",
+    "base",
+    "inprocess",
+    "layerwise",
+    "local_models",
+    "node",
+    "node_layerwise",
+    "private",
+    "replies",
+    "roster",
+    "secure",
+    "selection_round",
+    "strategy",
+    "verify",
+    "wire",
+]

@@ -23,7 +23,7 @@ from gems_fl.geometry.intersect import IntersectionResult
 from gems_fl.geometry.kinds import AggregateOptions, space_kind
 from gems_fl.geometry.spaces import GramSpace, Space
 from gems_fl.naming import describe_node
-from gems_fl.protocol.replies import _rejection
+from gems_fl.protocol.replies import rejection_record
 from gems_fl.settings import Settings
 
 
@@ -60,7 +60,7 @@ def select_nodes(grid: Grid, participants: list[int] | None, names: Mapping[int,
         log(WARNING, "%sNode %s disconnected before the round; it gets no message",
             log_prefix, describe_node(node_id, names))
     return ([n for n in participants if n in now],
-            [_rejection(n, names, "disconnected before the round") for n in gone])
+            [rejection_record(n, names, "disconnected before the round") for n in gone])
 
 
 def aggregate_layer_spaces(

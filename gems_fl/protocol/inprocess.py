@@ -11,7 +11,6 @@ order, so a run's result does not depend on the order a strategy sampled the nod
 from __future__ import annotations
 
 import copy
-
 import uuid
 from collections.abc import Callable, Iterable
 
@@ -83,11 +82,11 @@ class InProcessGrid(Grid):
         TaskIdentity.run_id = run_id
         TaskIdentity.node_id = SUPERLINK_NODE_ID
 
-    def set_run(self, run) -> None:  # noqa: ANN001 - flwr's Run type is internal
+    def set_run(self, run) -> None:
         self._run = run
 
     @property
-    def run(self):  # noqa: ANN201
+    def run(self):
         return self._run
 
     def create_message(self, content: RecordDict, message_type: str, dst_node_id: int,

@@ -24,8 +24,9 @@ from flwr.common.logger import log
 from flwr.serverapp import Grid
 
 from gems_fl.geometry.layer_merge import bound_width, merge_layer
+from gems_fl.geometry.selection import TEMPERATURES
+from gems_fl.learning.models import vector_to_state
 from gems_fl.protocol import wire
-from gems_fl.geometry.kinds import AggregateOptions
 from gems_fl.protocol.base import (
     ConvexOutcome,
     GEMSBase,
@@ -39,8 +40,6 @@ from gems_fl.protocol.replies import (
     decode_reply,
     validate_replies,
 )
-from gems_fl.geometry.selection import TEMPERATURES
-from gems_fl.learning.models import vector_to_state
 from gems_fl.protocol.selection_round import (
     Refiner,
     candidate_points,
@@ -49,6 +48,7 @@ from gems_fl.protocol.selection_round import (
 )
 from gems_fl.protocol.wire import content_bytes
 from gems_fl.settings import Settings
+from gems_fl.settings.options import aggregate_options
 
 Layer = tuple[np.ndarray, np.ndarray]
 # A merged layer whose next-round downlink (float32, to every node) passes this many
@@ -168,7 +168,7 @@ class LayerwiseGEMS(GEMSBase):
             arrays[f"hidden.{i}.weight"], arrays[f"hidden.{i}.bias"] = w, b
         return wire.array_record(arrays), MetricRecord({"width": int(record.width or 0)})
 
-    def _accept(self, record: LayerRound, replies: list[Message], decode) -> list[tuple[int, Any]]:  # noqa: ANN001
+    def _accept(self, record: LayerRound, replies: list[Message], decode) -> list[tuple[int, Any]]:
         accepted, rejected = validate_replies(replies, record.nodes, decode,
                                               log_prefix=f"Round {record.round}: ",
                                               names=self.names, messages=self._messages)
@@ -230,7 +230,7 @@ class LayerwiseGEMS(GEMSBase):
                                    labels=self.settings.label_moments))
         nodes = [NodeReply(node, space, metrics) for node, (space, metrics) in accepted]
         log(INFO, "Output layer:")
-        options = AggregateOptions.from_settings(self.settings)
+        options = aggregate_options(self.settings)
         result = aggregate_layer_spaces(nodes, options, self.names)
         self.outcome = ConvexOutcome(accepted=nodes, rejected=record.rejected, intersection=result)
         record.width = self.num_classes

@@ -36,8 +36,8 @@ class LocalModels:
     report: dict[str, Any] = field(default_factory=dict)
 
 
-def _decoder(shapes: Mapping[str, tuple[int, ...]]):  # noqa: ANN202
-    def decode(content) -> tuple[Any, ...]:  # noqa: ANN001
+def _decoder(shapes: Mapping[str, tuple[int, ...]]):
+    def decode(content) -> tuple[Any, ...]:
         record = content.array_records.get(wire.MODEL_KEY)
         if record is None:
             raise ReplyError(f"local-model reply has no '{wire.MODEL_KEY}' ArrayRecord")

@@ -27,9 +27,9 @@ from gems_fl.data.nodes import (
 )
 from gems_fl.data.site_files import feature_stats
 from gems_fl.geometry.kinds import LayerSpace, build_layer_space
-from gems_fl.geometry.spaces import GramSpace, Space
 from gems_fl.geometry.refine import softmax_gradient
 from gems_fl.geometry.selection import score_candidates
+from gems_fl.geometry.spaces import GramSpace, Space
 from gems_fl.learning.models import model_to_vector, state_to_vector, vector_to_state
 from gems_fl.learning.threads import compute_threads
 from gems_fl.learning.train import TrainReport, accuracy, set_default_device
@@ -37,8 +37,8 @@ from gems_fl.protocol import private, secure, wire
 from gems_fl.protocol.node_layerwise import (
     NodeWork,
     build_partial_mlp,
-    layer_inputs,
     hidden_layer_spaces,
+    layer_inputs,
     output_layer_space,
     round_seed,
     train_local_mlp,
@@ -91,7 +91,7 @@ def build_local_space(
 def encode_layer_space(layer: LayerSpace, num_inputs: int, num_classes: int, *, eps: float,
                        num_train: int, num_val: int, val_accuracy: float) -> RecordDict:
     """The reply for a linear layer's space (convex model or MLP output layer)."""
-    to_state = lambda v: vector_to_state(v, num_inputs, num_classes)  # noqa: E731
+    to_state = lambda v: vector_to_state(v, num_inputs, num_classes)
     space = layer.space
     return wire.encode_reply(
         to_state(space.center), None if space.axes is None else to_state(space.axes),
@@ -128,7 +128,7 @@ def _layer_round_reply(
                               num_train=len(y_tr), num_val=len(y_val), val_accuracy=val_acc)
 
 
-def _local_model_reply(data, settings: Settings) -> RecordDict:  # noqa: ANN001 - NodeData
+def _local_model_reply(data, settings: Settings) -> RecordDict:
     """This node's whole round-1 local MLP, retrained from its data and seed (the model
     whose first layer it sent in round 1), for the node-side Local and Averaged rows."""
     x_tr, y_tr, _, _ = data.arrays
@@ -165,7 +165,7 @@ def _merged_layers(msg: Message, context: Context) -> list | None:
     return layers
 
 
-def _refine_reply(msg: Message, context: Context, data,  # noqa: ANN001 - NodeData
+def _refine_reply(msg: Message, context: Context, data,
                   settings: Settings) -> RecordDict:
     """A refinement step: this node's cross-entropy gradient at the server's model; in the
     selection round, each candidate's validation cross-entropy at each logit scale and its
@@ -209,7 +209,7 @@ def _secure_fit(msg: Message, context: Context) -> Message:
                    reply_to=msg)
 
 
-def _space_metrics(local, settings: Settings) -> dict[str, float]:  # noqa: ANN001
+def _space_metrics(local, settings: Settings) -> dict[str, float]:
     """Round 1's metrics of a node that sends no model (secure aggregation, DP)."""
     cert = local.layer.certified_radius
     return {"radius": local.space.radius, "certified-radius": -1.0 if math.isinf(cert) else cert,
@@ -217,7 +217,7 @@ def _space_metrics(local, settings: Settings) -> dict[str, float]:  # noqa: ANN0
             "num-val-examples": local.num_val, "local-val-accuracy": local.val_accuracy}
 
 
-def _private_reply(context: Context, local, data, settings: Settings,  # noqa: ANN001
+def _private_reply(context: Context, local, data, settings: Settings,
                    secure_prepare: bool) -> RecordDict:
     """Round 1 under ``dp-epsilon``: keep the own space, draw the noised sums once and send
     them (or, under secure aggregation, keep them for SecAgg+ and send their bounds)."""

@@ -19,6 +19,7 @@ from gems_fl.learning.models import MLP, build_model
 from gems_fl.learning.recipe import LocalTraining
 from gems_fl.learning.threads import single_thread
 from gems_fl.learning.train import accuracy
+from gems_fl.settings.options import space_options
 
 Layer = tuple[np.ndarray, np.ndarray]  # (weight (out, in), bias (out,))
 
@@ -41,8 +42,8 @@ class NodeWork:
     neuron_criterion: str = "rms"
 
     @classmethod
-    def from_settings(cls, settings: object) -> "NodeWork":
-        return cls(settings.local_training, SpaceOptions.from_settings(settings),
+    def from_settings(cls, settings: object) -> NodeWork:
+        return cls(settings.local_training, space_options(settings),
                    settings.eps_neuron, settings.neuron_delta, settings.neuron_criterion)
 
     def neuron_search(self, seed: int) -> NeuronSearch:

@@ -27,12 +27,12 @@ RELEASE_STATE_KEY = "gems-dp-release"
 _SEEDED_NOISE_OFFSET = 104_729
 
 
-def dp_spec(settings) -> DPSpec:  # noqa: ANN001 - Settings
+def dp_spec(settings) -> DPSpec:
     """The release ``settings`` ask for (``dp-epsilon``, ``dp-delta``, ``dp-clip``)."""
     return DPSpec(float(settings.dp_epsilon), float(settings.dp_delta), float(settings.dp_clip))
 
 
-def node_release(x_train: np.ndarray, y_train: np.ndarray, num_classes: int, settings,  # noqa: ANN001
+def node_release(x_train: np.ndarray, y_train: np.ndarray, num_classes: int, settings,
                  seed: int) -> dict[str, np.ndarray]:
     """This node's noised sums: ``gram`` (packed triangle of ``S_G``) and ``moments``.
     The noise is the operating system's entropy unless ``dp-seeded-noise``."""
@@ -66,18 +66,18 @@ def encode_release_reply(metrics: Mapping[str, float],
     })
 
 
-def decode_release_reply(content: RecordDict, num_classes: int, size: int):  # noqa: ANN201
+def decode_release_reply(content: RecordDict, num_classes: int, size: int):
     """``(space, metrics, gram_sum (n, n), moments_sum (C, n))`` of a DP round-1 reply;
     the space is the node's radii without a center. Raises ``ReplyError`` for other
     records, wrong shapes or non-finite entries."""
     from gems_fl.geometry.spaces import SummedGramSpace
-    from gems_fl.protocol.replies import ReplyError, _read_metrics
+    from gems_fl.protocol.replies import ReplyError, read_metrics
 
     expected = {wire.METRICS_KEY, RELEASE_KEY}
     if set(content.keys()) != expected:
         raise ReplyError(f"dp round 1 reply records {sorted(content.keys())}: expected "
                          f"{sorted(expected)} (a node under dp-epsilon sends no model)")
-    metrics = _read_metrics(content)
+    metrics = read_metrics(content)
     record = content.array_records[RELEASE_KEY]
     if set(record.keys()) != {"gram", "moments"}:
         raise ReplyError(f"'{RELEASE_KEY}' arrays {sorted(record.keys())}: expected "

@@ -26,27 +26,34 @@ from flwr.common.logger import log
 from gems_fl.geometry.choices import class_gram_rank_for, gram_rank_for
 from gems_fl.geometry.class_factors import check_class_factors
 from gems_fl.geometry.components import check_component_grams
-from gems_fl.geometry.gram import check_class_grams, check_gram, check_moments, from_factor, from_half, unpack_triangle
+from gems_fl.geometry.gram import (
+    check_class_grams,
+    check_gram,
+    check_moments,
+    from_factor,
+    from_half,
+    unpack_triangle,
+)
 from gems_fl.geometry.kinds import space_kind
 from gems_fl.geometry.spaces import GramSpace, Space
 from gems_fl.learning.models import state_to_vector
 from gems_fl.naming import describe_node, describe_nodes
 from gems_fl.protocol.wire import (
     AXES_KEY,
-    CLASS_FACTOR_KEYS,
     CENTER_KEY,
+    CLASS_FACTOR_KEYS,
     GRADIENT_KEY,
     GRADIENT_METRIC_KEYS,
     GRAM_KEY,
-    SELECTION_METRIC_KEYS,
-    LABELS_KEY,
     IDENTITY_KEY,
     IDENTITY_METRIC_KEYS,
     IDENTITY_OPTIONAL_METRICS,
+    LABELS_KEY,
     METRIC_KEYS,
     METRICS_KEY,
     NEURON_METRIC_KEYS,
     NEURONS_KEY,
+    SELECTION_METRIC_KEYS,
     STATS_KEY,
 )
 
@@ -93,7 +100,7 @@ def decode_reply(
         missing, extra = sorted(expected - present), sorted(present - expected)
         raise ReplyError(f"reply records {sorted(present)}: missing {missing}, unexpected {extra}")
     center = _read_state(content, CENTER_KEY, shapes)
-    metrics = _read_metrics(content)
+    metrics = read_metrics(content)
     extras = {key: _EXTRA_READERS[key](content, shapes, gram_rank, metrics)
               for key in records}
     certified = metrics["certified-radius"]
@@ -218,7 +225,7 @@ def _read_gram(content: RecordDict, n: int, rank: int) -> np.ndarray:
                          f"{sorted(expected_keys)} (gram-rank={rank})")
     try:
         arr = np.asarray(record[key].numpy(), dtype=np.float64)
-    except Exception as exc:  # noqa: BLE001 - any decode failure is a bad reply
+    except Exception as exc:
         raise ReplyError(f"'{GRAM_KEY}.{key}' cannot be decoded: {exc}") from exc
     if not np.all(np.isfinite(arr)):
         raise ReplyError(f"'{GRAM_KEY}.{key}' contains NaN or infinite values")
@@ -261,7 +268,7 @@ def _read_state(content: RecordDict, key: str, shapes: dict[str, tuple[int, ...]
     for name, shape in shapes.items():
         try:
             arr = record[name].numpy()
-        except Exception as exc:  # noqa: BLE001 - any decode failure is a bad reply
+        except Exception as exc:
             raise ReplyError(f"'{key}.{name}' cannot be decoded as a numpy array: {exc}") from exc
         if tuple(arr.shape) != tuple(shape):
             raise ReplyError(f"'{key}.{name}' has shape {tuple(arr.shape)}, expected {tuple(shape)}")
@@ -273,7 +280,7 @@ def _read_state(content: RecordDict, key: str, shapes: dict[str, tuple[int, ...]
     return state
 
 
-def _read_metrics(content: RecordDict, keys: tuple[str, ...] = METRIC_KEYS) -> dict[str, float]:
+def read_metrics(content: RecordDict, keys: tuple[str, ...] = METRIC_KEYS) -> dict[str, float]:
     record = content.metric_records.get(METRICS_KEY)
     if record is None:
         raise ReplyError(f"'{METRICS_KEY}' is not a MetricRecord")
@@ -312,7 +319,7 @@ def decode_neuron_reply(
     state = _read_state(content, NEURONS_KEY, shapes)
     if np.any(state["radius"] < 0):
         raise ReplyError("'neurons.radius' has negative entries")
-    metrics = _read_metrics(content, NEURON_METRIC_KEYS)
+    metrics = read_metrics(content, NEURON_METRIC_KEYS)
     centers = np.concatenate([state["weight"], state["bias"][:, None]], axis=1).astype(np.float64)
     return centers, state["radius"].astype(np.float64), metrics
 
@@ -423,7 +430,7 @@ def validate_replies(
                 raise ReplyError(error_reason(reply))
             accepted.append((node_id, decode(reply.content)))
         except ReplyError as exc:
-            entry = _rejection(node_id, names, str(exc))
+            entry = rejection_record(node_id, names, str(exc))
             if exc.node_name and "node_name" not in entry:
                 entry["node_name"] = exc.node_name
             log(WARNING, "%sRejected reply from node %s: %s", log_prefix,
@@ -434,7 +441,7 @@ def validate_replies(
         if node_id not in seen:
             log(WARNING, "%sNo reply from node %s (timed out or lost)", log_prefix,
                 describe_node(node_id, names))
-            rejected.append(_rejection(node_id, names, "no reply"))
+            rejected.append(rejection_record(node_id, names, "no reply"))
     accepted.sort(key=lambda item: _canonical_key(item[1][0]))
     log(INFO, "%sReplies from %d of %d nodes: accepted %s; rejected or missing %s", log_prefix,
         len(accepted), len(sent_to), describe_nodes([n for n, _ in accepted], names),
@@ -475,7 +482,7 @@ def dedupe_rejections(entries: Iterable[dict[str, object]]) -> list[dict[str, ob
 
 
 
-def _rejection(node_id: int, names: Mapping[int, str], reason: str) -> dict[str, object]:
+def rejection_record(node_id: int, names: Mapping[int, str], reason: str) -> dict[str, object]:
     entry: dict[str, object] = {"node_id": node_id, "reason": reason}
     if node_id in names:
         entry["node_name"] = names[node_id]

@@ -24,8 +24,8 @@ from flwr.serverapp import Grid
 from gems_fl.data.agreement import NODE_FILES, DataAgreement
 from gems_fl.data.datasets import DATASET_SHAPES
 from gems_fl.data.site_files import combine_stats, parse_classes, sort_classes
-from gems_fl.protocol import wire
 from gems_fl.naming import MAX_NODES_NAMED
+from gems_fl.protocol import wire
 from gems_fl.protocol.replies import Identity, decode_identity_full, validate_replies
 from gems_fl.settings import Settings
 
@@ -80,7 +80,7 @@ def identify_nodes(grid: Grid, node_ids: list[int], settings: Settings,
     replies = list(grid.send_and_receive(messages, timeout=settings.round_timeout))
     bytes_received = sum(wire.content_bytes(r.content) for r in replies if not r.has_error())
 
-    def check(reply_content):  # noqa: ANN001, ANN202
+    def check(reply_content):
         identity = decode_identity_full(reply_content)
         return identity.name, identity
 
@@ -128,7 +128,7 @@ def identify_nodes(grid: Grid, node_ids: list[int], settings: Settings,
     return roster
 
 
-def _names(identities: dict[int, Identity], nodes) -> str:  # noqa: ANN001
+def _names(identities: dict[int, Identity], nodes) -> str:
     return ", ".join(sorted(identities[n].name for n in nodes))
 
 
@@ -147,7 +147,7 @@ def agree(identities: dict[int, Identity], settings: Settings
         num_features, how, classes = settings.num_features, "num-features setting", None
     else:
         votes = Counter(reported.values())
-        rows = lambda f: sum(identities[n].counts["num-train-examples"]  # noqa: E731
+        rows = lambda f: sum(identities[n].counts["num-train-examples"]
                              for n, v in reported.items() if v == f)
         num_features = max(votes, key=lambda f: (votes[f], rows(f), -f))
         holders = [n for n, v in reported.items() if v == num_features]

@@ -128,7 +128,7 @@ def secure_fit_reply(msg: Message, stats: Mapping[str, np.ndarray], num_train: i
     return compat.fitres_to_recorddict(fitres, keep_input=True)
 
 
-def secure_mod(msg: Message, context: Context, call_next) -> Message:  # noqa: ANN001
+def secure_mod(msg: Message, context: Context, call_next) -> Message:
     """``secaggplus_mod`` for SecAgg+'s messages only; every other message passes by."""
     from flwr.client.mod import secaggplus_mod
     from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_CONFIGS
@@ -163,29 +163,29 @@ class _SumsStrategy(Strategy):
         self.aggregate: list[np.ndarray] | None = None
         self.num_examples: dict[int, int] = {}
 
-    def initialize_parameters(self, client_manager):  # noqa: ANN001, ANN201
+    def initialize_parameters(self, client_manager):
         return None
 
-    def configure_fit(self, server_round, parameters, client_manager):  # noqa: ANN001, ANN201
+    def configure_fit(self, server_round, parameters, client_manager):
         return [(p, FitIns(parameters, dict(self.config))) for p in self.proxies]
 
-    def aggregate_fit(self, server_round, results, failures):  # noqa: ANN001, ANN201
+    def aggregate_fit(self, server_round, results, failures):
         if results:  # SecAgg+ put the aggregate into every result's parameters
             self.aggregate = parameters_to_ndarrays(results[0][1].parameters)
             self.num_examples = {int(p.node_id): int(r.num_examples) for p, r in results}
         return None, {}
 
-    def configure_evaluate(self, server_round, parameters, client_manager):  # noqa: ANN001, ANN201
+    def configure_evaluate(self, server_round, parameters, client_manager):
         return []
 
-    def aggregate_evaluate(self, server_round, results, failures):  # noqa: ANN001, ANN201
+    def aggregate_evaluate(self, server_round, results, failures):
         return None, {}
 
-    def evaluate(self, server_round, parameters):  # noqa: ANN001, ANN201
+    def evaluate(self, server_round, parameters):
         return None
 
 
-def secure_sums(grid, node_ids: list[int], config: dict[str, Any], *, max_weight: float,  # noqa: ANN001
+def secure_sums(grid, node_ids: list[int], config: dict[str, Any], *, max_weight: float,
                 threshold: float, timeout: float, blocks: tuple[str, ...] = BLOCKS,
                 ) -> tuple[dict[str, np.ndarray], dict[int, int]]:
     """Run SecAgg+ over ``node_ids``; return the ``n_k``-weighted means of the statistics
@@ -249,20 +249,20 @@ def encode_prepare_reply(metrics: Mapping[str, float], blocks: tuple[str, ...] =
         {k: float(metrics[k]) for k in prepare_metric_keys(blocks)})})
 
 
-def decode_prepare_reply(content: RecordDict, size: int,  # noqa: ANN201
+def decode_prepare_reply(content: RecordDict, size: int,
                          blocks: tuple[str, ...] = BLOCKS):
     """``(space, metrics)``: the node's radii as a
     :class:`~gems_fl.geometry.spaces.SummedGramSpace` without a center (the server never
     sees it), and its metrics. Raises ``ReplyError`` for any other record, a missing or
     non-finite metric, or a negative bound."""
     from gems_fl.geometry.spaces import SummedGramSpace
-    from gems_fl.protocol.replies import ReplyError, _read_metrics
+    from gems_fl.protocol.replies import ReplyError, read_metrics
 
     if set(content.keys()) != {wire.METRICS_KEY}:
         raise ReplyError(f"secure round 1 reply records {sorted(content.keys())}: expected "
                          f"only '{wire.METRICS_KEY}' (a node under secure aggregation sends "
                          "no model or matrix)")
-    metrics = _read_metrics(content, prepare_metric_keys(blocks))
+    metrics = read_metrics(content, prepare_metric_keys(blocks))
     for key in blocks:
         if metrics[BOUND_PREFIX + key] < 0:
             raise ReplyError(f"{BOUND_PREFIX + key}={metrics[BOUND_PREFIX + key]} is negative")

@@ -7,9 +7,8 @@ refinement steps); the layer-wise strategy after its output round (``pooled-ridg
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from logging import INFO, WARNING
 from typing import Any
 
@@ -17,18 +16,20 @@ import numpy as np
 from flwr.app import Message
 from flwr.common.logger import log
 
-from gems_fl.geometry.choices import (
-    DEFAULT_REFINE_L2,
-    GAUSSIAN_L2S,
-    GAUSSIAN_POINTS,
-    LDA_SHRINKAGES,
-    POOLED_POINTS,
-    REFINE_METHODS,
-)
-from gems_fl.geometry.gram_merge import gram_result, has_class_components, has_class_grams
-from gems_fl.geometry.gram_sums import GramSums, aggregate_sums, summed_result
+from gems_fl.geometry.choices import DEFAULT_REFINE_L2, REFINE_METHODS
+from gems_fl.geometry.gram_merge import gram_result
+from gems_fl.geometry.gram_sums import GramSums, summed_result
 from gems_fl.geometry.intersect import IntersectionResult
-from gems_fl.geometry.kinds import AggregateOptions, space_kind
+from gems_fl.geometry.kinds import AggregateOptions
+from gems_fl.geometry.points import (
+    AUTO,
+    POINTS,
+    NodeStatistics,
+    SummedStatistics,
+    auto_points,
+    point_named,
+    solve_point,
+)
 from gems_fl.geometry.selection import TEMPERATURES, choose_candidate
 from gems_fl.geometry.spaces import SummedGramSpace
 from gems_fl.geometry.virtual import forget_draw
@@ -38,6 +39,7 @@ from gems_fl.protocol.replies import (
     decode_selection_reply,
     validate_replies,
 )
+from gems_fl.settings.options import aggregate_options
 
 # (the point's regularisation: pooled ridge or LDA shrinkage; None for the center, the point)
 Candidate = tuple[float | None, IntersectionResult]
@@ -45,49 +47,37 @@ Candidate = tuple[float | None, IntersectionResult]
 
 def wants_ridge_choice(settings: Any) -> bool:
     """Whether ``settings`` leave a choice to the selection round: the point
-    (``gram-point=auto``) or the pooled ridge (``pooled-ridge=auto``)."""
-    return settings.space == "gram" and (settings.gram_point == "auto" or (
-        settings.gram_point in POOLED_POINTS and len(settings.pooled_ridges) > 1))
+    (``gram-point=auto``) or its regularisation (``pooled-ridge=auto``)."""
+    return settings.space == "gram" and (settings.gram_point == AUTO or (
+        point_named(settings.gram_point).regularisation is not None
+        and len(settings.pooled_ridges) > 1))
 
 
 def candidate_points(accepted: list[NodeReply], options: AggregateOptions,
                      result: IntersectionResult, ridges: tuple[float, ...], *,
                      sums: GramSums | None = None) -> list[Candidate]:
-    """The one-shot point for each pooled ridge (``pooled-ridge=auto``; for
-    ``gram-point=lda`` each is a shrinkage) and, for ``gram-point=auto``, the pooled LDA
-    point for each of ``LDA_SHRINKAGES``, the gaussian point for each of ``GAUSSIAN_L2S``
-    when every node sent class Gram matrices, the mixture point for each of them where
-    nodes split their classes into components (not from sums), and the closed-form center;
-    for ``gram-point=gaussian`` or ``mixture`` that point for each of ``GAUSSIAN_L2S``; else ``result``
-    alone (only its logit scale is then chosen). ``sums``: the server holds only the sums
-    of the Gram statistics, and every candidate is solved from them."""
-    if not (options.kind == "gram" and options.gram_point in POOLED_POINTS):
+    """What the selection round scores. ``gram-point=auto``: every registered point the
+    statistics allow (:func:`~gems_fl.geometry.points.auto_points`), each at every value of
+    its grid (the pooled point: ``ridges``, the run's pooled ridges); a named point: that
+    point at each of its values; the closed-form center, or a space of another kind:
+    ``result`` alone (only its logit scale is then chosen). ``result`` is reused where it
+    is the candidate. ``sums``: the server holds only the sums of the Gram statistics, and
+    every candidate is solved from them."""
+    if options.kind != "gram" or (options.gram_point != AUTO
+                                  and point_named(options.gram_point).regularisation is None):
         return [(None, result)]
     spaces = [r.space for r in accepted]
     counts = [r.metrics["num-train-examples"] for r in accepted]
-    if sums is None:
-        kind = space_kind(options.kind)
-        aggregate = lambda o: kind.aggregate(spaces, counts, o)  # noqa: E731
-    else:
-        aggregate = lambda o: aggregate_sums(sums, spaces, counts, point=o.gram_point,  # noqa: E731
-                                             ridge=o.gram_ridge, pooled_ridge=o.pooled_ridge,
-                                             seed=o.seed)
-    if options.gram_point in GAUSSIAN_POINTS:
-        ridges = GAUSSIAN_L2S if len(ridges) > 1 else ridges
-    out: list[Candidate] = [(r, result if r == options.pooled_ridge else
-                             aggregate(replace(options, pooled_ridge=r)))
-                            for r in ridges]
-    if options.gram_point == "auto":
-        out += [(s, aggregate(replace(options, gram_point="lda", pooled_ridge=s)))
-                for s in LDA_SHRINKAGES]
-        if sums.has_class_grams if sums is not None else has_class_grams(spaces):
-            out += [(v, aggregate(replace(options, gram_point="gaussian", pooled_ridge=v)))
-                    for v in GAUSSIAN_L2S]
-        if sums is None and has_class_components(spaces):
-            out += [(v, aggregate(replace(options, gram_point="mixture", pooled_ridge=v)))
-                    for v in GAUSSIAN_L2S]
-        if sums is None or sums.has_centers:  # noised sums (dp-epsilon) hold no W_k G_k
-            out.append((None, aggregate(replace(options, gram_point="closed-form"))))
+    stats = (NodeStatistics(spaces, counts) if sums is None
+             else SummedStatistics(sums, counts))
+    first = point_named(options.gram_point)
+    points = [first] if options.gram_point != AUTO else auto_points(stats)
+    out: list[Candidate] = []
+    for point in points:
+        for value in point.values(ridges, chosen=options.gram_point != AUTO):
+            reuse = point is first and value == options.pooled_ridge
+            out.append((value, result if reuse else solve_point(
+                stats, spaces, point.name, value, ridge=options.gram_ridge, seed=options.seed)))
     forget_draw()  # the gaussian candidates shared one draw of virtual rows
     return out
 
@@ -110,14 +100,21 @@ class Selected:
         return {"point": self.result.method, **_regularisation(self.result.method, self.ridge)}
 
 
-_NAMES = {"lda": "shrinkage", "gaussian": "L2", "mixture": "L2"}
+_WORDS = {"pooled_ridge": "pooled ridge", "lda_shrinkage": "shrinkage", "gaussian_l2": "L2"}
+
+
+def _regularisation_name(method: str) -> str:
+    """The name of point ``method``'s regularisation (``pooled_ridge`` for the center and
+    for spaces of other kinds, whose value is then None)."""
+    point = POINTS.get(method)
+    return "pooled_ridge" if point is None or point.regularisation is None else point.regularisation
 
 
 def _regularisation(method: str, value: float | None) -> dict[str, float | None]:
     """A point's regularisation by its name: the pooled ridge, the LDA shrinkage or the
     gaussian fit's L2 penalty."""
-    name = {"lda": "lda_shrinkage", "gaussian": "gaussian_l2", "mixture": "gaussian_l2"}.get(method)
-    return {"pooled_ridge": value} if name is None else {"pooled_ridge": None, name: value}
+    name = _regularisation_name(method)
+    return {"pooled_ridge": value} if name == "pooled_ridge" else {"pooled_ridge": None, name: value}
 
 
 def select(server_round: int, replies: list[Message], sent_to: list[int],
@@ -137,8 +134,8 @@ def select(server_round: int, replies: list[Message], sent_to: list[int],
     choice = choose_candidate([v[0] for _, v in decoded], [v[1] for _, v in decoded],
                               [v[2] for _, v in decoded], TEMPERATURES)
     ridge, result = candidates[choice.index]
-    scale = (choice.temperature if scale_always or result.method in ("pooled", "lda", "gaussian", "mixture")
-             else 1.0)
+    rescaled = result.method in POINTS and POINTS[result.method].rescaled
+    scale = choice.temperature if scale_always or rescaled else 1.0
     table = [{"point": c.method, **_regularisation(c.method, r),
               "val_accuracy": float(a), "val_loss": float(min(loss))}
              for (r, c), a, loss in zip(candidates, choice.val_accuracy, choice.val_loss)]
@@ -149,7 +146,7 @@ def select(server_round: int, replies: list[Message], sent_to: list[int],
     best = choice.val_loss[choice.index]
     log(INFO, "Selection round: %s, %slogit scale %g (pooled validation accuracy %.4f, "
         "cross-entropy %.4f; %d nodes); h_G lies in %s of %d spaces", result.method,
-        "" if ridge is None else f"{_NAMES.get(result.method, 'pooled ridge')} {ridge:g}, ", scale,
+        "" if ridge is None else f"{_WORDS[_regularisation_name(result.method)]} {ridge:g}, ", scale,
         choice.val_accuracy[choice.index], float(np.min(best)), len(decoded),
         "?" if None in result.inside else sum(result.inside), len(result.inside))
     return Selected(result, ridge, scale, float(choice.val_accuracy[choice.index]),
@@ -174,10 +171,6 @@ class Refiner:
     always the plain Bohning step from the last good point, which never increases the
     objective, so the model after any step is never worse than the last one checked.
     ``monotone``: ``x <- x - 2 g (G + ridge I)^-1`` from the current model.
-    ``accelerated``: Nesterov's extrapolation ``y = x + (k - 1) / (k + 2) (x - x_prev)``
-    is sent instead and the step is taken from ``y``; when the pooled loss the nodes
-    report at ``y`` rises above the last one, the momentum restarts (O'Donoghue and
-    Candes 2015), so a bad extrapolation costs one step.
     """
 
     def __init__(self, accepted: list[NodeReply], shapes: dict[str, tuple[int, ...]],
@@ -196,9 +189,7 @@ class Refiner:
         self.names = names
         self.method = method
         self.l2_relative = float(l2)
-        self.x = self.x_prev = np.asarray(start, dtype=np.float64).reshape(-1)
-        self._k = 0  # steps since the momentum (re)started
-        self._last_loss = math.inf
+        self.x = np.asarray(start, dtype=np.float64).reshape(-1)
         self._sent: np.ndarray | None = None
         self._pooled: tuple[tuple[int, ...], np.ndarray | None] = ((), None)
         # secant: the last good point, its objective and gradient, the curvature scale
@@ -209,10 +200,10 @@ class Refiner:
     @classmethod
     def for_run(cls, accepted: list[NodeReply], shapes: dict[str, tuple[int, ...]],
                 result: IntersectionResult, settings: Any, names: Mapping[int, str],
-                start: np.ndarray, sums: GramSums | None = None) -> "Refiner":
+                start: np.ndarray, sums: GramSums | None = None) -> Refiner:
         """The run's refiner: the ridge of ``result`` (chosen or set), ``refine-method``,
         ``refine-l2``."""
-        return cls(accepted, shapes, step_ridge(result, AggregateOptions.from_settings(settings)),
+        return cls(accepted, shapes, step_ridge(result, aggregate_options(settings)),
                    settings.min_replies, names, start=start, method=settings.refine_method,
                    l2=refine_l2_for(settings), sums=sums)
 
@@ -225,11 +216,9 @@ class Refiner:
         return vector.reshape(self.shapes["weight"][0], -1)
 
     def query(self) -> np.ndarray:
-        """The model to send for the next step: ``x``, the extrapolated ``y``, or (secant)
-        the last good point moved by ``x``'s plain step divided by the curvature scale."""
-        if self.method == "accelerated" and self._k > 0:
-            self._sent = self.x + (self._k - 1) / (self._k + 2) * (self.x - self.x_prev)
-        elif self.method == "secant" and self._good is not None:
+        """The model to send for the next step: ``x``, or (secant) the last good point
+        moved by ``x``'s plain step divided by the curvature scale."""
+        if self.method == "secant" and self._good is not None:
             good = self._good[0]  # x is the plain Bohning step from it
             self._sent = good + (self.x - good) / self._curvature
         else:
@@ -249,7 +238,7 @@ class Refiner:
             secant_curvature,
         )
         from gems_fl.naming import describe_node
-        from gems_fl.protocol.replies import _rejection, decode_gradient_reply
+        from gems_fl.protocol.replies import decode_gradient_reply, rejection_record
 
         if self._sent is None:
             raise RuntimeError("query() gives the model to send before a step")
@@ -264,7 +253,7 @@ class Refiner:
                           f"training rows; its space was fitted on {expected}")
                 log(WARNING, "Round %d: Rejected reply from node %s: %s", server_round,
                     describe_node(node_id, self.names), reason)
-                rejected.append(_rejection(node_id, self.names, reason))
+                rejected.append(rejection_record(node_id, self.names, reason))
                 continue
             usable.append((node_id, gradient, metrics))
         if len(usable) < self.min_replies:
@@ -310,17 +299,12 @@ class Refiner:
                         "back to the last good point, plain Bohning step next")
                 self._curvature = 1.0
             good, _, good_gradient = self._good
-            self.x_prev, self.x = self.x, bohning_step(
+            self.x = bohning_step(
                 self._matrix(good), good_gradient, self._pooled[1], self.ridge,
                 l2=l2).reshape(-1)
         else:
-            new = bohning_step(sent, gradient, self._pooled[1], self.ridge, l2=l2).reshape(-1)
-            restarted = self.method == "accelerated" and objective > self._last_loss
-            self.x_prev, self.x = self.x, new
-            self._k = 1 if restarted else self._k + 1
-            self._last_loss = objective
-            note = "; momentum restarted" if restarted else ""
-            self.last = {"restarted": restarted} if self.method == "accelerated" else {}
+            self.x = bohning_step(sent, gradient, self._pooled[1], self.ridge, l2=l2).reshape(-1)
+            self.last = {}
         self.last["objective"] = objective
         log(INFO, "Refinement step %d: pooled training loss %.4f at the model sent "
             "(objective with the L2 penalty %.4f), %d nodes%s",

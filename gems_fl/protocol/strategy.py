@@ -18,30 +18,23 @@ from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
 from flwr.common.logger import log
 from flwr.serverapp import Grid
 
-from gems_fl.geometry.choices import holds_sums
-from gems_fl.geometry.gram_sums import GramSums, aggregate_sums
+from gems_fl.geometry.gram_sums import GramSums
 from gems_fl.geometry.intersect import IntersectionResult
-from gems_fl.geometry.kinds import AggregateOptions, SpaceOptions
+from gems_fl.geometry.points import aggregate_sums
+from gems_fl.geometry.selection import TEMPERATURES
 from gems_fl.geometry.spaces import SummedGramSpace
 from gems_fl.learning.models import vector_to_state
+from gems_fl.naming import describe_node
 from gems_fl.protocol import wire
 from gems_fl.protocol.base import ConvexOutcome, GEMSBase, NodeReply, aggregate_layer_spaces, select_nodes
-from gems_fl.geometry.selection import TEMPERATURES
-from gems_fl.protocol.selection_round import (
-    Refiner,
-    candidate_points,
-    select,
-    wants_ridge_choice,
-)
-from gems_fl.naming import describe_node
+from gems_fl.protocol.private import decode_release_reply
 from gems_fl.protocol.replies import (
     NotEnoughRepliesError,
     ReplyError,
-    _rejection,
     decode_reply,
+    rejection_record,
     validate_replies,
 )
-from gems_fl.protocol.private import decode_release_reply
 from gems_fl.protocol.secure import (
     SECURE_PREPARE_KEY,
     blocks_for,
@@ -49,8 +42,15 @@ from gems_fl.protocol.secure import (
     scales_from,
     secure_sums,
 )
+from gems_fl.protocol.selection_round import (
+    Refiner,
+    candidate_points,
+    select,
+    wants_ridge_choice,
+)
 from gems_fl.protocol.wire import content_bytes
 from gems_fl.settings import Settings
+from gems_fl.settings.options import aggregate_options, holds_sums, space_options
 
 
 class GEMS(GEMSBase):
@@ -99,7 +99,7 @@ class GEMS(GEMSBase):
         s = self.settings
         log(INFO, "\t├── space: %s, eps=%s, p=%d directions", s.space, s.eps, s.num_directions)
         log(INFO, "\t├── radius bisection over [0, %s] to width %s",
-            SpaceOptions.from_settings(s).bound, s.delta)
+            space_options(s).bound, s.delta)
         log(INFO, "\t└── min valid replies: %d, no-intersection fallback: %s",
             s.min_replies, s.no_intersection)
 
@@ -146,7 +146,7 @@ class GEMS(GEMSBase):
             )
         if self.settings.secure_aggregation:
             accepted = self._secure_sums(accepted)
-        options = AggregateOptions.from_settings(self.settings)
+        options = aggregate_options(self.settings)
         if self.sums is None:
             result = aggregate_layer_spaces(accepted, options, self.names)
         else:
@@ -205,7 +205,7 @@ class GEMS(GEMSBase):
                            f"count {expected}")
             log(WARNING, "Secure aggregation: node %s left out: %s",
                 describe_node(reply.node_id, self.names), reason)
-            self.outcome.rejected.append(_rejection(reply.node_id, self.names, reason))
+            self.outcome.rejected.append(rejection_record(reply.node_id, self.names, reason))
         if len(kept) < len(counts):
             raise NotEnoughRepliesError("secure aggregation: a node whose statistics are in "
                                         "the sums has a wrong weight; the sums cannot be used")
@@ -228,7 +228,7 @@ class GEMS(GEMSBase):
             "threshold": self.settings.secure_threshold}
         return kept
 
-    def _decode(self, content) -> tuple[object, dict[str, float]]:  # noqa: ANN001 - RecordDict
+    def _decode(self, content) -> tuple[object, dict[str, float]]:
         """One reply's space; with sums, its Gram statistics are added in and only the
         center and radii are kept (:class:`~gems_fl.geometry.spaces.SummedGramSpace`);
         under secure aggregation the reply holds only metrics and bounds."""

@@ -105,7 +105,7 @@ def check_own_space(content: RecordDict, x_train: np.ndarray, gram_rank: int | s
     from gems_fl.geometry.spaces import GramSpace
 
     gems = content.array_records[MODEL_PREFIX + GEMS_KEY]
-    as_matrix = lambda r: np.concatenate(  # noqa: E731
+    as_matrix = lambda r: np.concatenate(
         [r["weight"].numpy().astype(np.float64), r["bias"].numpy().astype(np.float64)[:, None]],
         axis=1)
     if OWN_KEY in content.array_records:
@@ -233,7 +233,7 @@ def in_model_order(scores: dict[str, float]) -> dict[str, float]:
     """``scores`` with h_G first, then the other shared models as sent, then the Local
     models (``local.<name>``) sorted by node name: not in the order the replies came."""
     keys = list(scores)
-    order = lambda k: (k != GEMS_KEY, k.startswith("local."),  # noqa: E731
+    order = lambda k: (k != GEMS_KEY, k.startswith("local."),
                        k if k.startswith("local.") else f"{keys.index(k):06d}")
     return {k: scores[k] for k in sorted(keys, key=order)}
 

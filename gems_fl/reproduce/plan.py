@@ -77,7 +77,7 @@ class Options:
     quick: bool = False
 
     @classmethod
-    def quick_preset(cls, **changes) -> "Options":
+    def quick_preset(cls, **changes) -> Options:
         """Digits, 2 seeds, coarse grids, cheap settings: the CI smoke run."""
         base = dict(
             dataset="digits", seeds=(0, 1), tune_sizes=(50, 100, 200),
@@ -106,9 +106,18 @@ class Options:
 
     def trial_config(self, **run_config) -> dict:
         """A run config for one trial: these options' dataset and overrides plus keys."""
-        cfg = {"dataset": self.dataset, "data-dir": self.data_dir, **dict(self.overrides)}
+        cfg = {"dataset": self.dataset, "data-dir": self.data_dir, "baselines": "all",
+               **dict(self.overrides)}
         cfg.update(run_config)
         return cfg
+
+
+#: Settings added after trials were stored, with the value every stored trial ran with: at
+#: that value they stay out of a trial's key, so the stored trials keep their names.
+LATER_SETTINGS = {"baselines": "all", "profile": "product"}
+#: Settings retired after trials were stored, with the one value every trial ran with (and
+#: that the code still computes): they stay in the key, so the stored trials keep their names.
+RETIRED_SETTINGS = {"gram-weighting": "samples"}
 
 
 @dataclass
@@ -131,6 +140,10 @@ class Trial:
         key spelled out at its default value names the same trial as one left out.
         """
         settings = Settings.from_run_config(self.run_config).to_config()
+        for key, value in LATER_SETTINGS.items():
+            if settings.get(key) == value:
+                del settings[key]
+        settings.update(RETIRED_SETTINGS)
         return json.dumps([self.kind, settings, self.num_nodes, self.node_configs,
                            self.federated], sort_keys=True)
 

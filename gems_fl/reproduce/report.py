@@ -9,11 +9,11 @@ from pathlib import Path
 import matplotlib
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import matplotlib.ticker  # noqa: E402
-import numpy as np  # noqa: E402
+import matplotlib.pyplot as plt
+import matplotlib.ticker
+import numpy as np
 
-from gems_fl.settings import Settings  # noqa: E402
+from gems_fl.settings import Settings
 
 BASELINES = ("Global", "Local", "Averaged")
 NN_BASELINES = ("Global", "Local", "Averaged", "Ensemble")
@@ -54,19 +54,19 @@ def point_counts(points: list[str | None]) -> str:
     return ", ".join(f"{p} {n}" for p, n in sorted(counts.items(), key=lambda i: (-i[1], i[0])))
 
 
-def _select(records: list[dict], study: int, **labels) -> list[dict]:
+def select_records(records: list[dict], study: int, **labels) -> list[dict]:
     return [r for r in records if study in r["studies"]
             and all(r["labels"].get(k) == v for k, v in labels.items())]
 
 
-def _acc(record: dict, row: str) -> float | None:
+def row_accuracy(record: dict, row: str) -> float | None:
     return record["outcome"]["rows"].get(row, {}).get("accuracy")
 
 
-def _main(records: list[dict], study: int, **labels) -> list[dict]:
-    """:func:`_select` without the gram-rank sweep's other trials (``auto``, the default,
+def main_rows(records: list[dict], study: int, **labels) -> list[dict]:
+    """:func:`select_records` without the gram-rank sweep's other trials (``auto``, the default,
     is the main trial itself)."""
-    return [r for r in _select(records, study, **labels)
+    return [r for r in select_records(records, study, **labels)
             if r["labels"].get("gram_rank", "auto") == "auto"]
 
 
@@ -78,17 +78,17 @@ def _division_label(division: str) -> str:
     return "appendix" if division == "paper" else division
 
 
-def _space_cells(recs: list[dict]) -> dict:
+def cells_by_space(recs: list[dict]) -> dict:
     ver = [r["outcome"].get("verification") or {} for r in recs]
-    return {"GEMS": [_acc(r, "GEMS") for r in recs],
-            "GEMS tuned": [_acc(r, "GEMS tuned") for r in recs],
+    return {"GEMS": [row_accuracy(r, "GEMS") for r in recs],
+            "GEMS tuned": [row_accuracy(r, "GEMS tuned") for r in recs],
             "good_enough": [v.get("good_enough") for v in ver],
             "answered": [v.get("answered") for v in ver],
             "intersection_found": [r["outcome"]["intersection_found"] for r in recs],
-            "seeds": _seeds(recs)}
+            "seeds": seed_count(recs)}
 
 
-def _verified(cells: dict) -> str:
+def verified_cell(cells: dict) -> str:
     """``9/10``: nodes where h_G is good enough, of those that answered, over seeds."""
     pairs = [(g, a) for g, a in zip(cells["good_enough"], cells["answered"]) if a]
     if not pairs:
@@ -106,7 +106,7 @@ def _bar_payload(payload: dict, spaces: list[str]) -> dict:
     return out
 
 
-def _seeds(records: list[dict]) -> int:
+def seed_count(records: list[dict]) -> int:
     return len({r["labels"]["seed"] for r in records})
 
 
@@ -129,7 +129,7 @@ class Report:
         self.sections.append(text)
         self.data[stem] = payload
 
-    def _save_plot(self, fig, name: str) -> None:  # noqa: ANN001
+    def _save_plot(self, fig, name: str) -> None:
         fig.tight_layout()
         fig.savefig(self.folder / name, dpi=110)
         plt.close(fig)
@@ -140,12 +140,12 @@ class Report:
     def convex_table(self, setups: list[tuple[int, str]], spaces: list[str]) -> None:
         rows, payload = [], {}
         for k, division in setups:
-            by_space = {s: _main(self.records, 1, K=k, division=division, space=s) for s in spaces}
+            by_space = {s: main_rows(self.records, 1, K=k, division=division, space=s) for s in spaces}
             base = next((by_space[s] for s in spaces if by_space[s]), [])
-            cells = {c: [_acc(r, c) for r in base] for c in BASELINES + RAW}
+            cells = {c: [row_accuracy(r, c) for r in base] for c in BASELINES + RAW}
             payload[_setup_key(k, division)] = {
-                "K": k, "division": division, **cells, "seeds": _seeds(base),
-                "spaces": {s: _space_cells(by_space[s]) for s in spaces}}
+                "K": k, "division": division, **cells, "seeds": seed_count(base),
+                "spaces": {s: cells_by_space(by_space[s]) for s in spaces}}
         rows = [[str(v["K"]), _division_label(v["division"])]
                 + [mean_std(v[c]) for c in BASELINES]
                 + [mean_std(v["spaces"][s][c]) for s in spaces for c in ("GEMS", "GEMS tuned")]
@@ -154,7 +154,7 @@ class Report:
                   + [f"{c} ({s})" for s in spaces for c in ("GEMS untuned", "GEMS tuned")] + list(RAW))
         table = markdown(header, rows) + "\n" + self._space_table(payload, spaces)
         self._save_table("study1_convex", "1. Convex table (logistic regression)", table, payload,
-                         self._seed_note(_select(self.records, 1)) + VERIFY_NOTE)
+                         self._seed_note(select_records(self.records, 1)) + VERIFY_NOTE)
         self._bars("study1_convex.png", "Convex: test accuracy by setup", _bar_payload(payload, spaces),
                    tuple(BASELINES) + tuple(f"GEMS tuned ({s})" for s in spaces) + RAW)
 
@@ -164,7 +164,7 @@ class Report:
             for s in spaces:
                 c = v["spaces"][s]
                 row = [str(v["K"]), _division_label(v["division"]), s, mean_std(c["GEMS"]),
-                       mean_std(c["GEMS tuned"]), _verified(c),
+                       mean_std(c["GEMS tuned"]), verified_cell(c),
                        f"{sum(bool(f) for f in c['intersection_found'])}/{len(c['intersection_found'])}"]
                 if width:
                     w = c.get("width", [])
@@ -177,7 +177,7 @@ class Report:
     def gram_rank(self) -> None:
         """Study 1's gram-rank sweep: bytes up per node against untuned GEMS accuracy."""
         groups = defaultdict(list)
-        for r in _select(self.records, 1, K=5, space="gram"):
+        for r in select_records(self.records, 1, K=5, space="gram"):
             if "gram_rank" in r["labels"]:
                 groups[r["labels"]["gram_rank"]].append(r)
         if not groups:
@@ -189,10 +189,10 @@ class Report:
             up = [r["outcome"].get("bytes_up_per_node") for r in recs]
             points = [r["outcome"].get("method") for r in recs]
             entry = {"gram_rank": rank, "bytes_up_per_node": up, "point": points,
-                     **_space_cells(recs)}
+                     **cells_by_space(recs)}
             payload["ranks"].append(entry)
             rows.append([rank_label(rank), f"{np.mean(up):,.0f}",
-                         mean_std(entry["GEMS"]), mean_std(entry["GEMS tuned"]), _verified(entry),
+                         mean_std(entry["GEMS"]), mean_std(entry["GEMS tuned"]), verified_cell(entry),
                          point_counts(points)])
         self._save_table("study1_gram_rank", "1b. Gram rank: bytes against accuracy (convex, K=5)",
                          markdown(["gram-rank", "bytes up per node", "GEMS untuned", "GEMS tuned",
@@ -224,16 +224,16 @@ class Report:
     def nn_table(self, setups: list[tuple[int, str]], spaces: list[str]) -> None:
         payload = {}
         for k, division in setups:
-            by_space = {s: _main(self.records, 2, K=k, division=division, space=s) for s in spaces}
+            by_space = {s: main_rows(self.records, 2, K=k, division=division, space=s) for s in spaces}
             base = next((by_space[s] for s in spaces if by_space[s]), [])
             cfg = base[0]["run_config"] if base else {}
-            cells = {c: [_acc(r, c) for r in base] for c in NN_BASELINES + RAW}
+            cells = {c: [row_accuracy(r, c) for r in base] for c in NN_BASELINES + RAW}
             space_cells = {}
             for s in spaces:
-                space_cells[s] = _space_cells(by_space[s])
+                space_cells[s] = cells_by_space(by_space[s])
                 space_cells[s]["width"] = [r["outcome"]["hidden_widths"][0] for r in by_space[s]]
             payload[_setup_key(k, division)] = {
-                "K": k, "division": division, **cells, "seeds": _seeds(base),
+                "K": k, "division": division, **cells, "seeds": seed_count(base),
                 "eps_j": cfg.get("eps-neuron", self.meta["defaults"]["eps-neuron"]),
                 "m_eps": cfg.get("clusters", self.meta["defaults"]["clusters"]),
                 "spaces": space_cells}
@@ -245,7 +245,7 @@ class Report:
                   + [f"{c} ({s})" for s in spaces for c in ("GEMS untuned", "GEMS tuned")] + list(RAW))
         table = markdown(header, rows) + "\n" + self._space_table(payload, spaces, width=True)
         self._save_table("study2_nn", "2. NN table (MLP, layer-wise GEMS; space = output layer's)",
-                         table, payload, self._seed_note(_select(self.records, 2)) + VERIFY_NOTE)
+                         table, payload, self._seed_note(select_records(self.records, 2)) + VERIFY_NOTE)
         self._bars("study2_nn.png", "MLP: test accuracy by setup", _bar_payload(payload, spaces),
                    tuple(NN_BASELINES) + tuple(f"GEMS tuned ({s})" for s in spaces) + RAW)
 
@@ -269,7 +269,7 @@ class Report:
         payload = {}
         tables, figures = [], []
         for model in ("logistic", "mlp"):
-            recs = [r for r in _select(self.records, 3, K=5, model=model, space="ellipsoid")
+            recs = [r for r in select_records(self.records, 3, K=5, model=model, space="ellipsoid")
                     if r["outcome"].get("fine_tuning")]
             if not recs:
                 continue
@@ -318,11 +318,11 @@ class Report:
     def model_size(self) -> None:
         rows, payload = [], {"grid": [], "ensemble": None}
         groups = defaultdict(list)
-        for r in _select(self.records, 4):
+        for r in select_records(self.records, 4):
             groups[(r["labels"]["clusters"], r["labels"]["eps_neuron"])].append(r)
         ensemble = []
         for (m_eps, eps_j), recs in sorted(groups.items()):
-            acc = [_acc(r, "GEMS tuned") for r in recs]
+            acc = [row_accuracy(r, "GEMS tuned") for r in recs]
             widths = [r["outcome"]["hidden_widths"][0] for r in recs]
             params = [r["outcome"]["rows"]["GEMS tuned"].get("parameters") for r in recs]
             payload["grid"].append({"m_eps": m_eps, "eps_j": eps_j, "accuracy": acc,
@@ -331,7 +331,7 @@ class Report:
                          f"{np.mean(widths):.1f} ({np.std(widths):.1f})", f"{np.mean(params):.0f}"])
             ensemble += recs
         if ensemble:
-            ens_acc = [_acc(r, "Ensemble") for r in ensemble[: _seeds(ensemble)]]
+            ens_acc = [row_accuracy(r, "Ensemble") for r in ensemble[: seed_count(ensemble)]]
             hidden = sum(Settings.from_run_config(ensemble[0]["run_config"]).hidden_widths)
             nodes = ensemble[0]["num_nodes"]
             ens_params = ensemble[0]["outcome"]["rows"]["Ensemble"].get("parameters")
@@ -364,10 +364,10 @@ class Report:
         cells = []
         for i, e1 in enumerate(eps_grid):
             for j, e2 in enumerate(eps_grid):
-                recs = _select(self.records, 5, eps1=e1, eps2=e2)
+                recs = select_records(self.records, 5, eps1=e1, eps2=e2)
                 hits = [r for r in recs if r["outcome"]["intersection_found"]]
                 found[i, j] = len(hits) / max(1, len(recs))
-                accs = [_acc(r, "GEMS") for r in hits]
+                accs = [row_accuracy(r, "GEMS") for r in hits]
                 if accs:
                     acc_mean[i, j] = np.mean(accs)
                 cells.append({"eps1": e1, "eps2": e2, "seeds": len(recs), "found": len(hits),
@@ -401,7 +401,7 @@ class Report:
         self._save_plot(fig, "study5_intersection.png")
 
     def _seed_note(self, records: list[dict]) -> str:
-        return f"Mean (std) over {_seeds(records)} seeds.\n" + self._fresh_note(records)
+        return f"Mean (std) over {seed_count(records)} seeds.\n" + self._fresh_note(records)
 
     def _fresh_note(self, records: list[dict]) -> str:
         """How many GEMS tuned rows kept a fresh model trained to convergence
@@ -409,7 +409,7 @@ class Report:
         on = [r for r in records
               if r["run_config"].get("tune-fresh",
                                      self.meta.get("defaults", {}).get("tune-fresh", False))
-              and _acc(r, "GEMS tuned") is not None]
+              and row_accuracy(r, "GEMS tuned") is not None]
         if not on:
             return ""
         fresh = sum(bool(r["outcome"]["rows"]["GEMS tuned"].get("fresh")) for r in on)

@@ -8,13 +8,13 @@ import numpy as np
 
 from gems_fl.reproduce.report import (
     Report,
-    _acc,
-    _seeds,
-    _select,
-    _space_cells,
-    _verified,
+    cells_by_space,
     markdown,
     mean_std,
+    row_accuracy,
+    seed_count,
+    select_records,
+    verified_cell,
 )
 from gems_fl.reproduce.report_federated import fed_name, other_bytes, rounds_to_reach
 
@@ -45,7 +45,7 @@ def _baseline_cells(records: list[dict], strategies: tuple[str, ...], k: int, sp
     ``targets`` (label: mean accuracy, GEMS's bytes), the round and bytes that reach it."""
     out = {}
     for strategy in strategies:
-        recs = [r for r in _select(records, 7, K=k, division=spec, model=model,
+        recs = [r for r in select_records(records, 7, K=k, division=spec, model=model,
                                    strategy=strategy) if r["kind"] == strategy]
         if not recs:
             continue
@@ -63,7 +63,7 @@ def _baseline_cells(records: list[dict], strategies: tuple[str, ...], k: int, sp
             "last": acc[:, -1].tolist(), "bytes_total": total.tolist(),
             "lr": [r["outcome"].get("lr") for r in recs],
             "tuning": [r["outcome"].get("tuning") for r in recs],
-            "federated": recs[0]["federated"], "reaches": reaches, "seeds": _seeds(recs)}
+            "federated": recs[0]["federated"], "reaches": reaches, "seeds": seed_count(recs)}
     return out
 
 
@@ -77,7 +77,7 @@ def _reach_cell(got: dict | None, rounds: int) -> str:
     return f"round {got['round']}, {_mb(got['bytes'])} ({got['vs_gems']:.1f}x)"
 
 
-def dirichlet_section(report: Report, options) -> None:  # noqa: ANN001 - plan.Options
+def dirichlet_section(report: Report, options) -> None:
     """Dirichlet divisions: Averaged, the paper's spaces, the Gram points, refined rounds,
     Global, Raw converged; then FedAvg/FedProx-SGD against the GEMS rows."""
     steps = sorted({1, min(5, options.refine_rounds), options.refine_rounds} - {0})
@@ -90,15 +90,15 @@ def dirichlet_section(report: Report, options) -> None:  # noqa: ANN001 - plan.O
         for alpha in options.dirichlet_alphas:
             spec = f"dirichlet:{alpha:g}"
             for k in options.dirichlet_ks:
-                by_point = {p: _select(report.records, 7, K=k, division=spec, model=model,
+                by_point = {p: select_records(report.records, 7, K=k, division=spec, model=model,
                                        point=p) for p in [*points, "refined"]}
                 base = next((by_point[p] for p in reversed(points) if by_point[p]), [])
                 if not base:
                     continue
-                cell = {c: [_acc(r, c) for r in base]
+                cell = {c: [row_accuracy(r, c) for r in base]
                         for c in ("Averaged", "Global", "Raw converged")}
                 for p in points:
-                    cell[p] = _space_cells(by_point[p])
+                    cell[p] = cells_by_space(by_point[p])
                 refined = _refined_cells(by_point["refined"], steps)
                 cell["refined"] = refined
                 # Every GEMS row a baseline is measured against: its mean accuracy, bytes.
@@ -116,14 +116,14 @@ def dirichlet_section(report: Report, options) -> None:  # noqa: ANN001 - plan.O
                 cell["baselines"] = _baseline_cells(
                     report.records, options.dirichlet_baselines, k, spec, model, targets)
                 entry[f"{k}:{spec}"] = {"K": k, "division": spec, **cell,
-                                        "seeds": _seeds(base)}
+                                        "seeds": seed_count(base)}
                 rows.append(
                     [spec, str(k), mean_std(cell["Averaged"])]
                     + [mean_std(cell[p]["GEMS"]) for p in points]
                     + [f"{mean_std(refined[str(st)]['accuracy'])}, "
                        f"{_mb(np.mean(refined[str(st)]['bytes']))}"
                        if str(st) in refined else "n/a" for st in steps]
-                    + [mean_std(cell[default]["GEMS tuned"]), _verified(cell[default]),
+                    + [mean_std(cell[default]["GEMS tuned"]), verified_cell(cell[default]),
                        mean_std(cell["Global"]), mean_std(cell["Raw converged"])])
                 for fed in cell["baselines"].values():
                     reach_rows.append((
@@ -173,7 +173,7 @@ def dirichlet_section(report: Report, options) -> None:  # noqa: ANN001 - plan.O
                                   "last round, bytes"] + [f"reaches {lab}" for lab in labels],
                                  [row + [cells.get(lab, "") for lab in labels]
                                   for row, cells in reach_rows]))
-    gems = [r for r in _select(report.records, 7) if r["kind"] == "gems"]
+    gems = [r for r in select_records(report.records, 7) if r["kind"] == "gems"]
     paper = (f"`GEMS {', '.join(options.dirichlet_spaces)}`: the paper's output space. "
              if options.dirichlet_spaces else "")
     note = (report._seed_note(gems) + "GEMS untuned, one round of "

@@ -8,7 +8,7 @@ import matplotlib.pyplot as plt
 import matplotlib.ticker
 import numpy as np
 
-from gems_fl.reproduce.report import Report, _acc, _main, _select, markdown, mean_std
+from gems_fl.reproduce.report import Report, main_rows, markdown, mean_std, row_accuracy, select_records
 
 
 def other_bytes(record: dict) -> float:
@@ -58,7 +58,7 @@ def federated_section(report: Report) -> None:
     for ax, model in zip(axes, ("logistic", "mlp")):
         entry = {}
         for space, key in (("ellipsoid", "gems"), ("gram", "gems_gram")):
-            gems = [r for r in _main(report.records, 6, K=5, model=model, space=space)
+            gems = [r for r in main_rows(report.records, 6, K=5, model=model, space=space)
                     if r["kind"] == "gems"]
             if not gems:
                 continue
@@ -71,8 +71,8 @@ def federated_section(report: Report) -> None:
             entry[key] = {"space": space, "bytes_per_round": per_round.mean(0).tolist(),
                           "bytes_identity_check": float(check),
                           "bytes_total": cumulative[-1], "rounds": len(cumulative),
-                          "GEMS": [_acc(r, "GEMS") for r in gems],
-                          "GEMS tuned": [_acc(r, "GEMS tuned") for r in gems]}
+                          "GEMS": [row_accuracy(r, "GEMS") for r in gems],
+                          "GEMS tuned": [row_accuracy(r, "GEMS tuned") for r in gems]}
             if key == "gems":
                 for j, b in enumerate(cumulative[:-1], start=1):
                     ax.axvline(b, color="gray", ls=":", lw=1)
@@ -86,7 +86,7 @@ def federated_section(report: Report) -> None:
                          mean_std(entry[key]["GEMS"]), mean_std(entry[key]["GEMS tuned"]), ""])
         for optimizer in ("adam", "sgd"):
             for strategy in ("fedavg", "fedprox"):
-                recs = [r for r in _select(report.records, 6, K=5, model=model, strategy=strategy)
+                recs = [r for r in select_records(report.records, 6, K=5, model=model, strategy=strategy)
                         if r["federated"].get("optimizer", "adam") == optimizer]
                 if not recs:
                     continue

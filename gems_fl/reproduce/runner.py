@@ -128,7 +128,7 @@ def _with_commit(record: dict, run_dir: Path) -> dict:
     return record
 
 
-def _next_trial(queue: list[Trial], running) -> Trial | None:  # noqa: ANN001
+def _next_trial(queue: list[Trial], running) -> Trial | None:
     """Pop the first queued trial whose seed no running trial has.
 
     Two trials of one seed share their expensive trainings through the cache; run at the

@@ -27,7 +27,7 @@ def check_data(path: str, *, features: int | None = None, classes: str = "",
                label_column: str = "", out: TextIO | None = None) -> int:
     """Check one site file; print the report to ``out``; return the exit status."""
     out = out or sys.stdout
-    say = lambda text="": print(text, file=out)  # noqa: E731
+    say = lambda text="": print(text, file=out)
     say(f"{path}:")
     try:
         wanted = parse_classes(classes)

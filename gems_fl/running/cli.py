@@ -33,18 +33,25 @@ def settings_epilog(width: int = 100) -> str:
 
     from gems_fl.settings.doc import meaning
 
-    lines = ["run settings (--run-config \"key=value ...\"; quote text values: "
-             "\"dataset='fashion-mnist'\"):"]
-    for field in fields(Settings):
-        key = field.name.replace("_", "-")
-        default = json.dumps(field.default) if isinstance(field.default, (str, bool)) else field.default
-        text = meaning(key).replace("`", "")
-        lines.append(f"  {key} = {default}")
-        lines.extend(textwrap.wrap(text, width, initial_indent="      ", subsequent_indent="      "))
+    head = {True: ["run settings (--run-config \"key=value ...\"; quote text values: "
+                   "\"dataset='fashion-mnist'\"):"],
+            False: ["", "more settings: the internals and research switches (docs/settings.md):"]}
+    lines: list[str] = []
+    for user in (True, False):
+        lines.extend(head[user])
+        for field in fields(Settings):
+            if field.metadata["user"] != user:
+                continue
+            key = field.name.replace("_", "-")
+            default = (json.dumps(field.default) if isinstance(field.default, (str, bool))
+                       else field.default)
+            lines.append(f"  {key} = {default}")
+            lines.extend(textwrap.wrap(meaning(key).replace("`", ""), width,
+                                       initial_indent="      ", subsequent_indent="      "))
     return "\n".join(lines)
 
 
-def _parser() -> argparse.ArgumentParser:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="gems-fl", description="GEMS on Flower.")
     parser.add_argument("--version", action="version", version=version_text())
     sub = parser.add_subparsers(dest="command", required=True)
@@ -168,7 +175,7 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``gems-fl`` console script."""
-    args = _parser().parse_args(argv)
+    args = build_parser().parse_args(argv)
     if args.command == "show":
         return _show(args.path, args.markdown)
     if args.command == "reproduce":
@@ -236,7 +243,7 @@ def _run(args: argparse.Namespace) -> int:
                                    output_dir=args.output_dir, progress=True))
 
 
-def _report(work, where: str = "") -> int:  # noqa: ANN001 - a callable giving an outcome or text
+def _report(work, where: str = "") -> int:
     """Run ``work`` and turn its outcome or error into the last lines and the exit code
     that every ``gems-fl`` command shares."""
     from gems_fl.running.outcome import RunFailed, RunIncomplete, RunInterrupted

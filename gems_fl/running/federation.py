@@ -76,7 +76,7 @@ def make_node_key(path: Path) -> Path:
     return public
 
 
-def _stop_group(process: subprocess.Popen | None) -> None:
+def stop_group(process: subprocess.Popen | None) -> None:
     """SIGTERM, then SIGKILL, the process group led by ``process`` (started by us).
 
     If the leader has already exited, what is left of its group (e.g. a SuperNode's
@@ -153,7 +153,7 @@ class TlsFederation:
         self.superlink: subprocess.Popen | None = None
         self.superlink_log = self.workdir / "superlink.log"
 
-    def __enter__(self) -> "TlsFederation":
+    def __enter__(self) -> TlsFederation:
         try:
             self.start_superlink()
         except BaseException:
@@ -261,7 +261,7 @@ class TlsFederation:
         try:
             output, _ = proc.communicate(timeout=timeout)
         except subprocess.TimeoutExpired:
-            _stop_group(proc)
+            stop_group(proc)
             raise RunFailed(f"`flwr run` did not return within {timeout:.0f}s") from None
         wall = time.perf_counter() - t0
         match = re.search(r"Successfully started run (\d+)", output)
@@ -279,5 +279,5 @@ class TlsFederation:
     def stop(self) -> None:
         """Stop every SuperNode, then the SuperLink (each process group, by its PID)."""
         for node in self.nodes:
-            _stop_group(node.process)
-        _stop_group(self.superlink)
+            stop_group(node.process)
+        stop_group(self.superlink)

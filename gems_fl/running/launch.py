@@ -31,12 +31,12 @@ import tomli_w
 from gems_fl.evaluation.results import RESULTS_FILE, git_commit
 from gems_fl.running.outcome import RunFailed, RunInterrupted, RunOutcome
 from gems_fl.running.processes import describe
-from gems_fl.serverapp.preflight import preflight
 from gems_fl.running.run_config import app_config, resolve_overrides
 from gems_fl.running.runlog import Progress, RunLog, summarise_errors
 from gems_fl.running.signals import Signalled, hold_signals, signals_raise
 from gems_fl.running.superlink import CONNECTION, LocalSuperLink, run_status
 from gems_fl.running.watch import conclude, new_log_path
+from gems_fl.serverapp.preflight import preflight
 from gems_fl.settings import Settings
 
 GIT_COMMIT_VARIABLE = "GEMS_FL_GIT_COMMIT"

@@ -15,8 +15,8 @@ import os
 import signal
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 MARKER_VARIABLE = "GEMS_FL_RUN_MARKER"
 

@@ -90,7 +90,7 @@ class Progress:
                               refresh_per_second=4, get_renderable=self._render)
             self._live.start()
 
-    def _render(self):  # noqa: ANN202 - a rich renderable
+    def _render(self):
         from rich.spinner import Spinner
 
         now = time.monotonic()

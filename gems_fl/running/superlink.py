@@ -67,7 +67,7 @@ class LocalSuperLink:
         self.children: list[subprocess.Popen[Any]] = []
         self.stopped: dict[int, str] = {}
 
-    def __enter__(self) -> "LocalSuperLink":
+    def __enter__(self) -> LocalSuperLink:
         cmd = ["flower-superlink", "--insecure", "--simulation", "--isolation", "subprocess",
                "--host", "127.0.0.1", "--port", str(self.port),
                "--disable-runtime-dependency-installation"]

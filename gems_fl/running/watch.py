@@ -8,7 +8,7 @@ from __future__ import annotations
 import os
 import shutil
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 from gems_fl.evaluation.results import RESULTS_FILE
@@ -23,7 +23,7 @@ LOG_FOLDER = "logs"
 def new_log_path(out_dir: Path, command: str) -> Path:
     """Where a watched run's log goes until it has a results folder:
     ``<out_dir>/logs/gems-fl[-<command>]-<UTC stamp>-<pid>.log``."""
-    stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
     name = "gems-fl" if command == "run" else f"gems-fl-{command}"
     return out_dir / LOG_FOLDER / f"{name}-{stamp}-{os.getpid()}.log"
 

@@ -4,14 +4,12 @@ server saw of the nodes' data (privacy)."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from gems_fl.protocol.roster import Roster
 from gems_fl.protocol.verify import GEMS_KEY, Verification
+from gems_fl.serverapp.protocol_run import ProtocolRun
 from gems_fl.settings import Settings
-
-if TYPE_CHECKING:
-    from gems_fl.serverapp.run import ProtocolRun
 
 
 def refinement_report(rounds: list[dict[str, Any]], scores: dict[int, float]) -> list[dict[str, Any]]:
@@ -62,7 +60,7 @@ def layerwise_refinement_report(rounds: list[dict[str, Any]],
     return out
 
 
-def node_table(run: "ProtocolRun", roster: Roster, verification: Verification,
+def node_table(run: ProtocolRun, roster: Roster, verification: Verification,
                settings: Settings) -> list[dict[str, Any]]:
     """One row per accepted node, sorted by name: its space, whether ``h_G`` is inside,
     and what the node itself measured for ``h_G`` on its data."""

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from logging import ERROR, INFO, WARNING
 from pathlib import Path
 from typing import Any
@@ -25,11 +24,11 @@ from torch import nn
 from gems_fl.data import parse_division
 from gems_fl.data.agreement import NODE_FILES, DataAgreement
 from gems_fl.evaluation.baselines import (
-    NN_ROW_NAMES,
-    ROW_NAMES,
     Candidates,
     evaluate_rows,
+    row_names,
     skipped_rows,
+    tune_on_public,
 )
 from gems_fl.evaluation.fine_tuning import fine_tuning_curve
 from gems_fl.evaluation.local_models import (
@@ -49,7 +48,6 @@ from gems_fl.evaluation.server_data import (
     load_public_data,
     load_server_data,
     scale_server_data,
-    tune_on_public,
 )
 from gems_fl.geometry.eps import zero_radius_reason
 from gems_fl.geometry.gram_sums import complete_membership
@@ -62,16 +60,16 @@ from gems_fl.learning.models import (
     vector_to_state,
 )
 from gems_fl.learning.train import accuracy, set_default_device
+from gems_fl.protocol.attendance import RequiredNodesMissing, attendance
 from gems_fl.protocol.layerwise import LayerwiseGEMS
 from gems_fl.protocol.local_models import collect_local_mlps
-from gems_fl.protocol.attendance import RequiredNodesMissing, attendance
-from gems_fl.protocol.roster import Roster, identify_nodes
-from gems_fl.protocol.base import ConvexOutcome
 from gems_fl.protocol.replies import NotEnoughRepliesError, dedupe_rejections
+from gems_fl.protocol.roster import Roster, identify_nodes
 from gems_fl.protocol.selection_round import result_at
 from gems_fl.protocol.strategy import GEMS
 from gems_fl.protocol.verify import GEMS_KEY, Verification, verify_on_nodes
 from gems_fl.serverapp.preflight import preflight
+from gems_fl.serverapp.protocol_run import ProtocolRun
 from gems_fl.serverapp.report import (
     keyed_by_name,
     layerwise_refinement_report,
@@ -97,21 +95,6 @@ def wait_for_nodes(grid: Grid, minimum: int, timeout: float = NODE_WAIT_S) -> li
         if len(node_ids) >= minimum or time.monotonic() > deadline:
             return node_ids
         time.sleep(1.0)
-
-
-@dataclass
-class ProtocolRun:
-    """What one protocol produced, in the same form for both model kinds."""
-
-    gems_model: nn.Module
-    model_state: dict[str, np.ndarray]
-    outcome: ConvexOutcome  # the accepted spaces of the last (linear) layer and h_G
-    rounds: list[dict[str, Any]]
-    rejected: list[dict[str, object]]
-    node_models: dict[str, dict[str, np.ndarray]] = field(default_factory=dict)
-    local_models: dict[str, nn.Module] | None = None  # Local rows, by node name
-    averaged: nn.Module | None = None
-    extra: dict[str, Any] = field(default_factory=dict)
 
 
 def assemble_mlp(
@@ -162,7 +145,7 @@ def run_convex(grid: Grid, settings: Settings, roster: Roster, num_features: int
                                          chosen.method, {**chosen.details, "refined": True})
     centers = {roster.names.get(r.node_id, str(r.node_id)): r.space.center for r in outcome.accepted
                if r.space.center is not None}  # none under secure aggregation
-    as_model = lambda v: model_from_vector(v, num_features, num_classes)  # noqa: E731
+    as_model = lambda v: model_from_vector(v, num_features, num_classes)
     node_models = {GEMS_KEY: vector_to_state(point, num_features, num_classes)}
     average = np.mean(list(centers.values()), axis=0) if centers else None
     if average is not None:
@@ -195,7 +178,7 @@ def run_layerwise(grid: Grid, settings: Settings, roster: Roster, num_features: 
                              participants=roster.participants, names=roster.names,
                              extra_config=_extra_config(roster))
     scores: dict[int, float] = {}
-    as_mlp = lambda point: assemble_mlp(strategy.layers, point, num_features,  # noqa: E731
+    as_mlp = lambda point: assemble_mlp(strategy.layers, point, num_features,
                                         num_classes, settings)
 
     def evaluate(server_round: int, arrays: ArrayRecord) -> MetricRecord | None:
@@ -262,7 +245,7 @@ def ask_local_mlps(grid: Grid, run: ProtocolRun, roster: Roster, settings: Setti
     sent = run.extra.get("first_layer_centers") or []
     run.extra["local_models_match_sent_layers"] = (  # the same models the nodes' round 1 had
         first_layer_matches(list(models.values()), sent) if len(sent) == len(models) else None)
-    as_state = lambda m: {k: v.detach().numpy() for k, v in m.state_dict().items()}  # noqa: E731
+    as_state = lambda m: {k: v.detach().numpy() for k, v in m.state_dict().items()}
     run.node_models["averaged"] = as_state(run.averaged)
     if len(models) <= MAX_LOCALS_SENT:
         run.node_models.update({f"local.{name}": as_state(m) for name, m in models.items()})
@@ -350,9 +333,9 @@ def run_server(grid: Grid, context: Context) -> dict[str, Any]:
                          _test_accuracy(server_data, num_features, num_classes))
     timing["rounds"] = time.perf_counter() - t_round
 
-    if public is not None and server_data is None:
+    if public is not None and server_data is None and settings.baselines == "all":
         run.node_models.update(tune_on_public(run, public, settings, num_features, num_classes))
-    if settings.model == "mlp" and server_data is None:
+    if settings.model == "mlp" and server_data is None and settings.baselines != "none":
         ask_local_mlps(grid, run, roster, settings, num_features, num_classes)
     t_verify = time.perf_counter()
     accepted_ids = [r.node_id for r in run.outcome.accepted]
@@ -422,13 +405,14 @@ def evaluate_baselines(run: ProtocolRun, data: ServerData | None, settings: Sett
     layerwise = settings.model == "mlp"
     if data is None:
         reason = NO_SERVER_DATA
-        if settings.public_data.strip():
+        if settings.public_data.strip() and settings.baselines == "all":
             reason = ("evaluate-on-server=false: no server test set; GEMS tuned and Raw (trained "
                       "on public-data) are evaluated on the nodes, see node_evaluation")
-        return skipped_rows(reason, NN_ROW_NAMES if layerwise else ROW_NAMES)
-    if layerwise:
+        return skipped_rows(reason, row_names(layerwise, settings.baselines))
+    if layerwise and settings.baselines != "none":
         rebuild_local_mlps(run, data, settings, roster, num_classes)
-    log(INFO, "Evaluating Global, Local, Averaged, GEMS, GEMS tuned and Raw on the test set")
+    log(INFO, "Evaluating %s on the test set (baselines='%s')",
+        ", ".join(row_names(layerwise, settings.baselines)), settings.baselines)
     rows = evaluate_rows(Candidates(run.gems_model, run.local_models, run.averaged,
                                     ensemble=layerwise), data, settings)
     if settings.tune_sizes:

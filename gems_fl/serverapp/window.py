@@ -36,11 +36,11 @@ class WindowedGrid(Grid):
             raise ValueError(f"window={window}: at least one message must be in flight")
         self._grid, self.window, self.pull_interval = grid, int(window), pull_interval
 
-    def set_run(self, run) -> None:  # noqa: ANN001 - flwr's Run type is internal
+    def set_run(self, run) -> None:
         self._grid.set_run(run)
 
     @property
-    def run(self):  # noqa: ANN201
+    def run(self):
         return self._grid.run
 
     def create_message(self, content: RecordDict, message_type: str, dst_node_id: int,

@@ -13,22 +13,23 @@ node receives (:meth:`Settings.for_nodes`: only the settings node code reads).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import InitVar, asdict, dataclass, fields
-from typing import TYPE_CHECKING, Any, Mapping
+from typing import TYPE_CHECKING, Any
 
 from gems_fl.data.agreement import NODE_FILES
+from gems_fl.geometry.points import CLASS_GRAMS, point_named
 from gems_fl.learning.recipe import LocalTraining, TrainRecipe, TuneRecipe
 from gems_fl.learning.widths import parse_hidden
 from gems_fl.settings.aggregation import AggregationSettings
 from gems_fl.settings.checks import SettingsError, coerce, key_of
 from gems_fl.settings.data import DataSettings
-from gems_fl.settings.operation import OperationSettings
+from gems_fl.settings.operation import PAPER_PROFILE, OperationSettings
 from gems_fl.settings.privacy import PrivacySettings
 from gems_fl.settings.rules import check_rules
 from gems_fl.settings.spaces import SpaceSettings
 from gems_fl.settings.training import TrainingSettings
-from gems_fl.settings.values import (parse_pooled_ridge, parse_refine_l2, parse_tune_curve,
-                                     run_gram_rank)
+from gems_fl.settings.values import parse_pooled_ridge, parse_refine_l2, parse_tune_curve, run_gram_rank
 
 if TYPE_CHECKING:
     from torch import nn
@@ -61,6 +62,11 @@ class Settings(OperationSettings, PrivacySettings, AggregationSettings, SpaceSet
 
     def __post_init__(self, scope: str) -> None:
         node_only = scope == "node"
+        if self.profile == "paper":
+            for key, value in PAPER_PROFILE.items():
+                name = key.replace("-", "_")
+                if getattr(self, name) == _DEFAULTS[name]:
+                    object.__setattr__(self, name, value)
         if self.hidden.strip().lower() == "auto":
             object.__setattr__(self, "hidden", AUTO_HIDDEN.get(self.dataset, AUTO_HIDDEN_DEFAULT))
         # "auto", or the rank as an int whether it came as 50 or "50" (--run-config)
@@ -79,7 +85,7 @@ class Settings(OperationSettings, PrivacySettings, AggregationSettings, SpaceSet
         check_rules(self, node_only)
 
     @classmethod
-    def from_run_config(cls, run_config: Mapping[str, Any]) -> "Settings":
+    def from_run_config(cls, run_config: Mapping[str, Any]) -> Settings:
         """Build settings from a Flower run config (keys as in ``pyproject.toml``).
 
         Unknown keys are ignored (Flower passes the whole app config); each known key
@@ -88,11 +94,11 @@ class Settings(OperationSettings, PrivacySettings, AggregationSettings, SpaceSet
         return cls(**_known(run_config))
 
     @classmethod
-    def from_node_config(cls, config: Mapping[str, Any]) -> "Settings":
+    def from_node_config(cls, config: Mapping[str, Any]) -> Settings:
         """What a node holds: the settings of a message (:meth:`for_nodes`), validated."""
         return cls(**_known(config, node_only=True), scope="node")
 
-    def for_node(self, node_config: Mapping[str, Any]) -> "Settings":
+    def for_node(self, node_config: Mapping[str, Any]) -> Settings:
         """These settings with the node's own overrides (keys in ``NODE_OVERRIDES``).
 
         A node may choose its own target accuracy: ``--node-config "eps=0.6"`` (the
@@ -142,7 +148,7 @@ class Settings(OperationSettings, PrivacySettings, AggregationSettings, SpaceSet
         return LocalTraining(self.model, tuple(self.hidden_widths), self.dropout,
                              self.local_recipe)
 
-    def new_model(self, num_features: int, num_classes: int) -> "nn.Module":
+    def new_model(self, num_features: int, num_classes: int) -> nn.Module:
         """A fresh model of the configured kind (``model``, ``hidden``, ``dropout``)."""
         return self.local_training.new_model(num_features, num_classes)
 
@@ -155,12 +161,15 @@ class Settings(OperationSettings, PrivacySettings, AggregationSettings, SpaceSet
         With ``dataset='node-files'`` each node reads its own file, so the server's data
         paths (:data:`PARTITION_PATHS`) stay on the server."""
         out = {key_of(f): getattr(self, f.name) for f in fields(self) if f.metadata["node"]}
-        if self.gram_point in ("gaussian", "mixture") and self.class_grams == "auto":
+        if CLASS_GRAMS in point_named(self.gram_point).needs and self.class_grams == "auto":
             out["class-grams"] = "true"  # the point needs them whatever the layer's size
         if self.dataset == NODE_FILES:
             for key in PARTITION_PATHS:
                 out.pop(key, None)
         return out
+
+
+_DEFAULTS = {f.name: f.default for f in fields(Settings)}
 
 
 def node_keys() -> tuple[str, ...]:

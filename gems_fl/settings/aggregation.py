@@ -11,7 +11,6 @@ from dataclasses import dataclass
 from gems_fl.geometry.choices import (
     DEFAULT_REFINE_L2,
     GRAM_POINTS,
-    GRAM_WEIGHTINGS,
     NO_INTERSECTION_FALLBACKS,
     POOLED_RIDGES,
     REFINE_METHODS,
@@ -36,40 +35,31 @@ class AggregationSettings:
         'neurons that merged with no other are clustered by k-means and each cluster keeps '
         'its member nearest the center, so every output neuron lies in some node\'s neuron '
         'space; the others are reported as dropped. 450 kept N=20 within 0.6 point of the '
-        'unbounded merge (README "Speed and scale")',
+        'unbounded merge (docs/scale.md)',
         at_least(0, "0: no bound on the merged width of a hidden layer"))
     gram_ridge: float = setting(
         1e-06,
         '`gram` only: ridge added to the weighted sum of Gram matrices in the closed-form '
         'center (relative to one mean Gram matrix)',
         at_least(0))
-    gram_weighting: str = setting(
-        'samples',
-        "`gram` only: lambda_k in the center, `samples` (the node's training-sample count) "
-        'or `radius` (1 / rho_k^2)',
-        one_of(GRAM_WEIGHTINGS))
     gram_point: str = setting(
         'auto',
         '`gram` only: `auto` (the default) lets the selection round choose, on the nodes\' '
-        'validation data, among `pooled`, `lda`, `gaussian` (where the nodes sent class Gram '
-        'matrices, `class-grams`), `mixture` (where they sent them per k-means component, '
-        '`class-components`) and `closed-form` (see "Good-enough spaces"); '
-        '`pooled` is the ridge least-squares classifier of all nodes\' data, from their Gram '
-        'matrices and label moments; `lda` the linear discriminant of the same sums (class '
-        'means and shared within-class covariance, shrinkage from `pooled-ridge`); `gaussian` '
-        'the softmax layer fitted to virtual rows drawn from each class\'s pooled mean and '
-        'covariance (CCVR; needs class Gram matrices; L2 1e-6, or chosen among 1e-6, 1e-5, '
-        '1e-4 and 1e-3 with `pooled-ridge=auto`); `mixture` the same fit to virtual rows '
-        'of every node\'s k-means components of each class (`class-components`), a mixture '
-        'of Gaussians per class; `best` the '
-        'best pooled fit inside every node\'s space '
-        '(the pooled point when they share none); `closed-form` the weighted center of the '
-        'spaces (RegMean); `shared` the point minimising the largest scaled distance when '
-        'the center misses a space and that point lies in all of them',
+        'validation data, among every registered point the nodes\' statistics allow '
+        '(gems_fl/geometry/points.py): `pooled`, the ridge least-squares classifier of all '
+        'nodes\' data, from their Gram matrices and label moments; `lda` the linear '
+        'discriminant of the same sums (class means and shared within-class covariance); '
+        '`gaussian` the softmax layer fitted to virtual rows drawn from each class\'s pooled '
+        'mean and covariance (CCVR; needs class Gram matrices, `class-grams`); `mixture` the '
+        'same fit to virtual rows of every node\'s k-means components of each class '
+        '(`class-components`); `closed-form` the weighted center of the spaces (RegMean). A '
+        'named point is used with its regularisation from `pooled-ridge` (the pooled ridge, '
+        'the LDA shrinkage among 1e-3, 1e-2, 1e-1, or the gaussian fit\'s L2 among 1e-6, '
+        '1e-5, 1e-4, 1e-3 with `pooled-ridge=auto`)',
         one_of(GRAM_POINTS))
     pooled_ridge: str = setting(
         'auto',
-        '`gram-point` `auto`, `pooled` and `best`: ridge of the pooled least-squares fit, '
+        '`gram-point` `auto` and `pooled`: ridge of the pooled least-squares fit, '
         'relative to one mean Gram matrix; `auto` lets the nodes choose it: a selection round '
         'after the spaces sends the point for each of '
         + ', '.join(f'{r:g}' for r in POOLED_RIDGES)
@@ -87,27 +77,26 @@ class AggregationSettings:
         'the sums the closed-form, pooled, LDA and gaussian points need (class Gram matrices '
         'summed per class), added in as each reply is decoded, so memory does not grow with '
         'the number of nodes; each node then checks h_G against its own space in the '
-        'evaluate round. `sums` needs gram-point `auto`, `pooled`, `lda`, `gaussian` or '
-        '`closed-form` and gram-weighting `samples`. `auto`: `sums` above '
+        'evaluate round. `sums` needs a gram-point solvable from sums (any but `mixture`). '
+        '`auto`: `sums` above '
         f'{SUMS_ABOVE_NODES} nodes where the settings allow it, else `nodes`',
         one_of(SERVER_GRAMS))
     refine_rounds: int = setting(
         0,
-        '`gram`: R steps after the one-shot `h_G` (the logistic model, or the MLP\'s output '
-        'layer on the merged hidden layers), which the selection round '
-        'first scales by the logit scale with the lowest pooled validation cross-entropy; '
-        'in each step every node sends its cross-entropy gradient at the current model '
-        '(model-sized) and the server steps with the Gram matrices it holds as curvature '
-        '(`refine-method`; Bohning 1992). 0: one-shot',
-        at_least(0))
+        '`gram`: R refinement rounds after the one-shot `h_G` (the logistic model, or the '
+        'MLP\'s output layer): in each, every node sends its cross-entropy gradient at the '
+        'current model (model-sized) and the server takes a curvature step. 0: one-shot',
+        at_least(0), user=True,
+        detail='The selection round first scales h_G by the logit scale with the lowest '
+        'pooled validation cross-entropy; the curvature is the Gram matrices the server holds '
+        '(`refine-method`; Bohning 1992)')
     refine_method: str = setting(
         'secant',
         '`refine-rounds`: `secant` divides each Bohning step by the curvature the objective '
         'showed along the last one, keeps a point only when the pooled objective the nodes '
         'report there did not rise, and otherwise goes back with a plain step; `monotone` '
         'takes plain Bohning steps from the current model (the pooled objective never '
-        'increases); `accelerated` sends Nesterov\'s extrapolation and steps from there, '
-        'restarting the momentum when the pooled objective rises',
+        'increases)',
         one_of(REFINE_METHODS))
     refine_l2: float | str = setting(
         'auto',

@@ -20,15 +20,27 @@ class SettingsError(ValueError):
     """A run setting has an invalid value; the message names the key."""
 
 
-def setting(default: Any, meaning: str, check: Check | None = None, *, node: bool = False) -> Any:
+#: the longest meaning a user setting may have (the README's table stays readable)
+USER_MEANING_MAX = 300
+
+
+def setting(default: Any, meaning: str, check: Check | None = None, *, node: bool = False,
+            user: bool = False, detail: str = "") -> Any:
     """Declare one run setting (a dataclass field with its description as metadata).
 
-    ``meaning`` is the README table's text (backticks for code); settings that share
-    one README row (``hidden`` and ``dropout``) pass the same text and sit side by side.
+    ``meaning`` is the settings table's text (backticks for code); settings that share
+    one row (``hidden`` and ``dropout``) pass the same text and sit side by side.
     ``node=True``: node code reads it, so it travels to the nodes in every message;
-    the others stay on the server.
+    the others stay on the server. ``user=True``: a choice a user makes (the README's
+    table and the head of ``gems-fl run --help``; its meaning at most
+    :data:`USER_MEANING_MAX` characters); the others are the internals and research
+    switches of ``docs/settings.md``. ``detail``: more words for ``docs/settings.md``.
     """
-    return field(default=default, metadata={"meaning": meaning, "check": check, "node": node})
+    if user and len(meaning) > USER_MEANING_MAX:
+        raise ValueError(f"a user setting's meaning has at most {USER_MEANING_MAX} characters "
+                         f"({len(meaning)}): move the rest to detail=: {meaning[:60]}...")
+    return field(default=default, metadata={"meaning": meaning, "check": check, "node": node,
+                                            "user": user, "detail": detail})
 
 
 def key_of(f: Field) -> str:

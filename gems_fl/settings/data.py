@@ -24,31 +24,31 @@ class DataSettings:
 
     dataset: str = setting(
         'digits',
-        '`digits` (scikit-learn, bundled), `fashion-mnist` (IDX files), `mnist` (IDX '
-        'files), `cifar10` (python batches, VGG-16 features), `ham10000` (metadata CSV + '
-        "JPEGs, CNN features), or `node-files` (each SuperNode's own file, any features "
-        'and classes, agreed in the identity round); see "CIFAR-10", "HAM10000" and "Your '
-        'own data" below',
-        one_of((*DATASET_NAMES, NODE_FILES)), node=True)
+        '`digits` (scikit-learn, bundled), `fashion-mnist` or `mnist` (IDX files), `cifar10` '
+        '(VGG-16 features), `ham10000` (CNN features), or `node-files` (each SuperNode\'s '
+        'own file, any features and classes; docs/own-data.md)',
+        one_of((*DATASET_NAMES, NODE_FILES)), node=True, user=True,
+        detail='CIFAR-10 reads the python batches, HAM10000 the metadata CSV and JPEGs '
+        '(docs/datasets.md); `node-files` agrees on features and classes in the identity round')
     data_dir: str = setting(
         '',
         'folder of the IDX files; empty: `/usr/share/datasets/fashion-mnist` for '
         'Fashion-MNIST (Debian package `dataset-fashion-mnist`); required for MNIST '
         '(torchvision downloads it there when online), CIFAR-10 and HAM10000',
-        node=True)
+        node=True, user=True)
     site_files: str = setting(
         '',
         "`gems-fl run --site FILE ...`: a simulation's nodes on site files, comma-separated "
         "paths; node `k` (partition-id) reads file `k` as its `data-path` and is named by its "
         "stem. A node with its own `data-path` (a deployed SuperNode) ignores it",
-        node=True)
+        node=True, user=True)
     label_division: str = setting(
         'paper',
         '`paper` (the appendix table, K = 2, 3, 5), `classes-per-node:N`, `iid`, '
         '`dirichlet:ALPHA` (each class split over the nodes by a Dirichlet(ALPHA) draw, '
         'seeded; `dirichlet:ALPHA:MIN`: every node at least MIN samples, default 10), or '
         'explicit groups such as `0,1/2,3/4,5/6,7/8,9`',
-        node=True)
+        node=True, user=True)
     allow_overlap: bool = setting(
         False,
         'an explicit `label-division` may give a class to several nodes (its samples are '
@@ -59,33 +59,34 @@ class DataSettings:
         "`dataset='node-files'`: the number of features every node's file must have; 0: "
         'the count most nodes report in the identity round (nodes with another count are '
         'left out and named)',
-        at_least(0, "0: agreed from what the nodes report"), node=True)
+        at_least(0, "0: agreed from what the nodes report"), node=True, user=True)
     classes: str = setting(
         '',
         "`dataset='node-files'`: the class labels, as comma-separated names "
         "(`'benign,malignant'`, in index order) or a count (`3`: labels `0..2`, or the 3 "
         'names most nodes hold); empty: every label the nodes hold, sorted (numerically '
         'when all are integers)',
-        parses(check_classes), node=True)
+        parses(check_classes), node=True, user=True)
     label_column: str = setting(
         '',
         "CSV files (nodes and `public-data`): the label's column, as a 0-based number "
         '(negative counts from the end) or a header name; empty: the last column',
-        node=True)
+        node=True, user=True)
     standardize: str = setting(
         'off',
         'feature scaling before training and evaluation: `off`, `node` (each node its own '
         'training mean and std), or `federated` (one mean and std for all, combined on the '
         "server from each node's per-feature count, sum and sum of squares sent in the "
         'identity round; no rows leave a node)',
-        one_of(STANDARDIZE_CHOICES), node=True)
+        one_of(STANDARDIZE_CHOICES), node=True, user=True)
     public_data: str = setting(
         '',
         'a file on the server (`.npz` with `x`, `y` and optionally `x_test`, `y_test`; or '
-        '`.csv`, with `<stem>_test.csv` optional) to fine-tune GEMS and train Raw on; '
-        'without a server test set the nodes evaluate those models too. A test split alone '
-        '(`.npz` with `x_test`, `y_test` only, or a `<stem>_test.csv`) is the server\'s test '
-        'set, with no tuning. Read and checked before any node is contacted. Empty: off')
+        '`.csv`, with `<stem>_test.csv` optional): its test split is the server\'s test set; '
+        'with `baselines=\'all\'` GEMS tuned and Raw train on its rows. Empty: off', user=True,
+        detail='Without a server test set the nodes evaluate the tuned models too. A test '
+        'split alone (`.npz` with `x_test`, `y_test` only, or a `<stem>_test.csv`) is the '
+        'server\'s test set, with no tuning. Read and checked before any node is contacted')
     vgg16_weights: str = setting(
         '',
         "CIFAR-10: a local VGG-16 state dict (torchvision's `vgg16-397923af.pth`); empty: "

@@ -8,8 +8,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from gems_fl.settings.checks import at_least, non_empty, positive, setting
+from gems_fl.settings.checks import at_least, non_empty, one_of, positive, setting
 from gems_fl.settings.values import parse_required_nodes
+
+#: what ``baselines`` may say, from the fewest comparison rows to the paper's full table
+BASELINES = ("none", "cheap", "all")
+PROFILES = ("product", "paper")
+#: what ``profile='paper'`` sets, wherever the setting holds its product default: the
+#: paper's spaces, ellipsoid floor, neuron criterion and fine-tuning, and its full table
+PAPER_PROFILE = {"space": "ellipsoid", "ellipsoid-floor": "paper", "neuron-criterion": "paper",
+                 "tune-stop": "fixed", "tune-layers": "last", "tune-fresh": False,
+                 "baselines": "all"}
 
 
 @dataclass(frozen=True)
@@ -19,27 +28,40 @@ class OperationSettings:
     seed: int = setting(
         0,
         'seeds splits, partitions, initialisation, directions, public sample',
-        at_least(0), node=True)
+        at_least(0), node=True, user=True)
     min_replies: int = setting(
         2,
         'fewer valid replies than this stops the run with an error',
-        positive)
+        positive, user=True)
     required_nodes: str = setting(
         'all',
         'which sites must take part to the end, else the run exits non-zero (results are '
         'still written, status `incomplete`): `all` (every node present at the identity '
         'round), a count (`0`: none), or node names (`site-a,site-b`)',
-        lambda key, value: parse_required_nodes(value))
+        lambda key, value: parse_required_nodes(value), user=True)
     round_timeout: float = setting(
         1800.0,
         "seconds the server waits for the replies of one round; also each message's TTL, "
         'so work for a slow or dead node is dropped, not left queued',
-        positive)
+        positive, user=True)
     evaluate_on_server: bool = setting(
         True,
         'the server loads the dataset for Global, Raw and the test set; set `false` where '
-        'it holds no data')
+        'it holds no data', user=True)
+    baselines: str = setting(
+        'cheap',
+        'comparison rows on the server\'s test set: `cheap` (GEMS, Local, Averaged, and the '
+        'MLP\'s Ensemble: no training on the server), `none` (GEMS only), `all` (also the '
+        'paper\'s Global, GEMS tuned, Raw and Raw converged, which train on the server; '
+        '`gems-fl reproduce` uses it)',
+        one_of(BASELINES), user=True)
+    profile: str = setting(
+        'product',
+        '`product` (the defaults measured best here) or `paper`: the paper\'s recipe for every '
+        'setting still at its product default (' + ', '.join(f'`{k}={v}`'.replace('False', 'false')
+                                                          for k, v in PAPER_PROFILE.items()) + ')',
+        one_of(PROFILES), user=True)
     output_dir: str = setting(
         'gems-results',
         'results go to `<output-dir>/run-<run id>/`',
-        non_empty("output-dir must name a folder, e.g. 'gems-results'"))
+        non_empty("output-dir must name a folder, e.g. 'gems-results'"), user=True)

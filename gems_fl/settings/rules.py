@@ -4,18 +4,18 @@ by :class:`gems_fl.settings.Settings` after each setting passed its own check.""
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
+from typing import Any
 
 from gems_fl.data.agreement import NODE_FILES
-from gems_fl.geometry.choices import POOLED_POINTS, SPACE_R_MAX, SUMS_POINTS
+from gems_fl.geometry.choices import SPACE_R_MAX
+from gems_fl.geometry.points import CENTERS, CLASS_GRAMS, LABELS, point_named, solvable_from_sums
 from gems_fl.settings.checks import SettingsError
 from gems_fl.settings.values import parse_gram_rank
 
-if TYPE_CHECKING:
-    from gems_fl.settings import Settings
+#: a :class:`gems_fl.settings.Settings` (not imported: that package imports this module)
+Settings = Any
 
-
-def check_rules(settings: "Settings", node_only: bool) -> None:
+def check_rules(settings: Settings, node_only: bool) -> None:
     """Raise :class:`SettingsError` naming the settings that contradict each other
     (``node_only``: the settings a node holds, the server-side ones unset)."""
     bound = settings.r_max or SPACE_R_MAX[settings.space]
@@ -28,13 +28,16 @@ def check_rules(settings: "Settings", node_only: bool) -> None:
     _dataset_shape(settings)
     if not node_only:
         _node_files(settings)
-        if (settings.space == "gram" and settings.gram_point in POOLED_POINTS
-                and not settings.label_moments):
+        if settings.tune_curve.strip() and settings.baselines != "all":
+            raise SettingsError(
+                f"tune-curve={settings.tune_curve!r} is the paper's fine-tuning study, which "
+                f"tunes on the server: set baselines='all' (now {settings.baselines!r})")
+        needs = point_named(settings.gram_point).needs
+        if settings.space == "gram" and LABELS in needs and not settings.label_moments:
             raise SettingsError(
                 f"gram-point='{settings.gram_point}' fits the labels of all nodes from their "
                 "label moments: set label-moments=true, or gram-point='closed-form'")
-        if settings.space == "gram" and settings.gram_point in ("gaussian", "mixture") \
-                and settings.class_grams == "false":
+        if settings.space == "gram" and CLASS_GRAMS in needs and settings.class_grams == "false":
             raise SettingsError(
                 f"gram-point='{settings.gram_point}' fits virtual rows of each class's "
                 "Gaussians, from the nodes' class Gram matrices: set class-grams to 'auto' or "
@@ -46,7 +49,7 @@ def check_rules(settings: "Settings", node_only: bool) -> None:
                 "set space='gram', or refine-rounds=0")
 
 
-def _server_grams(settings: "Settings") -> None:
+def _server_grams(settings: Settings) -> None:
     """``server-grams=sums`` and ``secure-aggregation`` keep no node's matrix: only the
     points solved from sums."""
     if settings.server_grams == "sums" and (wrong := _not_from_sums(settings)):
@@ -71,7 +74,7 @@ def _server_grams(settings: "Settings") -> None:
                             "does not fit " + "; ".join(wrong))
 
 
-def _differential_privacy(settings: "Settings") -> None:
+def _differential_privacy(settings: Settings) -> None:
     """``dp-epsilon``: nodes send only noised sums, so only the points solved from sums of
     the Gram statistics and label moments, and nothing that needs a node's model."""
     if not settings.dp_epsilon:
@@ -79,9 +82,9 @@ def _differential_privacy(settings: "Settings") -> None:
     if not math.isfinite(settings.dp_epsilon):
         raise SettingsError(f"dp-epsilon={settings.dp_epsilon!r} must be finite (0: off)")
     wrong = _not_from_sums(settings)
-    if settings.gram_point == "closed-form":
-        wrong.append("gram-point='closed-form' (needs each node's W_k G_k, which is not "
-                     "noised; use auto, pooled or lda)")
+    if CENTERS in point_named(settings.gram_point).needs:
+        wrong.append(f"gram-point='{settings.gram_point}' (needs each node's W_k G_k, which "
+                     "is not noised; use auto, pooled or lda)")
     if settings.class_grams == "true":
         wrong.append("class-grams=true (the noised sums hold no class Gram matrices)")
     if not settings.label_moments:
@@ -100,21 +103,19 @@ def _differential_privacy(settings: "Settings") -> None:
                             "sums, which does not fit " + "; ".join(wrong))
 
 
-def _not_from_sums(settings: "Settings") -> list[str]:
+def _not_from_sums(settings: Settings) -> list[str]:
     """The settings that need more than the sums of the Gram statistics, each with why."""
     wrong = []
     if settings.space != "gram" or settings.model != "logistic":
         wrong.append(f"space='{settings.space}', model='{settings.model}' (needs the logistic "
                      "model's Gram spaces: the MLP's layer merge needs every node's neurons)")
-    if settings.gram_point not in SUMS_POINTS:
-        wrong.append(f"gram-point='{settings.gram_point}' (needs every node's matrix; use "
-                     f"one of {', '.join(SUMS_POINTS)})")
-    if settings.gram_weighting != "samples":
-        wrong.append(f"gram-weighting='{settings.gram_weighting}' (needs 'samples')")
+    if not solvable_from_sums(settings.gram_point):
+        wrong.append(f"gram-point='{settings.gram_point}' (needs every node's matrices; use "
+                     "a point solvable from sums, e.g. auto or pooled)")
     return wrong
 
 
-def _dataset_shape(settings: "Settings") -> None:
+def _dataset_shape(settings: Settings) -> None:
     """``num-features`` and ``classes`` pin ``node-files`` runs; a named dataset has its own."""
     from gems_fl.data.site_files import parse_classes
 
@@ -134,7 +135,7 @@ def _dataset_shape(settings: "Settings") -> None:
                             f"{count} classes; classes pins dataset='node-files' runs")
 
 
-def _gram_rank(settings: "Settings", features: int) -> None:
+def _gram_rank(settings: Settings, features: int) -> None:
     """A rank-r factor of the logistic model's (d+1) x (d+1) Gram matrix is smaller
     than the matrix only for r < d + 1 (``features`` 0: not known before the run)."""
     rank = parse_gram_rank(settings.gram_rank)
@@ -148,7 +149,7 @@ def _gram_rank(settings: "Settings", features: int) -> None:
         f"below {features + 1}")
 
 
-def _node_files(settings: "Settings") -> None:
+def _node_files(settings: Settings) -> None:
     """What the server needs for ``dataset='node-files'`` (it holds no node's data)."""
     if settings.dataset != NODE_FILES:
         return

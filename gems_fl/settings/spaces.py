@@ -21,14 +21,14 @@ class SpaceSettings:
 
     space: str = setting(
         'gram',
-        '`gram` (logit-space ellipsoid, see "Good-enough spaces"; the default), or the '
+        '`gram` (logit-space ellipsoid, see docs/method.md; the default), or the '
         "paper's `ball` or `ellipsoid` (Fisher axes, appendix A)",
-        one_of(SPACE_KINDS), node=True)
+        one_of(SPACE_KINDS), node=True, user=True)
     eps: float = setting(
         0.4,
         'Q: a model is good enough on a node when its validation accuracy is >= eps. A '
         'node may set its own with `--node-config "eps=0.6"`',
-        in_range(0.0, 1.0, "a target accuracy between 0 and 1"), node=True)
+        in_range(0.0, 1.0, "a target accuracy between 0 and 1"), node=True, user=True)
     num_directions: int = setting(
         500,
         'p, surface samples per tested radius',
@@ -36,7 +36,7 @@ class SpaceSettings:
     r_max: float = setting(
         0.0,
         'upper end of the radius bisection, in the units of the space kind\'s radius; 0: the '
-        'kind\'s own bound (see "Good-enough spaces")',
+        'kind\'s own bound (see docs/method.md)',
         at_least(0, "0: the space kind's own bound"), node=True)
     delta: float = setting(
         0.01,
@@ -74,14 +74,14 @@ class SpaceSettings:
         'space). `auto` (the default): rank r = max(32, ceil(size / 16)) (50 for 784 features) '
         'where the matrix is larger than 2 r + 1, else the whole matrix (digits travels whole); '
         'the whole matrix under secure-aggregation and DP, which sum it whole anyway, and for the '
-        'MLP, whose output layer lost up to 1.1 points with it (set a rank to compress it). README '
-        '"Compressed Gram replies" has the bytes against accuracy',
+        'MLP, whose output layer lost up to 1.1 points with it (set a rank to compress it). '
+        'results/README.md, "1b", has the bytes against accuracy',
         parses(parse_gram_rank), node=True)
     label_moments: bool = setting(
         True,
         '`gram` only: nodes also send their label moments (mean of `e_y [x, 1]^T` over their '
-        'training rows, one model\'s size) and class counts; `gram-point` `auto`, `pooled` '
-        'and `best` need them',
+        'training rows, one model\'s size) and class counts; every `gram-point` but `closed-form` '
+        'needs them',
         node=True)
     class_grams: str = setting(
         'auto',

@@ -39,15 +39,15 @@ class TrainingSettings:
         'logistic',
         '`logistic` (convex, one round) or `mlp` (layer-wise protocol, one round per '
         'hidden layer plus one)',
-        one_of(MODELS), node=True)
+        one_of(MODELS), node=True, user=True)
     hidden: str = setting(
         'auto',
         _ROW_HIDDEN,
-        parses(check_hidden), node=True)
+        parses(check_hidden), node=True, user=True)
     dropout: float = setting(
         0.5,
         _ROW_HIDDEN,
-        in_range(0.0, 1.0, "a fraction of units", closed="left"), node=True)
+        in_range(0.0, 1.0, "a fraction of units", closed="left"), node=True, user=True)
     local_lr: float = setting(
         0.001,
         _ROW_LOCAL_LR,
@@ -69,11 +69,11 @@ class TrainingSettings:
         'where local training, fine-tuning and feature extraction run: `auto` (CUDA when '
         'the process sees one, else CPU), `cpu`, or `cuda` (an error where there is no '
         'CUDA device); radius searches and the layer merge stay on the CPU',
-        one_of(DEVICES), node=True)
+        one_of(DEVICES), node=True, user=True)
     public_samples: int = setting(
         1000,
         "size of the server's public sample (0: no tuning, no Raw)",
-        at_least(0, "0 turns fine-tuning and the Raw baseline off"))
+        at_least(0, "0 turns fine-tuning and the Raw baseline off"), user=True)
     tune_epochs: int = setting(
         5,
         _ROW_TUNE_EPOCHS,

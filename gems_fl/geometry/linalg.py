@@ -19,11 +19,11 @@ EIGEN_FLOOR = 1e-10
 def augment(x: np.ndarray | torch.Tensor) -> torch.Tensor:
     """``[x, 1]`` as float64 torch, shape ``(N, d + 1)``: inputs for the augmented
     ``[weight | bias]`` matrix ``(C, d + 1)``. ``x`` is ``(N, d)``, finite."""
-    xt = _matrix("x", x)
+    xt = layer_matrix("x", x)
     return torch.cat([xt, torch.ones(len(xt), 1, dtype=torch.float64)], dim=1)
 
 
-def _matrix(name: str, a, *, finite: bool = True) -> torch.Tensor:
+def layer_matrix(name: str, a, *, finite: bool = True) -> torch.Tensor:
     """A 2-D float64 tensor, with a clear error for the wrong rank or non-finite entries."""
     try:
         t = torch.as_tensor(np.asarray(a) if not isinstance(a, torch.Tensor) else a,
@@ -37,8 +37,8 @@ def _matrix(name: str, a, *, finite: bool = True) -> torch.Tensor:
     return t
 
 
-def _square(name: str, a, n: int | None = None, *, finite: bool = True) -> torch.Tensor:
-    t = _matrix(name, a, finite=finite)
+def square_matrix(name: str, a, n: int | None = None, *, finite: bool = True) -> torch.Tensor:
+    t = layer_matrix(name, a, finite=finite)
     if t.shape[0] != t.shape[1] or (n is not None and t.shape[0] != n):
         want = f"({n}, {n})" if n is not None else "square (n, n)"
         raise ValueError(
@@ -48,8 +48,8 @@ def _square(name: str, a, n: int | None = None, *, finite: bool = True) -> torch
     return t
 
 
-def _center_for(name: str, center, n: int) -> torch.Tensor:
-    w = _matrix(name, center)
+def center_for(name: str, center, n: int) -> torch.Tensor:
+    w = layer_matrix(name, center)
     if w.shape[1] != n:
         raise ValueError(
             f"{name} has shape {tuple(w.shape)}; expected (classes, features + 1) = "
@@ -58,7 +58,7 @@ def _center_for(name: str, center, n: int) -> torch.Tensor:
     return w
 
 
-def _labels(y, num: int, classes: int) -> torch.Tensor:
+def label_indices(y, num: int, classes: int) -> torch.Tensor:
     yt = torch.as_tensor(np.asarray(y) if not isinstance(y, torch.Tensor) else y)
     if yt.ndim != 1 or len(yt) != num:
         raise ValueError(f"y must be 1-D with one label per input row ({num}); "
@@ -73,7 +73,7 @@ def _labels(y, num: int, classes: int) -> torch.Tensor:
     return yt
 
 
-def _range_basis(g: torch.Tensor, floor: float) -> tuple[torch.Tensor, torch.Tensor]:
+def range_basis(g: torch.Tensor, floor: float) -> tuple[torch.Tensor, torch.Tensor]:
     """Eigenpairs of ``g`` above ``floor * (largest eigenvalue)``: ``(lam (m,), V (n, m))``."""
     lam, vec = torch.linalg.eigh(g)
     top = float(lam[-1])
@@ -84,7 +84,7 @@ def _range_basis(g: torch.Tensor, floor: float) -> tuple[torch.Tensor, torch.Ten
     return lam[keep], vec[:, keep]
 
 
-def _solve_right(a: torch.Tensor, b: torch.Tensor, floor: float = EIGEN_FLOOR) -> torch.Tensor:
+def solve_right(a: torch.Tensor, b: torch.Tensor, floor: float = EIGEN_FLOOR) -> torch.Tensor:
     """``X`` with ``X A = B`` for symmetric PSD ``A`` (so ``A X^T = B^T``).
 
     Cholesky when ``A`` is numerically positive definite; otherwise the minimum-norm

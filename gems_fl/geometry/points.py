@@ -1,0 +1,314 @@
+"""The aggregation points of the Gram spaces: each one registered object over one
+statistics interface.
+
+A point is a model the server can take as ``h_G`` from the nodes' Gram statistics. Each
+is one :class:`Point` in :data:`POINTS`: its name, the statistics it needs, the name of
+its regularisation and the values the selection round scores, whether the selection
+round rescales its logits, and how it is solved from a :class:`Statistics` object. The
+same solve serves the nodes' replies (:class:`NodeStatistics`) and the server's running
+sums (:class:`~gems_fl.geometry.gram_sums.GramSums`), so each point is implemented once;
+adding a point is one more :class:`Point` here (its solve may live in its own module).
+
+``auto`` is no point: it lets the selection round choose, on the nodes' validation data,
+among every registered point the statistics allow (:func:`auto_points`), in registry
+order. Which points ``auto`` kept over the committed reproduction trials (Fashion-MNIST,
+``gram-point=auto``): gaussian 150, mixture 64, pooled 47, lda 8, closed-form 6 (the
+appendix's K=2 division, whose two nodes share their classes).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import numpy as np
+import torch
+
+from gems_fl.geometry.choices import (
+    DEFAULT_POOLED_RIDGE,
+    GAUSSIAN_L2S,
+    GRAM_POINTS,
+    LDA_SHRINKAGES,
+)
+from gems_fl.geometry.components import mixture_moments
+from gems_fl.geometry.gram_merge import (
+    center_system,
+    class_parts,
+    gram_result,
+    has_class_components,
+    has_class_grams,
+    merge_weights,
+    record_minimax,
+)
+from gems_fl.geometry.gram_sums import GramSums, summed_result
+from gems_fl.geometry.intersect import IntersectionResult
+from gems_fl.geometry.linalg import solve_right
+from gems_fl.geometry.pooled import pooled_lda, pooled_point
+from gems_fl.geometry.virtual import gaussian_point, pooled_class_moments
+
+__all__ = ["AUTO", "NodeStatistics", "POINTS", "Point", "Statistics", "SummedStatistics",
+           "aggregate_gram", "aggregate_sums", "auto_points", "point_named", "solvable_from_sums",
+           "solve_point"]
+
+AUTO = "auto"
+
+#: what a set of statistics can hold, in the words a point's ``needs`` uses
+LABELS, CENTERS, CLASS_GRAMS, COMPONENTS = "label moments", "centers", "class Gram matrices", \
+    "class components"
+
+
+class Statistics(Protocol):
+    """What a point is solved from: the nodes' Gram statistics, per node or summed.
+
+    ``provides`` names what the statistics hold (:data:`LABELS`, :data:`CENTERS`,
+    :data:`CLASS_GRAMS`, :data:`COMPONENTS`); ``weights`` is each node's share of the
+    training rows (the points weight nodes by their rows).
+    """
+
+    num_classes: int
+    weights: np.ndarray
+
+    def provides(self) -> frozenset[str]: ...
+
+    def pooled_inputs(self) -> tuple[list[np.ndarray], list[np.ndarray], list[float]]:
+        """``(grams, moments, counts)`` for :func:`~gems_fl.geometry.pooled.pooled_point`."""
+
+    def center_system(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(sum lambda_k G_k, sum lambda_k W_k G_k)``, float64 torch, the first symmetric."""
+
+    def class_moments(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Each class's row count, mean and covariance over all nodes."""
+
+    def mixture_moments(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """Every node's k-means components of each class as Gaussians, and their classes."""
+
+
+class NodeStatistics:
+    """:class:`Statistics` from every node's own space (the replies the server kept)."""
+
+    def __init__(self, spaces: Sequence[Any], num_train: Sequence[float]) -> None:
+        if not spaces:
+            raise ValueError("no spaces to aggregate")
+        shape = spaces[0].matrix.shape
+        for k, s in enumerate(spaces):
+            if s.matrix.shape != shape:
+                raise ValueError(f"space {k} has a {s.matrix.shape} center; space 0 has {shape}")
+        self.spaces, self.num_train = list(spaces), list(num_train)
+        self.num_classes = shape[0]
+        self.weights = merge_weights(self.spaces, self.num_train)
+
+    def provides(self) -> frozenset[str]:
+        held = {CENTERS}
+        if all(s.moments is not None for s in self.spaces):
+            held.add(LABELS)
+        if has_class_grams(self.spaces):
+            held.add(CLASS_GRAMS)
+        if has_class_components(self.spaces):
+            held.add(COMPONENTS)
+        return frozenset(held)
+
+    def pooled_inputs(self) -> tuple[list[np.ndarray], list[np.ndarray], list[float]]:
+        return [s.gram for s in self.spaces], [s.moments for s in self.spaces], self.num_train
+
+    def center_system(self) -> tuple[torch.Tensor, torch.Tensor]:
+        return center_system([s.matrix for s in self.spaces], [s.gram for s in self.spaces],
+                             self.weights)
+
+    def class_moments(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        return pooled_class_moments([s.per_class_grams for s in self.spaces],
+                                    [s.class_counts for s in self.spaces])
+
+    def mixture_moments(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        return mixture_moments([s.class_grams for s in self.spaces],
+                               [class_parts(s) for s in self.spaces])
+
+
+class SummedStatistics:
+    """:class:`Statistics` from the server's running sums (no node's matrix is held)."""
+
+    def __init__(self, sums: GramSums, num_train: Sequence[float]) -> None:
+        self.sums = sums
+        self.num_classes = sums.num_classes
+        self.weights = np.asarray([float(n) / sums.count for n in num_train])
+
+    def provides(self) -> frozenset[str]:
+        held = set()
+        if self.sums.has_labels:
+            held.add(LABELS)
+        if self.sums.has_centers:
+            held.add(CENTERS)
+        if self.sums.has_class_grams:
+            held.add(CLASS_GRAMS)
+        return frozenset(held)
+
+    def pooled_inputs(self) -> tuple[list[np.ndarray], list[np.ndarray], list[float]]:
+        return [self.sums.pooled_gram()], [self.sums.pooled_moments()], [1.0]
+
+    def center_system(self) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.sums.center_system()
+
+    def class_moments(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        return self.sums.class_moments()
+
+    def mixture_moments(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        raise ValueError("the mixture point needs every node's class components; the sums "
+                         "merge them")
+
+
+Solve = Callable[[Statistics, float, int, dict], np.ndarray]
+
+
+@dataclass(frozen=True)
+class Point:
+    """One aggregation point.
+
+    ``regularisation`` names the value the solve takes (``None``: the closed-form center,
+    which takes the run's ``gram-ridge``); ``grid`` the values the selection round scores
+    (``None``: the run's pooled ridges) and ``default`` the one used without that round.
+    ``rescaled``: the selection round may scale its logits (the center keeps its scale,
+    which places it in the spaces).
+    """
+
+    name: str
+    needs: frozenset[str]
+    regularisation: str | None
+    grid: tuple[float, ...] | None
+    default: float | None
+    rescaled: bool
+    solve: Solve
+
+    def missing(self, stats: Statistics) -> list[str]:
+        """What the point needs that ``stats`` lacks, in words."""
+        return sorted(self.needs - stats.provides())
+
+    def values(self, pooled_ridges: Sequence[float], *, chosen: bool) -> tuple[float | None, ...]:
+        """What the selection round scores: this point at each of these values.
+        ``pooled_ridges`` are the run's (``pooled-ridge``: one, or the candidates of
+        ``auto``); ``chosen``: the run named this point, so a single ``pooled-ridge`` is
+        its value (under ``auto`` each point scores its own grid)."""
+        if self.regularisation is None:
+            return (None,)
+        if self.grid is None or (chosen and len(pooled_ridges) == 1):
+            return tuple(pooled_ridges)
+        return self.grid
+
+    def value(self, pooled_ridges: Sequence[float]) -> float:
+        """The value a run without a selection round uses: a single ``pooled-ridge``, else
+        the point's default (the closed-form center: unused)."""
+        if len(pooled_ridges) == 1:
+            return float(pooled_ridges[0])
+        return DEFAULT_POOLED_RIDGE if self.default is None else self.default
+
+
+def _pooled(stats: Statistics, ridge: float, seed: int, details: dict) -> np.ndarray:
+    return pooled_point(*stats.pooled_inputs(), ridge)
+
+
+def _lda(stats: Statistics, shrinkage: float, seed: int, details: dict) -> np.ndarray:
+    return pooled_lda(*stats.pooled_inputs(), shrinkage)
+
+
+def _gaussian(stats: Statistics, l2: float, seed: int, details: dict) -> np.ndarray:
+    return gaussian_point(*stats.class_moments(), l2=l2, seed=seed)
+
+
+def _mixture(stats: Statistics, l2: float, seed: int, details: dict) -> np.ndarray:
+    counts, means, covs, classes = stats.mixture_moments()
+    details["gaussian_components"] = len(counts)
+    return gaussian_point(counts, means, covs, l2=l2, seed=seed, classes=classes,
+                          num_classes=stats.num_classes)
+
+
+def _closed_form(stats: Statistics, ridge: float, seed: int, details: dict) -> np.ndarray:
+    a, b = stats.center_system()
+    if ridge > 0:
+        a.diagonal().add_(float(ridge))
+    w = solve_right(a, b)
+    if not bool(torch.isfinite(w).all()):
+        raise ValueError("the aggregated model is not finite: a center or Gram matrix holds "
+                         "NaN/inf; validate each reply with check_gram first")
+    return w.numpy()
+
+
+#: every point, in the order the selection round scores them under ``auto``
+POINTS: dict[str, Point] = {p.name: p for p in (
+    Point("pooled", frozenset({LABELS}), "pooled_ridge", None, DEFAULT_POOLED_RIDGE, True,
+          _pooled),
+    Point("lda", frozenset({LABELS}), "lda_shrinkage", LDA_SHRINKAGES, LDA_SHRINKAGES[0],
+          True, _lda),
+    Point("gaussian", frozenset({LABELS, CLASS_GRAMS}), "gaussian_l2", GAUSSIAN_L2S,
+          GAUSSIAN_L2S[0], True, _gaussian),
+    Point("mixture", frozenset({LABELS, CLASS_GRAMS, COMPONENTS}), "gaussian_l2", GAUSSIAN_L2S,
+          GAUSSIAN_L2S[0], True, _mixture),
+    Point("closed-form", frozenset({CENTERS}), None, None, None, False, _closed_form),
+)}
+
+
+assert (AUTO, *POINTS) == GRAM_POINTS, "choices.GRAM_POINTS is `auto` and the registry's names"
+
+
+def point_named(name: str) -> Point:
+    """The registered point ``name`` (``auto``: the pooled point, which ``auto`` uses until
+    its selection round); ``ValueError`` naming the known ones."""
+    try:
+        return POINTS["pooled" if name == AUTO else name]
+    except KeyError:
+        raise ValueError(f"point={name!r}; choose one of {', '.join((AUTO, *POINTS))}") from None
+
+
+def solvable_from_sums(name: str) -> bool:
+    """Whether point ``name`` (or ``auto``'s choice) can be solved from the server's running
+    sums, which merge what a single node sent."""
+    return COMPONENTS not in point_named(name).needs
+
+
+def auto_points(stats: Statistics) -> list[Point]:
+    """The points ``auto`` chooses among: every registered point ``stats`` can solve."""
+    return [p for p in POINTS.values() if not p.missing(stats)]
+
+
+def solve_point(stats: Statistics, spaces: Sequence[Any], name: str, value: float | None, *,
+                ridge: float, seed: int = 0) -> IntersectionResult:
+    """``h_G`` at point ``name`` with its regularisation ``value`` (the closed-form center:
+    ``ridge``), and its membership in each space: checked here against per-node spaces, or
+    left to the nodes when ``stats`` are sums (:func:`~gems_fl.geometry.gram_sums.
+    summed_result`)."""
+    point = point_named(name)
+    if missing := point.missing(stats):
+        raise ValueError(f"gram-point='{point.name}' needs every node's {' and '.join(missing)}; "
+                         "the statistics hold none (see class-grams and label-moments)")
+    details: dict[str, object] = {"weighting": "samples", "ridge": float(ridge),
+                                  "weights": [float(v) for v in stats.weights]}
+    if point.regularisation is not None:
+        details[point.regularisation] = float(value)
+    matrix = point.solve(stats, ridge if point.regularisation is None else float(value), seed,
+                         details)
+    if not isinstance(stats, NodeStatistics):
+        return summed_result(spaces, matrix, point.name, details)
+    inside = [s.contains(matrix) for s in spaces]
+    if not all(inside) and all(s.radius > 0 for s in spaces):
+        record_minimax(spaces, details)
+    return gram_result(spaces, matrix, point.name, details)
+
+
+def aggregate_gram(spaces: Sequence[Any], num_train: Sequence[float], *, ridge: float = 1e-6,
+                   point: str = "closed-form", pooled_ridge: float = DEFAULT_POOLED_RIDGE,
+                   seed: int = 0) -> IntersectionResult:
+    """``h_G`` at ``point`` from every node's own space, with its membership in each.
+
+    ``pooled_ridge`` is the point's regularisation (the pooled ridge, the LDA shrinkage or
+    the gaussian fit's L2 penalty), ``ridge`` the closed-form center's; ``seed`` fixes the
+    gaussian points' draw of virtual rows.
+    """
+    return solve_point(NodeStatistics(spaces, num_train), spaces, point, pooled_ridge,
+                       ridge=ridge, seed=seed)
+
+
+def aggregate_sums(sums: GramSums, spaces: Sequence[Any], num_train: Sequence[float], *,
+                   point: str, ridge: float, pooled_ridge: float, seed: int = 0
+                   ) -> IntersectionResult:
+    """``h_G`` at ``point`` from the server's running sums alone (membership is then each
+    node's own check)."""
+    return solve_point(SummedStatistics(sums, num_train), spaces, point, pooled_ridge,
+                       ridge=ridge, seed=seed)

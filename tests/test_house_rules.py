@@ -1,0 +1,101 @@
+"""The source tree's house rules, checked on the code itself: imports only go one way (no
+circle, also none hidden in a function body or an ``if TYPE_CHECKING`` block), every
+package names its public face in ``__all__``, and no module imports another's
+``_``-prefixed name (what is really shared gets a public name)."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+from tests.helpers import ROOT
+
+PACKAGE = ROOT / "gems_fl"
+
+
+def _modules() -> dict[str, Path]:
+    out = {}
+    for path in PACKAGE.rglob("*.py"):
+        name = ".".join(path.relative_to(ROOT).with_suffix("").parts)
+        out[name.removesuffix(".__init__")] = path
+    return out
+
+
+def _imports(path: Path, modules: dict[str, Path]) -> list[tuple[str, str]]:
+    """Every ``gems_fl`` import of ``path``, wherever it sits: (module, name or '')."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module \
+                and node.module.startswith("gems_fl"):
+            for alias in node.names:
+                sub = f"{node.module}.{alias.name}"
+                found.append((sub, "") if sub in modules else (node.module, alias.name))
+        elif isinstance(node, ast.Import):
+            found += [(a.name, "") for a in node.names if a.name.startswith("gems_fl")]
+    return found
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components with more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    out: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in graph[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                out.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return out
+
+
+def test_no_import_circle_anywhere_in_the_package():
+    modules = _modules()
+    graph = {m: {t for t, _ in _imports(p, modules) if t in modules and t != m}
+             for m, p in modules.items()}
+    assert _cycles(graph) == []
+
+
+def test_the_cycle_finder_finds_a_circle():
+    assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
+def test_every_package_names_its_public_face():
+    for init in PACKAGE.rglob("__init__.py"):
+        tree = ast.parse(init.read_text())
+        names = [t.id for node in tree.body if isinstance(node, (ast.Assign, ast.AnnAssign))
+                 for t in (node.targets if isinstance(node, ast.Assign) else [node.target])
+                 if isinstance(t, ast.Name)]
+        assert "__all__" in names, init.relative_to(ROOT)
+
+
+def test_no_module_imports_another_modules_private_name():
+    modules = _modules()
+    files = [*PACKAGE.rglob("*.py"), *(ROOT / "tests").glob("*.py"), *(ROOT / "benchmarks").glob("*.py")]
+    private = sorted(
+        f"{path.relative_to(ROOT)}: {module}{'.' + name if name else ''}"
+        for path in files for module, name in _imports(path, modules)
+        if (name.startswith("_") and not name.startswith("__"))
+        or any(part.startswith("_") and not part.startswith("__") for part in module.split(".")))
+    assert private == []
