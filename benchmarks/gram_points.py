@@ -124,8 +124,9 @@ def _refined(result, scale, spaces, counts, trains, settings, steps, test_acc):
     from refinement_offline import refine
 
     from gems_fl.geometry.pooled import pooled_gram
-    from gems_fl.protocol.selection_round import refine_l2_for, step_ridge
+    from gems_fl.protocol.selection_round import step_ridge
     from gems_fl.settings.options import aggregate_options
+    from gems_fl.settings.plan import refine_l2_for
 
     gram = pooled_gram([s.gram for s in spaces], counts).numpy()
     x = np.vstack([x for x, _ in trains])

@@ -310,3 +310,18 @@ def test_gram_rank_auto_compresses_only_where_the_factor_is_smaller(features, ra
     np.testing.assert_allclose(space.gram, layer.space.gram, rtol=1e-5, atol=1e-6)
     with pytest.raises(replies.ReplyError, match="gram-rank"):  # the other form is refused
         replies.decode_reply(content, shapes, "gram", 0 if rank else 5, labels=True)
+
+
+def test_the_run_plan_resolves_every_auto_and_matches_what_the_run_did(tmp_path):
+    """``results.json`` holds the plan: the autos resolved once, at the start."""
+    results = run_in_process(3, tmp_path)
+    plan = results["plan"]
+    assert plan["gram_point"] == "auto" and plan["nodes"] == 3 and plan["layer_size"] == 65
+    assert plan["gram_rank"] == 0 and plan["class_grams"] is True  # digits: whole, small
+    assert results["intersection"]["method"] in plan["points"]
+    scored = {c["point"] for r in results["rounds"] for c in r.get("candidates", [])}
+    assert "gaussian" in scored and scored <= set(plan["points"])
+    assert plan["server_holds"] == results["privacy"]["server_holds"]
+    assert plan["baselines"] == "cheap" and plan["device"] == "cpu"
+    dp = run_in_process(3, tmp_path / "dp", **{"dp-epsilon": 4.0})["plan"]
+    assert dp["server_holds"] == "sums" and "closed-form" not in dp["points"]

@@ -341,7 +341,7 @@ def test_secant_steps_go_lower_than_plain_steps_and_go_back_when_the_loss_rises(
 
 def test_refine_l2_auto_penalises_the_logistic_model_only():
     from gems_fl.geometry.choices import DEFAULT_REFINE_L2
-    from gems_fl.protocol.selection_round import refine_l2_for
+    from gems_fl.settings.plan import refine_l2_for
 
     assert Settings().refine_l2 == "auto"
     assert refine_l2_for(Settings()) == DEFAULT_REFINE_L2  # chosen on validation

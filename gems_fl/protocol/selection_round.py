@@ -40,6 +40,7 @@ from gems_fl.protocol.replies import (
     validate_replies,
 )
 from gems_fl.settings.options import aggregate_options
+from gems_fl.settings.plan import refine_l2_for
 
 # (the point's regularisation: pooled ridge or LDA shrinkage; None for the center, the point)
 Candidate = tuple[float | None, IntersectionResult]
@@ -319,14 +320,6 @@ def result_at(spaces: list, point: np.ndarray, method: str,
     if isinstance(spaces[0], SummedGramSpace):
         return summed_result(spaces, point, method, details)
     return gram_result(spaces, point, method, details)
-
-
-def refine_l2_for(settings: Any) -> float:
-    """``refine-l2`` as a number: ``auto`` is the penalty chosen on validation for the
-    logistic model, and none for the MLP's output layer (not chosen there)."""
-    if settings.refine_l2 != "auto":
-        return float(settings.refine_l2)
-    return DEFAULT_REFINE_L2 if settings.model == "logistic" else 0.0
 
 
 def step_ridge(result: IntersectionResult, options: AggregateOptions) -> float:

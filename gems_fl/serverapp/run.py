@@ -79,12 +79,25 @@ from gems_fl.serverapp.report import (
 )
 from gems_fl.serverapp.window import WindowedGrid
 from gems_fl.settings import Settings, SettingsError
+from gems_fl.settings.plan import RunPlan, build_plan
 
 NODE_WAIT_S = 60.0
 # Every node scores every node's Local model while there are at most this many nodes:
 # above it the evaluate round's downlink (N + 2 models to each of N nodes) grows as N^2.
 MAX_LOCALS_SENT = 20
 NO_SERVER_DATA = "evaluate-on-server=false: the server holds no training, test or public data"
+
+
+def plan_line(plan: RunPlan) -> str:
+    """The plan in one log line: the point(s), the reply's form, what the server keeps."""
+    point = (plan.points[0] if len(plan.points) == 1 else
+             f"the selection round chooses among {', '.join(plan.points)}") if plan.points \
+        else f"{plan.space} spaces"
+    form = ("" if plan.layer_size is None or plan.space != "gram" else
+            f"; Gram replies {'whole' if plan.gram_rank == 0 else f'rank {plan.gram_rank}'}"
+            f"{', with class Gram matrices' if plan.class_grams is True else ''}")
+    return (f"{plan.model} on {plan.nodes} nodes: {point}{form}; the server holds "
+            f"{plan.server_holds}; comparison rows: {plan.baselines}")
 
 
 def wait_for_nodes(grid: Grid, minimum: int, timeout: float = NODE_WAIT_S) -> list[int]:
@@ -316,6 +329,8 @@ def run_server(grid: Grid, context: Context) -> dict[str, Any]:
     agreement = roster.agreement
     num_features, num_classes = agreement.num_features, agreement.num_classes
     num_nodes = len(roster.participants)
+    plan = build_plan(settings, num_nodes, num_features)
+    log(INFO, "Plan: %s", plan_line(plan))
     t_data = time.perf_counter()
     server_data, public, meta, notes = load_server_side(settings, agreement, num_nodes)
     for note in notes:
@@ -352,6 +367,7 @@ def run_server(grid: Grid, context: Context) -> dict[str, Any]:
     t_base = time.perf_counter()
     rows = evaluate_baselines(run, server_data, settings, roster, num_features, num_classes)
     timing["baselines"] = time.perf_counter() - t_base
+    run.extra["plan"] = plan.to_dict()
     return finish(context, settings, run, roster, verification, rows, meta, notes,
                   timing=timing, started=started, t0=t0, send_home=deployed)
 
