@@ -7,11 +7,12 @@ import numpy as np
 import pytest
 from flwr.app import Message
 
-from gems_fl.geometry.choices import GRAM_POINTS, SUMS_ABOVE_NODES
+from gems_fl.geometry.choices import SUMS_ABOVE_NODES
 from gems_fl.geometry.gram import gram_matrix, label_moments
 from gems_fl.geometry.gram_merge import gram_center
 from gems_fl.geometry.gram_sums import GramSums
 from gems_fl.geometry.points import (
+    GRAM_POINTS,
     POINTS,
     NodeStatistics,
     SummedStatistics,

@@ -4,9 +4,6 @@ without importing numpy-heavy or torch modules."""
 SPACE_KINDS = ("ball", "ellipsoid", "gram")
 PAPER_SPACE_KINDS = ("ball", "ellipsoid")  # the paper's parameter-space spaces
 ELLIPSOID_FLOORS = ("quantile", "paper")
-# gram-point: `auto` and the registered points (gems_fl.geometry.points, which checks
-# that these are its names)
-GRAM_POINTS = ("auto", "pooled", "lda", "gaussian", "mixture", "closed-form")
 # gram-point gaussian / mixture / auto: the L2 penalties of the fit to the virtual rows the selection
 # round scores (standardised units; the first is the one used without that round)
 GAUSSIAN_L2S = (1e-6, 1e-5, 1e-4, 1e-3)

@@ -38,7 +38,7 @@ from gems_fl.geometry.gram import (
 )
 from gems_fl.geometry.gram_search import search_gram_radius
 from gems_fl.geometry.intersect import IntersectionResult, find_intersection
-from gems_fl.geometry.points import aggregate_gram
+from gems_fl.geometry.points import GRAM_POINTS, aggregate_gram
 from gems_fl.geometry.radius import search_radius
 from gems_fl.geometry.spaces import GramSpace, Space
 
@@ -122,7 +122,7 @@ class AggregateOptions:
     def __post_init__(self) -> None:
         for name, allowed in (("kind", choices.SPACE_KINDS),
                               ("no_intersection", choices.NO_INTERSECTION_FALLBACKS),
-                              ("gram_point", choices.GRAM_POINTS)):
+                              ("gram_point", GRAM_POINTS)):
             check_option(getattr(self, name), name, allowed)
 
 

@@ -28,7 +28,6 @@ import torch
 from gems_fl.geometry.choices import (
     DEFAULT_POOLED_RIDGE,
     GAUSSIAN_L2S,
-    GRAM_POINTS,
     LDA_SHRINKAGES,
 )
 from gems_fl.geometry.components import mixture_moments
@@ -47,7 +46,7 @@ from gems_fl.geometry.linalg import solve_right
 from gems_fl.geometry.pooled import pooled_lda, pooled_point
 from gems_fl.geometry.virtual import gaussian_point, pooled_class_moments
 
-__all__ = ["AUTO", "NodeStatistics", "POINTS", "Point", "Statistics", "SummedStatistics",
+__all__ = ["AUTO", "GRAM_POINTS", "NodeStatistics", "POINTS", "Point", "Statistics", "SummedStatistics",
            "aggregate_gram", "aggregate_sums", "auto_points", "point_named", "solvable_from_sums",
            "solve_point"]
 
@@ -245,7 +244,8 @@ POINTS: dict[str, Point] = {p.name: p for p in (
 )}
 
 
-assert (AUTO, *POINTS) == GRAM_POINTS, "choices.GRAM_POINTS is `auto` and the registry's names"
+#: what ``gram-point`` may say: ``auto`` and every registered point
+GRAM_POINTS = (AUTO, *POINTS)
 
 
 def point_named(name: str) -> Point:

@@ -10,13 +10,13 @@ from dataclasses import dataclass
 
 from gems_fl.geometry.choices import (
     DEFAULT_REFINE_L2,
-    GRAM_POINTS,
     NO_INTERSECTION_FALLBACKS,
     POOLED_RIDGES,
     REFINE_METHODS,
     SERVER_GRAMS,
     SUMS_ABOVE_NODES,
 )
+from gems_fl.geometry.points import GRAM_POINTS
 from gems_fl.settings.checks import at_least, one_of, parses, positive, setting
 from gems_fl.settings.values import parse_pooled_ridge, parse_refine_l2
 
