@@ -46,7 +46,8 @@ class OperationSettings:
         positive, user=True)
     evaluate_on_server: bool = setting(
         True,
-        'the server loads the dataset for Global, Raw and the test set; set `false` where '
+        'the server loads the dataset for its test set (and, with `baselines=\'all\'`, '
+        'Global and Raw); set `false` where '
         'it holds no data', user=True)
     baselines: str = setting(
         'cheap',
