@@ -1,10 +1,10 @@
-"""Flower ClientApp for GEMS: thin glue, the handlers are in ``gems_fl.protocol.node``.
+"""Flower ClientApp for GEMS: thin glue, the handlers are in ``gems_fl.clientapp``.
 
 ``train`` replies with this node's good-enough model space, ``query`` says who the node
 is and what data it holds, ``evaluate`` scores the server's models (h_G first) on the
 node's own data against its eps.
 """
 
-from gems_fl.protocol.node import build_client_app
+from gems_fl.clientapp import build_client_app
 
 app = build_client_app()

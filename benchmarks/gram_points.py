@@ -50,9 +50,9 @@ from gems_fl.geometry.points import aggregate_gram
 from gems_fl.geometry.selection import TEMPERATURES, choose_candidate, score_candidates
 from gems_fl.learning.threads import compute_threads
 from gems_fl.protocol.node import build_local_space, encode_layer_space
-from gems_fl.protocol.node_layerwise import NodeWork
 from gems_fl.protocol.replies import decode_reply
 from gems_fl.settings import Settings
+from gems_fl.settings.options import node_work
 
 # The studies' divisions. K=2 is the disjoint split: the appendix's K=2 gives both nodes
 # classes 0-4, so no point can classify 5-9 (every row there is near 0.44).
@@ -74,7 +74,7 @@ def trial(division_spec: str, num_nodes: int, seed: int, refine_steps: int = 0,
                         label_moments=True, gram_rank=gram_rank)
     splits = load_dataset("fashion-mnist", seed=seed)
     division = parse_division(division_spec, num_nodes, splits.num_classes)
-    work = NodeWork.from_settings(settings)
+    work = node_work(settings)
     shapes = {"weight": (10, splits.num_features), "bias": (10,)}
     spaces, counts, vals, locals_, trains = [], [], [], [], []
     t0 = time.perf_counter()

@@ -38,10 +38,10 @@ from gems_fl.geometry.kinds import build_layer_space
 from gems_fl.geometry.points import aggregate_gram
 from gems_fl.learning.threads import compute_threads
 from gems_fl.protocol.node import build_local_space, encode_layer_space
-from gems_fl.protocol.node_layerwise import NodeWork
 from gems_fl.protocol.replies import decode_reply
 from gems_fl.protocol.wire import content_bytes
 from gems_fl.settings import Settings
+from gems_fl.settings.options import node_work
 
 DIVISIONS = [("paper", 5), ("dirichlet:0.1", 5), ("dirichlet:0.5", 5)]
 RANKS: tuple[int | str, ...] = ("auto", 99, 0)  # 0: the full matrix; --ranks to change
@@ -51,7 +51,7 @@ def trial(spec: str, num_nodes: int, seed: int, ranks: tuple) -> dict:
     settings = Settings(dataset="fashion-mnist", label_division=spec, seed=seed)
     splits = load_dataset("fashion-mnist", seed=seed)
     division = parse_division(spec, num_nodes, splits.num_classes)
-    work = NodeWork.from_settings(settings)
+    work = node_work(settings)
     shapes = {"weight": (10, splits.num_features), "bias": (10,)}
     nodes = []
     t0 = time.perf_counter()

@@ -78,7 +78,8 @@ def real_layer(refresh: bool) -> list[tuple[np.ndarray, np.ndarray]]:
         return [(stored[f"centers{k}"], stored[f"radii{k}"]) for k in range(REAL_NODES)]
     from gems_fl.data import load_dataset, node_data, parse_division
     from gems_fl.data.nodes import node_seed
-    from gems_fl.protocol.node_layerwise import NodeWork, hidden_layer_spaces, round_seed
+    from gems_fl.protocol.node_layerwise import hidden_layer_spaces, round_seed
+    from gems_fl.settings.options import node_work
 
     splits = load_dataset(DEFAULTS.dataset, seed=DEFAULTS.seed)
     division = parse_division(DEFAULTS.label_division, REAL_NODES, splits.num_classes)
@@ -88,7 +89,7 @@ def real_layer(refresh: bool) -> list[tuple[np.ndarray, np.ndarray]]:
         seed = round_seed(node_seed(DEFAULTS.seed, k), 1)
         with compute_threads():
             spaces = hidden_layer_spaces(x_tr, y_tr, x_val, y_val, splits.num_classes,
-                                         NodeWork.from_settings(DEFAULTS), [], seed)
+                                         node_work(DEFAULTS), [], seed)
         nodes.append((np.c_[spaces.weight, spaces.bias], np.asarray(spaces.radius)))
     OUT.mkdir(exist_ok=True)
     np.savez(NEURON_CACHE, **{f"centers{k}": c for k, (c, _) in enumerate(nodes)},

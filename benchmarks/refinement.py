@@ -51,8 +51,8 @@ def main() -> None:
 
     from flwr.app import Context, RecordDict
 
+    from gems_fl.clientapp import build_client_app
     from gems_fl.protocol.inprocess import InProcessGrid
-    from gems_fl.protocol.node import build_client_app
     from gems_fl.running.run_config import app_config
     from gems_fl.serverapp import run_server
 

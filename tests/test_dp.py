@@ -20,7 +20,7 @@ from gems_fl.geometry.dp import (
 from gems_fl.geometry.gram import unpack_triangle
 from gems_fl.geometry.gram_sums import GramSums
 from gems_fl.settings import Settings, SettingsError
-from tests.helpers import run_in_process
+from tests.helpers import FAST, app_defaults, run_in_process
 
 COMMON = {"label-division": "classes-per-node:4"}
 DP = {"dp-epsilon": 8.0, "dp-seeded-noise": True}
@@ -121,16 +121,19 @@ def test_the_server_sums_are_the_nodes_releases(tmp_path, strategies):
     """The sums the server solved from equal the nodes' own seeded draws."""
     from gems_fl.data.nodes import cast_node_arrays, load_node_data
     from gems_fl.protocol.private import node_release
+    from gems_fl.settings.options import dp_spec
 
     run_in_process(3, tmp_path, **COMMON, **DP)
     strategy = strategies[0]
-    settings = strategy.settings
+    settings = Settings.from_run_config({**app_defaults(), **FAST, **COMMON, **DP})
+    spec = dp_spec(settings)
     total_g, total_m, rows = 0.0, 0.0, 0
     for k in range(3):
         data = cast_node_arrays(load_node_data(settings, {"partition-id": k,
                                                           "num-partitions": 3}))
         x, y, _, _ = data.arrays
-        release = node_release(x, y, data.num_classes, settings, data.seed)
+        release = node_release(x, y, data.num_classes, spec, data.seed,
+                               seeded_noise=settings.dp_seeded_noise)
         total_g = total_g + unpack_triangle(release["gram"], x.shape[1] + 1)
         total_m, rows = total_m + release["moments"], rows + len(y)
     np.testing.assert_allclose(strategy.sums.pooled_gram(), total_g / rows, rtol=1e-5, atol=1e-4)

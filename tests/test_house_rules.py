@@ -99,3 +99,26 @@ def test_no_module_imports_another_modules_private_name():
         if (name.startswith("_") and not name.startswith("__"))
         or any(part.startswith("_") and not part.startswith("__") for part in module.split(".")))
     assert private == []
+
+
+def test_the_geometry_and_the_protocol_never_read_the_settings():
+    """Both take explicit option objects (gems_fl.settings.options builds them): no import
+    of the settings package, and no function that takes a ``settings`` argument."""
+    modules = _modules()
+    found = []
+    for package in ("geometry", "protocol"):
+        for path in (PACKAGE / package).rglob("*.py"):
+            found += [f"{path.relative_to(ROOT)} imports {module}"
+                      for module, _ in _imports(path, modules)
+                      if module == "gems_fl.settings" or module.startswith("gems_fl.settings.")]
+            for node in ast.walk(ast.parse(path.read_text())):
+                if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                    found += [f"{path.relative_to(ROOT)}: {node.name}({a.arg})"
+                              for a in node.args.args + node.args.kwonlyargs
+                              if a.arg == "settings"]
+                elif isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) \
+                        and node.value.id == "settings":
+                    found.append(f"{path.relative_to(ROOT)}:{node.lineno} reads settings.{node.attr}")
+                elif isinstance(node, ast.Attribute) and node.attr == "settings":
+                    found.append(f"{path.relative_to(ROOT)}:{node.lineno} reads .settings")
+    assert found == []

@@ -8,10 +8,10 @@ from flwr.app import Context, Message, MessageType, RecordDict
 from flwr.common.constant import SUPERLINK_NODE_ID
 from flwr.supercore.task_identity import TaskIdentity
 
+from gems_fl.clientapp.handlers import handle_query, handle_train
 from gems_fl.data import load_dataset, node_data, parse_division
 from gems_fl.data.nodes import NodeDataError, load_node_data, load_node_file, node_name
 from gems_fl.protocol import replies, wire
-from gems_fl.protocol.node import handle_query, handle_train
 from gems_fl.settings import Settings
 from tests.helpers import FAST, app_defaults, run_in_process
 

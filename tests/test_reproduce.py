@@ -46,6 +46,21 @@ def test_plan_shares_trials_between_studies():
     assert not any(t.run_config.get("tune-curve") for t in only)
 
 
+def test_the_paper_profile_runs_every_trial_with_the_papers_recipe_as_separate_trials():
+    product = build_plan(Options(seeds=(0,), studies=(1, 2)))
+    paper = build_plan(Options(seeds=(0,), studies=(1, 2), profile="paper"))
+    assert len(paper) == len(product)
+    assert not {t.name for t in paper} & {t.name for t in product}
+    for p, q in zip(product, paper):
+        settings = Settings.from_run_config(q.run_config)
+        assert (settings.ellipsoid_floor, settings.neuron_criterion, settings.tune_stop,
+                settings.tune_layers, settings.tune_fresh) == ("paper", "paper", "fixed",
+                                                               "last", False)
+        assert settings.space == Settings.from_run_config(p.run_config).space  # kept
+    with pytest.raises(ValueError, match="profile='lab'"):
+        Options(profile="lab")
+
+
 def test_plan_runs_gram_beside_ball_and_ellipsoid_with_both_k2_divisions():
     options = Options(seeds=(0,), studies=(1, 2, 6))
     assert options.setups() == [(2, "paper"), (2, "0,1,2,3,4/5,6,7,8,9"), (3, "paper"),

@@ -127,6 +127,47 @@ def test_every_message_to_the_nodes_carries_only_node_settings(tmp_path):
         assert "output-dir" not in keys and "public-data" not in keys
 
 
+@pytest.mark.parametrize("secure", [False, True])
+def test_a_logistic_runs_rounds_carry_what_its_node_code_reads_with_the_plan_resolved(
+        tmp_path, secure):
+    """Nodes of a logistic Gram run receive no MLP, ellipsoid or DP setting; ``gram-rank``
+    and ``class-grams`` come resolved by the run plan, and no class Gram matrices are asked
+    for under secure aggregation (its replies carry only sums)."""
+    from client_app import app as client_app
+    from tests.helpers import run_in_process
+
+    seen: dict[str, dict] = {}
+
+    def recording_app(msg, context):
+        config = msg.content.config_records.get("config")
+        if config is not None and msg.metadata.message_type != "query":
+            seen.setdefault(msg.metadata.message_type, dict(config))
+        return client_app(msg, context)
+
+    results = run_in_process(3, tmp_path, client=recording_app, **{"secure-aggregation": secure})
+    plan = results["plan"]
+    for kind in ("train", "evaluate"):
+        keys = seen[kind]
+        assert not {"hidden", "dropout", "eps-neuron", "neuron-delta", "neuron-criterion",
+                    "ellipsoid-c", "ellipsoid-floor", "dp-delta", "dp-clip",
+                    "dp-seeded-noise"} & set(keys), kind
+        assert keys["gram-rank"] == plan["gram_rank"] == 0  # digits: 65 x 65, sent whole
+        assert keys["class-grams"] == ("false" if secure else "true")
+        assert plan["class_grams"] is (not secure)
+
+
+def test_a_point_that_needs_class_grams_gets_them_in_the_plan_at_any_layer_size():
+    from gems_fl.settings.options import node_config
+    from gems_fl.settings.plan import build_plan
+
+    settings = Settings(gram_point="gaussian")
+    plan = build_plan(settings, 5, 784)  # 785 x 785: `auto` alone would not send them
+    assert plan.class_grams is True and node_config(settings, plan)["class-grams"] == "true"
+    plain = Settings()
+    plan = build_plan(plain, 5, 784)
+    assert node_config(plain, plan)["gram-rank"] == plan.gram_rank == 50
+
+
 def test_a_gram_rank_at_or_above_the_matrix_size_is_refused_before_the_run():
     with pytest.raises(SettingsError, match=r"gram-rank=5000 but the Gram matrix is 65 x 65"):
         Settings(gram_rank=5000)  # digits: 64 features and the bias

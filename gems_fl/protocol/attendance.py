@@ -13,8 +13,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from gems_fl.settings.values import parse_required_nodes
-
 REASON_CHARS = 120  # a left-out site's reason in the one-line statement (results keep it whole)
 
 
@@ -26,7 +24,8 @@ class Attendance:
     present: list[str]
     completed: list[str]
     left_out: dict[str, tuple[str, str]] = field(default_factory=dict)
-    required: str = "all"
+    required: str = "all"  # required-nodes as given
+    wanted: int | tuple[str, ...] | None = None  # ... parsed: None every site, a count, names
     missing_required: list[str] = field(default_factory=list)
 
     @property
@@ -43,7 +42,7 @@ class Attendance:
                 f"{name} ({_short(reason)})" for name, (_, reason) in sorted(self.left_out.items()))
         if self.missing_required:
             text += (f"; required-nodes={self.required!r} is not met: "
-                     + _missing_text(self.required, self.missing_required, len(self.completed)))
+                     + _missing_text(self.wanted, self.missing_required, len(self.completed)))
         return text
 
     def to_dict(self) -> dict[str, Any]:
@@ -59,8 +58,8 @@ def _short(reason: str) -> str:
     return reason if len(reason) <= REASON_CHARS else reason[:REASON_CHARS - 3] + "..."
 
 
-def _missing_text(required: str, missing: list[str], completed: int) -> str:
-    wanted = parse_required_nodes(required)
+def _missing_text(wanted: int | tuple[str, ...] | None, missing: list[str],
+                  completed: int) -> str:
     if isinstance(wanted, int):
         return f"{completed} site(s) took part, {wanted} required"
     return "missing " + ", ".join(missing)
@@ -72,13 +71,15 @@ def _label(entry: dict[str, object]) -> str:
 
 def attendance(present: dict[int, str], identity_rejected: list[dict[str, object]],
                round_rejected: list[dict[str, object]], evaluate_missing: list[dict[str, object]],
-               required: str) -> Attendance:
+               required: str, wanted: int | tuple[str, ...] | None) -> Attendance:
     """The run's :class:`Attendance`.
 
     ``present``: ``{node id: name}`` of every node connected at the identity round (the
     name a node reported, else ``node <id>``); the three lists: rejection entries
     (``node_id``, ``node_name``, ``reason``) of the identity round, the protocol's rounds
     and the evaluate round. A node is counted once, at the first stage that left it out.
+    ``required``: the ``required-nodes`` setting's text; ``wanted``: it parsed (None: every
+    site present at the identity round; a count; or the names that must take part).
     """
     left_out: dict[str, tuple[str, str]] = {}
     seen: set[int] = set()
@@ -93,14 +94,13 @@ def attendance(present: dict[int, str], identity_rejected: list[dict[str, object
             left_out[name] = (stage, str(entry.get("reason", "")))
     names = [present.get(n) or f"node {n}" for n in sorted(present)]
     completed = sorted(present.get(n) or f"node {n}" for n in present if n not in seen)
-    wanted = parse_required_nodes(required)
     if wanted is None:
         missing = sorted(left_out)
     elif isinstance(wanted, int):
         missing = sorted(left_out) if len(completed) < wanted else []
     else:
         missing = [name for name in wanted if name not in completed]
-    return Attendance(sorted(names), completed, left_out, required, missing)
+    return Attendance(sorted(names), completed, left_out, required, wanted, missing)
 
 
 class RequiredNodesMissing(RuntimeError):

@@ -23,8 +23,8 @@ from gems_fl.geometry.intersect import IntersectionResult
 from gems_fl.geometry.kinds import AggregateOptions, space_kind
 from gems_fl.geometry.spaces import GramSpace, Space
 from gems_fl.naming import describe_node
+from gems_fl.protocol.options import ServerOptions
 from gems_fl.protocol.replies import rejection_record
-from gems_fl.settings import Settings
 
 
 @dataclass
@@ -89,23 +89,24 @@ class GEMSBase(Strategy):
 
     Parameters
     ----------
-    settings : Settings
-        Validated run settings; the nodes' part (:meth:`Settings.for_nodes`) goes to
-        every node in every train message.
+    options : ServerOptions
+        What the strategy reads (built from the settings and the run plan by
+        :func:`gems_fl.settings.options.server_options`); ``options.exchange.node_config``
+        goes to every node in every train message.
     participants : list of int, optional
         Node ids to send to (those that passed the server's identity check); None
         sends to every connected node.
     names : dict, optional
         Node id -> stable node name, for logs and results.
     extra_config : dict, optional
-        Keys added to the settings in every train message (the identity round's
+        Keys added to the node config in every train message (the identity round's
         :class:`gems_fl.data.agreement.DataAgreement`).
     """
 
-    def __init__(self, settings: Settings, participants: list[int] | None = None,
+    def __init__(self, options: ServerOptions, participants: list[int] | None = None,
                  names: Mapping[int, str] | None = None,
                  extra_config: Mapping[str, Any] | None = None) -> None:
-        self.settings = settings
+        self.options = options
         self.extra_config = dict(extra_config or {})  # the data agreement, for every node
         self.participants = participants
         self.names = dict(names or {})
@@ -116,14 +117,14 @@ class GEMSBase(Strategy):
     def node_config(self) -> dict[str, Any]:
         """What every train message's config record carries: the nodes' settings and
         the data agreement."""
-        return {**self.settings.for_nodes(), **self.extra_config}
+        return {**self.options.exchange.node_config, **self.extra_config}
 
     def _send(self, content: RecordDict, nodes: list[int], server_round: int) -> list[Message]:
         """One train message per node; each lives ``round-timeout`` seconds (its TTL), so
         work for a slow or dead node does not stay queued after the round gave up on it."""
         self._messages = [Message(content=content, message_type=MessageType.TRAIN,
                                   dst_node_id=node_id, group_id=str(server_round),
-                                  ttl=self.settings.round_timeout)
+                                  ttl=self.options.round_timeout)
                           for node_id in nodes]
         return self._messages
 

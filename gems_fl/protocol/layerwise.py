@@ -34,21 +34,15 @@ from gems_fl.protocol.base import (
     aggregate_layer_spaces,
     select_nodes,
 )
+from gems_fl.protocol.options import ServerOptions
 from gems_fl.protocol.replies import (
     NotEnoughRepliesError,
     decode_neuron_reply,
     decode_reply,
     validate_replies,
 )
-from gems_fl.protocol.selection_round import (
-    Refiner,
-    candidate_points,
-    select,
-    wants_ridge_choice,
-)
+from gems_fl.protocol.selection_round import Refiner, candidate_points, select
 from gems_fl.protocol.wire import content_bytes
-from gems_fl.settings import Settings
-from gems_fl.settings.options import aggregate_options
 
 Layer = tuple[np.ndarray, np.ndarray]
 # A merged layer whose next-round downlink (float32, to every node) passes this many
@@ -86,14 +80,14 @@ def nothing_merged(layer: int, width: int, nodes: int) -> str:
 class LayerwiseGEMS(GEMSBase):
     """GEMS for MLPs: per-neuron spaces, k-means intersection, one round per layer."""
 
-    def __init__(self, settings: Settings, num_features: int, num_classes: int,
+    def __init__(self, options: ServerOptions, num_features: int, num_classes: int,
                  participants: list[int] | None = None,
                  names: dict[int, str] | None = None,
                  extra_config: dict[str, Any] | None = None) -> None:
-        super().__init__(settings, participants, names, extra_config)
+        super().__init__(options, participants, names, extra_config)
         self.num_features = num_features
         self.num_classes = num_classes
-        self.widths = settings.hidden_widths
+        self.widths = list(options.hidden_widths)
         self.layers: list[Layer] = []
         self.rounds: list[LayerRound] = []
         self.excluded: dict[int, str] = {}
@@ -106,13 +100,13 @@ class LayerwiseGEMS(GEMSBase):
     def selects(self) -> bool:
         """Whether a selection round follows the output layer: to choose the pooled ridge
         (``pooled-ridge=auto``) or the logit scale the refinement steps start from."""
-        return bool(self.settings.refine_rounds) or wants_ridge_choice(self.settings)
+        return self.options.selects
 
     @property
     def num_rounds(self) -> int:
         """Hidden layers, the output layer, the selection round (:attr:`selects`) and
         ``refine-rounds`` steps on the output layer."""
-        return len(self.widths) + 1 + int(self.selects) + self.settings.refine_rounds
+        return len(self.widths) + 1 + int(self.selects) + self.options.refine_rounds
 
     @property
     def _output_shapes(self) -> dict[str, tuple[int, ...]]:
@@ -121,11 +115,11 @@ class LayerwiseGEMS(GEMSBase):
 
     def summary(self) -> None:
         """Log the strategy's settings."""
-        s = self.settings
+        o = self.options
         log(INFO, "\t├── MLP hidden widths %s, %d rounds", self.widths, self.num_rounds)
-        log(INFO, "\t├── neurons: eps_j=%s (%s), m_eps=%d clusters", s.eps_neuron,
-            s.neuron_criterion, s.clusters)
-        log(INFO, "\t└── output layer: %s, eps=%s", s.space, s.eps)
+        log(INFO, "\t├── neurons: eps_j=%s (%s), m_eps=%d clusters", o.neuron_eps,
+            o.neuron_criterion, o.clusters)
+        log(INFO, "\t└── output layer: %s, eps=%s", o.space.kind, o.space.eps)
 
     def configure_train(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
@@ -178,10 +172,10 @@ class LayerwiseGEMS(GEMSBase):
         if rejected:
             log(WARNING, "Round %d: %d node(s) take no part in later rounds", record.round,
                 len(rejected))
-        if len(accepted) < self.settings.min_replies:
+        if len(accepted) < self.options.min_replies:
             raise NotEnoughRepliesError(
                 f"round {record.round}: only {len(accepted)} valid replies; "
-                f"min-replies={self.settings.min_replies}")
+                f"min-replies={self.options.min_replies}")
         return accepted
 
     def _merge_hidden(self, record: LayerRound, replies: list[Message]) -> None:
@@ -192,8 +186,8 @@ class LayerwiseGEMS(GEMSBase):
         node_neurons = [(centers, radii) for _, (centers, radii, _) in accepted]
         if j == 0:
             self.first_layer_centers = [centers for centers, _ in node_neurons]
-        merged = merge_layer(node_neurons, num_clusters=self.settings.clusters,
-                             seed=self.settings.seed)
+        merged = merge_layer(node_neurons, num_clusters=self.options.clusters,
+                             seed=self.options.seed)
         weights = merged.weights
         record.merge = merged.to_dict()
         log(INFO, "Layer %d: %d nodes x %d neurons -> width %d (%d merged groups, %d kept "
@@ -203,19 +197,19 @@ class LayerwiseGEMS(GEMSBase):
             record.merge["note"] = nothing_merged(record.layer, merged.width, len(accepted))
             log(WARNING, "%s", record.merge["note"])
         downlink = merged.weights.shape[0] * merged.weights.shape[1] * 4 * len(accepted)
-        if self.settings.max_width == 0 and downlink > WIDE_LAYER_BYTES:
+        if self.options.max_width == 0 and downlink > WIDE_LAYER_BYTES:
             log(WARNING, "Layer %d: the merged layer (width %d) goes to each of %d nodes: "
                 "%.0f MB down in the next round, and every node's next space grows with the "
                 "width. Set max-width (e.g. max-width=150) to bound it; see README 'Speed'",
                 record.layer, merged.width, len(accepted), downlink / 1e6)
-        if 0 < self.settings.max_width < merged.width:
-            weights, bound = bound_width(merged, self.settings.max_width, self.settings.seed)
+        if 0 < self.options.max_width < merged.width:
+            weights, bound = bound_width(merged, self.options.max_width, self.options.seed)
             record.merge["max_width"] = bound
             folded = (f" and {bound['groups_reduced']} merged groups"
                       if bound["groups_reduced"] else "")
             log(INFO, "Layer %d: max-width=%d: %d neurons kept alone%s reduced to %d of "
                 "them (the one nearest each k-means center; %d nodes' neurons have no output "
-                "neuron in their ball); width %d", record.layer, self.settings.max_width,
+                "neuron in their ball); width %d", record.layer, self.options.max_width,
                 bound["kept_alone"], folded, bound["reduced_to"], bound["dropped"],
                 bound["width"])
         self.layers.append((weights[:, :-1].copy(), weights[:, -1].copy()))
@@ -226,18 +220,19 @@ class LayerwiseGEMS(GEMSBase):
         shapes = {"weight": (self.num_classes, fan_in), "bias": (self.num_classes,)}
         accepted = self._accept(
             record, replies,
-            lambda c: decode_reply(c, shapes, self.settings.space, self.settings.gram_rank,
-                                   labels=self.settings.label_moments))
+            lambda c: decode_reply(c, shapes, self.options.space.kind,
+                                   self.options.space.gram_rank,
+                                   labels=self.options.space.label_moments))
         nodes = [NodeReply(node, space, metrics) for node, (space, metrics) in accepted]
         log(INFO, "Output layer:")
-        options = aggregate_options(self.settings)
+        options = self.options.aggregate
         result = aggregate_layer_spaces(nodes, options, self.names)
         self.outcome = ConvexOutcome(accepted=nodes, rejected=record.rejected, intersection=result)
         record.width = self.num_classes
         self.point = np.asarray(result.point, dtype=np.float64)
         if self.selects:
             self._candidates = candidate_points(nodes, options, result,
-                                                self.settings.pooled_ridges)
+                                                self.options.pooled_ridges)
 
     def _configure_after_output(self, server_round: int, grid: Grid) -> list[Message]:
         """The selection round (the output layer's candidates, one per pooled ridge), then
@@ -257,7 +252,7 @@ class LayerwiseGEMS(GEMSBase):
             fan_in = self._output_shapes["weight"][1]
             if self._refiner is None:
                 self._refiner = Refiner.for_run(self.outcome.accepted, self._output_shapes,
-                                                self.outcome.intersection, self.settings,
+                                                self.outcome.intersection, self.options,
                                                 self.names, self.point)
             content = wire.encode_refine_round(
                 self.node_config(), step,
@@ -267,8 +262,8 @@ class LayerwiseGEMS(GEMSBase):
 
     def _select(self, record: LayerRound, replies: list[Message]) -> None:
         chosen = select(record.round, replies, record.nodes, self._candidates,
-                        self.outcome.accepted, scale_always=bool(self.settings.refine_rounds),
-                        min_replies=self.settings.min_replies, names=self.names,
+                        self.outcome.accepted, scale_always=bool(self.options.refine_rounds),
+                        min_replies=self.options.min_replies, names=self.names,
                         messages=self._messages)
         self.outcome.intersection = chosen.result
         self.point = np.asarray(chosen.result.point, dtype=np.float64)

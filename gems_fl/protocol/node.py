@@ -1,9 +1,10 @@
 """What one node does: train locally, build its good-enough space, reply with it.
 
-Plain functions on numpy arrays plus the Flower-facing handlers (train, query,
-evaluate) that :func:`build_client_app` registers on the ClientApp ``client_app.py``
-serves (the reproduction's in-process Grid runs the same one). Nothing but the reply built by
-:func:`gems_fl.protocol.wire.encode_reply` leaves the node.
+Plain functions on numpy arrays, and one reply builder per message the node answers
+(:func:`train_reply`, :func:`evaluate_reply`, :func:`identity_reply`), each given the
+node's loaded data and its :class:`~gems_fl.protocol.options.NodeWork`. The ClientApp's
+handlers (:mod:`gems_fl.clientapp`) turn a message's settings into those and call them.
+Nothing but the replies built here leaves the node.
 """
 
 from __future__ import annotations
@@ -15,16 +16,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 from flwr.app import Context, Message, RecordDict
-from flwr.clientapp import ClientApp
 
-from gems_fl.data.agreement import DataAgreement
-from gems_fl.data.nodes import (
-    NodeDataError,
-    cast_node_arrays,
-    load_node_data,
-    node_name,
-    own_node_config,
-)
+from gems_fl.data.nodes import NodeData
 from gems_fl.data.site_files import feature_stats
 from gems_fl.geometry.kinds import LayerSpace, build_layer_space
 from gems_fl.geometry.refine import softmax_gradient
@@ -32,10 +25,9 @@ from gems_fl.geometry.selection import score_candidates
 from gems_fl.geometry.spaces import GramSpace, Space
 from gems_fl.learning.models import model_to_vector, state_to_vector, vector_to_state
 from gems_fl.learning.threads import compute_threads
-from gems_fl.learning.train import TrainReport, accuracy, set_default_device
+from gems_fl.learning.train import TrainReport, accuracy
 from gems_fl.protocol import private, secure, wire
 from gems_fl.protocol.node_layerwise import (
-    NodeWork,
     build_partial_mlp,
     hidden_layer_spaces,
     layer_inputs,
@@ -43,8 +35,8 @@ from gems_fl.protocol.node_layerwise import (
     round_seed,
     train_local_mlp,
 )
+from gems_fl.protocol.options import NodeWork
 from gems_fl.protocol.verify import score_models
-from gems_fl.settings import Settings
 
 logger = logging.getLogger(__name__)
 
@@ -107,33 +99,32 @@ def encode_layer_space(layer: LayerSpace, num_inputs: int, num_classes: int, *, 
 
 
 def _layer_round_reply(
-    msg: Message, settings: Settings, num_classes: int, data: tuple, seed: int
+    msg: Message, work: NodeWork, num_classes: int, data: tuple, seed: int
 ) -> RecordDict:
     """One round of the layer-wise protocol (see :mod:`gems_fl.protocol.node_layerwise`)."""
     round_index = int(msg.content.config_records[wire.CONFIG_KEY][wire.ROUND_KEY])
     fixed = wire.decode_layers(msg.content)
     x_tr, y_tr, x_val, y_val = data
     seed = round_seed(seed, round_index)
-    if len(fixed) < len(settings.hidden_widths):
-        spaces = hidden_layer_spaces(x_tr, y_tr, x_val, y_val, num_classes,
-                                     NodeWork.from_settings(settings), fixed, seed)
+    if len(fixed) < len(work.training.hidden):
+        spaces = hidden_layer_spaces(x_tr, y_tr, x_val, y_val, num_classes, work, fixed, seed)
         logger.info("round %d: layer %d, %d neurons, median radius %.4g", round_index,
                     len(fixed) + 1, len(spaces.radius), float(np.median(spaces.radius)))
         return wire.encode_neuron_reply(
             spaces.weight, spaces.bias, spaces.radius, num_train_examples=len(y_tr),
             num_val_examples=len(y_val), local_val_accuracy=spaces.val_accuracy)
-    layer, val_acc = output_layer_space(x_tr, y_tr, x_val, y_val, num_classes,
-                                        NodeWork.from_settings(settings), fixed, seed)
-    return encode_layer_space(layer, fixed[-1][0].shape[0], num_classes, eps=settings.eps,
+    layer, val_acc = output_layer_space(x_tr, y_tr, x_val, y_val, num_classes, work, fixed,
+                                        seed)
+    return encode_layer_space(layer, fixed[-1][0].shape[0], num_classes, eps=work.eps,
                               num_train=len(y_tr), num_val=len(y_val), val_accuracy=val_acc)
 
 
-def _local_model_reply(data, settings: Settings) -> RecordDict:
+def _local_model_reply(data: NodeData, work: NodeWork) -> RecordDict:
     """This node's whole round-1 local MLP, retrained from its data and seed (the model
     whose first layer it sent in round 1), for the node-side Local and Averaged rows."""
     x_tr, y_tr, _, _ = data.arrays
     with compute_threads():
-        model = train_local_mlp(x_tr, y_tr, data.num_classes, settings.local_training, [],
+        model = train_local_mlp(x_tr, y_tr, data.num_classes, work.training, [],
                                 round_seed(data.seed, 1))
     state = {k: v.detach().cpu().numpy() for k, v in model.state_dict().items()}
     return wire.encode_local_model_reply(state, len(y_tr))
@@ -165,8 +156,8 @@ def _merged_layers(msg: Message, context: Context) -> list | None:
     return layers
 
 
-def _refine_reply(msg: Message, context: Context, data,
-                  settings: Settings) -> RecordDict:
+def _refine_reply(msg: Message, context: Context, data: NodeData,
+                  work: NodeWork) -> RecordDict:
     """A refinement step: this node's cross-entropy gradient at the server's model; in the
     selection round, each candidate's validation cross-entropy at each logit scale and its
     correct validation predictions (for the MLP, on the merged hidden layers' features)."""
@@ -174,7 +165,7 @@ def _refine_reply(msg: Message, context: Context, data,
     fixed = _merged_layers(msg, context)
     if fixed is not None:  # the MLP: its output layer's inputs
         model = build_partial_mlp(data.num_features, data.num_classes,
-                                  settings.local_training, fixed, data.seed)
+                                  work.training, fixed, data.seed)
         x_tr, x_val = (layer_inputs(model, x, len(fixed)) for x in (x_tr, x_val))
     if wire.CANDIDATES_KEY in msg.content.array_records:
         scales = msg.content.config_records[wire.CONFIG_KEY][wire.TEMPERATURES_KEY]
@@ -189,47 +180,45 @@ def _refine_reply(msg: Message, context: Context, data,
         loss=loss, num_train_examples=len(y_tr))
 
 
-def _secure_fit(msg: Message, context: Context) -> Message:
+def secure_sums_reply(msg: Message, context: Context, data: NodeData,
+                      work: NodeWork) -> Message:
     """SecAgg+'s fit instruction: this node's Gram statistics, scaled, for the masked sum
     (:mod:`gems_fl.protocol.secure`), around the center it kept in round 1."""
-    config = secure.fit_config(msg)
-    settings = Settings.from_node_config(config).for_node(context.node_config)
-    data = cast_node_arrays(load_node_data(settings, own_node_config(context.node_config,
-                                                                     settings.site_files),
-                                           DataAgreement.from_config(config)))
     own = secure.own_space(context)
     if own is None:
         raise RuntimeError("secure aggregation: this node kept no space from round 1")
     x_tr, y_tr, _, _ = data.arrays
-    if settings.dp_epsilon:  # the one noised draw of round 1, never a second
+    if work.dp is not None:  # the one noised draw of round 1, never a second
         stats = private.secure_blocks(private.kept_release(context), len(y_tr))
     else:
-        stats = secure.node_statistics(x_tr, y_tr, own[0], data.num_classes, settings.gram_rank)
+        stats = secure.node_statistics(x_tr, y_tr, own[0], data.num_classes,
+                                       work.space.gram_rank)
     return Message(content=secure.secure_fit_reply(msg, stats, len(y_tr), data.seed),
                    reply_to=msg)
 
 
-def _space_metrics(local, settings: Settings) -> dict[str, float]:
+def _space_metrics(local: LocalSpace, eps: float) -> dict[str, float]:
     """Round 1's metrics of a node that sends no model (secure aggregation, DP)."""
     cert = local.layer.certified_radius
     return {"radius": local.space.radius, "certified-radius": -1.0 if math.isinf(cert) else cert,
-            "eps": settings.eps, "num-train-examples": local.num_train,
+            "eps": eps, "num-train-examples": local.num_train,
             "num-val-examples": local.num_val, "local-val-accuracy": local.val_accuracy}
 
 
-def _private_reply(context: Context, local, data, settings: Settings,
+def _private_reply(context: Context, local: LocalSpace, data: NodeData, work: NodeWork,
                    secure_prepare: bool) -> RecordDict:
     """Round 1 under ``dp-epsilon``: keep the own space, draw the noised sums once and send
     them (or, under secure aggregation, keep them for SecAgg+ and send their bounds)."""
     space = local.space
     secure.keep_own_space(context, space.matrix, space.radius, local.layer.certified_radius)
     x_tr, y_tr, _, _ = data.arrays
-    release = private.node_release(x_tr, y_tr, data.num_classes, settings, data.seed)
-    spec = private.dp_spec(settings)
+    spec = work.dp
+    release = private.node_release(x_tr, y_tr, data.num_classes, spec, data.seed,
+                                   seeded_noise=work.dp_seeded_noise)
     logger.info("node %s: differentially private release, epsilon %g delta %g, rows clipped "
                 "to %g, noise std %.4g", data.name, spec.epsilon, spec.delta, spec.clip,
                 spec.sigma)
-    metrics = _space_metrics(local, settings)
+    metrics = _space_metrics(local, work.eps)
     if secure_prepare:
         private.keep_release(context, release)
         bounds = secure.bounds(private.secure_blocks(release, len(y_tr)))
@@ -237,97 +226,58 @@ def _private_reply(context: Context, local, data, settings: Settings,
     return private.encode_release_reply(metrics, release)
 
 
-def handle_train(msg: Message, context: Context) -> Message:
-    """Flower ``train`` handler: data -> local model -> good-enough space -> reply."""
-    if secure.is_secure_fit(msg):
-        return _secure_fit(msg, context)
-    config = wire.decode_config(msg.content)
-    settings = Settings.from_node_config(config).for_node(context.node_config)
-    set_default_device(settings.device)
-    data = cast_node_arrays(load_node_data(settings, own_node_config(context.node_config,
-                                                                     settings.site_files),
-                                           DataAgreement.from_config(config)))
+def train_reply(msg: Message, context: Context, data: NodeData, work: NodeWork,
+                config: dict) -> Message:
+    """A train message (``config``: its decoded settings and keys): a refinement step or the
+    selection round, the MLP's whole local model, a layer-wise round, or round 1: data ->
+    local model -> good-enough space -> reply (noised sums under DP, metrics and bounds
+    under secure aggregation)."""
     if wire.REFINE_KEY in config:
-        return Message(content=_refine_reply(msg, context, data, settings), reply_to=msg)
+        return Message(content=_refine_reply(msg, context, data, work), reply_to=msg)
     if wire.LOCAL_MODEL_KEY in config:
-        return Message(content=_local_model_reply(data, settings), reply_to=msg)
+        return Message(content=_local_model_reply(data, work), reply_to=msg)
     with compute_threads():  # one thread count for training and the search after it
-        if settings.model == "mlp":
-            content = _layer_round_reply(msg, settings, data.num_classes, data.arrays, data.seed)
+        if work.training.model == "mlp":
+            content = _layer_round_reply(msg, work, data.num_classes, data.arrays, data.seed)
             return Message(content=content, reply_to=msg)
-        local = build_local_space(*data.arrays, data.num_classes, NodeWork.from_settings(settings),
-                                  seed=data.seed)
+        local = build_local_space(*data.arrays, data.num_classes, work, seed=data.seed)
     logger.info(
         "node %s (%s): %d train / %d val, val acc %.3f, %s radius %.4f (certified %.4g)",
         data.name, data.source, local.num_train, local.num_val,
-        local.val_accuracy, settings.space, local.space.radius, local.layer.certified_radius,
+        local.val_accuracy, work.space.kind, local.space.radius, local.layer.certified_radius,
     )
-    if settings.dp_epsilon:  # differential privacy: noised sums, no model
-        return Message(content=_private_reply(context, local, data, settings,
+    if work.dp is not None:  # differential privacy: noised sums, no model
+        return Message(content=_private_reply(context, local, data, work,
                                               secure.SECURE_PREPARE_KEY in config), reply_to=msg)
     if secure.SECURE_PREPARE_KEY in config:  # secure aggregation: metrics and bounds only
         space = local.space
         secure.keep_own_space(context, space.matrix, space.radius, local.layer.certified_radius)
         x_tr, y_tr, _, _ = data.arrays
         stats = secure.node_statistics(x_tr, y_tr, space.matrix, data.num_classes,
-                                       settings.gram_rank)
+                                       work.space.gram_rank)
         return Message(content=secure.encode_prepare_reply({
-            **_space_metrics(local, settings), **secure.bounds(stats)}), reply_to=msg)
+            **_space_metrics(local, work.eps), **secure.bounds(stats)}), reply_to=msg)
     content = encode_layer_space(local.layer, data.num_features, data.num_classes,
-                                 eps=settings.eps, num_train=local.num_train,
+                                 eps=work.eps, num_train=local.num_train,
                                  num_val=local.num_val, val_accuracy=local.val_accuracy)
     return Message(content=content, reply_to=msg)
 
 
-def handle_evaluate(msg: Message, context: Context) -> Message:
-    """Flower ``evaluate`` handler: score the server's models on this node's own data
-    (validation split, and its test split where it holds one) against its own eps."""
-    config = wire.decode_config(msg.content)
-    settings = Settings.from_node_config(config).for_node(context.node_config)
-    data = cast_node_arrays(load_node_data(settings, own_node_config(context.node_config,
-                                                                     settings.site_files),
-                                           DataAgreement.from_config(config)))
-    return Message(content=score_models(msg.content, settings.eps, data.x_val, data.y_val,
+def evaluate_reply(msg: Message, context: Context, data: NodeData, work: NodeWork) -> Message:
+    """An evaluate message: score the server's models on this node's own data (validation
+    split, and its test split where it holds one) against its own eps."""
+    return Message(content=score_models(msg.content, work.eps, data.x_val, data.y_val,
                                         data.x_test, data.y_test, x_train=data.x_train,
-                                        gram_rank=settings.gram_rank,
+                                        gram_rank=work.space.gram_rank,
                                         kept=secure.own_space(context)), reply_to=msg)
 
 
-def handle_query(msg: Message, context: Context) -> Message:
-    """Flower ``query`` handler: say who this node is and what data it holds.
-
-    The server asks before the first round. The answer carries the node's name, the
-    shape of its data, the class names it holds and, for ``standardize='federated'``,
-    per-feature sums of its training rows. A node whose data cannot take part (an
-    unreadable or malformed file, NaN, a wrong number of features or classes) answers
-    with its name and the reason, so the server names it and leaves it out.
-    """
-    settings = Settings.from_node_config(wire.decode_config(msg.content))
-    try:
-        node_config = own_node_config(context.node_config, settings.site_files)
-        name = node_name(node_config)
-    except NodeDataError as exc:
-        raise NodeDataError(f"node id {context.node_id}: {exc}") from None
-    source = str(node_config.get("data-path", "")) or "partition"
-    try:
-        data = load_node_data(settings, node_config)
-    except NodeDataError as exc:
-        logger.warning("%s", exc)
-        return Message(content=wire.encode_identity_error(name, f"data-path={source}", str(exc)),
-                       reply_to=msg)
-    stats = feature_stats(data.x_train) if settings.standardize == "federated" else None
+def identity_reply(msg: Message, data: NodeData, *, with_stats: bool) -> Message:
+    """A query message: this node's name, the shape of its data, the class names it holds
+    and, ``with_stats`` (``standardize='federated'``), per-feature sums of its training
+    rows."""
+    stats = feature_stats(data.x_train) if with_stats else None
     return Message(content=wire.encode_identity(
         data.name, data.source, num_features=data.num_features, num_classes=data.num_classes,
         num_train=len(data.y_train), num_val=len(data.y_val), labels=data.present_classes,
         stats=stats, num_test=0 if data.y_test is None else len(data.y_test)), reply_to=msg)
-
-
-def build_client_app() -> ClientApp:
-    """The GEMS ClientApp: ``train`` (the good-enough space), ``query`` (who this node is
-    and what data it holds) and ``evaluate`` (score the server's models, h_G first, on
-    this node's own data against its eps)."""
-    app = ClientApp(mods=[secure.secure_mod])  # SecAgg+ for its own messages only
-    app.train()(handle_train)
-    app.query()(handle_query)
-    app.evaluate()(handle_evaluate)
-    return app

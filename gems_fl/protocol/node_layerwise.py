@@ -13,13 +13,13 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from gems_fl.geometry.kinds import LayerSpace, SpaceOptions, build_layer_space, space_kind
-from gems_fl.geometry.neurons import NeuronSearch, neuron_radii
+from gems_fl.geometry.kinds import LayerSpace, build_layer_space, space_kind
+from gems_fl.geometry.neurons import neuron_radii
 from gems_fl.learning.models import MLP, build_model
 from gems_fl.learning.recipe import LocalTraining
 from gems_fl.learning.threads import single_thread
 from gems_fl.learning.train import accuracy
-from gems_fl.settings.options import space_options
+from gems_fl.protocol.options import NodeWork
 
 Layer = tuple[np.ndarray, np.ndarray]  # (weight (out, in), bias (out,))
 
@@ -27,31 +27,6 @@ Layer = tuple[np.ndarray, np.ndarray]  # (weight (out, in), bias (out,))
 def round_seed(seed: int, round_index: int) -> int:
     """Seed of one node's training in one round."""
     return seed + 1_000_003 * round_index
-
-
-@dataclass(frozen=True)
-class NodeWork:
-    """What a node's work in the protocol needs to know, from the settings it received:
-    how it trains (:class:`LocalTraining`), how it finds a linear layer's space
-    (:class:`SpaceOptions`) and how it searches its neurons' radii (MLP)."""
-
-    training: LocalTraining
-    space: SpaceOptions
-    neuron_eps: float = 0.1
-    neuron_delta: float = 0.01
-    neuron_criterion: str = "rms"
-
-    @classmethod
-    def from_settings(cls, settings: object) -> NodeWork:
-        return cls(settings.local_training, space_options(settings),
-                   settings.eps_neuron, settings.neuron_delta, settings.neuron_criterion)
-
-    def neuron_search(self, seed: int) -> NeuronSearch:
-        """The per-neuron radius search: neuron balls live in parameter space."""
-        return NeuronSearch(eps=self.neuron_eps, num_directions=self.space.num_directions,
-                            r_max=self.space.r_max or space_kind("ball").r_max,
-                            delta=self.neuron_delta, seed=seed,
-                            criterion=self.neuron_criterion)
 
 
 def build_partial_mlp(

@@ -27,18 +27,14 @@ RELEASE_STATE_KEY = "gems-dp-release"
 _SEEDED_NOISE_OFFSET = 104_729
 
 
-def dp_spec(settings) -> DPSpec:
-    """The release ``settings`` ask for (``dp-epsilon``, ``dp-delta``, ``dp-clip``)."""
-    return DPSpec(float(settings.dp_epsilon), float(settings.dp_delta), float(settings.dp_clip))
-
-
-def node_release(x_train: np.ndarray, y_train: np.ndarray, num_classes: int, settings,
-                 seed: int) -> dict[str, np.ndarray]:
-    """This node's noised sums: ``gram`` (packed triangle of ``S_G``) and ``moments``.
-    The noise is the operating system's entropy unless ``dp-seeded-noise``."""
-    rng = (np.random.default_rng([int(seed), _SEEDED_NOISE_OFFSET]) if settings.dp_seeded_noise
+def node_release(x_train: np.ndarray, y_train: np.ndarray, num_classes: int, spec: DPSpec,
+                 seed: int, *, seeded_noise: bool = False) -> dict[str, np.ndarray]:
+    """This node's noised sums under ``spec``: ``gram`` (packed triangle of ``S_G``) and
+    ``moments``. The noise is the operating system's entropy unless ``seeded_noise``
+    (``dp-seeded-noise``: drawn from the node's seed, for studies that repeat a run)."""
+    rng = (np.random.default_rng([int(seed), _SEEDED_NOISE_OFFSET]) if seeded_noise
            else np.random.default_rng())
-    return noised_statistics(x_train, y_train, num_classes, dp_spec(settings), rng)
+    return noised_statistics(x_train, y_train, num_classes, spec, rng)
 
 
 def keep_release(context: Context, release: Mapping[str, np.ndarray]) -> None:

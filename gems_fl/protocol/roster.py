@@ -2,7 +2,7 @@
 
 The server sends each connected node a ``query`` message carrying the run settings;
 the node answers with its stable name (``node-name`` in its node config) and the shape
-of its data (:func:`gems_fl.protocol.node.handle_query`). A node whose data does not fit (a
+of its data (:func:`gems_fl.clientapp.handlers.handle_query`). A node whose data does not fit (a
 wrong number of features or classes, an unreadable file) answers with an error that
 names the problem; it is logged with its node id, recorded in the results and left
 out of every round. The node names are used from then on in logs and results, since
@@ -26,8 +26,8 @@ from gems_fl.data.datasets import DATASET_SHAPES
 from gems_fl.data.site_files import combine_stats, parse_classes, sort_classes
 from gems_fl.naming import MAX_NODES_NAMED
 from gems_fl.protocol import wire
+from gems_fl.protocol.options import AgreementRule, Exchange
 from gems_fl.protocol.replies import Identity, decode_identity_full, validate_replies
-from gems_fl.settings import Settings
 
 
 @dataclass
@@ -61,23 +61,23 @@ class Roster:
                 for n in self.participants if n not in dropped]
 
 
-def identify_nodes(grid: Grid, node_ids: list[int], settings: Settings,
-                   num_features: int | None = None, num_classes: int | None = None) -> Roster:
-    """Query ``node_ids``; agree on features, classes and scaling; keep the nodes that fit.
+def identify_nodes(grid: Grid, node_ids: list[int], exchange: Exchange,
+                   rule: AgreementRule) -> Roster:
+    """Query ``node_ids`` (each gets ``exchange.node_config``); agree on features, classes
+    and scaling (``rule``); keep the nodes that fit.
 
     For a named ``dataset`` the features and classes are that dataset's. For
     ``dataset='node-files'`` the number of features is ``num-features`` if set, else the
     count most nodes report; the classes are ``classes`` if set, else every class name
     the remaining nodes hold (sorted). Nodes that disagree are left out and named with
     their shapes. With ``standardize='federated'`` the nodes' per-feature sums are
-    combined into one mean and std. ``num_features``/``num_classes`` are ignored
-    (kept for callers of the earlier signature).
+    combined into one mean and std.
     """
     t0 = time.perf_counter()
-    content = wire.encode_config(settings.for_nodes())
+    content = wire.encode_config(exchange.node_config)
     messages = [Message(content=content, message_type=MessageType.QUERY, dst_node_id=n,
-                        group_id="identify", ttl=settings.round_timeout) for n in node_ids]
-    replies = list(grid.send_and_receive(messages, timeout=settings.round_timeout))
+                        group_id="identify", ttl=exchange.round_timeout) for n in node_ids]
+    replies = list(grid.send_and_receive(messages, timeout=exchange.round_timeout))
     bytes_received = sum(wire.content_bytes(r.content) for r in replies if not r.has_error())
 
     def check(reply_content):
@@ -87,7 +87,7 @@ def identify_nodes(grid: Grid, node_ids: list[int], settings: Settings,
     accepted, rejected = validate_replies(replies, node_ids, check, log_prefix="Identify: ",
                                           messages=messages)
     identities = {node_id: item[1] for node_id, item in accepted}
-    agreement, refused = agree(identities, settings)
+    agreement, refused = agree(identities, rule)
     for node_id, reason in refused.items():
         log(WARNING, "Identify: left out node %d ('%s'): %s", node_id,
             identities[node_id].name, reason)
@@ -132,19 +132,19 @@ def _names(identities: dict[int, Identity], nodes) -> str:
     return ", ".join(sorted(identities[n].name for n in nodes))
 
 
-def agree(identities: dict[int, Identity], settings: Settings
+def agree(identities: dict[int, Identity], rule: AgreementRule
           ) -> tuple[DataAgreement | None, dict[int, str]]:
     """The run's :class:`DataAgreement` and ``{node id: reason}`` for the nodes left out."""
     refused: dict[int, str] = {}
     if not identities:
         return None, refused
     reported = {n: i.counts["num-features"] for n, i in identities.items()}
-    if settings.dataset != NODE_FILES:
-        num_features, count = DATASET_SHAPES[settings.dataset]
+    if rule.dataset != NODE_FILES:
+        num_features, count = DATASET_SHAPES[rule.dataset]
         classes = [str(i) for i in range(count)]
-        how = f"the run's dataset '{settings.dataset}'"
-    elif settings.num_features:
-        num_features, how, classes = settings.num_features, "num-features setting", None
+        how = f"the run's dataset '{rule.dataset}'"
+    elif rule.num_features:
+        num_features, how, classes = rule.num_features, "num-features setting", None
     else:
         votes = Counter(reported.values())
         rows = lambda f: sum(identities[n].counts["num-train-examples"]
@@ -159,7 +159,7 @@ def agree(identities: dict[int, Identity], settings: Settings
                                 f"features; the run has {num_features} ({how})")
     remaining = [n for n in identities if n not in refused]
     if classes is None:
-        classes = _agree_classes(identities, remaining, settings)
+        classes = _agree_classes(identities, remaining, rule.classes)
     for node_id in remaining:
         unknown = sorted(set(identities[node_id].labels) - set(classes))
         if unknown:
@@ -168,7 +168,7 @@ def agree(identities: dict[int, Identity], settings: Settings
                                 f"({', '.join(classes)})")
     remaining = [n for n in identities if n not in refused]
     mean = std = None
-    if settings.standardize == "federated":
+    if rule.standardize == "federated":
         for node_id in remaining:
             if identities[node_id].stats is None:
                 refused[node_id] = (f"node '{identities[node_id].name}' sent no feature sums for "
@@ -180,10 +180,10 @@ def agree(identities: dict[int, Identity], settings: Settings
 
 
 def _agree_classes(identities: dict[int, Identity], nodes: list[int],
-                   settings: Settings) -> list[str]:
+                   classes: str) -> list[str]:
     """``classes`` if it lists names; else the class names the nodes hold (with a count:
     ``0..N-1`` for integer labels, otherwise the N names held by most nodes)."""
-    pinned = parse_classes(settings.classes)
+    pinned = parse_classes(classes)
     if isinstance(pinned, list):
         return pinned
     held = Counter(label for n in nodes for label in set(identities[n].labels))

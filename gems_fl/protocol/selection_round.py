@@ -34,24 +34,15 @@ from gems_fl.geometry.selection import TEMPERATURES, choose_candidate
 from gems_fl.geometry.spaces import SummedGramSpace
 from gems_fl.geometry.virtual import forget_draw
 from gems_fl.protocol.base import NodeReply
+from gems_fl.protocol.options import ServerOptions
 from gems_fl.protocol.replies import (
     NotEnoughRepliesError,
     decode_selection_reply,
     validate_replies,
 )
-from gems_fl.settings.options import aggregate_options
-from gems_fl.settings.plan import refine_l2_for
 
 # (the point's regularisation: pooled ridge or LDA shrinkage; None for the center, the point)
 Candidate = tuple[float | None, IntersectionResult]
-
-
-def wants_ridge_choice(settings: Any) -> bool:
-    """Whether ``settings`` leave a choice to the selection round: the point
-    (``gram-point=auto``) or its regularisation (``pooled-ridge=auto``)."""
-    return settings.space == "gram" and (settings.gram_point == AUTO or (
-        point_named(settings.gram_point).regularisation is not None
-        and len(settings.pooled_ridges) > 1))
 
 
 def candidate_points(accepted: list[NodeReply], options: AggregateOptions,
@@ -200,13 +191,13 @@ class Refiner:
 
     @classmethod
     def for_run(cls, accepted: list[NodeReply], shapes: dict[str, tuple[int, ...]],
-                result: IntersectionResult, settings: Any, names: Mapping[int, str],
+                result: IntersectionResult, options: ServerOptions, names: Mapping[int, str],
                 start: np.ndarray, sums: GramSums | None = None) -> Refiner:
         """The run's refiner: the ridge of ``result`` (chosen or set), ``refine-method``,
-        ``refine-l2``."""
-        return cls(accepted, shapes, step_ridge(result, aggregate_options(settings)),
-                   settings.min_replies, names, start=start, method=settings.refine_method,
-                   l2=refine_l2_for(settings), sums=sums)
+        ``refine-l2`` (as the run plan resolved it)."""
+        return cls(accepted, shapes, step_ridge(result, options.aggregate),
+                   options.min_replies, names, start=start, method=options.refine_method,
+                   l2=options.refine_l2, sums=sums)
 
     def _l2(self) -> float:
         """The penalty in the units of the pooled Gram matrix of the current node set."""

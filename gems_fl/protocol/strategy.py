@@ -27,6 +27,7 @@ from gems_fl.learning.models import vector_to_state
 from gems_fl.naming import describe_node
 from gems_fl.protocol import wire
 from gems_fl.protocol.base import ConvexOutcome, GEMSBase, NodeReply, aggregate_layer_spaces, select_nodes
+from gems_fl.protocol.options import ServerOptions
 from gems_fl.protocol.private import decode_release_reply
 from gems_fl.protocol.replies import (
     NotEnoughRepliesError,
@@ -42,15 +43,8 @@ from gems_fl.protocol.secure import (
     scales_from,
     secure_sums,
 )
-from gems_fl.protocol.selection_round import (
-    Refiner,
-    candidate_points,
-    select,
-    wants_ridge_choice,
-)
+from gems_fl.protocol.selection_round import Refiner, candidate_points, select
 from gems_fl.protocol.wire import content_bytes
-from gems_fl.settings import Settings
-from gems_fl.settings.options import aggregate_options, holds_sums, space_options
 
 
 class GEMS(GEMSBase):
@@ -58,19 +52,19 @@ class GEMS(GEMSBase):
 
     Parameters
     ----------
-    settings : Settings
-        Validated run settings; the nodes' part goes to every node in the train message.
+    options : ServerOptions
+        What the strategy reads (:func:`gems_fl.settings.options.server_options`).
     shapes : dict[str, tuple[int, ...]]
         ``state_dict`` shapes of the model every reply must match.
     participants, names, extra_config
         See :class:`gems_fl.protocol.base.GEMSBase`.
     """
 
-    def __init__(self, settings: Settings, shapes: dict[str, tuple[int, ...]],
+    def __init__(self, options: ServerOptions, shapes: dict[str, tuple[int, ...]],
                  participants: list[int] | None = None,
                  names: Mapping[int, str] | None = None,
                  extra_config: Mapping[str, Any] | None = None) -> None:
-        super().__init__(settings, participants, names, extra_config)
+        super().__init__(options, participants, names, extra_config)
         self.shapes = shapes
         self.rounds: list[dict[str, Any]] = []
         self.point: np.ndarray | None = None  # h_G, then refined by each refinement round
@@ -87,21 +81,21 @@ class GEMS(GEMSBase):
     def selects(self) -> bool:
         """Whether a selection round follows the spaces: to choose the pooled ridge
         (``pooled-ridge=auto``) or the logit scale the refinement steps start from."""
-        return bool(self.settings.refine_rounds) or wants_ridge_choice(self.settings)
+        return self.options.selects
 
     @property
     def num_rounds(self) -> int:
         """The round of spaces, the selection round (:attr:`selects`), ``refine-rounds`` steps."""
-        return 1 + int(self.selects) + self.settings.refine_rounds
+        return 1 + int(self.selects) + self.options.refine_rounds
 
     def summary(self) -> None:
         """Log the strategy's settings."""
-        s = self.settings
-        log(INFO, "\t├── space: %s, eps=%s, p=%d directions", s.space, s.eps, s.num_directions)
-        log(INFO, "\t├── radius bisection over [0, %s] to width %s",
-            space_options(s).bound, s.delta)
+        space = self.options.space
+        log(INFO, "\t├── space: %s, eps=%s, p=%d directions", space.kind, space.eps,
+            space.num_directions)
+        log(INFO, "\t├── radius bisection over [0, %s] to width %s", space.bound, space.delta)
         log(INFO, "\t└── min valid replies: %d, no-intersection fallback: %s",
-            s.min_replies, s.no_intersection)
+            self.options.min_replies, self.options.aggregate.no_intersection)
 
     def configure_train(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
@@ -112,14 +106,14 @@ class GEMS(GEMSBase):
             return self._configure_refine(server_round, grid)
         self._sent_to, self._gone = select_nodes(grid, self.participants, self.names)
         self._grid = grid  # secure aggregation runs SecAgg+ on it after round 1
-        if holds_sums(self.settings, len(self._sent_to)):
+        if self.options.holds_sums:
             num_classes, num_features = self.shapes["weight"]
             self.sums = GramSums(num_classes, num_features + 1)
             log(INFO, "Round 1: %d nodes; the server keeps only the sums of their Gram "
                 "statistics (server-grams=%s), and each node checks h_G against its own "
-                "space", len(self._sent_to), self.settings.server_grams)
+                "space", len(self._sent_to), self.options.server_grams)
         config = self.node_config()
-        if self.settings.secure_aggregation:
+        if self.options.secure_aggregation:
             config[SECURE_PREPARE_KEY] = 1
         content = wire.encode_config(config)
         self.rounds.append({"round": server_round, "nodes": list(self._sent_to),
@@ -138,15 +132,15 @@ class GEMS(GEMSBase):
         accepted, rejected = self._validate(replies)
         self.outcome = ConvexOutcome(accepted=accepted, rejected=self._gone + rejected)
         self.rounds[-1]["wall_s"] = time.perf_counter() - self._t0
-        if len(accepted) < self.settings.min_replies:
+        if len(accepted) < self.options.min_replies:
             raise NotEnoughRepliesError(
                 f"only {len(accepted)} valid repl{'y' if len(accepted) == 1 else 'ies'} "
-                f"from {len(self._sent_to)} nodes; min-replies={self.settings.min_replies}. "
+                f"from {len(self._sent_to)} nodes; min-replies={self.options.min_replies}. "
                 "See the rejection log lines above, or lower min-replies."
             )
-        if self.settings.secure_aggregation:
+        if self.options.secure_aggregation:
             accepted = self._secure_sums(accepted)
-        options = aggregate_options(self.settings)
+        options = self.options.aggregate
         if self.sums is None:
             result = aggregate_layer_spaces(accepted, options, self.names)
         else:
@@ -160,7 +154,7 @@ class GEMS(GEMSBase):
         self.outcome.intersection = result
         if self.selects:
             self._candidates = candidate_points(accepted, options, result,
-                                                self.settings.pooled_ridges, sums=self.sums)
+                                                self.options.pooled_ridges, sums=self.sums)
         self.point = np.asarray(result.point, dtype=np.float64)
         num_classes, num_features = self.shapes["weight"]
         state = vector_to_state(result.point, num_features, num_classes)
@@ -183,15 +177,15 @@ class GEMS(GEMSBase):
         the sums, and the nodes whose statistics are in them (the others are rejected,
         by name)."""
         t0 = time.perf_counter()
-        dp = bool(self.settings.dp_epsilon)
+        dp = self.options.dp
         blocks = blocks_for(dp)
         scales = scales_from([r.metrics for r in accepted], blocks)
         max_weight = max(r.metrics["num-train-examples"] for r in accepted)
         try:
             means, counts = secure_sums(
                 self._grid, [r.node_id for r in accepted], {**self.node_config(), **scales},
-                max_weight=max_weight, threshold=self.settings.secure_threshold,
-                timeout=self.settings.round_timeout, blocks=blocks)
+                max_weight=max_weight, threshold=self.options.secure_threshold,
+                timeout=self.options.round_timeout, blocks=blocks)
         except RuntimeError as exc:
             raise NotEnoughRepliesError(str(exc)) from None
         kept = []
@@ -209,10 +203,10 @@ class GEMS(GEMSBase):
         if len(kept) < len(counts):
             raise NotEnoughRepliesError("secure aggregation: a node whose statistics are in "
                                         "the sums has a wrong weight; the sums cannot be used")
-        if len(kept) < self.settings.min_replies:
+        if len(kept) < self.options.min_replies:
             raise NotEnoughRepliesError(f"secure aggregation: only {len(kept)} nodes' "
                                         f"statistics in the sums; min-replies="
-                                        f"{self.settings.min_replies}")
+                                        f"{self.options.min_replies}")
         self.outcome.accepted = kept
         total = sum(int(r.metrics["num-train-examples"]) for r in kept)
         if dp:  # SecAgg+ returns the n_k-weighted means of the per-row means: sums / total
@@ -225,7 +219,7 @@ class GEMS(GEMSBase):
         self.rounds[-1]["secure_aggregation"] = {
             "nodes": len(kept), "wall_s": time.perf_counter() - t0,
             "max_weight": max_weight, "scales": scales,
-            "threshold": self.settings.secure_threshold}
+            "threshold": self.options.secure_threshold}
         return kept
 
     def _decode(self, content) -> tuple[object, dict[str, float]]:
@@ -233,10 +227,9 @@ class GEMS(GEMSBase):
         center and radii are kept (:class:`~gems_fl.geometry.spaces.SummedGramSpace`);
         under secure aggregation the reply holds only metrics and bounds."""
         num_classes, num_features = self.shapes["weight"]
-        if self.settings.secure_aggregation:
-            return decode_prepare_reply(content, num_features + 1,
-                                        blocks_for(bool(self.settings.dp_epsilon)))
-        if self.settings.dp_epsilon:  # the node's noised sums, added in as they arrive
+        if self.options.secure_aggregation:
+            return decode_prepare_reply(content, num_features + 1, blocks_for(self.options.dp))
+        if self.options.dp:  # the node's noised sums, added in as they arrive
             space, metrics, gram_sum, moments_sum = decode_release_reply(
                 content, num_classes, num_features + 1)
             try:
@@ -244,8 +237,9 @@ class GEMS(GEMSBase):
             except ValueError as exc:
                 raise ReplyError(f"its noised sums cannot be summed: {exc}") from None
             return space, metrics
-        space, metrics = decode_reply(content, self.shapes, self.settings.space,
-                                      self.settings.gram_rank, labels=self.settings.label_moments)
+        space, metrics = decode_reply(content, self.shapes, self.options.space.kind,
+                                      self.options.space.gram_rank,
+                                      labels=self.options.space.label_moments)
         if self.sums is None:
             return space, metrics
         try:
@@ -272,7 +266,7 @@ class GEMS(GEMSBase):
         else:
             if self._refiner is None:
                 self._refiner = Refiner.for_run(self.outcome.accepted, self.shapes,
-                                                self.outcome.intersection, self.settings,
+                                                self.outcome.intersection, self.options,
                                                 self.names, self.point, sums=self.sums)
             content = wire.encode_refine_round(
                 self.node_config(), step,
@@ -306,8 +300,8 @@ class GEMS(GEMSBase):
         """The selection round's choice (:func:`gems_fl.protocol.selection_round.select`);
         the logit scale is applied to any point that refinement steps follow."""
         chosen = select(server_round, replies, self._sent_to, self._candidates,
-                        self.outcome.accepted, scale_always=bool(self.settings.refine_rounds),
-                        min_replies=self.settings.min_replies, names=self.names,
+                        self.outcome.accepted, scale_always=bool(self.options.refine_rounds),
+                        min_replies=self.options.min_replies, names=self.names,
                         messages=self._messages)
         self.outcome.intersection = chosen.result
         self.point = np.asarray(chosen.result.point, dtype=np.float64)

@@ -21,7 +21,7 @@ standardisation, scale-mean and scale-std.
 
 Server -> client (message type ``train``, TTL ``round-timeout``)::
 
-    "config":  ConfigRecord  every run setting (Settings.to_config())
+    "config":  ConfigRecord  the settings node code reads (gems_fl.settings.options.node_config)
 
 Refinement (``refine-rounds=R``, after round 1): the server sends ``config`` with
 ``gems-refine`` (the step's index) and ``model`` (the current ``h_G``, float64). In the

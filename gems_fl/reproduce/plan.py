@@ -26,6 +26,7 @@ import json
 from dataclasses import dataclass, field
 
 from gems_fl.settings import Settings
+from gems_fl.settings.operation import PAPER_PROFILE, PROFILES
 
 STUDIES = {
     1: "convex table (and gram-rank: bytes against accuracy)",
@@ -75,6 +76,13 @@ class Options:
     logistic_sgd_lrs: tuple[float, ...] = (0.01, 0.03, 0.1, 0.3, 1.0, 3.0)
     overrides: tuple[tuple[str, object], ...] = ()  # run-config keys for every trial
     quick: bool = False
+    # "product": the project's recipe (the committed tables); "paper": the paper's
+    # recipe in every trial (profile='paper''s switches; each trial keeps its own space)
+    profile: str = "product"
+
+    def __post_init__(self) -> None:
+        if self.profile not in PROFILES:
+            raise ValueError(f"profile={self.profile!r}: give one of {', '.join(PROFILES)}")
 
     @classmethod
     def quick_preset(cls, **changes) -> Options:
@@ -108,6 +116,9 @@ class Options:
         """A run config for one trial: these options' dataset and overrides plus keys."""
         cfg = {"dataset": self.dataset, "data-dir": self.data_dir, "baselines": "all",
                **dict(self.overrides)}
+        if self.profile == "paper":  # the paper's switches, spelled out: a trial's own
+            # space (gram among them) must not read as "left at its default"
+            cfg.update({k: v for k, v in PAPER_PROFILE.items() if k != "space"})
         cfg.update(run_config)
         return cfg
 

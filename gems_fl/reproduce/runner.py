@@ -2,7 +2,7 @@
 
 Each trial runs the real apps in-process (see :mod:`gems_fl.protocol.inprocess`): GEMS trials
 call :func:`gems_fl.serverapp.run_server`, the function ``server_app.py`` calls, with an
-in-process Grid whose nodes run :func:`gems_fl.protocol.node.build_client_app`, the
+in-process Grid whose nodes run :func:`gems_fl.clientapp.build_client_app`, the
 ClientApp ``client_app.py`` serves; FedAvg/FedProx trials use :mod:`gems_fl.evaluation.fedavg`. A trial's
 outcome is written to ``trials/<name>.json`` as soon as it finishes, so an interrupted
 reproduction resumes where it stopped, and a finished trial is never run twice. Each
@@ -69,10 +69,10 @@ def execute(trial: Trial, work_dir: str) -> dict:
     """Run one trial and return its compact outcome (runs inside a worker process)."""
     from flwr.app import Context, RecordDict
 
+    from gems_fl.clientapp import build_client_app
     from gems_fl.evaluation.fedavg import run_federated, run_sgd
     from gems_fl.evaluation.results import RESULTS_FILE
     from gems_fl.protocol.inprocess import InProcessGrid
-    from gems_fl.protocol.node import build_client_app
     from gems_fl.serverapp import run_server
 
     t0 = time.perf_counter()

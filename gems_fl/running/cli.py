@@ -112,6 +112,10 @@ def build_parser() -> argparse.ArgumentParser:
                      help="study 1's gram-rank sweep (convex K=5): comma-separated ranks, "
                      "'auto' or 0 (the whole matrix), e.g. 5,auto,0; 'none' skips the sweep "
                      "(default: 5,20,50,100,auto,0; quick: 5,auto,0)")
+    rep.add_argument("--profile", choices=("product", "paper"), default="product",
+                     help="product (default): the project's recipe, as in the committed "
+                     "tables; paper: the paper's recipe in every trial (setting profile: "
+                     "its floors, neuron criterion and tuning), stored as separate trials")
     rep.add_argument("--jobs", type=int, default=2, help="worker processes (default: 2)")
     rep.add_argument("--fresh", action="store_true", help="discard stored trials and cache")
     sub_ = sub.add_parser(
@@ -307,7 +311,7 @@ def _reproduce(args: argparse.Namespace, argv: list[str] | None) -> int:
         print(f"gems-fl: error: --studies {args.studies!r} must be numbers like 1,2,6",
               file=sys.stderr)
         return 2
-    changes = {"studies": studies, "data_dir": args.data_dir}
+    changes = {"studies": studies, "data_dir": args.data_dir, "profile": args.profile}
     if args.seeds is not None:
         if args.seeds < 1:
             print("gems-fl: error: --seeds must be >= 1", file=sys.stderr)

@@ -10,6 +10,7 @@ from gems_fl.protocol.roster import Roster
 from gems_fl.protocol.verify import GEMS_KEY, Verification
 from gems_fl.serverapp.protocol_run import ProtocolRun
 from gems_fl.settings import Settings
+from gems_fl.settings.options import dp_spec
 
 
 def refinement_report(rounds: list[dict[str, Any]], scores: dict[int, float]) -> list[dict[str, Any]]:
@@ -126,8 +127,6 @@ def dp_record(settings: Settings) -> dict[str, Any] | None:
     guarantee each node's statistics keep, from the accountant, and what it covers."""
     if not settings.dp_epsilon:
         return None
-    from gems_fl.protocol.private import dp_spec
-
     return {**dp_spec(settings).report(bool(settings.dp_seeded_noise)),
             "covers": "each node's training rows, for everything computed from its noised "
                       "sums (the Gram matrix and label moments; the model)",

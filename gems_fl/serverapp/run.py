@@ -63,6 +63,7 @@ from gems_fl.learning.train import accuracy, set_default_device
 from gems_fl.protocol.attendance import RequiredNodesMissing, attendance
 from gems_fl.protocol.layerwise import LayerwiseGEMS
 from gems_fl.protocol.local_models import collect_local_mlps
+from gems_fl.protocol.options import ServerOptions
 from gems_fl.protocol.replies import NotEnoughRepliesError, dedupe_rejections
 from gems_fl.protocol.roster import Roster, identify_nodes
 from gems_fl.protocol.selection_round import result_at
@@ -79,7 +80,9 @@ from gems_fl.serverapp.report import (
 )
 from gems_fl.serverapp.window import WindowedGrid
 from gems_fl.settings import Settings, SettingsError
+from gems_fl.settings.options import agreement_rule, exchange, node_config, server_options
 from gems_fl.settings.plan import RunPlan, build_plan
+from gems_fl.settings.values import parse_required_nodes
 
 NODE_WAIT_S = 60.0
 # Every node scores every node's Local model while there are at most this many nodes:
@@ -132,12 +135,12 @@ def _extra_config(roster: Roster) -> dict[str, Any]:
     return roster.agreement.to_config() if roster.agreement is not None else {}
 
 
-def run_convex(grid: Grid, settings: Settings, roster: Roster, num_features: int,
-               num_classes: int, test_accuracy: Callable[[np.ndarray], float] | None = None,
-               ) -> ProtocolRun:
+def run_convex(grid: Grid, settings: Settings, options: ServerOptions, roster: Roster,
+               num_features: int, num_classes: int,
+               test_accuracy: Callable[[np.ndarray], float] | None = None) -> ProtocolRun:
     """The convex protocol: one round of spaces, ``h_G`` from them, then ``refine-rounds``
     refinement rounds (``test_accuracy`` scores the model after each round, if given)."""
-    strategy = GEMS(settings, param_shapes(num_features, num_classes),
+    strategy = GEMS(options, param_shapes(num_features, num_classes),
                     participants=roster.participants, names=roster.names,
                     extra_config=_extra_config(roster))
     scores: dict[int, float] = {}
@@ -149,7 +152,7 @@ def run_convex(grid: Grid, settings: Settings, roster: Roster, num_features: int
         return MetricRecord({"test-accuracy": scores[server_round]})
 
     strategy.start(grid=grid, initial_arrays=ArrayRecord(), num_rounds=strategy.num_rounds,
-                   timeout=settings.round_timeout, evaluate_fn=evaluate)
+                   timeout=options.round_timeout, evaluate_fn=evaluate)
     outcome = strategy.outcome
     point = strategy.point  # h_G, refined when refine-rounds > 0
     if settings.refine_rounds:  # membership, distances: of the refined model
@@ -181,13 +184,13 @@ def run_convex(grid: Grid, settings: Settings, roster: Roster, num_features: int
     )
 
 
-def run_layerwise(grid: Grid, settings: Settings, roster: Roster, num_features: int,
-                  num_classes: int, test_accuracy: Callable[[nn.Module], float] | None = None,
-                  ) -> ProtocolRun:
+def run_layerwise(grid: Grid, settings: Settings, options: ServerOptions, roster: Roster,
+                  num_features: int, num_classes: int,
+                  test_accuracy: Callable[[nn.Module], float] | None = None) -> ProtocolRun:
     """The layer-wise protocol: one round per hidden layer, then the output layer, then
     the selection round and ``refine-rounds`` steps on the output layer where they run
     (``test_accuracy`` scores the MLP after each of those rounds, if given)."""
-    strategy = LayerwiseGEMS(settings, num_features, num_classes,
+    strategy = LayerwiseGEMS(options, num_features, num_classes,
                              participants=roster.participants, names=roster.names,
                              extra_config=_extra_config(roster))
     scores: dict[int, float] = {}
@@ -201,7 +204,7 @@ def run_layerwise(grid: Grid, settings: Settings, roster: Roster, num_features: 
         return MetricRecord({"test-accuracy": scores[server_round]})
 
     strategy.start(grid=grid, initial_arrays=ArrayRecord(), num_rounds=strategy.num_rounds,
-                   timeout=settings.round_timeout, evaluate_fn=evaluate)
+                   timeout=options.round_timeout, evaluate_fn=evaluate)
     outcome = strategy.outcome
     model = as_mlp(strategy.point)
     extra = {}
@@ -234,7 +237,7 @@ def rebuild_local_mlps(run: ProtocolRun, data: ServerData, settings: Settings,
 
 
 def ask_local_mlps(grid: Grid, run: ProtocolRun, roster: Roster, settings: Settings,
-                   num_features: int, num_classes: int) -> None:
+                   options: ServerOptions, num_features: int, num_classes: int) -> None:
     """Without server data: each accepted node's whole local MLP, for the node-side Local
     and Averaged rows (:mod:`gems_fl.protocol.local_models`)."""
     shapes = {k: tuple(v.shape) for k, v in build_model(
@@ -242,8 +245,8 @@ def ask_local_mlps(grid: Grid, run: ProtocolRun, roster: Roster, settings: Setti
     ).state_dict().items()}
     ids = [r.node_id for r in run.outcome.accepted]
     got = collect_local_mlps(grid, ids, roster.names,
-                             {**settings.for_nodes(), **_extra_config(roster)}, shapes,
-                             settings.round_timeout)
+                             {**options.exchange.node_config, **_extra_config(roster)}, shapes,
+                             options.round_timeout)
     run.extra["local_models"] = {**got.report, "rejected": got.rejected}
     if not got.states:
         return
@@ -319,7 +322,7 @@ def run_server(grid: Grid, context: Context) -> dict[str, Any]:
     waited = time.perf_counter() - t_wait
     if len(node_ids) < settings.min_replies:
         raise RuntimeError(f"only {len(node_ids)} nodes connected; min-replies={settings.min_replies}")
-    roster = identify_nodes(grid, node_ids, settings)
+    roster = identify_nodes(grid, node_ids, exchange(settings), agreement_rule(settings))
     if len(roster.participants) < settings.min_replies or roster.agreement is None:
         reasons = "; ".join(f"node {r.get('node_name', r['node_id'])}: {r['reason']}"
                             for r in roster.rejected)
@@ -331,6 +334,7 @@ def run_server(grid: Grid, context: Context) -> dict[str, Any]:
     num_nodes = len(roster.participants)
     plan = build_plan(settings, num_nodes, num_features)
     log(INFO, "Plan: %s", plan_line(plan))
+    options = server_options(settings, plan, node_config(settings, plan))
     t_data = time.perf_counter()
     server_data, public, meta, notes = load_server_side(settings, agreement, num_nodes)
     for note in notes:
@@ -340,23 +344,23 @@ def run_server(grid: Grid, context: Context) -> dict[str, Any]:
 
     t_round = time.perf_counter()
     if settings.model == "mlp":
-        run = run_layerwise(grid, settings, roster, num_features, num_classes,
+        run = run_layerwise(grid, settings, options, roster, num_features, num_classes,
                             None if server_data is None else
                             lambda m: accuracy(m, server_data.test_x, server_data.test_y))
     else:
-        run = run_convex(grid, settings, roster, num_features, num_classes,
+        run = run_convex(grid, settings, options, roster, num_features, num_classes,
                          _test_accuracy(server_data, num_features, num_classes))
     timing["rounds"] = time.perf_counter() - t_round
 
     if public is not None and server_data is None and settings.baselines == "all":
         run.node_models.update(tune_on_public(run, public, settings, num_features, num_classes))
     if settings.model == "mlp" and server_data is None and settings.baselines != "none":
-        ask_local_mlps(grid, run, roster, settings, num_features, num_classes)
+        ask_local_mlps(grid, run, roster, settings, options, num_features, num_classes)
     t_verify = time.perf_counter()
     accepted_ids = [r.node_id for r in run.outcome.accepted]
     verification = verify_on_nodes(grid, accepted_ids, roster.names,
-                                   {**settings.for_nodes(), **_extra_config(roster)},
-                                   run.node_models, settings.round_timeout,
+                                   {**options.exchange.node_config, **_extra_config(roster)},
+                                   run.node_models, options.round_timeout,
                                    own_spaces=own_spaces(run, settings, num_features, num_classes))
     if holds_only_sums(run):  # the nodes' own checks are the membership there is
         run.outcome.intersection = complete_membership(
@@ -456,7 +460,7 @@ def finish(context: Context, settings: Settings, run: ProtocolRun, roster: Roste
     names = [roster.names.get(r.node_id, str(r.node_id)) for r in run.outcome.accepted]
     timing["total"] = time.perf_counter() - t0
     sites = attendance(roster.present(), roster.rejected, run.rejected, verification.missing,
-                       settings.required_nodes)
+                       settings.required_nodes, parse_required_nodes(settings.required_nodes))
     results = {
         "status": "completed" if sites.ok else "incomplete",
         "attendance": sites.to_dict(),

@@ -1,5 +1,6 @@
-"""The option objects the geometry takes, built from the run settings: the geometry never
-reads :class:`~gems_fl.settings.Settings` itself."""
+"""The option objects the geometry and the protocol take, built from the run settings (and,
+on the server, the run plan): neither package reads :class:`~gems_fl.settings.Settings`
+itself. :func:`node_config` is what every message carries to the nodes."""
 
 from __future__ import annotations
 
@@ -7,10 +8,30 @@ from dataclasses import replace
 from typing import Any
 
 from gems_fl.geometry.choices import SUMS_ABOVE_NODES
+from gems_fl.geometry.dp import DPSpec
 from gems_fl.geometry.kinds import AggregateOptions, SpaceOptions
-from gems_fl.geometry.points import point_named, solvable_from_sums
+from gems_fl.geometry.points import AUTO, point_named, solvable_from_sums
+from gems_fl.protocol.options import AgreementRule, Exchange, NodeWork, ServerOptions
 
-__all__ = ["aggregate_options", "holds_sums", "space_options"]
+__all__ = ["READ_ONLY_WHEN", "agreement_rule", "aggregate_options", "dp_spec", "exchange",
+           "holds_sums", "node_config", "node_work", "server_options", "space_options",
+           "wants_ridge_choice"]
+
+_mlp = lambda s: s.model == "mlp"
+_gram = lambda s: s.space == "gram"
+#: node settings that only some runs' node code reads, and the runs that read them; the
+#: other runs' messages leave them out (a node then holds the default, which it never reads)
+READ_ONLY_WHEN = {
+    "hidden": _mlp, "dropout": _mlp, "eps-neuron": _mlp, "neuron-criterion": _mlp,
+    "neuron-delta": _mlp,
+    "ellipsoid-c": lambda s: s.space == "ellipsoid",
+    "ellipsoid-floor": lambda s: s.space == "ellipsoid",
+    "gram-rank": _gram, "label-moments": _gram, "class-grams": _gram, "class-components": _gram,
+    "dp-delta": lambda s: bool(s.dp_epsilon), "dp-clip": lambda s: bool(s.dp_epsilon),
+    "dp-seeded-noise": lambda s: bool(s.dp_epsilon),
+    "ham10000-per-class": lambda s: s.dataset == "ham10000",
+    "ham10000-cnn-epochs": lambda s: s.dataset == "ham10000",
+}
 
 #: a :class:`gems_fl.settings.Settings` (not imported: that package imports this module)
 Settings = Any
@@ -50,3 +71,76 @@ def holds_sums(settings: Settings, num_nodes: int) -> bool:
     if settings.server_grams == "sums" or settings.secure_aggregation or settings.dp_epsilon:
         return True
     return num_nodes > SUMS_ABOVE_NODES and solvable_from_sums(settings.gram_point)
+
+
+def dp_spec(settings: Settings) -> DPSpec:
+    """The release ``dp-epsilon``, ``dp-delta`` and ``dp-clip`` ask for."""
+    return DPSpec(float(settings.dp_epsilon), float(settings.dp_delta), float(settings.dp_clip))
+
+
+def node_work(settings: Settings) -> NodeWork:
+    """What a node's work reads of the settings it received (with its own overrides)."""
+    return NodeWork(
+        training=settings.local_training, space=space_options(settings),
+        neuron_eps=settings.eps_neuron, neuron_delta=settings.neuron_delta,
+        neuron_criterion=settings.neuron_criterion,
+        dp=dp_spec(settings) if settings.dp_epsilon else None,
+        dp_seeded_noise=bool(settings.dp_seeded_noise))
+
+
+def wants_ridge_choice(settings: Settings) -> bool:
+    """Whether the settings leave a choice to the selection round: the point
+    (``gram-point=auto``) or its regularisation (``pooled-ridge=auto``)."""
+    return settings.space == "gram" and (settings.gram_point == AUTO or (
+        point_named(settings.gram_point).regularisation is not None
+        and len(settings.pooled_ridges) > 1))
+
+
+def agreement_rule(settings: Settings) -> AgreementRule:
+    """What the identity round agrees on (dataset, features, classes, scaling)."""
+    return AgreementRule(dataset=settings.dataset, num_features=int(settings.num_features or 0),
+                         classes=settings.classes, standardize=settings.standardize)
+
+
+def exchange(settings: Settings, config: Any = None) -> Exchange:
+    """How the server talks to the nodes: ``config`` (default: :meth:`Settings.for_nodes`)
+    in every message, ``round-timeout``, ``min-replies``."""
+    return Exchange(node_config=dict(settings.for_nodes() if config is None else config),
+                    round_timeout=float(settings.round_timeout),
+                    min_replies=int(settings.min_replies))
+
+
+def server_options(settings: Settings, plan: Any, config: Any = None) -> ServerOptions:
+    """What the strategies read: the settings with the run plan's resolved values (what
+    the server holds, the refinement penalty)."""
+    return ServerOptions(
+        exchange=exchange(settings, config), seed=int(settings.seed),
+        space=space_options(settings), aggregate=aggregate_options(settings),
+        pooled_ridges=tuple(settings.pooled_ridges), selects=bool(settings.refine_rounds)
+        or wants_ridge_choice(settings), refine_rounds=int(settings.refine_rounds),
+        refine_method=settings.refine_method, refine_l2=float(plan.refine_l2),
+        holds_sums=plan.server_holds == "sums", server_grams=settings.server_grams,
+        secure_aggregation=bool(settings.secure_aggregation),
+        secure_threshold=settings.secure_threshold, dp=bool(settings.dp_epsilon),
+        hidden_widths=tuple(settings.hidden_widths) if settings.model == "mlp" else (),
+        clusters=int(settings.clusters), max_width=int(settings.max_width),
+        neuron_eps=float(settings.eps_neuron), neuron_criterion=settings.neuron_criterion)
+
+
+def node_config(settings: Settings, plan: Any) -> dict[str, Any]:
+    """What every message of the run carries to the nodes: the settings this run's node
+    code reads (:data:`READ_ONLY_WHEN` leaves out the others), with the plan's choices
+    for the logistic model's Gram layer (its ``gram-rank`` and whether class Gram
+    matrices travel) and no class Gram matrices where the replies carry only sums
+    (secure aggregation, DP)."""
+    out = {key: value for key, value in settings.for_nodes().items()
+           if key not in READ_ONLY_WHEN or READ_ONLY_WHEN[key](settings)}
+    if settings.space != "gram":
+        return out
+    out["gram-rank"] = settings.gram_rank  # as the server resolved it (run_gram_rank)
+    if plan.layer_size is not None:  # the logistic model: the layer's size is known
+        out["gram-rank"] = int(plan.gram_rank)
+        out["class-grams"] = "true" if plan.class_grams is True else "false"
+    elif settings.secure_aggregation or settings.dp_epsilon:
+        out["class-grams"] = "false"
+    return out

@@ -12,7 +12,7 @@ MLP's output layer learns its width in its own round: there the plan gives the r
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from gems_fl.geometry.choices import (
@@ -84,6 +84,8 @@ def build_plan(settings: Settings, num_nodes: int, num_features: int) -> RunPlan
     features (the identity round's agreement)."""
     gram = settings.space == "gram"
     options = space_options(settings)
+    if options.class_grams == "auto" and CLASS_GRAMS in point_named(settings.gram_point).needs:
+        options = replace(options, class_grams="true")  # the point needs them at any size
     if settings.model == "logistic":
         size = num_features + 1
         rank = gram_rank_for(options.gram_rank, size) if gram else 0

@@ -1,0 +1,102 @@
+"""The Flower handlers a node registers: ``train``, ``query`` and ``evaluate``.
+
+Each turns its message's settings into the node's settings (validated, with the node's
+own overrides: :meth:`gems_fl.settings.Settings.for_node`) and its
+:class:`~gems_fl.protocol.options.NodeWork`, loads the node's data, and hands both to
+the reply builders of :mod:`gems_fl.protocol.node`.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+from flwr.app import Context, Message
+from flwr.clientapp import ClientApp
+
+from gems_fl.data.agreement import DataAgreement
+from gems_fl.data.nodes import (
+    NodeData,
+    NodeDataError,
+    cast_node_arrays,
+    load_node_data,
+    node_name,
+    own_node_config,
+)
+from gems_fl.learning.train import set_default_device
+from gems_fl.protocol import node, secure, wire
+from gems_fl.settings import Settings
+from gems_fl.settings.options import node_work
+
+logger = logging.getLogger(__name__)
+
+
+def node_settings(config: Mapping[str, Any], context: Context) -> Settings:
+    """The settings a message carries, validated, with this node's own overrides."""
+    return Settings.from_node_config(config).for_node(context.node_config)
+
+
+def _node_data(settings: Settings, config: Mapping[str, Any], context: Context) -> NodeData:
+    node_config = own_node_config(context.node_config, settings.site_files)
+    return cast_node_arrays(load_node_data(settings, node_config,
+                                           DataAgreement.from_config(config)))
+
+
+def handle_train(msg: Message, context: Context) -> Message:
+    """Flower ``train`` handler: a round of the protocol, or SecAgg+'s fit instruction."""
+    if secure.is_secure_fit(msg):
+        config = secure.fit_config(msg)
+        settings = node_settings(config, context)
+        return node.secure_sums_reply(msg, context, _node_data(settings, config, context),
+                                      node_work(settings))
+    config = wire.decode_config(msg.content)
+    settings = node_settings(config, context)
+    set_default_device(settings.device)
+    return node.train_reply(msg, context, _node_data(settings, config, context),
+                            node_work(settings), config)
+
+
+def handle_evaluate(msg: Message, context: Context) -> Message:
+    """Flower ``evaluate`` handler: score the server's models on this node's own data
+    against its own eps (:func:`gems_fl.protocol.node.evaluate_reply`)."""
+    config = wire.decode_config(msg.content)
+    settings = node_settings(config, context)
+    return node.evaluate_reply(msg, context, _node_data(settings, config, context),
+                               node_work(settings))
+
+
+def handle_query(msg: Message, context: Context) -> Message:
+    """Flower ``query`` handler: say who this node is and what data it holds.
+
+    The server asks before the first round. The answer carries the node's name, the
+    shape of its data, the class names it holds and, for ``standardize='federated'``,
+    per-feature sums of its training rows. A node whose data cannot take part (an
+    unreadable or malformed file, NaN, a wrong number of features or classes) answers
+    with its name and the reason, so the server names it and leaves it out.
+    """
+    settings = Settings.from_node_config(wire.decode_config(msg.content))
+    try:
+        node_config = own_node_config(context.node_config, settings.site_files)
+        name = node_name(node_config)
+    except NodeDataError as exc:
+        raise NodeDataError(f"node id {context.node_id}: {exc}") from None
+    source = str(node_config.get("data-path", "")) or "partition"
+    try:
+        data = load_node_data(settings, node_config)
+    except NodeDataError as exc:
+        logger.warning("%s", exc)
+        return Message(content=wire.encode_identity_error(name, f"data-path={source}", str(exc)),
+                       reply_to=msg)
+    return node.identity_reply(msg, data, with_stats=settings.standardize == "federated")
+
+
+def build_client_app() -> ClientApp:
+    """The GEMS ClientApp: ``train`` (the good-enough space), ``query`` (who this node is
+    and what data it holds) and ``evaluate`` (score the server's models, h_G first, on
+    this node's own data against its eps)."""
+    app = ClientApp(mods=[secure.secure_mod])  # SecAgg+ for its own messages only
+    app.train()(handle_train)
+    app.query()(handle_query)
+    app.evaluate()(handle_evaluate)
+    return app
