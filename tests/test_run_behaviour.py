@@ -502,3 +502,20 @@ def test_a_ray_address_nobody_answers_is_refused_before_anything_starts(capsys):
     assert "no Ray head answers there" in capsys.readouterr().err
     assert main(["run", "--nodes", "2", "--ray-address", "nowhere"]) == 2
     assert "HOST:PORT" in capsys.readouterr().err
+
+
+def test_flower_is_found_beside_the_interpreter_without_an_activated_environment():
+    """``gems-fl submit``/``status`` and the launcher call Flower's executables of the
+    Python running them, also when its folder is not on PATH (a virtual environment used
+    as ``.venv/bin/gems-fl`` without ``activate``)."""
+    code = ("from gems_fl.running.processes import flower_tool, with_flower_on_path\n"
+            "import os, pathlib\n"
+            "tool = flower_tool('flwr')\n"
+            "assert os.path.isabs(tool) and os.access(tool, os.X_OK), tool\n"
+            "env = with_flower_on_path({'PATH': '/nonexistent'})\n"
+            "assert env['PATH'].split(os.pathsep)[0] == str(pathlib.Path(tool).parent), env\n"
+            "from gems_fl.running.submit import Connection\n"
+            "Connection('x').flwr('--version')  # FileNotFoundError without it\n")
+    done = subprocess.run([sys.executable, "-c", code], env={**os.environ, "PATH": "/nonexistent"},
+                          capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert done.returncode == 0, done.stderr[-2000:]

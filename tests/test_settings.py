@@ -46,10 +46,14 @@ def test_cli_rejects_a_bad_setting_before_starting_anything(capsys):
     assert "eps=2.0" in capsys.readouterr().err
 
 
-def test_cli_rejects_an_unknown_setting(capsys):
+def test_cli_rejects_an_unknown_setting_with_the_closest_names(capsys):
     assert main(["run", "--run-config", "epsilon=0.5"]) == 2
     err = capsys.readouterr().err
-    assert "unknown run setting(s) epsilon" in err and "eps" in err
+    assert "unknown run setting(s) 'epsilon' (did you mean 'dp-epsilon' or 'eps'?)" in err
+    assert main(["run", "--run-config", "standardise='federated' zzzz=1"]) == 2
+    err = capsys.readouterr().err
+    assert "'standardise' (did you mean 'standardize'?)" in err and "'zzzz';" in err
+    assert "local-patience" not in err  # not every name: the closest ones
 
 
 def test_readme_documents_every_setting():

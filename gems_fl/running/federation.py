@@ -27,6 +27,7 @@ import tomli_w
 
 from gems_fl.evaluation.results import RESULTS_FILE
 from gems_fl.running.outcome import RunFailed
+from gems_fl.running.processes import flower_tool, with_flower_on_path
 from gems_fl.running.superlink import free_port, run_status
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -148,7 +149,7 @@ class TlsFederation:
             "default": CONNECTION,
             CONNECTION: {"address": self.address, "root-certificates": str(self.certs.ca)},
         }}))
-        self.env = {**os.environ, "FLWR_HOME": str(self.home),
+        self.env = {**with_flower_on_path(dict(os.environ)), "FLWR_HOME": str(self.home),
                     "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1"}
         self.superlink: subprocess.Popen | None = None
         self.superlink_log = self.workdir / "superlink.log"
@@ -173,7 +174,7 @@ class TlsFederation:
         """``flower-superlink`` with TLS on a free port; wait until it answers."""
         assert self.certs is not None
         self.superlink = self._spawn(
-            ["flower-superlink", "--ssl-ca-certfile", str(self.certs.ca),
+            [flower_tool("flower-superlink"), "--ssl-ca-certfile", str(self.certs.ca),
              "--ssl-certfile", str(self.certs.cert), "--ssl-keyfile", str(self.certs.key),
              "--host", "127.0.0.1", "--port", str(self.port),
              "--disable-runtime-dependency-installation",
@@ -211,7 +212,7 @@ class TlsFederation:
         name = str(node_config.get("node-name", f"node-{len(self.nodes)}"))
         log_path = self.workdir / f"supernode-{len(self.nodes)}-{name}.log"
         process = self._spawn(
-            ["flower-supernode", "--root-certificates", str(ca or self.certs.ca),
+            [flower_tool("flower-supernode"), "--root-certificates", str(ca or self.certs.ca),
              "--superlink", self.address, "--port", str(free_port()),
              "--node-config", config, *extra_args], log_path)
         node = SuperNode(name, process, log_path)
@@ -242,7 +243,7 @@ class TlsFederation:
 
     def flwr(self, *args: str) -> subprocess.CompletedProcess[str]:
         """A ``flwr`` CLI command through the TLS connection entry."""
-        return subprocess.run(["flwr", *args], env=self.env, capture_output=True, text=True,
+        return subprocess.run([flower_tool("flwr"), *args], env=self.env, capture_output=True, text=True,
                               check=False)
 
     def run(self, app_dir: Path, run_config: dict[str, Any], timeout: float = 600.0) -> DeployedRun:
@@ -254,7 +255,7 @@ class TlsFederation:
         overrides = self.workdir / f"run-config-{time.monotonic_ns()}.toml"
         overrides.write_text(tomli_w.dumps(run_config))
         t0 = time.perf_counter()
-        proc = subprocess.Popen(["flwr", "run", str(app_dir), CONNECTION, "--stream",
+        proc = subprocess.Popen([flower_tool("flwr"), "run", str(app_dir), CONNECTION, "--stream",
                                  "--run-config", str(overrides)], env=self.env,
                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                 start_new_session=True)

@@ -12,13 +12,38 @@ whose ``/proc/<pid>/environ`` carries it.
 from __future__ import annotations
 
 import os
+import shutil
 import signal
+import sys
+import sysconfig
 import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
 
 MARKER_VARIABLE = "GEMS_FL_RUN_MARKER"
+
+
+def flower_tool(name: str) -> str:
+    """The path of Flower's executable ``name`` (``flwr``, ``flower-superlink``,
+    ``flower-supernode``) of the Python running ``gems-fl``: beside its interpreter or in
+    its scripts folder (a virtual environment used without activating it), else on PATH;
+    the bare name when none is found (the error then names it)."""
+    for folder in (Path(sys.executable).parent, Path(sysconfig.get_path("scripts"))):
+        candidate = folder / name
+        if candidate.is_file() and os.access(candidate, os.X_OK):
+            return str(candidate)
+    return shutil.which(name) or name
+
+
+def with_flower_on_path(env: dict[str, str]) -> dict[str, str]:
+    """``env`` with the folder of :func:`flower_tool`'s ``flwr`` first on PATH, so the
+    processes Flower starts by name (the SuperExec, ``flwr-simulation``) are found too."""
+    folder = str(Path(flower_tool("flwr")).parent)
+    path = env.get("PATH", "")
+    if folder in ("", ".") or folder in path.split(os.pathsep):
+        return env
+    return {**env, "PATH": os.pathsep.join(p for p in (folder, path) if p)}
 
 
 def new_marker() -> str:

@@ -4,6 +4,7 @@ anything starts."""
 
 from __future__ import annotations
 
+import difflib
 import re
 import tomllib
 from pathlib import Path
@@ -57,6 +58,21 @@ def parse_run_config(text: str | None) -> dict[str, Any]:
     return result
 
 
+def refuse_unknown(overrides: dict[str, Any], known: Any) -> None:
+    """``ValueError`` naming every key of ``overrides`` that is not a run setting, each
+    with the closest settings' names (``did you mean``), and where the list is."""
+    unknown = sorted(set(overrides) - set(known))
+    if not unknown:
+        return
+    parts = []
+    for key in unknown:
+        close = difflib.get_close_matches(key, sorted(known), n=3, cutoff=0.6)
+        parts.append(f"'{key}'" + (f" (did you mean {' or '.join(repr(c) for c in close)}?)"
+                                   if close else ""))
+    raise ValueError(f"unknown run setting(s) {', '.join(parts)}; `gems-fl run --help` and "
+                     "docs/settings.md list them")
+
+
 def resolve_overrides(app_dir: Path, run_config: str | None, output_dir: str | None) -> dict[str, Any]:
     """Parse ``key=value`` overrides, validate them, make ``output-dir`` absolute.
 
@@ -65,11 +81,7 @@ def resolve_overrides(app_dir: Path, run_config: str | None, output_dir: str | N
     """
     defaults = app_config(app_dir)
     overrides = parse_run_config(run_config)
-    unknown = sorted(set(overrides) - set(defaults))
-    if unknown:
-        raise ValueError(
-            f"unknown run setting(s) {', '.join(unknown)}; known: {', '.join(sorted(defaults))}"
-        )
+    refuse_unknown(overrides, defaults)
     if output_dir is not None:
         overrides["output-dir"] = output_dir
     out = overrides.get("output-dir", defaults["output-dir"])

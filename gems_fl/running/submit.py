@@ -27,7 +27,8 @@ import tomli_w
 from gems_fl.evaluation.results import RESULTS_FILE, git_commit
 from gems_fl.evaluation.results_bundle import BundleError, BundleReader, is_bundle_line
 from gems_fl.running.outcome import RunFailed, RunInterrupted, RunOutcome
-from gems_fl.running.run_config import app_config, parse_run_config
+from gems_fl.running.processes import flower_tool, with_flower_on_path
+from gems_fl.running.run_config import app_config, parse_run_config, refuse_unknown
 from gems_fl.running.runlog import Progress, RunLog, summarise_errors
 from gems_fl.running.signals import Signalled, hold_signals, signals_raise
 from gems_fl.running.watch import conclude, new_log_path
@@ -42,10 +43,10 @@ class Connection:
 
     def __init__(self, name: str, env: dict[str, str] | None = None) -> None:
         self.name = name
-        self.env = {**os.environ, **(env or {})}
+        self.env = {**with_flower_on_path(dict(os.environ)), **(env or {})}
 
     def flwr(self, *args: str, timeout: float = 60.0) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(["flwr", *args, self.name], env=self.env, capture_output=True,
+        return subprocess.run([flower_tool("flwr"), *args, self.name], env=self.env, capture_output=True,
                               text=True, check=False, start_new_session=True, timeout=timeout)
 
     def json(self, *args: str) -> dict[str, Any]:
@@ -70,10 +71,7 @@ def check_overrides(app: Path, run_config: str | None) -> dict[str, Any]:
     paths are read on the SuperLink's machine)."""
     defaults = app_config(app)
     overrides = parse_run_config(run_config)
-    unknown = sorted(set(overrides) - set(defaults))
-    if unknown:
-        raise ValueError(f"unknown run setting(s) {', '.join(unknown)}; known: "
-                         f"{', '.join(sorted(defaults))}")
+    refuse_unknown(overrides, defaults)
     Settings.from_run_config({**defaults, **overrides})
     return overrides
 
@@ -155,7 +153,7 @@ def submit(app_dir: str | Path, connection: str, run_config: str | None = None, 
     with tempfile.TemporaryDirectory(prefix="gems-fl-submit-") as tmp, signals_raise():
         config_path = Path(tmp) / "run-config.toml"
         config_path.write_text(tomli_w.dumps(overrides))
-        command = ["flwr", "run", str(app), connection, "--run-config", str(config_path)]
+        command = [flower_tool("flwr"), "run", str(app), connection, "--run-config", str(config_path)]
         if detach:
             res = subprocess.run(command, env=conn.env, capture_output=True, text=True,
                                  check=False, start_new_session=True)

@@ -21,7 +21,13 @@ from typing import Any
 import httpx
 
 from gems_fl.running.outcome import RunFailed
-from gems_fl.running.processes import MARKER_VARIABLE, new_marker, stop_marked
+from gems_fl.running.processes import (
+    MARKER_VARIABLE,
+    flower_tool,
+    new_marker,
+    stop_marked,
+    with_flower_on_path,
+)
 from gems_fl.running.runlog import RunLog
 
 SUPERLINK_START_TIMEOUT_S = 60.0
@@ -59,7 +65,7 @@ class LocalSuperLink:
             ray_tmp = Path(tempfile.mkdtemp(prefix="gems-fl-ray-", dir="/tmp"))
         ray_tmp.mkdir(exist_ok=True)
         self.ray_tmp = ray_tmp
-        self.env = {**os.environ, "FLWR_HOME": str(self.home),
+        self.env = {**with_flower_on_path(dict(os.environ)), "FLWR_HOME": str(self.home),
                     "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1",
                     "RAY_TMPDIR": str(ray_tmp), MARKER_VARIABLE: self.marker,
                     **(extra_env or {})}
@@ -68,7 +74,7 @@ class LocalSuperLink:
         self.stopped: dict[int, str] = {}
 
     def __enter__(self) -> LocalSuperLink:
-        cmd = ["flower-superlink", "--insecure", "--simulation", "--isolation", "subprocess",
+        cmd = [flower_tool("flower-superlink"), "--insecure", "--simulation", "--isolation", "subprocess",
                "--host", "127.0.0.1", "--port", str(self.port),
                "--disable-runtime-dependency-installation"]
         with self.log_path.open("wb") as log:
@@ -122,12 +128,12 @@ class LocalSuperLink:
 
     def flwr(self, *args: str) -> subprocess.CompletedProcess[str]:
         """Run a ``flwr`` CLI command against this SuperLink and capture its output."""
-        return subprocess.run(["flwr", *args], env=self.env, capture_output=True, text=True,
+        return subprocess.run([flower_tool("flwr"), *args], env=self.env, capture_output=True, text=True,
                               check=False, start_new_session=True)
 
     def flwr_streamed(self, *args: str, log: RunLog | None = None) -> str:
         """Run a ``flwr`` CLI command, passing each output line to ``log`` (else stdout)."""
-        proc = subprocess.Popen(["flwr", *args], env=self.env, stdout=subprocess.PIPE,
+        proc = subprocess.Popen([flower_tool("flwr"), *args], env=self.env, stdout=subprocess.PIPE,
                                 stderr=subprocess.STDOUT, text=True, bufsize=1,
                                 errors="replace", start_new_session=True)
         self.children.append(proc)
