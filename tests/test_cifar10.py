@@ -24,6 +24,11 @@ from tests.helpers import run_in_process
 N_PER_BATCH, N_TEST = 24, 40
 
 
+# runs that test something else with an eps (or data) that h_G meets on few sites: the
+# min-good-enough check (its own test in test_protocol.py) is turned off there
+NO_CHECK = {"min-good-enough": "0"}
+
+
 def write_cifar(folder: Path, n_per_batch: int = N_PER_BATCH, n_test: int = N_TEST) -> dict[str, tuple]:
     """Write data_batch_1..5 and test_batch as the python release does (bytes keys, uint8 rows)."""
     root = folder / "cifar-10-batches-py"
@@ -220,8 +225,7 @@ def test_paper_divisions_for_cifar10():
 
 
 def test_short_gems_run_on_cifar10(tiny, tmp_path):
-    results = run_in_process(
-        5, tmp_path / "out", dataset="cifar10", **{
+    results = run_in_process(5, tmp_path / "out", **NO_CHECK, dataset="cifar10", **{
             "data-dir": str(tiny["dir"]), "vgg16-weights": tiny["options"].vgg16_weights,
             "feature-cache-dir": str(tiny["cache"]), "public-samples": 12})
     assert results["status"] == "completed"

@@ -12,6 +12,10 @@ from torch import nn
 from gems_fl.learning.recipe import WARM_SHRINKS, TuneRecipe
 from gems_fl.learning.train import HoldoutKeeper, accuracy, fine_tune, fine_tune_holdout
 
+# runs that test something else with an eps (or data) that h_G meets on few sites: the
+# min-good-enough check (its own test in test_protocol.py) is turned off there
+NO_CHECK = {"min-good-enough": "0"}
+
 
 def _data(seed: int = 0, n: int = 200):
     rng = np.random.default_rng(seed)
@@ -257,7 +261,7 @@ def test_tune_fresh_setting_builds_the_fresh_recipe_from_the_local_one():
 def test_a_run_says_which_tuned_model_it_kept_and_both_held_out_scores(tmp_path):
     from tests.helpers import run_in_process
 
-    rows = run_in_process(3, tmp_path, space="ball", seed=1, baselines="all",
+    rows = run_in_process(3, tmp_path, **NO_CHECK, space="ball", seed=1, baselines="all",
                           **{"label-division": "classes-per-node:4"})["rows"]
     tuned = rows["GEMS tuned"]
     assert isinstance(tuned["fresh"], bool)
@@ -265,6 +269,6 @@ def test_a_run_says_which_tuned_model_it_kept_and_both_held_out_scores(tmp_path)
     assert 0 <= other <= kept <= 1  # the kept one scores at least as well held out
     if tuned["fresh"]:  # the fresh model on every row is the model Raw converged trains
         assert tuned["accuracy"] == rows["Raw converged"]["accuracy"]
-    off = run_in_process(3, tmp_path / "off", space="ball", seed=1, baselines="all",
+    off = run_in_process(3, tmp_path / "off", **NO_CHECK, space="ball", seed=1, baselines="all",
                          **{"label-division": "classes-per-node:4", "tune-fresh": False})["rows"]
     assert "fresh" not in off["GEMS tuned"] and "held_out_accuracy" not in off["GEMS tuned"]

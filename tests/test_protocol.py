@@ -17,6 +17,10 @@ from gems_fl.protocol.replies import NotEnoughRepliesError
 from gems_fl.settings import Settings
 from tests.helpers import FAST, app_defaults, run_in_process
 
+# runs that test something else with an eps (or data) that h_G meets on few sites: the
+# min-good-enough check (its own test in test_protocol.py) is turned off there
+NO_CHECK = {"min-good-enough": "0"}
+
 
 def _client_reply(space: str) -> RecordDict:
     cfg = {**app_defaults(), **FAST, "space": space}
@@ -111,7 +115,7 @@ def test_bad_replies_are_dropped_and_the_round_goes_on(tmp_path, caplog):
     flwr_logger = logging.getLogger("flwr")
     flwr_logger.addHandler(caplog.handler)
     try:
-        results = run_in_process(6, tmp_path, reply_hook=hook, space="ball",
+        results = run_in_process(6, tmp_path, **NO_CHECK, reply_hook=hook, space="ball",
                                  **{"label-division": "classes-per-node:2", "required-nodes": "2"})
     finally:
         flwr_logger.removeHandler(caplog.handler)
@@ -165,6 +169,29 @@ def test_a_required_site_left_out_fails_the_run_after_writing_its_results(tmp_pa
         run_in_process(3, tmp_path / "three", space="ball", dataset="digits",
                        reply_hook=_error_for(1000), **{"required-nodes": "3"})
 
+def test_a_model_good_enough_on_too_few_sites_fails_the_run_after_writing_its_results(tmp_path):
+    """A site whose eps h_G cannot reach counts against it: with two of three sites at
+    eps 0.999, h_G is good enough on 1 of 3, below the default majority (2): the results are
+    written, marked not-good-enough with the figures, then the run fails (gems-fl: exit 4)."""
+    from gems_fl.protocol.attendance import ModelNotGoodEnough
+    from gems_fl.running.outcome import RunNotGoodEnough, incomplete_run
+
+    strict = [{"partition-id": k, "num-partitions": 3, **({"eps": 0.999} if k < 2 else {})}
+              for k in range(3)]
+    with pytest.raises(ModelNotGoodEnough, match=r"good enough on 1 of 3 site\(s\) that "
+                       r"checked it; min-good-enough=majority asks for 2"):
+        run_in_process(3, tmp_path, node_configs=strict)
+    path = tmp_path / "run-1" / "results.json"
+    saved = json.loads(path.read_text())
+    assert saved["status"] == "not-good-enough"
+    assert saved["good_enough"] == {**saved["good_enough"], "sites": 1, "checked": 3,
+                                    "required": 2, "ok": False}
+    assert saved["verification"]["good_enough"] == 1
+    error, line = incomplete_run(path)
+    assert error is RunNotGoodEnough and error.exit_code == 4 and "1 of 3" in line
+    results = run_in_process(3, tmp_path / "one", node_configs=strict,
+                             **{"min-good-enough": "1"})
+    assert results["status"] == "completed" and results["good_enough"]["ok"]
 
 
 def _error_for(node_id: int):

@@ -106,3 +106,8 @@ def attendance(present: dict[int, str], identity_rejected: list[dict[str, object
 class RequiredNodesMissing(RuntimeError):
     """A site that ``required-nodes`` names (or counts) did not take part to the end; the
     results were written with status ``incomplete``."""
+
+
+class ModelNotGoodEnough(RuntimeError):
+    """``h_G`` was good enough on fewer sites than ``min-good-enough`` asks; the results
+    were written with status ``not-good-enough``."""

@@ -130,7 +130,8 @@ def build_parser() -> argparse.ArgumentParser:
         "completed with every required site; 1: the run failed, was stopped, the SuperLink "
         "stopped answering or the results did not come home (the cause is printed); 2: an "
         "invalid setting (nothing submitted); 3: completed and results home, but a site that "
-        "required-nodes requires was left out or died.",
+        "required-nodes requires was left out or died; 4: completed and results home, but h_G "
+        "was good enough on fewer sites than min-good-enough asks.",
         epilog=settings_epilog(), formatter_class=argparse.RawDescriptionHelpFormatter)
     sub_.add_argument("app", nargs="?", default=".", help="Flower app folder (default: .)")
     sub_.add_argument("--superlink", "--federation", dest="superlink", required=True,
@@ -263,7 +264,7 @@ def _report(work, where: str = "") -> int:
         return exc.exit_code
     except RunIncomplete as exc:
         sys.stdout.flush()
-        print(f"gems-fl: {exc}; results (status incomplete) in {exc.results_path}",
+        print(f"gems-fl: {exc}; results (status {exc.status}) in {exc.results_path}",
               file=sys.stderr)
         return exc.exit_code
     except RunFailed as exc:

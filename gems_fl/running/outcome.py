@@ -22,11 +22,20 @@ class RunIncomplete(RunFailed):
     requires was left out or died (``gems-fl`` exits 3)."""
 
     exit_code = 3
+    status = "incomplete"
 
     def __init__(self, message: str, results_path: Path, errors: list[str] | None = None,
                  log_path: Path | None = None) -> None:
         super().__init__(message, errors, log_path)
         self.results_path = results_path
+
+
+class RunNotGoodEnough(RunIncomplete):
+    """The run went to the end and wrote its results, but ``h_G`` was good enough on fewer
+    sites than ``min-good-enough`` asks (``gems-fl`` exits 4)."""
+
+    exit_code = 4
+    status = "not-good-enough"
 
 
 class RunInterrupted(RuntimeError):
@@ -49,15 +58,21 @@ class RunOutcome:
     log_path: Path | None = None
 
 
-def incomplete_run(path: Path) -> str | None:
-    """The sites line of a run whose results say ``incomplete`` (a required site was left
-    out), else None (no such results at ``path``)."""
+def incomplete_run(path: Path) -> tuple[type[RunIncomplete], str] | None:
+    """For a run that wrote its results and then failed on purpose: the error to raise and
+    the line that says why (``incomplete``: a required site was left out, the sites line;
+    ``not-good-enough``: too few sites found ``h_G`` good enough, the figures). Else None
+    (no such results at ``path``)."""
     import json
 
     try:
         results = json.loads(path.read_text())
     except (OSError, ValueError):
         return None
-    if results.get("status") != "incomplete":
-        return None
-    return str(results.get("attendance", {}).get("line", "a required site was left out"))
+    if results.get("status") == "incomplete":
+        return RunIncomplete, str(results.get("attendance", {}).get(
+            "line", "a required site was left out"))
+    if results.get("status") == "not-good-enough":
+        return RunNotGoodEnough, str(results.get("good_enough", {}).get(
+            "line", "h_G was good enough on too few sites"))
+    return None

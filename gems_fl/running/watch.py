@@ -12,7 +12,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from gems_fl.evaluation.results import RESULTS_FILE
-from gems_fl.running.outcome import RunFailed, RunIncomplete, RunOutcome, incomplete_run
+from gems_fl.running.outcome import RunFailed, RunOutcome, incomplete_run
 from gems_fl.running.runlog import RunLog, summarise_errors
 from gems_fl.running.timing import add_launch_timing
 
@@ -33,7 +33,8 @@ def conclude(run_id: int, status: str, out_dir: Path, run_log: RunLog,
     """The outcome of run ``run_id`` that ended with ``status``, whose results are (or
     should be) in ``out_dir/run-<id>/``.
 
-    Raises :class:`RunIncomplete` when the results say a required site was left out,
+    Raises :class:`RunIncomplete` when the results say a required site was left out
+    (:class:`RunNotGoodEnough`: too few sites found h_G good enough),
     :class:`RunFailed` for any other status than ``finished:completed`` (with the log's
     distinct errors) or when no results were written.
     """
@@ -42,7 +43,8 @@ def conclude(run_id: int, status: str, out_dir: Path, run_log: RunLog,
     if status != "finished:completed":
         incomplete = incomplete_run(path)
         if incomplete is not None:
-            raise RunIncomplete(f"run {run_id}: {incomplete}", path,
+            error, line = incomplete
+            raise error(f"run {run_id}: {line}", path,
                                 log_path=_keep_log(run_log, folder))
         raise RunFailed(f"run {run_id} ended with status '{status}'",
                         [e.line() for e in summarise_errors(run_log.lines)], run_log.path)

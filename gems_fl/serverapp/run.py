@@ -60,7 +60,7 @@ from gems_fl.learning.models import (
     vector_to_state,
 )
 from gems_fl.learning.train import accuracy, set_default_device
-from gems_fl.protocol.attendance import RequiredNodesMissing, attendance
+from gems_fl.protocol.attendance import ModelNotGoodEnough, RequiredNodesMissing, attendance
 from gems_fl.protocol.layerwise import LayerwiseGEMS
 from gems_fl.protocol.local_models import collect_local_mlps
 from gems_fl.protocol.options import ServerOptions
@@ -82,7 +82,7 @@ from gems_fl.serverapp.window import WindowedGrid
 from gems_fl.settings import Settings, SettingsError
 from gems_fl.settings.options import agreement_rule, exchange, node_config, server_options
 from gems_fl.settings.plan import RunPlan, build_plan
-from gems_fl.settings.values import parse_required_nodes
+from gems_fl.settings.values import parse_required_nodes, required_good_enough
 
 NODE_WAIT_S = 60.0
 # Every node scores every node's Local model while there are at most this many nodes:
@@ -461,9 +461,17 @@ def finish(context: Context, settings: Settings, run: ProtocolRun, roster: Roste
     timing["total"] = time.perf_counter() - t0
     sites = attendance(roster.present(), roster.rejected, run.rejected, verification.missing,
                        settings.required_nodes, parse_required_nodes(settings.required_nodes))
+    good, took_part = verification.to_dict()["good_enough"], len(verification.checks)
+    needed = required_good_enough(settings.min_good_enough, took_part)
+    useful = good >= needed
+    verdict = (f"h_G is good enough on {good} of {took_part} site(s) that checked it; "
+               f"min-good-enough={settings.min_good_enough} asks for {needed}")
     results = {
-        "status": "completed" if sites.ok else "incomplete",
+        "status": "completed" if sites.ok and useful else
+        "incomplete" if not sites.ok else "not-good-enough",
         "attendance": sites.to_dict(),
+        "good_enough": {"sites": good, "checked": took_part, "required": needed,
+                        "ok": useful, "line": verdict},
         "run_id": int(context.run_id),
         "settings": settings.to_config(),
         "dataset": meta,
@@ -498,4 +506,8 @@ def finish(context: Context, settings: Settings, run: ProtocolRun, roster: Roste
         raise RequiredNodesMissing(f"{sites.line} (results written with status 'incomplete'; "
                                    "set required-nodes to a count or names to accept fewer)")
     log(INFO, "Sites: %s", sites.line)
+    if not useful:
+        log(ERROR, "Not good enough: %s", verdict)
+        raise ModelNotGoodEnough(f"{verdict} (results written with status 'not-good-enough'; "
+                                 "see each site's figures in the table above)")
     return results

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from gems_fl.settings.checks import at_least, non_empty, one_of, positive, setting
-from gems_fl.settings.values import parse_required_nodes
+from gems_fl.settings.values import parse_min_good_enough, parse_required_nodes
 
 #: what ``baselines`` may say, from the fewest comparison rows to the paper's full table
 BASELINES = ("none", "cheap", "all")
@@ -39,6 +39,13 @@ class OperationSettings:
         'still written, status `incomplete`): `all` (every node present at the identity '
         'round), a count (`0`: none), or node names (`site-a,site-b`)',
         lambda key, value: parse_required_nodes(value), user=True)
+    min_good_enough: str = setting(
+        'majority',
+        'how many sites must find h_G good enough (its accuracy on their validation rows >= '
+        'their eps), else the run exits 4 (results still written, status '
+        '`not-good-enough`): `majority` (more than half of the sites that took part), or a '
+        'count (`0`: no check)',
+        lambda key, value: parse_min_good_enough(value), user=True)
     round_timeout: float = setting(
         1800.0,
         "seconds the server waits for the replies of one round; also each message's TTL, "

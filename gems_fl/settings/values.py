@@ -92,6 +92,24 @@ def check_classes(text: str) -> None:
         raise SettingsError(f"classes={text!r}: a classifier needs at least 2 classes")
 
 
+def parse_min_good_enough(value: str) -> int | None:
+    """``min-good-enough``: ``majority`` -> None (more than half of the sites that took
+    part), else a count (``0``: no check)."""
+    text = str(value).strip().lower()
+    if text == "majority":
+        return None
+    if text.isdigit():
+        return int(text)
+    raise SettingsError(f"min-good-enough={value!r}: give 'majority' (more than half of the "
+                        "sites that took part) or a count of sites such as '3' (0: no check)")
+
+
+def required_good_enough(value: str, took_part: int) -> int:
+    """How many of ``took_part`` sites must find ``h_G`` good enough (``min-good-enough``)."""
+    count = parse_min_good_enough(value)
+    return took_part // 2 + 1 if count is None else count
+
+
 def parse_required_nodes(value: str) -> int | tuple[str, ...] | None:
     """``required-nodes``: ``all`` -> None (every node present at the identity round), a
     count -> that many sites must take part to the end, else the names that must."""
