@@ -5,6 +5,6 @@ is and what data it holds, ``evaluate`` scores the server's models (h_G first) o
 node's own data against its eps.
 """
 
-from gems_fl.clientapp import build_client_app
+from gems_fl.apps import client_app as app
 
-app = build_client_app()
+__all__ = ["app"]

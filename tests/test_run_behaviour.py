@@ -519,3 +519,52 @@ def test_flower_is_found_beside_the_interpreter_without_an_activated_environment
     done = subprocess.run([sys.executable, "-c", code], env={**os.environ, "PATH": "/nonexistent"},
                           capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert done.returncode == 0, done.stderr[-2000:]
+
+
+# ---- the app the package carries ---------------------------------------------------------
+
+
+def test_the_packaged_app_has_the_checkouts_settings_and_is_a_valid_flower_app(tmp_path):
+    import tomllib
+
+    from flwr.common.config import validate_config
+
+    from gems_fl.running.packaged_app import is_flower_app, packaged_app
+
+    folder = packaged_app(tmp_path / "app")
+    config = tomllib.loads((folder / "pyproject.toml").read_text())
+    assert config["tool"]["flwr"]["app"]["config"] == app_defaults()
+    valid, errors, _ = validate_config(config, check_module=False)
+    assert valid, errors
+    assert is_flower_app(folder) and is_flower_app(ROOT) and not is_flower_app(tmp_path)
+
+
+def test_the_app_folder_is_the_checkout_inside_one_and_the_packaged_app_elsewhere(
+        tmp_path, monkeypatch):
+    from flwr.clientapp import ClientApp
+    from flwr.serverapp import ServerApp
+    from flwr.supercore.object_ref import load_app
+
+    from gems_fl.running.packaged_app import COMPONENTS, resolve_app
+
+    monkeypatch.chdir(ROOT)
+    assert resolve_app(None) == (ROOT, False)
+    monkeypatch.chdir(tmp_path)
+    folder, packaged = resolve_app(None)
+    assert packaged and (folder / "pyproject.toml").is_file()
+    assert resolve_app(str(ROOT)) == (ROOT, False)
+    assert isinstance(load_app(COMPONENTS["serverapp"], ValueError), ServerApp)
+    assert isinstance(load_app(COMPONENTS["clientapp"], ValueError), ClientApp)
+
+
+@pytest.mark.slow
+def test_gems_fl_run_works_from_an_empty_folder(tmp_path):
+    """A user's own folder holds no Flower app: `gems-fl run` runs the app the package
+    carries, and the results land in that folder."""
+    folder = tmp_path / "mine"
+    folder.mkdir()
+    done = subprocess.run([sys.executable, "-m", "gems_fl.running.cli", "run", "--nodes", "2",
+                           "--run-config", FAST], cwd=folder, capture_output=True, text=True,
+                          timeout=900, env={**os.environ, "TMPDIR": str(tmp_path)})
+    assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
+    assert list((folder / "gems-results").glob("run-*/results.json"))

@@ -64,11 +64,15 @@ def build_parser() -> argparse.ArgumentParser:
         "Everything it starts is stopped at the end and on Ctrl-C, SIGTERM or SIGHUP "
         "(exit 130, 143, 129). Exit 0: completed with the sites required-nodes requires; "
         "1: the run failed; 2: a setting or a preflight check failed, nothing started; 3: the "
-        "run completed and wrote its results, but a required site was left out or died.",
+        "run completed and wrote its results, but a required site was left out or died; 4: "
+        "the run completed and wrote its results, but h_G was good enough on fewer sites "
+        "than min-good-enough asks.",
         epilog=settings_epilog(),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    run.add_argument("app", nargs="?", default=".", help="Flower app folder (default: .)")
+    run.add_argument("app", nargs="?", default=None,
+                     help="Flower app folder (default: this folder when it holds one, else "
+                     "the app the gems-fl package carries)")
     run.add_argument("--nodes", type=int, default=None,
                      help="number of SuperNodes (default: 5, or one per --site)")
     run.add_argument("--site", action="append", default=None, metavar="FILE",
@@ -133,7 +137,9 @@ def build_parser() -> argparse.ArgumentParser:
         "required-nodes requires was left out or died; 4: completed and results home, but h_G "
         "was good enough on fewer sites than min-good-enough asks.",
         epilog=settings_epilog(), formatter_class=argparse.RawDescriptionHelpFormatter)
-    sub_.add_argument("app", nargs="?", default=".", help="Flower app folder (default: .)")
+    sub_.add_argument("app", nargs="?", default=None,
+                      help="Flower app folder (default: this folder when it holds one, else "
+                      "the app the gems-fl package carries)")
     sub_.add_argument("--superlink", "--federation", dest="superlink", required=True,
                       help="name of the connection entry, e.g. gems-tls")
     sub_.add_argument("--run-config", "-c", default=None,

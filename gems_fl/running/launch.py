@@ -30,6 +30,7 @@ import tomli_w
 
 from gems_fl.evaluation.results import RESULTS_FILE, git_commit
 from gems_fl.running.outcome import RunFailed, RunInterrupted, RunOutcome
+from gems_fl.running.packaged_app import resolve_app
 from gems_fl.running.processes import describe
 from gems_fl.running.run_config import app_config, resolve_overrides
 from gems_fl.running.runlog import Progress, RunLog, summarise_errors
@@ -52,7 +53,7 @@ def _git_env(app: Path) -> dict[str, str]:
 
 
 def run_app(
-    app_dir: str | Path = ".",
+    app_dir: str | Path | None = None,
     *,
     num_nodes: int = 5,
     run_config: str | None = None,
@@ -63,6 +64,9 @@ def run_app(
     ray_address: str | None = None,
 ) -> RunOutcome:
     """``flwr run`` the app as a simulation with ``num_nodes`` SuperNodes; check it.
+
+    ``app_dir``: the Flower app folder; None: the current folder when it holds one (a
+    checkout), else the app the package carries (:mod:`gems_fl.running.packaged_app`).
 
     ``cpus_per_node`` is the CPUs Flower's simulation engine reserves for each ClientApp
     (Flower's default is 2, which runs one node at a time on a 2-core machine); with
@@ -92,7 +96,7 @@ def run_app(
     """
     t0 = time.monotonic()
     launched_unix = time.time()
-    app = Path(app_dir).expanduser().resolve()
+    app, _ = resolve_app(app_dir)
     overrides = resolve_overrides(app, run_config, output_dir)
     if sites:
         overrides.update(site_overrides(sites, overrides))

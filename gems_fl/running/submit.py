@@ -27,6 +27,7 @@ import tomli_w
 from gems_fl.evaluation.results import RESULTS_FILE, git_commit
 from gems_fl.evaluation.results_bundle import BundleError, BundleReader, is_bundle_line
 from gems_fl.running.outcome import RunFailed, RunInterrupted, RunOutcome
+from gems_fl.running.packaged_app import resolve_app
 from gems_fl.running.processes import flower_tool, with_flower_on_path
 from gems_fl.running.run_config import app_config, parse_run_config, refuse_unknown
 from gems_fl.running.runlog import Progress, RunLog, summarise_errors
@@ -119,7 +120,7 @@ def bring_home(bundle: BundleReader, run_id: int, out_dir: Path, app: Path,
     return written[RESULTS_FILE]
 
 
-def submit(app_dir: str | Path, connection: str, run_config: str | None = None, *,
+def submit(app_dir: str | Path | None, connection: str, run_config: str | None = None, *,
            output_dir: str | Path = "gems-results", detach: bool = False,
            env: dict[str, str] | None = None, progress: bool | Progress | None = None,
            ) -> RunOutcome | int:
@@ -141,7 +142,7 @@ def submit(app_dir: str | Path, connection: str, run_config: str | None = None, 
         SIGINT, SIGTERM or SIGHUP arrived; the run was stopped on the SuperLink.
     """
     launched_unix = time.time()
-    app = Path(app_dir).expanduser().resolve()
+    app, _ = resolve_app(app_dir)
     overrides = check_overrides(app, run_config)
     conn = Connection(connection, env)
     out_dir = Path(output_dir).expanduser().resolve()
