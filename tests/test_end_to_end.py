@@ -143,3 +143,18 @@ def test_baselines_choose_the_comparison_rows_and_never_change_h_g(tmp_path):
         np.testing.assert_array_equal(models["none"][name], models["all"][name])
         np.testing.assert_array_equal(models["cheap"][name], models["all"][name])
     assert len({r["rows"]["GEMS"]["accuracy"] for r in runs.values()}) == 1
+
+
+def test_the_printed_table_explains_its_rows_and_its_words(tmp_path):
+    from rich.console import Console
+
+    from gems_fl.evaluation.results import ROW_MEANINGS, print_results
+
+    results = run_in_process(3, tmp_path)
+    console = Console(record=True, width=400)
+    print_results(results, console)
+    text = console.export_text()
+    for name in results["rows"]:
+        assert f"{name}: {ROW_MEANINGS[name]}" in text
+    assert "good enough on k of n: h_G reached the site's own eps" in text
+    assert "inside k of n: h_G lies inside the site's good-enough space" in text

@@ -293,3 +293,19 @@ def test_site_options_of_gems_fl_run_are_checked_before_anything_starts(tmp_path
     assert main(["run", "--run-config", "dataset='node-files' evaluate-on-server=false",
                  "--output-dir", str(tmp_path / "o")]) == 2
     assert "gems-fl run --site" in capsys.readouterr().err
+
+
+def test_a_site_with_too_few_rows_is_left_out_by_name(tmp_path, sites):
+    """A site holding 3 training rows (min-rows 10) is left out at the identity round with
+    the reason; the default required-nodes='all' then stops the run before any training,
+    and a count lets the others go on."""
+    from gems_fl.protocol.attendance import RequiredNodesMissing
+
+    tiny = site_config(tmp_path / "sites", "site-tiny", seed=7, n=6)
+    with pytest.raises(RequiredNodesMissing, match=r"missing: site-tiny \(rejected: node "
+                       r"'site-tiny' holds 3 training row\(s\); the run needs at least 10"):
+        run_in_process(4, tmp_path / "all", node_configs=[*sites, tiny], **OWN)
+    results = run_in_process(4, tmp_path / "three", node_configs=[*sites, tiny], **OWN,
+                             **NO_CHECK, **{"required-nodes": "3"})
+    assert [p["name"] for p in results["participants"]] == ["site-0", "site-1", "site-2"]
+    assert "site-tiny (node 'site-tiny' holds 3 training row(s)" in results["attendance"]["line"]

@@ -169,6 +169,39 @@ def test_a_required_site_left_out_fails_the_run_after_writing_its_results(tmp_pa
         run_in_process(3, tmp_path / "three", space="ball", dataset="digits",
                        reply_hook=_error_for(1000), **{"required-nodes": "3"})
 
+def test_a_required_site_missing_or_rejected_stops_the_run_before_any_training(tmp_path):
+    """The identity round knows the sites the run expects: a required site that is rejected
+    there (required-nodes='all') or never connects (named) stops the run before any
+    training, each site named with why; the results say so, with no model."""
+    from client_app import app as client_app
+
+    received = []
+
+    def recording_app(msg, context):
+        received.append(msg.metadata.message_type)
+        return client_app(msg, context)
+
+    bad = [{"partition-id": 0, "num-partitions": 3},
+           {"partition-id": 1, "num-partitions": 3},
+           {"data-path": str(tmp_path / "nowhere.npz"), "node-name": "site-x"}]
+    with pytest.raises(RequiredNodesMissing) as failure:
+        run_in_process(3, tmp_path / "all", node_configs=bad, client=recording_app)
+    assert str(failure.value).startswith(
+        "stopped before training: expected every site present (required-nodes='all'); heard "
+        "from 3 site(s) (partition-0, partition-1, site-x); missing: site-x (rejected: ")
+    assert set(received) == {"query"}  # the identity round, nothing after it
+    folder = tmp_path / "all" / "run-1"
+    saved = json.loads((folder / "results.json").read_text())
+    assert saved["status"] == "incomplete" and saved["stage"] == "identity"
+    assert saved["attendance"]["missing_required"] == ["site-x"]
+    assert not (folder / "gems_model.npz").exists()
+    with pytest.raises(RequiredNodesMissing, match=r"missing: site-y \(not connected after "):
+        run_in_process(2, tmp_path / "named", **{"site-wait": 1.0,
+                                                 "required-nodes": "partition-0,site-y"})
+    with pytest.raises(RequiredNodesMissing, match=r"1 more site\(s\) \(not connected after"):
+        run_in_process(2, tmp_path / "count", **{"site-wait": 1.0, "required-nodes": "3"})
+
+
 def test_a_model_good_enough_on_too_few_sites_fails_the_run_after_writing_its_results(tmp_path):
     """A site whose eps h_G cannot reach counts against it: with two of three sites at
     eps 0.999, h_G is good enough on 1 of 3, below the default majority (2): the results are

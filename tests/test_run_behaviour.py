@@ -267,6 +267,22 @@ def test_progress_phases_as_plain_lines():
     assert "round 1/2: 1 of 2 nodes replied" in text
 
 
+def test_a_piped_log_carries_no_colour_codes(tmp_path, capsys):
+    """Flower colours its log levels and Ray its actors' prefixes; a log that goes to a
+    file or a pipe shows the words only (the kept log file stays as streamed)."""
+    from gems_fl.running.runlog import RunLog
+
+    coloured = "\x1b[92mINFO \x1b[0m:      Sites: completed with 2 of 2 sites\n"
+    out = io.StringIO()
+    Progress(stream=out, live=False).echo(coloured)
+    assert out.getvalue() == "INFO :      Sites: completed with 2 of 2 sites\n"
+    log = RunLog(tmp_path / "run.log", None)
+    log.add(coloured)
+    log.close()
+    assert "\x1b" not in capsys.readouterr().out
+    assert "\x1b[92m" in (tmp_path / "run.log").read_text()
+
+
 # ---- results.json -----------------------------------------------------------------------
 
 

@@ -86,6 +86,31 @@ def gems_note(results: dict[str, Any]) -> str:
     return where
 
 
+#: What each row of the main table is, printed under it (:func:`legend_lines`).
+ROW_MEANINGS = {
+    "Global": "one model trained on all sites' data pooled (the paper's upper reference)",
+    "Local": "each site's own model (the mean of their accuracies)",
+    "Averaged": "the mean of the sites' model parameters (one-shot parameter averaging)",
+    "Ensemble": "the sites' MLPs voting (majority of their predictions)",
+    "GEMS": "h_G, the model picked from the sites' good-enough spaces",
+    "GEMS tuned": "h_G fine-tuned on the server's public sample",
+    "Raw": "a fresh model tuned like GEMS tuned, on the public sample alone",
+    "Raw converged": "a fresh model trained to convergence on the public sample alone",
+}
+GOOD_ENOUGH_MEANING = (
+    "good enough on k of n: h_G reached the site's own eps on the site's validation rows "
+    "(the site's check, the guarantee); inside k of n: h_G lies inside the site's "
+    "good-enough space (a geometric test that is stricter: a point picked from the pooled "
+    "statistics is often good enough without lying inside)")
+
+
+def legend_lines(results: dict[str, Any]) -> list[str]:
+    """What the main table's rows and the GEMS note's words mean, for the rows it shows."""
+    rows = [f"{name}: {ROW_MEANINGS[name]}" for name in results.get("rows", {})
+            if name in ROW_MEANINGS]
+    return ["Rows: " + "; ".join(rows) + ".", GOOD_ENOUGH_MEANING + "."] if rows else []
+
+
 def markdown_table(results: dict[str, Any]) -> str:
     """The accuracy rows as a markdown table (what README.md shows)."""
     lines = ["| Row | Test accuracy |", "| --- | ---: |"]
@@ -146,6 +171,8 @@ def print_results(results: dict[str, Any], console: Console | None = None) -> No
         if not console.is_terminal:  # a log stream: rich's 80-column default wraps every name
             console.width = max(console.width, 120)
     console.print(format_table(results))
+    for line in legend_lines(results):
+        console.print(line, style="dim", highlight=False)
     refinement = refinement_table(results)
     if refinement is not None:
         console.print(refinement)

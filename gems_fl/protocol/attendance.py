@@ -103,6 +103,42 @@ def attendance(present: dict[int, str], identity_rejected: list[dict[str, object
     return Attendance(sorted(names), completed, left_out, required, wanted, missing)
 
 
+def missing_before_training(present: dict[int, str], participants: list[int],
+                            names: dict[int, str], identity_rejected: list[dict[str, object]],
+                            wanted: int | tuple[str, ...] | None, waited_s: float
+                            ) -> list[tuple[str, str]]:
+    """The required sites the identity round lacks, ``[(site, why)]``, empty when it has
+    them all: with ``wanted`` None (``required-nodes='all'``) every node present must fit
+    the run; with a count, that many must; with names, each named site must have
+    connected and fit (``why``: ``not connected after N s`` or ``rejected: <reason>``)."""
+    rejected = {str(r.get("node_name") or present.get(int(r["node_id"]))
+                    or f"node {r['node_id']}"): str(r.get("reason", ""))
+                for r in identity_rejected}
+    taking_part = {names[n] for n in participants}
+    if wanted is None:
+        return [(name, f"rejected: {why}") for name, why in sorted(rejected.items())]
+    if isinstance(wanted, int):
+        if len(taking_part) >= wanted:
+            return []
+        short = [(name, f"rejected: {why}") for name, why in sorted(rejected.items())]
+        lacking = wanted - len(taking_part) - len(short)
+        if lacking > 0:
+            short.append((f"{lacking} more site(s)", f"not connected after {waited_s:.0f} s"))
+        return short
+    return [(name, f"rejected: {rejected[name]}" if name in rejected
+             else f"not connected after {waited_s:.0f} s")
+            for name in wanted if name not in taking_part]
+
+
+def expected_line(expected: str, heard_from: list[str],
+                  missing: list[tuple[str, str]]) -> str:
+    """The one line of a run stopped before training: the sites it expected, those it heard
+    from, and each required one missing with why."""
+    return (f"stopped before training: expected {expected}; heard from "
+            f"{len(heard_from)} site(s) ({', '.join(heard_from) or 'none'}); missing: "
+            + "; ".join(f"{name} ({_short(why)})" for name, why in missing))
+
+
 class RequiredNodesMissing(RuntimeError):
     """A site that ``required-nodes`` names (or counts) did not take part to the end; the
     results were written with status ``incomplete``."""

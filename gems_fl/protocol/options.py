@@ -42,13 +42,15 @@ class AgreementRule:
     ``dataset``: a named dataset fixes the features and classes; ``node-files`` lets the
     nodes' data decide. ``num_features`` 0: the count most nodes report. ``classes``: the
     ``classes`` setting's text (names, a count, or empty). ``standardize``: ``federated``
-    combines the nodes' per-feature sums into one mean and std.
+    combines the nodes' per-feature sums into one mean and std. ``min_rows``: a site with
+    fewer training rows is left out.
     """
 
     dataset: str
     num_features: int = 0
     classes: str = ""
     standardize: str = "off"
+    min_rows: int = 1  # fewer training rows: the site is left out
 
 
 @dataclass(frozen=True)

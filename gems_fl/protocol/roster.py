@@ -153,7 +153,15 @@ def agree(identities: dict[int, Identity], rule: AgreementRule
         holders = [n for n, v in reported.items() if v == num_features]
         how = f"held by {len(holders)} of {len(reported)} nodes: {_names(identities, holders)}"
         classes = None
+    for node_id, identity in identities.items():
+        held = int(identity.counts["num-train-examples"])
+        if held < rule.min_rows:
+            refused[node_id] = (f"node '{identity.name}' holds {held} training row(s); the run "
+                                f"needs at least {rule.min_rows} (min-rows) to train and check "
+                                "a model there")
     for node_id, features in reported.items():
+        if node_id in refused:
+            continue
         if features != num_features:
             refused[node_id] = (f"node '{identities[node_id].name}' holds data with {features} "
                                 f"features; the run has {num_features} ({how})")

@@ -109,8 +109,9 @@ class Progress:
             from rich.text import Text
 
             self._console.print(Text.from_ansi(line.rstrip("\n")), soft_wrap=True)
-        else:
-            self.stream.write(line if line.endswith("\n") else line + "\n")
+        else:  # not a terminal: no colour codes (Flower's and Ray's) in a piped log
+            text = ANSI.sub("", line)
+            self.stream.write(text if text.endswith("\n") else text + "\n")
             self.stream.flush()
 
     def feed(self, line: str) -> None:
@@ -282,7 +283,7 @@ class RunLog:
             self.progress.echo(line)
             self.progress.feed(line)
         else:
-            sys.stdout.write(line)
+            sys.stdout.write(line if sys.stdout.isatty() else ANSI.sub("", line))
             sys.stdout.flush()
 
     def close(self) -> None:

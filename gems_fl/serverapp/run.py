@@ -60,7 +60,13 @@ from gems_fl.learning.models import (
     vector_to_state,
 )
 from gems_fl.learning.train import accuracy, set_default_device
-from gems_fl.protocol.attendance import ModelNotGoodEnough, RequiredNodesMissing, attendance
+from gems_fl.protocol.attendance import (
+    ModelNotGoodEnough,
+    RequiredNodesMissing,
+    attendance,
+    expected_line,
+    missing_before_training,
+)
 from gems_fl.protocol.layerwise import LayerwiseGEMS
 from gems_fl.protocol.local_models import collect_local_mlps
 from gems_fl.protocol.options import ServerOptions
@@ -318,11 +324,17 @@ def run_server(grid: Grid, context: Context) -> dict[str, Any]:
         grid = WindowedGrid(grid)
     set_default_device(settings.device)  # training on the server: Global, tuning, Raw
     t_wait = time.perf_counter()
-    node_ids = wait_for_nodes(grid, settings.min_replies)
+    wanted = parse_required_nodes(settings.required_nodes)
+    expected = wanted if isinstance(wanted, int) else len(wanted) if wanted else 0
+    node_ids = wait_for_nodes(grid, max(settings.min_replies, expected), settings.site_wait)
     waited = time.perf_counter() - t_wait
+    roster = identify_nodes(grid, node_ids, exchange(settings), agreement_rule(settings))
+    missing = missing_before_training(roster.present(), roster.participants, roster.names,
+                                      roster.rejected, wanted, waited)
+    if missing:
+        stop_before_training(context, settings, roster, missing, started)
     if len(node_ids) < settings.min_replies:
         raise RuntimeError(f"only {len(node_ids)} nodes connected; min-replies={settings.min_replies}")
-    roster = identify_nodes(grid, node_ids, exchange(settings), agreement_rule(settings))
     if len(roster.participants) < settings.min_replies or roster.agreement is None:
         reasons = "; ".join(f"node {r.get('node_name', r['node_id'])}: {r['reason']}"
                             for r in roster.rejected)
@@ -374,6 +386,32 @@ def run_server(grid: Grid, context: Context) -> dict[str, Any]:
     run.extra["plan"] = plan.to_dict()
     return finish(context, settings, run, roster, verification, rows, meta, notes,
                   timing=timing, started=started, t0=t0, send_home=deployed)
+
+
+def stop_before_training(context: Context, settings: Settings, roster: Roster,
+                         missing: list[tuple[str, str]], started: float) -> None:
+    """A required site is missing or was rejected at the identity round: write results
+    that say so (status ``incomplete``, no model) and stop before any training."""
+    wanted = settings.required_nodes
+    expected = ("every site present" if wanted == "all" else
+                f"{wanted} site(s)" if str(wanted).strip().isdigit() else wanted)
+    heard = sorted(roster.present().values())
+    line = expected_line(f"{expected} (required-nodes={wanted!r})", heard, missing)
+    results = {
+        "status": "incomplete", "stage": "identity",
+        "attendance": {"line": line, "ok": False, "required": wanted, "heard_from": heard,
+                       "missing_required": [name for name, _ in missing],
+                       "left_out": [{"name": n, "stage": "identity", "reason": why}
+                                    for n, why in missing]},
+        "run_id": int(context.run_id), "settings": settings.to_config(),
+        "rejected": roster.rejected, "identify": roster.report,
+    }
+    folder = Path(settings.output_dir).expanduser().resolve() / f"run-{context.run_id}"
+    write_results(results, folder, None, started_at=started)
+    log(ERROR, "Sites: %s", line)
+    raise RequiredNodesMissing(f"{line} (nothing trained; results written with status "
+                               "'incomplete'; set required-nodes to a count or names to accept "
+                               "fewer)")
 
 
 def own_spaces(run: ProtocolRun, settings: Settings, num_features: int, num_classes: int

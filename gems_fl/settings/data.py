@@ -79,6 +79,12 @@ class DataSettings:
         "server from each node's per-feature count, sum and sum of squares sent in the "
         'identity round; no rows leave a node)',
         one_of(STANDARDIZE_CHOICES), node=True, user=True)
+    min_rows: int = setting(
+        10,
+        'a site with fewer training rows than this is left out at the identity round, named '
+        'with the reason (its model could not be trained and checked); with the default '
+        '`required-nodes=all` the run then stops before any training',
+        at_least(1, "a site needs a training row"))
     public_data: str = setting(
         '',
         'a file on the server (`.npz` with `x`, `y` and optionally `x_test`, `y_test`; or '

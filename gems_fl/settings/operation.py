@@ -46,6 +46,13 @@ class OperationSettings:
         '`not-good-enough`): `majority` (more than half of the sites that took part), or a '
         'count (`0`: no check)',
         lambda key, value: parse_min_good_enough(value), user=True)
+    site_wait: float = setting(
+        60.0,
+        'seconds the server waits, before the identity round, for the sites it expects '
+        '(`required-nodes`: a count, or as many nodes as it names; else `min-replies`); a '
+        'required site still missing or rejected then stops the run before any training '
+        '(exit 3, each site named with the reason)',
+        positive)
     round_timeout: float = setting(
         1800.0,
         "seconds the server waits for the replies of one round; also each message's TTL, "

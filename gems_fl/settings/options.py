@@ -99,7 +99,8 @@ def wants_ridge_choice(settings: Settings) -> bool:
 def agreement_rule(settings: Settings) -> AgreementRule:
     """What the identity round agrees on (dataset, features, classes, scaling)."""
     return AgreementRule(dataset=settings.dataset, num_features=int(settings.num_features or 0),
-                         classes=settings.classes, standardize=settings.standardize)
+                         classes=settings.classes, standardize=settings.standardize,
+                         min_rows=int(settings.min_rows))
 
 
 def exchange(settings: Settings, config: Any = None) -> Exchange:
