@@ -235,7 +235,7 @@ def test_a_dp_run_through_flower(tmp_path):
 
     proc = subprocess.run(
         [sys.executable, "-m", "gems_fl.running.cli", "run", str(ROOT), "--nodes", "3",
-         "--run-config", "num-directions=50 dp-epsilon=4", "--output-dir", str(tmp_path)],
+         "--run-config", "num-directions=50 dp-epsilon=4 min-good-enough=0", "--output-dir", str(tmp_path)],
         capture_output=True, text=True, timeout=900, check=False)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     (path,) = tmp_path.glob("run-*/results.json")
