@@ -50,7 +50,7 @@ class AgreementRule:
     num_features: int = 0
     classes: str = ""
     standardize: str = "off"
-    min_rows: int = 1  # fewer training rows: the site is left out
+    min_rows: int = 1  # node-files: a site with fewer training rows is left out
 
 
 @dataclass(frozen=True)

@@ -153,9 +153,9 @@ def agree(identities: dict[int, Identity], rule: AgreementRule
         holders = [n for n, v in reported.items() if v == num_features]
         how = f"held by {len(holders)} of {len(reported)} nodes: {_names(identities, holders)}"
         classes = None
-    for node_id, identity in identities.items():
-        held = int(identity.counts["num-train-examples"])
-        if held < rule.min_rows:
+    for node_id, identity in identities.items():  # own files only: a named dataset's
+        held = int(identity.counts["num-train-examples"])  # division checks its own sizes
+        if rule.dataset == NODE_FILES and held < rule.min_rows:
             refused[node_id] = (f"node '{identity.name}' holds {held} training row(s); the run "
                                 f"needs at least {rule.min_rows} (min-rows) to train and check "
                                 "a model there")

@@ -81,9 +81,10 @@ class DataSettings:
         one_of(STANDARDIZE_CHOICES), node=True, user=True)
     min_rows: int = setting(
         10,
-        'a site with fewer training rows than this is left out at the identity round, named '
-        'with the reason (its model could not be trained and checked); with the default '
-        '`required-nodes=all` the run then stops before any training',
+        "`dataset='node-files'`: a site with fewer training rows than this is left out at "
+        'the identity round, named with the reason (too few rows to train and check a '
+        'model); with the default `required-nodes=all` the run then stops before any '
+        "training. A named dataset's division checks its own sizes",
         at_least(1, "a site needs a training row"))
     public_data: str = setting(
         '',
