@@ -180,6 +180,26 @@ def test_a_test_only_public_file_is_the_servers_test_set_without_tuning(tmp_path
                                                      "samples": 0, "test": 120}
 
 
+def test_public_data_takes_the_file_or_its_stem(tmp_path):
+    """An operator may name the held-out file or its stem: ``/srv/heldout`` and
+    ``/srv/heldout.csv`` find ``heldout_test.csv``; a name with no such file is refused
+    before anything starts, saying which files were looked for."""
+    from gems_fl.data.site_files import public_data_path
+    from gems_fl.serverapp.preflight import PreflightError, check_public_data
+
+    x, y = blobs(60, 13, 8)
+    write_csv(tmp_path / "heldout_test.csv", x, y)
+    np.savez(tmp_path / "pool.npz", x=x, y=y)
+    for given in ("heldout", "heldout.csv", "heldout_test.csv"):
+        assert public_data_path(str(tmp_path / given)) == tmp_path / "heldout_test.csv"
+        check_public_data(Settings.from_run_config(
+            {**OWN, "evaluate-on-server": True, "public-data": str(tmp_path / given)}))
+    assert public_data_path(str(tmp_path / "pool")) == tmp_path / "pool.npz"
+    assert public_data_path(str(tmp_path / "absent")) is None
+    with pytest.raises(PreflightError, match="nor the stem of one"):
+        check_public_data(Settings.from_run_config({**OWN, "public-data": str(tmp_path / "x")}))
+
+
 def test_a_public_file_is_checked_before_any_node_is_contacted(tmp_path, sites):
     from gems_fl.serverapp.preflight import PreflightError, check_public_data
 

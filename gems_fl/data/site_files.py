@@ -100,6 +100,22 @@ def parse_classes(spec: str) -> list[str] | int | None:
     return names
 
 
+def public_data_path(text: str) -> Path | None:
+    """The file ``public-data`` names: the path itself when it is a file; else, for a stem
+    (``/srv/server`` or ``/srv/server.csv`` without that file), the first that exists of
+    ``<stem>.npz``, ``<stem>.csv`` and ``<stem>_test.csv`` (a test split alone). None when
+    none exists."""
+    path = Path(str(text).strip()).expanduser()
+    if path.is_file():
+        return path
+    stem = path.with_suffix("") if path.suffix.lower() in (".npz", ".csv") else path
+    for candidate in (stem.with_name(stem.name + ".npz"), stem.with_name(stem.name + ".csv"),
+                      stem.with_name(stem.name + "_test.csv")):
+        if candidate.is_file():
+            return candidate
+    return None
+
+
 def read_site_file(path: str | Path, label_column: str = "", *,
                    public: bool = False) -> SiteFile:
     """Read a site file (``.npz`` or ``.csv``); see the module docstring.

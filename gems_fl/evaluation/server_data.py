@@ -127,11 +127,12 @@ def load_public_data(settings: Settings, agreement) -> PublicData:
         combine_stats,
         encode_labels,
         feature_stats,
+        public_data_path,
         read_site_file,
         site_problems,
     )
 
-    path = settings.public_data.strip()
+    path = str(public_data_path(settings.public_data) or settings.public_data.strip())
     try:
         site = read_site_file(path, settings.label_column, public=True)
     except SiteFileError as exc:

@@ -116,30 +116,41 @@ def check_public_data(settings: Settings) -> None:
         raise PreflightError(
             "dataset='node-files' keeps the data on the nodes: set evaluate-on-server=false "
             "(the nodes evaluate every model on their own data), or give public-data")
-    if path and not Path(path).expanduser().is_file():
+    if not path:
+        return
+    from gems_fl.data.site_files import (
+        SiteFileError,
+        public_data_path,
+        read_site_file,
+        site_problems,
+    )
+
+    found = public_data_path(path)
+    if found is None:
         raise PreflightError(
-            f"public-data='{path}' is not a file on the machine running the ServerApp: give the "
-            "path of an .npz (x, y [, x_test, y_test]) or .csv file, or leave it empty")
-    if path:  # read now, before any node is contacted; its classes are checked later
-        from gems_fl.data.site_files import SiteFileError, read_site_file, site_problems
+            f"public-data='{path}' is not a file on the machine running the ServerApp, nor the "
+            "stem of one (<stem>.npz, <stem>.csv or <stem>_test.csv): give the path of an .npz "
+            "(x, y [, x_test, y_test]) or .csv file (a <stem>_test.csv beside it is its test "
+            "split; a <stem>_test.csv alone is a test set only), or leave it empty")
+    path = str(found)
+    # read now, before any node is contacted; its classes are checked later
+    try:
+        site = read_site_file(path, settings.label_column, public=True)
+    except SiteFileError as exc:
+        raise PreflightError(f"public-data: {_one_line(str(exc))}") from None
+    features = settings.num_features or None
+    if settings.dataset != "node-files":
+        from gems_fl.data.datasets import DATASET_SHAPES
 
-        try:
-            site = read_site_file(path, settings.label_column, public=True)
-        except SiteFileError as exc:
-            raise PreflightError(f"public-data: {_one_line(str(exc))}") from None
-        features = settings.num_features or None
-        if settings.dataset != "node-files":
-            from gems_fl.data.datasets import DATASET_SHAPES
-
-            features = DATASET_SHAPES[settings.dataset][0]
-        problems = site_problems(site, features, None, run="the run")
-        if problems:
-            raise PreflightError(f"public-data {path}: {'; '.join(problems)}")
-        if settings.dataset == "node-files" and settings.evaluate_on_server and "test" not in site.x:
-            raise PreflightError(
-                f"public-data {path} has no test split, and with dataset='node-files' and "
-                "evaluate-on-server=true it is the server's only test set: add x_test/y_test "
-                "(or <stem>_test.csv), or set evaluate-on-server=false")
+        features = DATASET_SHAPES[settings.dataset][0]
+    problems = site_problems(site, features, None, run="the run")
+    if problems:
+        raise PreflightError(f"public-data {path}: {'; '.join(problems)}")
+    if settings.dataset == "node-files" and settings.evaluate_on_server and "test" not in site.x:
+        raise PreflightError(
+            f"public-data {path} has no test split, and with dataset='node-files' and "
+            "evaluate-on-server=true it is the server's only test set: add x_test/y_test "
+            "(or <stem>_test.csv), or set evaluate-on-server=false")
 
 
 def check_nodes(settings: Settings, num_nodes: int) -> None:
