@@ -268,6 +268,7 @@ def test_check_data_reports_and_rejects_with_clear_messages(tmp_path, sites):
     np.savez(tmp_path / "nan.npz", x_train=x, y_train=y, x_val=x[:5], y_val=y[:5])
     code, out = _check(tmp_path / "nan.npz")
     assert code == 1 and "REJECTED: x_train holds 1 NaN and 1 infinite value(s) in 2 row(s)" in out
+    assert "(first: data row 5, counted from 1)" in out  # x[4]: the fifth row, as a CSV reader counts
     np.savez(tmp_path / "noval.npz", x_train=x, y_train=y)
     code, out = _check(tmp_path / "noval.npz")
     assert code == 1 and "lacks array(s) x_val, y_val" in out

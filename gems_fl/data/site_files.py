@@ -318,8 +318,8 @@ def site_problems(site: SiteFile, num_features: int | None = None,
             rows = np.flatnonzero(bad.any(axis=1))
             nan, inf = int(np.isnan(x).sum()), int(np.isinf(x).sum())
             problems.append(f"x_{split} holds {nan} NaN and {inf} infinite value(s) in "
-                            f"{len(rows)} row(s) (first: row {int(rows[0])}); features must be "
-                            "finite numbers")
+                            f"{len(rows)} row(s) (first: data row {int(rows[0]) + 1}, counted "
+                            "from 1); features must be finite numbers")
         if num_features is not None and x.shape[1] != num_features:
             problems.append(f"x_{split} has {x.shape[1]} features but {run} has {num_features}")
         if classes is not None and y.ndim == 1:

@@ -53,7 +53,7 @@ def is_access_line(line: str) -> bool:
 
 # (pattern, phase template); groups fill the template.
 PHASES: list[tuple[re.Pattern[str], str]] = [
-    (re.compile(r"Successfully started run (\d+)"), "run {0} started; starting the simulation"),
+    (re.compile(r"Successfully started run (\d+)"), "run {0} started"),
     (re.compile(r"Federation .*\((\d+) simulated SuperNodes\)"), "identity check: waiting for {0} nodes"),
     (re.compile(r"Identify: Replies from (\d+) of (\d+) nodes"), "identity check: {0} of {1} nodes replied"),
     (re.compile(r"Loading (\S+) on the server"), "loading {0} on the server"),
