@@ -158,3 +158,23 @@ def test_the_printed_table_explains_its_rows_and_its_words(tmp_path):
         assert f"{name}: {ROW_MEANINGS[name]}" in text
     assert "good enough on k of n: h_G reached the site's own eps" in text
     assert "inside k of n: h_G lies inside the site's good-enough space" in text
+
+
+def test_a_run_can_write_a_picture_of_each_sites_check(tmp_path, capsys):
+    from gems_fl.evaluation.result_plot import PLOT_FILE, site_figures
+    from gems_fl.running.cli import main
+
+    results = run_in_process(3, tmp_path)
+    sites = site_figures(results)
+    assert [s["name"] for s in sites] == ["partition-0", "partition-1", "partition-2"]
+    per_node = results["verification"]["per_node"]
+    for site in sites:
+        accuracy = per_node[site["name"]]["accuracy"]
+        assert site["gems"] == accuracy["gems"] and site["averaged"] == accuracy["averaged"]
+        assert site["local"] == accuracy[f"local.{site['name']}"]  # the site's own model
+        assert site["eps"] == 0.4
+    path = tmp_path / "run-1" / "results.json"
+    assert main(["show", "--plot", str(path)]) == 0
+    picture = path.parent / PLOT_FILE
+    assert picture.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert f"picture: {picture}" in capsys.readouterr().out

@@ -91,6 +91,9 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--run-config", "-c", default=None,
                      help="overrides, e.g. \"eps=0.5 dataset='fashion-mnist'\"")
     run.add_argument("--output-dir", default=None, help="results folder (setting output-dir)")
+    run.add_argument("--plot", action="store_true",
+                     help="also write result.png beside results.json: per site, h_G, its own "
+                     "Local model and Averaged on its own data, with its eps")
     rep = sub.add_parser(
         "reproduce",
         help="reproduce the paper's evaluation (tables, plots, JSON) on Fashion-MNIST",
@@ -181,6 +184,8 @@ def build_parser() -> argparse.ArgumentParser:
     show = sub.add_parser("show", help="print the tables of a results.json")
     show.add_argument("path", help="a results.json written by a run")
     show.add_argument("--markdown", action="store_true", help="markdown instead of rich tables")
+    show.add_argument("--plot", action="store_true",
+                      help="also write result.png beside it (per site: h_G, Local, Averaged)")
     return parser
 
 
@@ -188,7 +193,7 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``gems-fl`` console script."""
     args = build_parser().parse_args(argv)
     if args.command == "show":
-        return _show(args.path, args.markdown)
+        return _show(args.path, args.markdown, args.plot)
     if args.command == "reproduce":
         return _reproduce(args, argv)
     if args.command == "check-data":
@@ -248,10 +253,39 @@ def _run(args: argparse.Namespace) -> int:
               "site file is one node; leave --nodes out", file=sys.stderr)
         return 2
     nodes = args.nodes if args.nodes is not None else 5
-    return _report(lambda: run_app(args.app, num_nodes=nodes, run_config=args.run_config,
-                                   cpus_per_node=args.cpus_per_node, sites=args.site,
-                                   ray_address=args.ray_address,
-                                   output_dir=args.output_dir, progress=True))
+    def work():
+        from gems_fl.running.outcome import RunIncomplete
+
+        try:
+            outcome = run_app(args.app, num_nodes=nodes, run_config=args.run_config,
+                              cpus_per_node=args.cpus_per_node, sites=args.site,
+                              ray_address=args.ray_address, output_dir=args.output_dir,
+                              progress=True)
+        except RunIncomplete as exc:
+            if args.plot:
+                _plot(exc.results_path)
+            raise
+        if args.plot:
+            _plot(outcome.results_path)
+        return outcome
+
+    return _report(work)
+
+
+def _plot(results_path) -> None:
+    """``--plot``: the run's picture beside its results (a note when it has none)."""
+    import json
+    from pathlib import Path
+
+    from gems_fl.evaluation.result_plot import PLOT_FILE, plot_run
+
+    path = Path(results_path)
+    try:
+        written = plot_run(json.loads(path.read_text()), path.parent / PLOT_FILE)
+    except (OSError, ValueError) as exc:
+        print(f"gems-fl: no picture: {exc}", file=sys.stderr)
+        return
+    print(f"gems-fl: picture: {written}")
 
 
 def _report(work, where: str = "") -> int:
@@ -355,7 +389,7 @@ def _reproduce(args: argparse.Namespace, argv: list[str] | None) -> int:
     return 0
 
 
-def _show(path: str, markdown: bool) -> int:
+def _show(path: str, markdown: bool, plot: bool = False) -> int:
     import json
     from pathlib import Path
 
@@ -370,6 +404,8 @@ def _show(path: str, markdown: bool) -> int:
         print(markdown_table(results))
     else:
         print_results(results)
+    if plot:
+        _plot(path)
     return 0
 
 
