@@ -51,7 +51,7 @@ def sites(tmp_path):
 def strategies(monkeypatch):
     """Every convex GEMS strategy a run builds (to inspect what the server held), with
     the train replies each was given (``seen``)."""
-    import gems_fl.serverapp.run as run_module
+    import gems_fl.serverapp.protocols as run_module
 
     built = []
 

@@ -130,11 +130,15 @@ def missing_before_training(present: dict[int, str], participants: list[int],
             for name in wanted if name not in taking_part]
 
 
-def expected_line(expected: str, heard_from: list[str],
+def expected_line(required: str, wanted: int | tuple[str, ...] | None, heard_from: list[str],
                   missing: list[tuple[str, str]]) -> str:
-    """The one line of a run stopped before training: the sites it expected, those it heard
-    from, and each required one missing with why."""
-    return (f"stopped before training: expected {expected}; heard from "
+    """The one line of a run stopped before training: the sites it expected (``required``:
+    the ``required-nodes`` text, ``wanted`` it parsed), those it heard from, and each
+    required one missing with why."""
+    expected = ("every site present" if wanted is None else
+                f"{wanted} site(s)" if isinstance(wanted, int) else ", ".join(wanted))
+    return (f"stopped before training: expected {expected} (required-nodes={required!r}); "
+            f"heard from "
             f"{len(heard_from)} site(s) ({', '.join(heard_from) or 'none'}); missing: "
             + "; ".join(f"{name} ({_short(why)})" for name, why in missing))
 

@@ -1,6 +1,6 @@
 """The layer-wise GEMS Flower strategy for MLPs: one round per hidden layer, then one.
 
-Round ``j <= L``: every active node gets the settings and the aggregated layers
+Round ``j <= L``: every active node gets the node config and the aggregated layers
 ``1..j-1``; it replies one ball per neuron of its layer ``j``. The server clusters all
 neurons of all nodes (k-means, ``clusters`` = m_eps), merges groups whose balls share a
 verified point (:func:`gems_fl.geometry.layer_merge.merge_layer`) and keeps the rest, which fixes
@@ -114,7 +114,7 @@ class LayerwiseGEMS(GEMSBase):
         return {"weight": (self.num_classes, fan_in), "bias": (self.num_classes,)}
 
     def summary(self) -> None:
-        """Log the strategy's settings."""
+        """Log what the strategy does (its options)."""
         o = self.options
         log(INFO, "\t├── MLP hidden widths %s, %d rounds", self.widths, self.num_rounds)
         log(INFO, "\t├── neurons: eps_j=%s (%s), m_eps=%d clusters", o.neuron_eps,
@@ -124,7 +124,8 @@ class LayerwiseGEMS(GEMSBase):
     def configure_train(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
     ) -> Iterable[Message]:
-        """Settings plus the aggregated layers so far, to every node still taking part."""
+        """The node config plus the aggregated layers so far, to every node still taking
+        part."""
         self._t0 = time.perf_counter()
         if server_round > len(self.widths) + 1:
             return self._configure_after_output(server_round, grid)

@@ -3,7 +3,7 @@ after the protocol when the server holds no data to rebuild it.
 
 The layer-wise protocol never sends a whole local MLP (a hidden layer travels as neuron
 balls, the output layer as a space over merged features). Where the server holds the
-nodes' data (a simulation) it retrains them (``serverapp.run.rebuild_local_mlps``); where
+nodes' data (a simulation) it retrains them (``serverapp.protocols.rebuild_local_mlps``); where
 it does not (``evaluate-on-server=false``), :func:`collect_local_mlps` asks every accepted
 node for its round-1 model (the one whose first layer it sent), checks each reply, and
 the evaluate round then scores every node's model and their parameter mean on every node,

@@ -1,6 +1,6 @@
 """The GEMS Flower strategy (convex protocol: one round).
 
-Round 1 sends every node the run settings; each node replies with its good-enough
+Round 1 sends every node the node config; each node replies with its good-enough
 space. :meth:`GEMS.aggregate_train` validates every reply, drops the bad ones with a
 log line naming the node, and intersects the rest. The spaces, the rejections and the
 intersection report stay on the strategy (:attr:`GEMS.outcome`) for the results.
@@ -89,7 +89,7 @@ class GEMS(GEMSBase):
         return 1 + int(self.selects) + self.options.refine_rounds
 
     def summary(self) -> None:
-        """Log the strategy's settings."""
+        """Log what the strategy does (its options)."""
         space = self.options.space
         log(INFO, "\t├── space: %s, eps=%s, p=%d directions", space.kind, space.eps,
             space.num_directions)

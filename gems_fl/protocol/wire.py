@@ -101,12 +101,12 @@ SELECTION_METRIC_KEYS = ("val-losses", "val-correct", "num-val-examples")
 
 
 def encode_config(config: dict[str, Any]) -> RecordDict:
-    """The server's train instruction: all run settings in one ConfigRecord."""
+    """The server's train instruction: the node config in one ConfigRecord."""
     return RecordDict({CONFIG_KEY: ConfigRecord(dict(config))})
 
 
 def encode_layer_round(config: dict[str, Any], round_index: int, layers: list[tuple[np.ndarray, np.ndarray]]) -> RecordDict:
-    """Layer-wise protocol, server -> client: settings, round, aggregated layers so far.
+    """Layer-wise protocol, server -> client: node config, round, aggregated layers so far.
 
     The layers travel in float32, the precision the nodes train in: the same weights
     arrive as with float64, in half the bytes.
@@ -165,7 +165,7 @@ def layers_digest(layers: list[tuple[np.ndarray, np.ndarray]]) -> str:
 def encode_refine_round(config: dict[str, Any], refine_round: int,
                         state: dict[str, np.ndarray],
                         layers: list[tuple[np.ndarray, np.ndarray]] | None = None) -> RecordDict:
-    """Refinement step, server -> client: settings, the step's index (1..R) and the
+    """Refinement step, server -> client: node config, the step's index (1..R) and the
     current model (float64, so that the gradient is taken at exactly the server's point);
     for the MLP, the model is the output layer, and the merged hidden layers beneath it,
     which every node keeps from the selection round, are named by :func:`layers_digest`
@@ -246,7 +246,7 @@ def encode_selection_reply(val_losses: np.ndarray, val_correct: list[int],
 
 
 def decode_config(content: RecordDict) -> dict[str, Any]:
-    """Settings dict from a train instruction."""
+    """The node config of a train instruction, as a dict."""
     if CONFIG_KEY not in content.config_records:
         raise ValueError(f"train message has no '{CONFIG_KEY}' ConfigRecord")
     return dict(content.config_records[CONFIG_KEY])

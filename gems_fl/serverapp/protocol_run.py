@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 from torch import nn
 
+from gems_fl.geometry.spaces import SummedGramSpace
 from gems_fl.protocol.base import ConvexOutcome
 
 __all__ = ["ProtocolRun"]
@@ -27,3 +28,8 @@ class ProtocolRun:
     local_models: dict[str, nn.Module] | None = None  # Local rows, by node name
     averaged: nn.Module | None = None
     extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def holds_only_sums(self) -> bool:
+        """Whether the server kept only the sums of the nodes' Gram statistics."""
+        return any(isinstance(r.space, SummedGramSpace) for r in self.outcome.accepted)

@@ -103,19 +103,21 @@ def agreement_rule(settings: Settings) -> AgreementRule:
                          min_rows=int(settings.min_rows))
 
 
-def exchange(settings: Settings, config: Any = None) -> Exchange:
-    """How the server talks to the nodes: ``config`` (default: :meth:`Settings.for_nodes`)
-    in every message, ``round-timeout``, ``min-replies``."""
-    return Exchange(node_config=dict(settings.for_nodes() if config is None else config),
+def exchange(settings: Settings, plan: Any = None) -> Exchange:
+    """How the server talks to the nodes: the node config in every message (before the
+    plan, the identity round's: :meth:`Settings.for_nodes`; after it, :func:`node_config`),
+    ``round-timeout``, ``min-replies``."""
+    config = settings.for_nodes() if plan is None else node_config(settings, plan)
+    return Exchange(node_config=config,
                     round_timeout=float(settings.round_timeout),
                     min_replies=int(settings.min_replies))
 
 
-def server_options(settings: Settings, plan: Any, config: Any = None) -> ServerOptions:
+def server_options(settings: Settings, plan: Any) -> ServerOptions:
     """What the strategies read: the settings with the run plan's resolved values (what
-    the server holds, the refinement penalty)."""
+    the nodes receive, what the server holds, the refinement penalty)."""
     return ServerOptions(
-        exchange=exchange(settings, config), seed=int(settings.seed),
+        exchange=exchange(settings, plan), seed=int(settings.seed),
         space=space_options(settings), aggregate=aggregate_options(settings),
         pooled_ridges=tuple(settings.pooled_ridges), selects=bool(settings.refine_rounds)
         or wants_ridge_choice(settings), refine_rounds=int(settings.refine_rounds),
@@ -138,7 +140,6 @@ def node_config(settings: Settings, plan: Any) -> dict[str, Any]:
            if key not in READ_ONLY_WHEN or READ_ONLY_WHEN[key](settings)}
     if settings.space != "gram":
         return out
-    out["gram-rank"] = settings.gram_rank  # as the server resolved it (run_gram_rank)
     if plan.layer_size is not None:  # the logistic model: the layer's size is known
         out["gram-rank"] = int(plan.gram_rank)
         out["class-grams"] = "true" if plan.class_grams is True else "false"

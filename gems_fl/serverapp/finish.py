@@ -1,0 +1,136 @@
+"""How a run ends: the results assembled, printed and written (``results.json`` and the
+model), the sites' attendance and the good-enough verdict, and the exit that goes with them
+(:func:`finish`); or, when a required site is missing at the identity round, results that
+say so and a stop before any training (:func:`stop_before_training`)."""
+
+from __future__ import annotations
+
+import time
+from logging import ERROR, INFO
+from pathlib import Path
+from typing import Any
+
+from flwr.app import Context
+from flwr.common.logger import log
+
+from gems_fl.evaluation.results import (
+    MODEL_FILE,
+    RESULTS_FILE,
+    print_results,
+    write_results,
+)
+from gems_fl.evaluation.results_bundle import bundle_lines
+from gems_fl.geometry.eps import zero_radius_reason
+from gems_fl.protocol.attendance import (
+    ModelNotGoodEnough,
+    RequiredNodesMissing,
+    attendance,
+    expected_line,
+)
+from gems_fl.protocol.replies import dedupe_rejections
+from gems_fl.protocol.roster import Roster
+from gems_fl.protocol.verify import Verification
+from gems_fl.serverapp.protocol_run import ProtocolRun
+from gems_fl.serverapp.report import (
+    keyed_by_name,
+    node_table,
+    privacy_record,
+)
+from gems_fl.settings import Settings
+from gems_fl.settings.values import parse_required_nodes, required_good_enough
+
+
+def stop_before_training(context: Context, settings: Settings, roster: Roster,
+                         missing: list[tuple[str, str]], wanted: int | tuple[str, ...] | None,
+                         started: float) -> None:
+    """A required site is missing or was rejected at the identity round (``wanted``: the
+    parsed ``required-nodes``): write results that say so (status ``incomplete``, no model)
+    and stop before any training."""
+    heard = sorted(roster.present().values())
+    line = expected_line(settings.required_nodes, wanted, heard, missing)
+    results = {
+        "status": "incomplete", "stage": "identity",
+        "attendance": {"line": line, "ok": False, "required": settings.required_nodes,
+                       "heard_from": heard,
+                       "missing_required": [name for name, _ in missing],
+                       "left_out": [{"name": n, "stage": "identity", "reason": why}
+                                    for n, why in missing]},
+        "run_id": int(context.run_id), "settings": settings.to_config(),
+        "rejected": roster.rejected, "identify": roster.report,
+    }
+    folder = Path(settings.output_dir).expanduser().resolve() / f"run-{context.run_id}"
+    write_results(results, folder, None, started_at=started)
+    log(ERROR, "Sites: %s", line)
+    raise RequiredNodesMissing(f"{line} (nothing trained; results written with status "
+                               "'incomplete'; set required-nodes to a count or names to accept "
+                               "fewer)")
+
+
+def finish(context: Context, settings: Settings, run: ProtocolRun, roster: Roster,
+           verification: Verification, rows: dict[str, Any], meta: dict[str, Any],
+           notes: list[str], *, timing: dict[str, float], started: float,
+           t0: float, send_home: bool = False) -> dict[str, Any]:
+    """Assemble the results, print the tables, write ``results.json`` and the model
+    (``send_home``: also print both into the run's log for the submitting machine,
+    :mod:`gems_fl.evaluation.results_bundle`)."""
+    for reply in run.outcome.accepted:
+        if reply.space.radius == 0.0:
+            reason = zero_radius_reason(reply.metrics["local-val-accuracy"],
+                                        reply.metrics.get("eps", settings.eps))
+            notes.append(f"node {roster.names.get(reply.node_id, reply.node_id)}: radius 0: "
+                         f"{reason}")
+    run.extra.pop("first_layer_centers", None)
+    names = [roster.names.get(r.node_id, str(r.node_id)) for r in run.outcome.accepted]
+    timing["total"] = time.perf_counter() - t0
+    sites = attendance(roster.present(), roster.rejected, run.rejected, verification.missing,
+                       settings.required_nodes, parse_required_nodes(settings.required_nodes))
+    good, took_part = verification.to_dict()["good_enough"], len(verification.checks)
+    needed = required_good_enough(settings.min_good_enough, took_part)
+    useful = good >= needed
+    verdict = (f"h_G is good enough on {good} of {took_part} site(s) that checked it; "
+               f"min-good-enough={settings.min_good_enough} asks for {needed}")
+    results = {
+        "status": "completed" if sites.ok and useful else
+        "incomplete" if not sites.ok else "not-good-enough",
+        "attendance": sites.to_dict(),
+        "good_enough": {"sites": good, "checked": took_part, "required": needed,
+                        "ok": useful, "line": verdict},
+        "run_id": int(context.run_id),
+        "settings": settings.to_config(),
+        "dataset": meta,
+        "rows": rows,
+        "intersection": keyed_by_name(run.outcome.intersection.to_dict(), names),
+        "nodes": node_table(run, roster, verification, settings),
+        "verification": verification.to_dict(),
+        "rejected": dedupe_rejections(roster.rejected + run.rejected),
+        "participants": roster.nodes_json({int(r["node_id"]) for r in run.rejected}),
+        "identify": roster.report,
+        "notes": notes,
+        "privacy": privacy_record(settings, run.holds_only_sums),
+        "rounds": run.rounds,
+        "timing_s": timing,
+        "started_unix": started,
+        **run.extra,
+    }
+    folder = Path(settings.output_dir).expanduser().resolve() / f"run-{context.run_id}"
+    results["output"] = {"results": str(folder / RESULTS_FILE), "model": str(folder / MODEL_FILE)}
+    path = write_results(results, folder, run.model_state, started_at=started)
+    print_results(results)
+    log(INFO, "Results written to %s (model: %s) on the machine running the ServerApp",
+        path, folder / MODEL_FILE)
+    if send_home:
+        files = {RESULTS_FILE: path, MODEL_FILE: folder / MODEL_FILE}
+        for line in bundle_lines(int(context.run_id), {k: v for k, v in files.items() if v.is_file()}):
+            print(line, flush=True)
+        log(INFO, "Results sent home in the run's log (gems-fl submit and gems-fl pull write "
+            "them on the submitting machine)")
+    if not sites.ok:
+        log(ERROR, "Sites: %s", sites.line)
+        raise RequiredNodesMissing(f"{sites.line} (results written with status 'incomplete'; "
+                                   "set required-nodes to a count or names to accept fewer)")
+    log(INFO, "Sites: %s", sites.line)
+    if not useful:
+        log(ERROR, "Not good enough: %s", verdict)
+        raise ModelNotGoodEnough(f"{verdict} (results written with status 'not-good-enough'; "
+                                 "see each site's figures in the table above)")
+    return results
