@@ -112,11 +112,35 @@ def test_a_failed_flwr_run_is_reported_as_a_failure(tmp_path):
 
     # Headers that pass the preflight, a label value that only the nodes' loader reads.
     data = write_mnist_like(tmp_path / "data", bad_label=True)
-    proc = _gems_fl("--nodes", "2", "--run-config", f"dataset='mnist' data-dir='{data}'",
-                    tmp_path=tmp_path)
+    proc = _gems_fl("--nodes", "2", "--run-config",
+                    f"dataset='mnist' data-dir='{data}' required-nodes=0", tmp_path=tmp_path)
     assert proc.returncode == 1
     assert "finished:failed" in proc.stderr
     assert not list(tmp_path.glob("run-*/results.json"))
+
+
+@pytest.mark.slow
+def test_sites_whose_data_fails_stop_the_run_before_training_with_their_reason(tmp_path):
+    """Every site present is required by default: two sites whose files fail on the node
+    stop the run before any training (exit 3, results with status incomplete and no
+    model); the last line names both sites with the nodes' own message, and the output
+    carries no traceback of the server's (the node's own stays in the kept log)."""
+    from tests.test_run_behaviour import write_mnist_like
+
+    data = write_mnist_like(tmp_path / "data", bad_label=True)
+    proc = _gems_fl("--nodes", "2", "--run-config", f"dataset='mnist' data-dir='{data}'",
+                    tmp_path=tmp_path)
+    assert proc.returncode == 3, proc.stderr
+    last = proc.stderr.strip().splitlines()[-1]
+    assert "stopped before training: expected every site present" in last
+    assert "expected labels in 0..9" in last and "client error" not in last
+    assert last.count("expected labels in 0..9") == 1  # both sites, named together
+    assert "RequiredNodesMissing" not in proc.stdout and "Exit Code" not in proc.stdout
+    [results] = tmp_path.glob("run-*/results.json")
+    saved = json.loads(results.read_text())
+    assert saved["status"] == "incomplete" and saved["stage"] == "identity"
+    assert len(saved["attendance"]["missing_required"]) == 2
+    assert not list(tmp_path.glob("run-*/gems_model.npz"))
 
 
 def test_show_prints_every_row_of_a_results_file(tmp_path, capsys):

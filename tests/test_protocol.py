@@ -145,7 +145,7 @@ def test_client_exception_becomes_a_rejection(tmp_path):
     assert "client error" in results["rejected"][0]["reason"]
     assert len(results["nodes"]) == 2
     assert results["attendance"]["line"].startswith("completed with 2 of 3 sites; left out: "
-                                                    "partition-0 (client error 7")
+                                                    "partition-0 (disk full)")
 
 
 def test_a_required_site_left_out_fails_the_run_after_writing_its_results(tmp_path):
@@ -154,7 +154,7 @@ def test_a_required_site_left_out_fails_the_run_after_writing_its_results(tmp_pa
     with pytest.raises(RequiredNodesMissing) as failure:
         run_in_process(3, tmp_path, space="ball", dataset="digits", reply_hook=_error_for(1000))
     assert str(failure.value).startswith(
-        "completed with 2 of 3 sites; left out: partition-0 (client error 7")
+        "completed with 2 of 3 sites; left out: partition-0 (disk full)")
     assert "required-nodes='all' is not met: missing partition-0" in str(failure.value)
     saved = json.loads((tmp_path / "run-1" / "results.json").read_text())
     assert saved["status"] == "incomplete"

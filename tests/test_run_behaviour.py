@@ -283,6 +283,60 @@ def test_a_piped_log_carries_no_colour_codes(tmp_path, capsys):
     assert "\x1b[92m" in (tmp_path / "run.log").read_text()
 
 
+STOPPED = """\
+\x1b[91mERROR \x1b[0m:     Sites: stopped before training: expected every site present
+\x1b[91mERROR \x1b[0m:     Simulation raised an exception
+Traceback (most recent call last):
+  File "finish.py", line 64, in stop_before_training
+    raise RequiredNodesMissing(f"{line} (nothing trained")
+gems_fl.protocol.attendance.RequiredNodesMissing: stopped before training: expected every site
+\x1b[91mERROR \x1b[0m:     Exit Code: 700
+
+An unhandled exception occurred when running the simulation.
+
+For more information, visit: <https://flower.ai/docs/framework/1.42/en/ref-exit-codes/700.html>
+\x1b[92mINFO \x1b[0m:      after the run
+"""
+
+
+def test_a_deliberate_stop_shows_its_reason_without_flowers_crash_report(tmp_path, capsys):
+    """The ServerApp raises on purpose after writing its results (a required site is
+    missing): the display keeps its reason line, not a traceback and Flower's exit
+    notes; the kept log has every line; a real crash is shown whole."""
+    from gems_fl.running.runlog import RunLog
+
+    log = RunLog(tmp_path / "run.log", None)
+    for line in STOPPED.splitlines(True):
+        log.add(line)
+    log.close()
+    shown = capsys.readouterr().out
+    assert shown == ("ERROR :     Sites: stopped before training: expected every site present\n"
+                     "INFO :      after the run\n")
+    assert (tmp_path / "run.log").read_text() == STOPPED
+    crash = LOG.split("2026-11-26")[0] + LOG.split("200\n")[1]
+    log = RunLog(tmp_path / "crash.log", None)
+    for line in crash.splitlines(True):
+        log.add(line)
+    log.close()
+    shown = capsys.readouterr().out
+    assert "Traceback" in shown and "NotEnoughRepliesError: only 1 of 2" in shown
+    assert shown.count("\n") == crash.count("\n")
+
+
+def test_a_node_error_reason_is_the_message_the_node_raised():
+    """Flower wraps a ClientApp's exception (under Ray with the node's whole traceback
+    and colour codes); what the server logs and records is the node's own message."""
+    from gems_fl.protocol.replies import node_error_message
+
+    ray = ("<class 'ray.exceptions.RayTaskError(ClientAppException)'>:<'\x1b[36mray::ClientAppActor"
+           ".run()\x1b[39m (pid=1)\n  File \"x.py\", line 1\nValueError: bad labels\n\n"
+           "flwr.clientapp.client_app.ClientAppException: \nException ClientAppException "
+           "occurred. Message: IDX file 'a': expected labels in 0..9, found 12.'>")
+    assert node_error_message(ray) == "IDX file 'a': expected labels in 0..9, found 12."
+    assert node_error_message("<class 'ValueError'>:<'no rows'>") == "ValueError: no rows"
+    assert node_error_message("something else") == "something else"
+
+
 # ---- results.json -----------------------------------------------------------------------
 
 
@@ -437,9 +491,11 @@ def test_a_signal_stops_everything_the_run_started(tmp_path, sig):
 
 @pytest.mark.slow
 def test_a_node_side_error_is_the_last_thing_printed(tmp_path):
+    """With required-nodes=0 nothing stops the run before training: it fails for want of
+    replies (exit 1), and the nodes' own error is the summary's last line."""
     data = write_mnist_like(tmp_path / "data", bad_label=True)
     run = Launched(tmp_path, ["--nodes", "2", "--output-dir", str(tmp_path / "out"), "--run-config",
-                              f"dataset='mnist' data-dir='{data}' {FAST}"])
+                              f"dataset='mnist' data-dir='{data}' required-nodes=0 {FAST}"])
     assert run.wait(timeout=400) == 1
     err = [line.rstrip("\n") for line in run.err if line.strip()]
     assert err[-1].startswith("gems-fl: full log: ")

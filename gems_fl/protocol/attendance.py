@@ -10,10 +10,11 @@ run's last word on its nodes, e.g. ``completed with 3 of 4 sites; left out: site
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
-REASON_CHARS = 120  # a left-out site's reason in the one-line statement (results keep it whole)
+REASON_CHARS = 160  # a left-out site's reason in the one-line statement (results keep it whole)
 
 
 @dataclass
@@ -38,8 +39,8 @@ class Attendance:
         """One line: how many sites completed, who was left out and why, what is missing."""
         text = f"completed with {len(self.completed)} of {len(self.present)} sites"
         if self.left_out:
-            text += "; left out: " + "; ".join(
-                f"{name} ({_short(reason)})" for name, (_, reason) in sorted(self.left_out.items()))
+            text += "; left out: " + _grouped(
+                [(name, reason) for name, (_, reason) in sorted(self.left_out.items())])
         if self.missing_required:
             text += (f"; required-nodes={self.required!r} is not met: "
                      + _missing_text(self.wanted, self.missing_required, len(self.completed)))
@@ -54,8 +55,16 @@ class Attendance:
 
 
 def _short(reason: str) -> str:
-    reason = " ".join(str(reason).split())
+    reason = re.sub(r"client error \d+: ", "", " ".join(str(reason).split()))
     return reason if len(reason) <= REASON_CHARS else reason[:REASON_CHARS - 3] + "..."
+
+
+def _grouped(sites: list[tuple[str, str]]) -> str:
+    """``a, b (why); c (other why)``: sites left out for the same reason named together."""
+    by_reason: dict[str, list[str]] = {}
+    for name, why in sites:
+        by_reason.setdefault(_short(why), []).append(name)
+    return "; ".join(f"{', '.join(names)} ({why})" for why, names in by_reason.items())
 
 
 def _missing_text(wanted: int | tuple[str, ...] | None, missing: list[str],
@@ -140,7 +149,7 @@ def expected_line(required: str, wanted: int | tuple[str, ...] | None, heard_fro
     return (f"stopped before training: expected {expected} (required-nodes={required!r}); "
             f"heard from "
             f"{len(heard_from)} site(s) ({', '.join(heard_from) or 'none'}); missing: "
-            + "; ".join(f"{name} ({_short(why)})" for name, why in missing))
+            + _grouped(missing))
 
 
 class RequiredNodesMissing(RuntimeError):

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from logging import INFO, WARNING
@@ -460,7 +461,27 @@ def error_reason(reply: Message) -> str:
     if reply.error.code == ErrorCode.NODE_UNAVAILABLE:
         return ("node unavailable: the SuperLink got no heartbeat from it (SuperNode stopped "
                 "or disconnected)")
-    return f"client error {reply.error.code}: {reply.error.reason}"
+    return f"client error {reply.error.code}: {node_error_message(reply.error.reason)}"
+
+
+COLOUR = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+WRAPPED = re.compile(r"^<class '([\w.]+)'>:<'(.*)'>$", re.DOTALL)
+
+
+def node_error_message(reason: str) -> str:
+    """The message of the exception a node's ClientApp raised, from Flower's error reason.
+
+    Flower's reason wraps it (``<class '...ClientAppException'>:<'... Message: <text>'>``,
+    under Ray with the node's whole traceback and colour codes); the operator needs the
+    innermost text, which the node's own log keeps with its traceback.
+    """
+    text = COLOUR.sub("", reason)
+    if "Message: " in text:
+        return text.rsplit("Message: ", 1)[1].removesuffix("'>").strip()
+    wrapped = WRAPPED.match(text.strip())
+    if wrapped:
+        return f"{wrapped.group(1).rsplit('.', 1)[-1]}: {wrapped.group(2).strip()}"
+    return text.strip()
 
 
 def dedupe_rejections(entries: Iterable[dict[str, object]]) -> list[dict[str, object]]:

@@ -26,6 +26,7 @@ EXCEPTION_LINE = re.compile(r"^([A-Za-z_][\w.]*(?:Error|Exception|Interrupt|Exit
 REJECTED = re.compile(r"(?:(Identify|Round \d+|Layer \d+|Output layer): )?"
                       r"Rejected reply from node (\d+)(?: \('([^']*)'\))?: (.*)$")
 NO_REPLY = re.compile(r"(?:(Identify|Round \d+): )?No reply from node (\d+)(?: \('([^']*)'\))?")
+RAISED_LINE = re.compile(r"^([A-Za-z_][\w.]*)(?:\([^)]*\))?: (.*)$")  # any exception's name
 CLIENT_MESSAGE = re.compile(r"Message: (.*?)(?:'>)?$")
 SERVER_FAILED = ("Simulation raised an exception", "ServerApp raised an exception",
                  "Exception in ServerApp", "ServerApp thread raised an exception")
@@ -37,6 +38,11 @@ FLOWER_NOTES = ("default simulated SuperNodes changed from 10 to 2",
 FLOWER_NOTES_SHOWN = ("gems-fl: the node count is gems-fl run's --nodes; Flower's notes on "
                       "its default federation size and `flwr federation simulation-config` do "
                       "not apply here (they are in the kept log)")
+# The ServerApp raises these on purpose after it wrote its results and logged the reason
+# (a required site missing, h_G good enough on too few sites): Flower logs the raise as a
+# crash; the display keeps only the ServerApp's own line, the log file everything.
+DELIBERATE_STOPS = ("RequiredNodesMissing", "ModelNotGoodEnough")
+CRASH_NOTES = ("Exit Code:", "An unhandled exception occurred", "For more information, visit")
 NOISE = ("Traceback (most recent call last)", "Exit Code:", "An exception was raised when processing",
          "For more information, visit")
 
@@ -260,6 +266,8 @@ class RunLog:
         self.run_id: int | None = None
         self.bundle = BundleReader()  # results sent home in the log: kept, never shown
         self._noted = False
+        self._held: list[str] = []  # a crash report being read, shown unless deliberate
+        self._after_stop = False
 
     def add(self, line: str) -> None:
         if self.run_id is None:
@@ -279,6 +287,37 @@ class RunLog:
                 line = FLOWER_NOTES_SHOWN + "\n"
             else:
                 return
+        for shown in self._hold_crash_reports(line):
+            self._show(shown)
+
+    def _hold_crash_reports(self, line: str) -> list[str]:
+        """The lines to show now: a crash report (Flower's ERROR line, the traceback) is
+        held until its exception line; it is dropped, with Flower's exit notes after it,
+        when the exception is one of the ServerApp's deliberate stops."""
+        text = plain(line)
+        body = LEVEL.sub(r"\2", text).strip()
+        if self._after_stop and (not body or body.startswith(CRASH_NOTES)):
+            return []
+        self._after_stop = False
+        if not self._held:
+            if body.startswith(SERVER_FAILED) or text.startswith("Traceback (most recent"):
+                self._held.append(line)
+                return []
+            return [line]
+        self._held.append(line)
+        if LEVEL.match(text) or len(self._held) > 1000:  # a new record: not one report
+            held, self._held = self._held, []
+            return held
+        raised = RAISED_LINE.match(text)
+        if raised is None:
+            return []
+        held, self._held = self._held, []
+        if raised.group(1).rsplit(".", 1)[-1] in DELIBERATE_STOPS:
+            self._after_stop = True
+            return []
+        return held
+
+    def _show(self, line: str) -> None:
         if self.progress is not None:
             self.progress.echo(line)
             self.progress.feed(line)
@@ -287,6 +326,9 @@ class RunLog:
             sys.stdout.flush()
 
     def close(self) -> None:
+        held, self._held = self._held, []
+        for line in held:  # a crash report cut short: shown as it is
+            self._show(line)
         if not self.file.closed:
             self.file.close()
         if self.progress is not None:
