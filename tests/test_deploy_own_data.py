@@ -195,11 +195,14 @@ def test_detached_submit_then_status_and_pull(tmp_path, sites):
 
 
 def test_gems_fl_run_on_site_files_before_deploying(tmp_path, sites):
-    """Own data in a local simulation, one node per file: the odd site (9 features) is left
-    out by the identity round as a deployment would, so with the default required-nodes
-    the run stops there, before any training, exits 3, names it with the reason on its last
-    line and still writes its results (no model); with required-nodes=3 it completes."""
+    """Own data in a local simulation, one node per file: the odd site (9 features) would
+    be left out by the identity round as a deployment would, so with the default
+    required-nodes the run is refused before anything starts (exit 2) with the reason;
+    with required-nodes=3 it completes without it (a warning names it), and a site
+    whose columns are in another order takes part, matched by name."""
     odd = site_config(tmp_path / "sites", "site-odd", seed=5, num_features=9)
+    shuffled = site_config(tmp_path / "sites", "site-shuffled", seed=6,
+                           order=list(reversed(range(13))))
     files = [a for c in [*sites, odd] for a in ("--site", c["data-path"])]
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     out = tmp_path / "out"
@@ -207,24 +210,26 @@ def test_gems_fl_run_on_site_files_before_deploying(tmp_path, sites):
                            "--output-dir", str(out), "--run-config",
                            "standardize='federated' space='ball' eps=0.5"],
                           env=env, capture_output=True, text=True, timeout=600, check=False)
-    assert proc.returncode == 3, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert proc.returncode == 2, proc.stdout[-3000:] + proc.stderr[-3000:]
     last = proc.stderr.strip().splitlines()[-1]
     assert "stopped before training: expected every site present (required-nodes='all'); " \
            "heard from 4 site(s)" in last, last
     assert "missing: site-odd (rejected: node 'site-odd' holds data with 9 features; the run " \
            "has 13" in last, last
-    (path,) = out.glob("run-*/results.json")
-    results = json.loads(path.read_text())
-    assert results["status"] == "incomplete" and results["stage"] == "identity"
-    assert not (path.parent / "gems_model.npz").exists()
+    assert "nothing was started" in last and not out.exists()
+    files += ["--site", shuffled["data-path"]]
     proc = subprocess.run([sys.executable, "-m", "gems_fl.running.cli", "run", str(ROOT), *files,
                            "--output-dir", str(tmp_path / "three"), "--run-config",
                            "standardize='federated' space='ball' eps=0.5 required-nodes=3 "
                            "min-good-enough=0"],
                           env=env, capture_output=True, text=True, timeout=600, check=False)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "gems-fl: warning: --site: site-odd will be left out: node 'site-odd' holds data " \
+           "with 9 features" in proc.stderr
     (path,) = (tmp_path / "three").glob("run-*/results.json")
     results = json.loads(path.read_text())
-    assert [p["name"] for p in results["participants"]] == ["site-0", "site-1", "site-2"]
-    assert set(results["verification"]["per_node"]) == {"site-0", "site-1", "site-2"}
+    names = ["site-0", "site-1", "site-2", "site-shuffled"]
+    assert [p["name"] for p in results["participants"]] == names
+    assert set(results["verification"]["per_node"]) == set(names)
+    assert results["dataset"]["columns"] == [f"f{i}" for i in range(13)]
     assert (path.parent / "run.log").is_file()

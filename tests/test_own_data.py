@@ -3,12 +3,14 @@ node-side evaluation, check-data. In-process, through the real apps."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
 from gems_fl.data.agreement import DataAgreement
 from gems_fl.data.nodes import NodeDataError, load_node_data
-from gems_fl.data.site_files import combine_stats, feature_stats, read_site_file
+from gems_fl.data.site_files import SiteFileError, combine_stats, feature_stats, read_site_file
 from gems_fl.settings import Settings, SettingsError
 from tests.helpers import run_in_process
 from tests.sitegen import CLASSES, blobs, site_config, write_csv
@@ -45,6 +47,57 @@ def test_three_csv_sites_with_string_labels_run_and_report_per_node_and_pooled(t
     assert pooled["gems"] == pytest.approx(manual)  # equal sample counts
     assert pooled["gems"] > 0.8 and pooled["averaged"] > 0.5
     assert set(results["dataset"]["scale"]) == {"mean", "std"}
+
+
+def test_sites_are_matched_by_column_name_whatever_their_order(tmp_path, sites):
+    """A site whose CSV holds the same columns in another order trains on the run's order:
+    the run is bit-identical to one where every site has the same order (federated
+    scaling included); a site with other column names is left out, naming them."""
+    same = run_in_process(3, tmp_path / "same", node_configs=sites, **OWN, **NO_CHECK,
+                          standardize="federated")
+    shuffled = [*sites[:2], site_config(tmp_path / "shuffled", "site-2", seed=2,
+                                        order=list(reversed(range(13))))]
+    assert read_site_file(shuffled[2]["data-path"]).columns[0] == "f12"
+    other = run_in_process(3, tmp_path / "other", node_configs=shuffled, **OWN, **NO_CHECK,
+                           standardize="federated")
+    assert other["dataset"]["columns"] == [f"f{i}" for i in range(13)]
+    model = lambda root: (root / "run-1" / "gems_model.npz").read_bytes()
+    assert model(tmp_path / "same") == model(tmp_path / "other")
+    assert other["rows"] == same["rows"] and other["dataset"]["scale"] == same["dataset"]["scale"]
+    renamed = site_config(tmp_path / "renamed", "site-renamed", seed=3,
+                          names=[f"f{i}" for i in range(12)] + ["weight"])
+    results = run_in_process(4, tmp_path / "left", node_configs=[*sites, renamed], **OWN,
+                             **NO_CHECK, **{"required-nodes": "3"})
+    (rejected,) = results["rejected"]
+    assert rejected["node_name"] == "site-renamed"
+    assert ("has column(s) weight that the run lacks; lacks column(s) f12 that the run has "
+            "(columns are matched by name) (held by 3 of 4 nodes with a header: site-0, "
+            "site-1, site-2)") in rejected["reason"]
+
+
+def test_a_companion_file_is_read_in_the_training_files_column_order(tmp_path):
+    x, y = blobs(40, 4, 0)
+    write_csv(tmp_path / "s.csv", x, y)
+    write_csv(tmp_path / "s_val.csv", x[:10], y[:10], order=[2, 0, 3, 1])
+    site = read_site_file(tmp_path / "s.csv")
+    assert site.columns == ["f0", "f1", "f2", "f3"]
+    np.testing.assert_array_equal(site.x["val"], x[:10])
+    write_csv(tmp_path / "s_val.csv", x[:10], y[:10], names=["f0", "f1", "f2", "size"])
+    with pytest.raises(SiteFileError, match="has column.s. size that the training file lacks"):
+        read_site_file(tmp_path / "s.csv")
+
+
+def test_a_text_feature_column_is_named_with_its_values_and_what_to_do(tmp_path):
+    path = tmp_path / "t.csv"
+    rows = ["a,colour,b,species"] + [f"{i},{c},{i * 2},x{i % 2}"
+                                     for i, c in enumerate(["red", "blue", "red", "green"] * 3)]
+    path.write_text("\n".join(rows) + "\n")
+    (tmp_path / "t_val.csv").write_text(path.read_text())
+    with pytest.raises(SiteFileError) as error:
+        read_site_file(path)
+    message = str(error.value)
+    assert "column 'colour' (column 2) holds text in 12 row(s) ('red', 'blue', 'green')" in message
+    assert "encode a text column" in message and "or drop it" in message
 
 
 def test_label_mapping_is_shared_even_when_a_node_lacks_a_class(tmp_path):
@@ -276,6 +329,45 @@ def test_check_data_reports_and_rejects_with_clear_messages(tmp_path, sites):
     assert code == 1 and "holds label(s) chinstrap that are not among" in out
     code, out = _check(sites[1]["data-path"], "--features", 12)
     assert code == 1 and "x_train has 13 features but the run has 12" in out
+
+
+def test_check_data_on_several_files_checks_them_against_each_other(tmp_path, sites):
+    """Without --features, two or more files are checked as a run matches them: by count,
+    and by column name where they have header rows (another order is a note, not a fault)."""
+    paths = [c["data-path"] for c in sites]
+    shuffled = site_config(tmp_path / "s", "site-shuffled", seed=4, order=list(reversed(range(13))))
+    code, out = _check(*paths, shuffled["data-path"])
+    assert code == 0, out
+    assert "holds the columns of" in out and "in another order; a run matches them by name" in out
+    assert "OK: the 4 files agree on 13 features by column name" in out
+    narrow = site_config(tmp_path / "s", "site-narrow", seed=5, num_features=12)
+    renamed = site_config(tmp_path / "s", "site-renamed", seed=6,
+                          names=[f"f{i}" for i in range(12)] + ["weight"])
+    code, out = _check(*paths, narrow["data-path"], renamed["data-path"])
+    assert code == 1
+    assert f"REJECTED: {narrow['data-path']} has 12 features; 4 of 5 files have 13" in out
+    assert f"REJECTED: {renamed['data-path']} has column(s) weight that {paths[0]} lacks" in out
+
+
+def test_run_site_checks_the_files_as_the_identity_round_would(tmp_path, sites):
+    """`gems-fl run --site` puts the files through the server's agreement before anything
+    starts: a required site that would be left out stops it with the reason (exit 2);
+    one that required-nodes lets go is a warning; reordered columns are fine."""
+    from gems_fl.running.site_check import SitesDoNotFit, check_sites
+
+    odd = site_config(tmp_path / "s", "site-odd", seed=5, num_features=9)
+    shuffled = site_config(tmp_path / "s", "site-shuffled", seed=6, order=list(reversed(range(13))))
+    files = ",".join(c["data-path"] for c in [*sites, odd, shuffled])
+    settings = Settings(dataset="node-files", site_files=files, evaluate_on_server=False,
+                        standardize="federated")
+    with pytest.raises(SitesDoNotFit, match=r"missing: site-odd \(rejected: node 'site-odd' "
+                       r"holds data with 9 features; the run has 13"):
+        check_sites(settings)
+    assert check_sites(replace(settings, required_nodes="4")) == [
+        "--site: site-odd will be left out: node 'site-odd' holds data with 9 features; the run "
+        "has 13 (held by 4 of 5 nodes: site-0, site-1, site-2, site-shuffled)"]
+    fitting = files.rsplit(",", 2)[0] + "," + shuffled["data-path"]
+    assert check_sites(replace(settings, site_files=fitting)) == []
 
 
 def test_site_files_in_a_simulation_are_the_nodes_a_deployment_would_have(tmp_path, sites):

@@ -19,6 +19,7 @@ FEATURES_KEY = "agreed-num-features"
 CLASSES_KEY = "agreed-classes"
 MEAN_KEY = "scale-mean"
 STD_KEY = "scale-std"
+COLUMNS_KEY = "agreed-columns"
 
 
 @dataclass
@@ -29,6 +30,7 @@ class DataAgreement:
     classes: list[str]
     mean: np.ndarray | None = None  # federated standardisation (all nodes' training rows)
     std: np.ndarray | None = None
+    columns: list[str] | None = None  # feature names in the run's order (sites with headers)
 
     @property
     def num_classes(self) -> int:
@@ -41,6 +43,8 @@ class DataAgreement:
         if self.mean is not None and self.std is not None:
             out[MEAN_KEY] = [float(v) for v in self.mean]
             out[STD_KEY] = [float(v) for v in self.std]
+        if self.columns is not None:
+            out[COLUMNS_KEY] = list(self.columns)
         return out
 
     def to_json(self) -> dict[str, Any]:
@@ -48,6 +52,8 @@ class DataAgreement:
         if self.mean is not None and self.std is not None:
             out["scale"] = {"mean": [float(v) for v in self.mean],
                             "std": [float(v) for v in self.std]}
+        if self.columns is not None:
+            out["columns"] = list(self.columns)
         return out
 
     @classmethod
@@ -57,6 +63,8 @@ class DataAgreement:
             return None
         mean = config.get(MEAN_KEY)
         std = config.get(STD_KEY)
+        columns = config.get(COLUMNS_KEY)
         return cls(int(config[FEATURES_KEY]), [str(c) for c in config[CLASSES_KEY]],
                    None if mean is None else np.asarray(mean, dtype=np.float64),
-                   None if std is None else np.asarray(std, dtype=np.float64))
+                   None if std is None else np.asarray(std, dtype=np.float64),
+                   None if columns is None else [str(c) for c in columns])

@@ -38,6 +38,7 @@ from gems_fl.data.datasets import shared_splits
 from gems_fl.data.site_files import (
     SiteFile,
     SiteFileError,
+    align_columns,
     combine_stats,
     encode_labels,
     feature_stats,
@@ -73,6 +74,7 @@ class NodeData:
     y_test: np.ndarray | None = None
     classes: list[str] = field(default_factory=list)  # class name of each label index
     scale: tuple[np.ndarray, np.ndarray] | None = None  # (mean, std) applied, if any
+    columns: list[str] | None = None  # feature names (a CSV header), in the run's order
 
     @property
     def present_classes(self) -> list[str]:
@@ -201,7 +203,8 @@ def _load_file_node(settings: Settings, node_config: Mapping[str, Any],
                     data_path: str) -> NodeData:
     site = read_node_site(name, data_path, settings.label_column)
     num_features, classes, run = _run_shape(settings, agreement, site)
-    problems = site_problems(site, num_features, classes, run=run)
+    columns = align_columns(site, agreement.columns if agreement is not None else None)
+    problems = ([columns] if columns else []) + site_problems(site, num_features, classes, run=run)
     if problems:
         hint = ("; give this node data with the run's features and classes, or run with the "
                 "matching dataset setting") if settings.dataset != NODE_FILES else ""
@@ -213,6 +216,7 @@ def _load_file_node(settings: Settings, node_config: Mapping[str, Any],
                     site.x["val"], y["val"], num_classes=len(classes),
                     x_test=site.x.get("test"), y_test=y.get("test"))
     data.classes = list(classes)
+    data.columns = site.columns
     return data
 
 

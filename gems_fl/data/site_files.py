@@ -12,7 +12,10 @@ Formats
     ``<stem>_test.csv`` (optional) a test split; one sample per row, with or without a
     header row. The label sits in the last column unless ``label-column`` names
     another (a 0-based index, negative counts from the end, or a header name). Labels
-    may be numbers or text; every other cell must be a number.
+    may be numbers or text; every other cell must be a number. With a header row the
+    feature columns are known by name: a companion file may order them differently
+    (it is read in the training file's order), and a run matches sites by column name
+    (:func:`align_columns`); without one, by position.
 
 Labels are turned into class *names* (text): ``3`` and ``3.0`` both become ``"3"``.
 A run agrees on one class list (:func:`sort_classes`: numerically when every name is an
@@ -43,6 +46,7 @@ class SiteFile:
     path: Path
     x: dict[str, np.ndarray] = field(default_factory=dict)
     y: dict[str, np.ndarray] = field(default_factory=dict)  # class names (str arrays)
+    columns: list[str] | None = None  # feature column names (a CSV header), in x's order
 
     @property
     def labels(self) -> list[str]:
@@ -199,8 +203,51 @@ def _read_csv(path: Path, label_column: str, public: bool) -> SiteFile:
                     f"{path} is a CSV training file, so its {split} data must lie next to it as "
                     f"{p}; it does not exist")
             continue
-        site.x[split], site.y[split] = read_csv_table(p, label_column)
+        x, y, columns = read_csv_table(p, label_column)
+        if site.x and site.columns is not None and columns is not None:
+            problem = column_difference(columns, site.columns, "the training file")
+            if problem:
+                raise SiteFileError(f"{p}: {problem}")
+            x = x[:, [columns.index(c) for c in site.columns]]
+        elif not site.x:
+            site.columns = columns
+        site.x[split], site.y[split] = x, y
     return site
+
+
+def column_difference(columns: list[str], wanted: list[str], other: str) -> str:
+    """Why ``columns`` cannot be matched by name to ``wanted`` (``other`` names their
+    holder), or ``""`` when they hold the same names (in any order)."""
+    extra = [c for c in columns if c not in wanted]
+    lacking = [c for c in wanted if c not in columns]
+    repeated = sorted({c for c in columns if columns.count(c) > 1})
+    if repeated:
+        return f"column name(s) {', '.join(repeated)} appear more than once; name each column once"
+    if not extra and not lacking:
+        return ""
+    parts = []
+    if extra:
+        parts.append(f"has column(s) {', '.join(extra)} that {other} lacks")
+    if lacking:
+        parts.append(f"lacks column(s) {', '.join(lacking)} that {other} has")
+    return "; ".join(parts) + " (columns are matched by name)"
+
+
+def align_columns(site: SiteFile, columns: list[str] | None, other: str = "the run") -> str:
+    """Put ``site``'s features in the order of ``columns`` (the run's, by name), in place.
+
+    Nothing to do (``""``) when either side has no column names (matched by position).
+    Returns why the names cannot be matched, or ``""``.
+    """
+    if columns is None or site.columns is None or site.columns == list(columns):
+        return ""
+    problem = column_difference(site.columns, list(columns), other)
+    if problem:
+        return problem
+    order = [site.columns.index(c) for c in columns]
+    site.x = {split: x[:, order] for split, x in site.x.items()}
+    site.columns = list(columns)
+    return ""
 
 
 def _label_index(label_column: str, header: list[str] | None, width: int, where: Path) -> int:
@@ -231,11 +278,14 @@ def _parses(text: str, kind: type) -> bool:
         return False
 
 
-def read_csv_table(path: Path, label_column: str = "") -> tuple[np.ndarray, np.ndarray]:
-    """``(features float64, class names)`` of one CSV file, header detected.
+def read_csv_table(path: Path, label_column: str = ""
+                   ) -> tuple[np.ndarray, np.ndarray, list[str] | None]:
+    """``(features float64, class names, feature column names or None)`` of one CSV file,
+    header detected.
 
     The first row is a header when one of its feature cells is not a number. Empty
-    feature cells and ``nan`` become NaN (reported by :func:`site_problems`).
+    feature cells and ``nan`` become NaN (reported by :func:`site_problems`). A feature
+    column holding text is refused with its name, the values seen and what to do.
     """
     try:
         with path.open(newline="", encoding="utf-8-sig") as f:
@@ -243,7 +293,7 @@ def read_csv_table(path: Path, label_column: str = "") -> tuple[np.ndarray, np.n
     except (OSError, UnicodeDecodeError, csv.Error) as exc:
         raise SiteFileError(f"{path} cannot be read as CSV: {exc}") from None
     if not rows:
-        return np.zeros((0, 0)), np.array([], dtype=str)
+        return np.zeros((0, 0)), np.array([], dtype=str), None
     width = len(rows[0])
     if width < 2:
         raise SiteFileError(f"{path}: rows have {width} column; a sample needs features and a label")
@@ -259,6 +309,7 @@ def read_csv_table(path: Path, label_column: str = "") -> tuple[np.ndarray, np.n
     body = rows[1:] if header is not None else rows
     x = np.empty((len(body), width - 1))
     y = []
+    text: dict[int, list[str]] = {}  # feature column -> the text it holds
     for r, row in enumerate(body, start=2 if header is not None else 1):
         if len(row) != width:
             raise SiteFileError(f"{path}: line {r} has {len(row)} columns, the first row {width}")
@@ -273,11 +324,24 @@ def read_csv_table(path: Path, label_column: str = "") -> tuple[np.ndarray, np.n
             try:
                 values.append(float(cell))
             except ValueError:
-                raise SiteFileError(f"{path}: line {r}, column {c + 1} holds {cell!r}, not a "
-                                    "number; only the label column may hold text") from None
+                text.setdefault(c, []).append(cell)
+                values.append(np.nan)
         x[len(y)] = values
         y.append(_csv_label(row[label]))
-    return x, np.array(y, dtype=str)
+    if text:
+        raise SiteFileError(f"{path}: " + "; ".join(
+            _text_column(c, header, cells) for c, cells in sorted(text.items()))
+            + "; features must be numbers: encode a text column (one 0/1 column per value) "
+            "or drop it, or name it as the label with label-column")
+    columns = None if header is None else [h for i, h in enumerate(header) if i != label]
+    return x, np.array(y, dtype=str), columns
+
+
+def _text_column(c: int, header: list[str] | None, cells: list[str]) -> str:
+    seen = list(dict.fromkeys(cells))
+    shown = ", ".join(repr(v) for v in seen[:4]) + (", ..." if len(seen) > 4 else "")
+    name = f"column {header[c]!r} (column {c + 1})" if header else f"column {c + 1}"
+    return f"{name} holds text in {len(cells)} row(s) ({shown})"
 
 
 def _csv_label(cell: str) -> str:

@@ -124,6 +124,7 @@ def load_public_data(settings: Settings, agreement) -> PublicData:
     """
     from gems_fl.data.site_files import (
         SiteFileError,
+        align_columns,
         combine_stats,
         encode_labels,
         feature_stats,
@@ -137,7 +138,9 @@ def load_public_data(settings: Settings, agreement) -> PublicData:
         site = read_site_file(path, settings.label_column, public=True)
     except SiteFileError as exc:
         raise ValueError(f"public-data: {exc}") from None
-    problems = site_problems(site, agreement.num_features, agreement.classes)
+    columns = align_columns(site, agreement.columns)
+    problems = ([columns] if columns else []) + site_problems(site, agreement.num_features,
+                                                              agreement.classes)
     if problems:
         raise ValueError(f"public-data {path}: {'; '.join(problems)}")
     x = site.x.get("train", np.zeros((0, agreement.num_features)))

@@ -276,8 +276,15 @@ def identity_reply(msg: Message, data: NodeData, *, with_stats: bool) -> Message
     """A query message: this node's name, the shape of its data, the class names it holds
     and, ``with_stats`` (``standardize='federated'``), per-feature sums of its training
     rows."""
+    return Message(content=identity_content(data, with_stats=with_stats), reply_to=msg)
+
+
+def identity_content(data: NodeData, *, with_stats: bool) -> RecordDict:
+    """The content of :func:`identity_reply` (also what ``gems-fl run --site`` checks
+    the site files with before anything starts)."""
     stats = feature_stats(data.x_train) if with_stats else None
-    return Message(content=wire.encode_identity(
+    return wire.encode_identity(
         data.name, data.source, num_features=data.num_features, num_classes=data.num_classes,
         num_train=len(data.y_train), num_val=len(data.y_val), labels=data.present_classes,
-        stats=stats, num_test=0 if data.y_test is None else len(data.y_test)), reply_to=msg)
+        stats=stats, num_test=0 if data.y_test is None else len(data.y_test),
+        columns=data.columns)

@@ -335,6 +335,7 @@ class Identity:
     labels: list[str] = field(default_factory=list)  # class names the node holds
     stats: tuple[int, np.ndarray, np.ndarray] | None = None  # (n, sum, sum of squares)
     num_test: int = 0
+    columns: list[str] | None = None  # feature column names, in the node's order
 
 
 def decode_identity_full(content: RecordDict) -> Identity:
@@ -382,7 +383,13 @@ def decode_identity_full(content: RecordDict) -> Identity:
                              f"shape ({counts['num-features']},)", node_name=name)
         stats = (counts["num-train-examples"], total, squares)
     num_test = int(metrics["num-test-examples"]) if "num-test-examples" in keys else 0
-    return Identity(name, str(record.get("data-source", "")), counts, labels, stats, num_test)
+    columns = record.get("columns")
+    if columns is not None and (not isinstance(columns, list) or len(columns) != counts["num-features"]
+                                or not all(isinstance(c, str) for c in columns)):
+        raise ReplyError(f"identity reply: 'columns' must name each of the "
+                         f"{counts['num-features']} features", node_name=name)
+    return Identity(name, str(record.get("data-source", "")), counts, labels, stats, num_test,
+                    None if columns is None else [str(c) for c in columns])
 
 
 def decode_identity(content: RecordDict) -> tuple[str, str, dict[str, int]]:

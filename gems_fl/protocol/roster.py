@@ -17,13 +17,19 @@ from dataclasses import dataclass, field
 from logging import INFO, WARNING
 from typing import Any
 
+import numpy as np
 from flwr.app import Message, MessageType
 from flwr.common.logger import log
 from flwr.serverapp import Grid
 
 from gems_fl.data.agreement import NODE_FILES, DataAgreement
 from gems_fl.data.datasets import DATASET_SHAPES
-from gems_fl.data.site_files import combine_stats, parse_classes, sort_classes
+from gems_fl.data.site_files import (
+    column_difference,
+    combine_stats,
+    parse_classes,
+    sort_classes,
+)
 from gems_fl.naming import MAX_NODES_NAMED
 from gems_fl.protocol import wire
 from gems_fl.protocol.options import AgreementRule, Exchange
@@ -123,6 +129,10 @@ def identify_nodes(grid: Grid, node_ids: list[int], exchange: Exchange,
             agreement.num_features, agreement.num_classes, ", ".join(agreement.classes),
             "; features standardised with the nodes' combined mean and std"
             if agreement.mean is not None else "")
+        if agreement.columns is not None:
+            log(INFO, "Identify: sites' columns are matched by name (%s)",
+                ", ".join(agreement.columns) if len(agreement.columns) <= 12
+                else ", ".join(agreement.columns[:12]) + ", ...")
     roster.report = {"bytes_sent": wire.content_bytes(content) * len(node_ids),
                      "bytes_received": bytes_received, "wall_s": time.perf_counter() - t0}
     return roster
@@ -165,6 +175,9 @@ def agree(identities: dict[int, Identity], rule: AgreementRule
         if features != num_features:
             refused[node_id] = (f"node '{identities[node_id].name}' holds data with {features} "
                                 f"features; the run has {num_features} ({how})")
+    columns = None
+    if rule.dataset == NODE_FILES:
+        columns = _agree_columns(identities, [n for n in identities if n not in refused], refused)
     remaining = [n for n in identities if n not in refused]
     if classes is None:
         classes = _agree_classes(identities, remaining, rule.classes)
@@ -181,10 +194,46 @@ def agree(identities: dict[int, Identity], rule: AgreementRule
             if identities[node_id].stats is None:
                 refused[node_id] = (f"node '{identities[node_id].name}' sent no feature sums for "
                                     "standardize='federated'")
-        stats = [identities[n].stats for n in identities if n not in refused]
+        stats = [_in_order(identities[n], columns) for n in identities if n not in refused]
         if stats:
             mean, std = combine_stats(stats)
-    return DataAgreement(num_features, classes, mean, std), refused
+    return DataAgreement(num_features, classes, mean, std, columns), refused
+
+
+def _agree_columns(identities: dict[int, Identity], nodes: list[int],
+                   refused: dict[int, str]) -> list[str] | None:
+    """The run's feature columns by name (None: no node has a header; matched by position).
+
+    The set of names most nodes hold wins (ties: more training rows, then the names);
+    its order is that of the first such node by name, so the order of arrival never
+    matters. Nodes whose names differ are added to ``refused`` with the difference;
+    nodes without names are matched by position.
+    """
+    named = {n: identities[n].columns for n in nodes if identities[n].columns is not None}
+    if not named:
+        return None
+    votes = Counter(frozenset(c) for c in named.values())
+    rows = lambda names: sum(identities[n].counts["num-train-examples"]
+                             for n, c in named.items() if frozenset(c) == names)
+    winner = max(votes, key=lambda names: (votes[names], rows(names), sorted(names)))
+    holders = sorted((n for n, c in named.items() if frozenset(c) == winner),
+                     key=lambda n: identities[n].name)
+    columns = list(named[holders[0]])
+    how = f"held by {len(holders)} of {len(named)} nodes with a header: {_names(identities, holders)}"
+    for node_id, held in named.items():
+        problem = column_difference(held, columns, "the run")
+        if problem:
+            refused[node_id] = f"node '{identities[node_id].name}' {problem} ({how})"
+    return columns
+
+
+def _in_order(identity: Identity, columns: list[str] | None) -> tuple[int, np.ndarray, np.ndarray]:
+    """A node's feature sums in the run's column order."""
+    count, total, squares = identity.stats
+    if columns is None or identity.columns is None:
+        return count, total, squares
+    order = [identity.columns.index(c) for c in columns]
+    return count, total[order], squares[order]
 
 
 def _agree_classes(identities: dict[int, Identity], nodes: list[int],

@@ -1,13 +1,17 @@
-"""``gems-fl check-data FILE``: read a site's file the way its node will, before a run.
+"""``gems-fl check-data FILE [FILE ...]``: read sites' files the way their nodes will,
+before a run.
 
 Prints the format, each split's shape, class counts, NaN/inf, missing arrays or files,
-and what a run would reject; exit status 0 when a node with this file would take part,
-1 when it would be left out (the printed lines say why).
+and what a run would reject; with two or more files, also whether they agree with each
+other as a run matches them (the number of features, and with header rows the column
+names, in any order). Exit status 0 when a node with each file would take part, 1 when
+one would be left out (the printed lines say why).
 """
 
 from __future__ import annotations
 
 import sys
+from collections import Counter
 from pathlib import Path
 from typing import TextIO
 
@@ -15,30 +19,91 @@ import numpy as np
 
 from gems_fl.data.site_files import (
     SPLITS,
+    SiteFile,
     SiteFileError,
     class_counts,
+    column_difference,
     parse_classes,
     read_site_file,
     site_problems,
 )
 
 
-def check_data(path: str, *, features: int | None = None, classes: str = "",
+def check_data(paths: str | list[str], *, features: int | None = None, classes: str = "",
                label_column: str = "", out: TextIO | None = None) -> int:
-    """Check one site file; print the report to ``out``; return the exit status."""
+    """Check site files, each alone and (two or more) against each other; print the
+    report to ``out``; return the exit status."""
     out = out or sys.stdout
+    paths = [paths] if isinstance(paths, str) else list(paths)
+    sites: dict[str, SiteFile] = {}
+    status = 0
+    for path in paths:
+        code, site = _check_one(path, features, classes, label_column, out)
+        status = max(status, code)
+        if site is not None and code == 0:
+            sites[path] = site
+    if len(paths) > 1:
+        status = max(status, _check_together(sites, features, out))
+    return status
+
+
+def _check_together(sites: dict[str, SiteFile], features: int | None, out: TextIO) -> int:
+    """The files against each other, as a run's identity round matches them: the number
+    of features most files have (unless ``--features`` fixed it), then by column name
+    where every file has a header row."""
+    say = lambda text="": print(text, file=out)
+    say("together:")
+    if len(sites) < 2:
+        say("  (fewer than two files passed alone; nothing to compare)")
+        return 0
+    status = 0
+    counts = Counter(site.num_features() for site in sites.values())
+    if features is None:
+        common = max(counts, key=lambda n: (counts[n], -n))
+        for path, site in sites.items():
+            if site.num_features() != common:
+                say(f"  REJECTED: {path} has {site.num_features()} features; {counts[common]} of "
+                    f"{len(sites)} files have {common}")
+                status = 1
+    named = {p: s.columns for p, s in sites.items() if s.columns is not None}
+    if named and len(named) == len(sites):
+        votes = Counter(frozenset(c) for c in named.values())
+        winner = max(votes, key=lambda names: votes[names])
+        reference_path = next(p for p, c in named.items() if frozenset(c) == winner)
+        reference = named[reference_path]
+        for path, columns in named.items():
+            problem = column_difference(columns, reference, reference_path)
+            if problem:
+                say(f"  REJECTED: {path} {problem}")
+                status = 1
+            elif columns != reference:
+                say(f"  note: {path} holds the columns of {reference_path} in another order; a "
+                    "run matches them by name")
+    elif named:
+        say("  note: some files have a header row and some do not; columns are then matched "
+            "by position")
+    if status == 0:
+        say(f"  OK: the {len(sites)} files agree on "
+            f"{next(iter(sites.values())).num_features()} features"
+            + (" by column name" if named and len(named) == len(sites) else " (by position)"))
+    return status
+
+
+def _check_one(path: str, features: int | None, classes: str, label_column: str,
+               out: TextIO) -> tuple[int, SiteFile | None]:
+    """One file alone: its report, its exit status and the file read (None: unreadable)."""
     say = lambda text="": print(text, file=out)
     say(f"{path}:")
     try:
         wanted = parse_classes(classes)
     except ValueError as exc:
         say(f"  REJECTED: {exc}")
-        return 1
+        return 1, None
     try:
         site = read_site_file(path, label_column)
     except SiteFileError as exc:
         say(f"  REJECTED: {exc}")
-        return 1
+        return 1, None
     suffix = Path(path).suffix.lower()
     say(f"  format: {suffix[1:]}" + ("" if suffix == ".npz" else
         f" (label column: {label_column or 'last'}; <stem>_val.csv and optional <stem>_test.csv)"))
@@ -62,12 +127,14 @@ def check_data(path: str, *, features: int | None = None, classes: str = "",
             class_list = [str(i) for i in range(wanted)]
         elif len(site.labels) > wanted:
             say(f"  note: the file holds {len(site.labels)} class names, the run {wanted}")
+    if site.columns is not None:
+        say(f"  columns ({len(site.columns)}): {', '.join(site.columns)}")
     problems = site_problems(site, features, class_list)
     if problems:
         for problem in problems:
             say(f"  REJECTED: {problem}")
-        return 1
+        return 1, site
     say("  OK: a node with this file takes part" + (
         "" if features or class_list else " (pass --features/--classes to check it against "
-        "the run's)"))
-    return 0
+        "the run's, or several sites' files to check them against each other)"))
+    return 0, site

@@ -172,9 +172,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="check a site's data file the way its node will read it",
         description="Read FILE (.npz, or .csv with <stem>_val.csv and optional <stem>_test.csv) "
         "as a SuperNode's data-path, print shapes, class counts, NaN/inf and missing arrays, "
-        "and what a run would reject. Exit 0: a node with this file takes part; 1: it would "
-        "be left out.")
-    check.add_argument("file", help="the site's data file")
+        "and what a run would reject; with several files, also whether they agree (number of "
+        "features; column names, in any order, where they have a header row). Exit 0: a node "
+        "with each file takes part; 1: one would be left out.")
+    check.add_argument("file", nargs="+", help="the site's data file; several sites' files are "
+                       "also checked against each other (features, column names)")
     check.add_argument("--features", type=int, default=None,
                        help="the run's number of features (setting num-features)")
     check.add_argument("--classes", default="",

@@ -22,6 +22,7 @@ from __future__ import annotations
 import re
 import shutil
 import signal
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -35,6 +36,7 @@ from gems_fl.running.processes import describe
 from gems_fl.running.run_config import app_config, resolve_overrides
 from gems_fl.running.runlog import Progress, RunLog, summarise_errors
 from gems_fl.running.signals import Signalled, hold_signals, signals_raise
+from gems_fl.running.site_check import check_sites
 from gems_fl.running.superlink import CONNECTION, LocalSuperLink, run_status
 from gems_fl.running.watch import conclude, new_log_path
 from gems_fl.serverapp.preflight import preflight
@@ -87,7 +89,9 @@ def run_app(
     Raises
     ------
     ValueError
-        A run setting is invalid or a preflight check failed (before anything starts).
+        A run setting is invalid or a preflight check failed (before anything starts);
+        with ``sites``, a site the run requires would be left out at the identity round
+        (:func:`gems_fl.running.site_check.check_sites`).
     RunFailed
         The run failed, or finished without writing its results; ``errors`` holds the
         distinct error lines, ``log_path`` the full log.
@@ -105,6 +109,9 @@ def run_app(
     if int(cpus_per_node) < 1:
         raise ValueError(f"--cpus-per-node={cpus_per_node} must be >= 1")
     preflight(settings, num_nodes)
+    if sites:
+        for line in check_sites(settings):
+            print(f"gems-fl: warning: {line}", file=sys.stderr)
     extra_env = _git_env(app)
     if ray_address:
         check_ray_address(ray_address)

@@ -104,6 +104,8 @@ def load_server_side(
                             "standardize": settings.standardize}
     if agreement.mean is not None:
         meta["scale"] = agreement.to_json()["scale"]
+    if agreement.columns is not None:
+        meta["columns"] = list(agreement.columns)
     notes: list[str] = []
     server_data = None
     public = None
