@@ -18,7 +18,7 @@ import pytest
 
 from gems_fl.data.site_files import read_site_file
 from gems_fl.running.federation import CONNECTION, TlsFederation, stop_group
-from tests.helpers import FAST, ROOT
+from tests.helpers import FAST, ROOT, app_defaults, run_in_process
 from tests.sitegen import CLASSES, site_config
 
 pytestmark = pytest.mark.slow
@@ -28,9 +28,13 @@ OWN = {**FAST, "dataset": "node-files", "evaluate-on-server": False, "space": "b
 
 
 def test_own_csv_sites_over_tls_agree_evaluate_on_nodes_and_leave_out_the_odd_one(tmp_path, sites):
+    """Real SuperNodes over TLS on CSV sites: one with 9 features is left out; site-2's file
+    holds its columns in reverse order and is matched by name (the pooled scaling below
+    is that of the rows in the run's order)."""
     odd = site_config(tmp_path / "sites", "site-odd", seed=5, num_features=9)
+    reversed_2 = site_config(tmp_path / "reversed", "site-2", seed=2, order=list(reversed(range(13))))
     with TlsFederation(tmp_path / "fed") as fed:
-        for config in [*sites, odd]:
+        for config in [*sites[:2], reversed_2, odd]:
             fed.add_node(config)
         run = fed.run(ROOT, {**OWN, "output-dir": str(tmp_path / "out"), "required-nodes": "3"},
                       timeout=400)
@@ -38,6 +42,7 @@ def test_own_csv_sites_over_tls_agree_evaluate_on_nodes_and_leave_out_the_odd_on
     results = run.results
     assert results["dataset"]["classes"] == list(CLASSES)
     assert results["dataset"]["num_features"] == 13
+    assert results["dataset"]["columns"] == [f"f{i}" for i in range(13)]
     assert [p["name"] for p in results["participants"]] == ["site-0", "site-1", "site-2"]
     (rejected,) = results["rejected"]
     assert rejected["node_name"] == "site-odd" and "9 features" in rejected["reason"]
@@ -109,7 +114,9 @@ def test_submit_exits_non_zero_when_the_superlink_stops_mid_run(tmp_path, sites)
 def test_submit_a_site_killed_mid_round_exits_3_names_it_and_brings_the_results_home(tmp_path, sites):
     """required-nodes defaults to every site present at the identity round: losing one
     mid-round is not success. The results still come home, through the run's log, into
-    submit's own --output-dir (the ServerApp writes its copy elsewhere)."""
+    submit's own --output-dir (the ServerApp writes its copy elsewhere). The lost site's
+    sums were in the federated scaling, so the rounds ran again without it: the model is
+    bit for bit the one the two survivors give alone."""
     with TlsFederation(tmp_path / "fed") as fed:
         nodes = [fed.add_node(config) for config in sites[:2]]
         victim = fed.add_node({**sites[2], **TRAINS_FOREVER})
@@ -122,7 +129,8 @@ def test_submit_a_site_killed_mid_round_exits_3_names_it_and_brings_the_results_
         killer.start()
         server_side, home = tmp_path / "superlink-machine", tmp_path / "home"
         proc = _submit(fed, f"dataset='node-files' evaluate-on-server=false round-timeout=60.0 "
-                            f"output-dir='{server_side}'", "--output-dir", str(home))
+                            f"standardize='federated' output-dir='{server_side}'",
+                       "--output-dir", str(home))
         try:
             output, _ = proc.communicate(timeout=400)
         finally:
@@ -148,6 +156,16 @@ def test_submit_a_site_killed_mid_round_exits_3_names_it_and_brings_the_results_
             np.load(server_copy.parent / "gems_model.npz") as server_model:
         for key in server_model.files:
             np.testing.assert_array_equal(home_model[key], server_model[key])
+    assert [a["lost"] for a in results["abandoned_attempts"]] == [["site-2"]]
+    defaults = {key: app_defaults()[key] for key in FAST}  # the deployment ran the defaults
+    run_in_process(2, tmp_path / "alone", node_configs=sites[:2], **defaults,
+                   dataset="node-files", standardize="federated",
+                   **{"evaluate-on-server": False, "min-good-enough": "0"})
+    with np.load(path.parent / "gems_model.npz") as deployed, \
+            np.load(tmp_path / "alone" / "run-1" / "gems_model.npz") as alone:
+        assert deployed.files == alone.files
+        for key in alone.files:
+            np.testing.assert_array_equal(deployed[key], alone[key])
 
 
 def test_ctrl_c_on_submit_stops_the_run_on_the_superlink(tmp_path, sites):

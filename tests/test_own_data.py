@@ -100,6 +100,47 @@ def test_a_text_feature_column_is_named_with_its_values_and_what_to_do(tmp_path)
     assert "encode a text column" in message and "or drop it" in message
 
 
+def _fails_in_training(node_id: int):
+    """A reply hook: node ``node_id`` answers every train message with an error (a site
+    that dies after the identity round)."""
+    from flwr.app import Error, Message, RecordDict
+
+    def hook(reply):
+        if reply.metadata.src_node_id != node_id:
+            return reply
+        request = Message(RecordDict(), dst_node_id=node_id,
+                          message_type=reply.metadata.message_type, group_id=reply.metadata.group_id)
+        request.metadata.__dict__["_message_id"] = reply.metadata.reply_to_message_id
+        return Message(Error(code=7, reason="killed"), reply_to=request)
+    return hook
+
+
+def test_the_same_surviving_sites_give_the_same_model_whenever_the_others_left(tmp_path, sites):
+    """A site that dies after the identity round took part in the agreement (its sums in
+    the federated scaling): the rounds run again without it, so the model is the one the
+    survivors give alone, whether the lost site never came, was rejected at the identity
+    round, or died in training, and whatever node it was."""
+    fourth = site_config(tmp_path / "sites", "site-3", seed=3)
+    odd = site_config(tmp_path / "sites", "site-odd", seed=3, num_features=9)
+    fewer = {**OWN, **NO_CHECK, "standardize": "federated", "required-nodes": "3"}
+    runs = {
+        "alone": run_in_process(3, tmp_path / "alone", node_configs=sites, **fewer),
+        "rejected": run_in_process(4, tmp_path / "rejected", node_configs=[*sites, odd], **fewer),
+        "died": run_in_process(4, tmp_path / "died", node_configs=[*sites, fourth],
+                               reply_hook=_fails_in_training(1003), **fewer),
+        "died-first": run_in_process(4, tmp_path / "died-first", node_configs=[fourth, *sites],
+                                     reply_hook=_fails_in_training(1000), **fewer),
+    }
+    model = lambda name: (tmp_path / name / "run-1" / "gems_model.npz").read_bytes()
+    assert len({model(name) for name in runs}) == 1
+    assert len({str(r["dataset"]["scale"]) for r in runs.values()}) == 1
+    died = runs["died"]
+    assert died["attendance"]["line"] == "completed with 3 of 4 sites; left out: site-3 (killed)"
+    (attempt,) = died["abandoned_attempts"]
+    assert attempt["lost"] == ["site-3"] and attempt["rounds"]  # its bytes are kept
+    assert "abandoned_attempts" not in runs["alone"]
+
+
 def test_label_mapping_is_shared_even_when_a_node_lacks_a_class(tmp_path):
     x, y = blobs(120, 5, 0)
     only_two = y != "gentoo"

@@ -49,6 +49,8 @@ class Roster:
     agreement: DataAgreement | None = None
     labels: dict[int, list[str]] = field(default_factory=dict)
     connected: list[int] = field(default_factory=list)  # every node asked at the identity round
+    identities: dict[int, Identity] = field(default_factory=dict)  # the participants' answers
+    rule: AgreementRule | None = None  # how the agreement was reached
 
     def present(self) -> dict[int, str]:
         """``{node id: name}`` of every node asked at the identity round (the name it
@@ -56,6 +58,35 @@ class Roster:
         reported = {int(r["node_id"]): str(r["node_name"]) for r in self.rejected
                     if r.get("node_name")}
         return {n: self.names.get(n) or reported.get(n) or f"node {n}" for n in self.connected}
+
+    def after_losing(self, lost: list[dict[str, object]]) -> Roster | None:
+        """The roster of the participants that remain when ``lost`` (rejection entries of
+        a protocol round) left, with the agreement those alone reach; None when no
+        participant was lost or the agreement stays the same.
+
+        A site that leaves after the identity round took part in the agreement (its
+        feature sums in the scaling, its labels in the classes). The run's model must
+        not depend on it, so the caller runs the rounds again with this roster: the
+        same surviving sites then give the same model whenever the others left.
+        """
+        gone = {int(entry["node_id"]) for entry in lost} & set(self.participants)
+        if not gone or self.rule is None:
+            return None
+        remaining = {n: self.identities[n] for n in self.participants if n not in gone}
+        agreement, refused = agree(remaining, self.rule)
+        if agreement is None or (not refused and self.agreement is not None and
+                                 _same(agreement.to_config(), self.agreement.to_config())):
+            return None
+        kept = [n for n in self.participants if n in remaining and n not in refused]
+        return Roster(
+            participants=kept, names=self.names,  # the lost ones keep their names in reports
+            sources={n: self.sources[n] for n in kept if n in self.sources},
+            counts={n: self.counts[n] for n in kept if n in self.counts},
+            rejected=self.rejected + [{"node_id": n, "node_name": remaining[n].name,
+                                       "reason": why} for n, why in sorted(refused.items())],
+            report=self.report, agreement=agreement,
+            labels={n: self.labels[n] for n in kept if n in self.labels},
+            connected=self.connected, identities={n: remaining[n] for n in kept}, rule=self.rule)
 
     def nodes_json(self, dropped: set[int] | None = None) -> list[dict[str, Any]]:
         """One entry per participating node, for the results file (``dropped``: nodes
@@ -100,7 +131,7 @@ def identify_nodes(grid: Grid, node_ids: list[int], exchange: Exchange,
         rejected.append({"node_id": node_id, "node_name": identities[node_id].name,
                          "reason": reason})
     roster = Roster(participants=[], names={}, rejected=rejected, agreement=agreement,
-                    connected=[int(n) for n in node_ids])
+                    connected=[int(n) for n in node_ids], rule=rule)
     kept = [(n, identities[n]) for n, _ in accepted if n not in refused]
     duplicates = {name for name, k in Counter(i.name for _, i in kept).items() if k > 1}
     for node_id, identity in sorted(kept, key=lambda item: item[1].name):
@@ -114,6 +145,7 @@ def identify_nodes(grid: Grid, node_ids: list[int], exchange: Exchange,
                                   **({"num-test-examples": identity.num_test}
                                      if identity.num_test else {})}
         roster.labels[node_id] = identity.labels
+        roster.identities[node_id] = identity
         if len(kept) <= MAX_NODES_NAMED:
             log(INFO, "Identify: node '%s' (id %d): %s, %d train / %d val%s", identity.name,
                 node_id, identity.source, identity.counts["num-train-examples"],
@@ -136,6 +168,11 @@ def identify_nodes(grid: Grid, node_ids: list[int], exchange: Exchange,
     roster.report = {"bytes_sent": wire.content_bytes(content) * len(node_ids),
                      "bytes_received": bytes_received, "wall_s": time.perf_counter() - t0}
     return roster
+
+
+def _same(a: dict[str, Any], b: dict[str, Any]) -> bool:
+    return a.keys() == b.keys() and all(np.array_equal(np.asarray(a[k]), np.asarray(b[k]))
+                                         for k in a)
 
 
 def _names(identities: dict[int, Identity], nodes) -> str:

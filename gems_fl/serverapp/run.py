@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from logging import INFO, WARNING
 from typing import Any
 
@@ -44,6 +45,7 @@ from gems_fl.learning.train import accuracy, set_default_device
 from gems_fl.protocol.attendance import (
     missing_before_training,
 )
+from gems_fl.protocol.options import ServerOptions
 from gems_fl.protocol.replies import NotEnoughRepliesError
 from gems_fl.protocol.roster import Roster, identify_nodes
 from gems_fl.protocol.verify import verify_on_nodes
@@ -159,28 +161,28 @@ def run_server(grid: Grid, context: Context) -> dict[str, Any]:
         raise NotEnoughRepliesError(
             f"only {len(roster.participants)} of {len(node_ids)} nodes have data that fits the "
             f"run; min-replies={settings.min_replies}. Rejected: {reasons}")
-    agreement = roster.agreement
-    num_features, num_classes = agreement.num_features, agreement.num_classes
-    num_nodes = len(roster.participants)
-    plan = build_plan(settings, num_nodes, num_features)
-    log(INFO, "Plan: %s", plan_line(plan))
-    options = server_options(settings, plan)
-    t_data = time.perf_counter()
-    server_data, public, meta, notes = load_server_side(settings, agreement, num_nodes)
-    for note in notes:
-        log(WARNING, note)
     timing = {"wait_for_nodes": waited, "identify": float(roster.report.get("wall_s", 0.0)),
-              "server_data": time.perf_counter() - t_data}
-
-    t_round = time.perf_counter()
-    if settings.model == "mlp":
-        run = run_layerwise(grid, settings, options, roster, num_features, num_classes,
-                            None if server_data is None else
-                            lambda m: accuracy(m, server_data.test_x, server_data.test_y))
-    else:
-        run = run_convex(grid, settings, options, roster, num_features, num_classes,
-                         _test_accuracy(server_data, num_features, num_classes))
-    timing["rounds"] = time.perf_counter() - t_round
+              "server_data": 0.0, "rounds": 0.0}
+    abandoned: list[dict[str, Any]] = []
+    while True:
+        attempt = _train(grid, settings, roster, timing)
+        survivors = roster.after_losing(attempt.run.rejected)
+        if survivors is None:
+            break
+        lost = sorted(set(roster.participants) - set(survivors.participants))
+        log(WARNING, "Sites: %s left after the identity round; the agreement of the %d that "
+            "remain differs (scaling, classes), so the rounds run again with those alone: the "
+            "model depends only on the sites that take part to the end",
+            ", ".join(roster.names[n] for n in lost), len(survivors.participants))
+        abandoned.append({"lost": [roster.names[n] for n in lost], "rounds": attempt.run.rounds,
+                          "rejected": attempt.run.rejected})
+        roster = survivors
+    run, plan, options = attempt.run, attempt.plan, attempt.options
+    server_data, public, meta, notes = attempt.server_data, attempt.public, attempt.meta, attempt.notes
+    num_features, num_classes = roster.agreement.num_features, roster.agreement.num_classes
+    if abandoned:  # their bytes were spent; the sites they lost stay left out
+        run.extra["abandoned_attempts"] = abandoned
+        run.rejected = [e for a in abandoned for e in a["rejected"]] + run.rejected
 
     if public is not None and server_data is None and settings.baselines == "all":
         run.node_models.update(tune_on_public(run, public, settings, num_features, num_classes))
@@ -204,6 +206,46 @@ def run_server(grid: Grid, context: Context) -> dict[str, Any]:
     run.extra["plan"] = plan.to_dict()
     return finish(context, settings, run, roster, verification, rows, meta, notes,
                   timing=timing, started=started, t0=t0, send_home=deployed)
+
+
+@dataclass
+class Attempt:
+    """One pass of the protocol over a roster: the plan, the options, what the server
+    holds, and the protocol's run."""
+
+    run: ProtocolRun
+    plan: RunPlan
+    options: ServerOptions
+    server_data: ServerData | None
+    public: Any
+    meta: dict[str, Any]
+    notes: list[str]
+
+
+def _train(grid: Grid, settings: Settings, roster: Roster, timing: dict[str, float]) -> Attempt:
+    """Plan the run for ``roster``'s participants and agreement, load the server's side
+    and run the protocol (``timing`` gains the time spent)."""
+    agreement = roster.agreement
+    num_features, num_classes = agreement.num_features, agreement.num_classes
+    num_nodes = len(roster.participants)
+    plan = build_plan(settings, num_nodes, num_features)
+    log(INFO, "Plan: %s", plan_line(plan))
+    options = server_options(settings, plan)
+    t_data = time.perf_counter()
+    server_data, public, meta, notes = load_server_side(settings, agreement, num_nodes)
+    for note in notes:
+        log(WARNING, note)
+    timing["server_data"] += time.perf_counter() - t_data
+    t_round = time.perf_counter()
+    if settings.model == "mlp":
+        run = run_layerwise(grid, settings, options, roster, num_features, num_classes,
+                            None if server_data is None else
+                            lambda m: accuracy(m, server_data.test_x, server_data.test_y))
+    else:
+        run = run_convex(grid, settings, options, roster, num_features, num_classes,
+                         _test_accuracy(server_data, num_features, num_classes))
+    timing["rounds"] += time.perf_counter() - t_round
+    return Attempt(run, plan, options, server_data, public, meta, notes)
 
 
 def own_spaces(run: ProtocolRun, settings: Settings, num_features: int, num_classes: int
