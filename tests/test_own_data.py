@@ -432,7 +432,7 @@ def test_site_files_in_a_simulation_are_the_nodes_a_deployment_would_have(tmp_pa
 
 def test_site_options_of_gems_fl_run_are_checked_before_anything_starts(tmp_path, sites, capsys):
     from gems_fl.running.cli import main
-    from gems_fl.running.launch import site_overrides
+    from gems_fl.running.prepare import site_overrides
 
     paths = [c["data-path"] for c in sites]
     assert site_overrides(paths, {}) == {"dataset": "node-files", "site-files": ",".join(paths),

@@ -214,6 +214,25 @@ def test_the_readme_lists_about_25_user_settings_in_short_rows():
     assert all(len(text) <= USER_MEANING_MAX for _, _, text in rows)
 
 
+def test_a_settings_mistake_is_reported_before_the_heavy_modules_load(tmp_path):
+    """`gems-fl run` checks its settings, label division and node count before torch,
+    scikit-learn or Flower's server side are imported, so a mistake is reported at once
+    (benchmarks/error_latency.py times it; this checks the reason, not a clock)."""
+    code = ("import sys\n"
+            "from gems_fl.running.cli import main\n"
+            "for args in (['--run-config', 'epss=1'], ['--run-config', \"label-division='dirichlet:x'\"],"
+            " ['--nodes', '0']):\n"
+            "    assert main(['run', *args]) == 2\n"
+            "heavy = sorted(m for m in ('torch', 'sklearn', 'flwr.serverapp', 'gems_fl.serverapp.run')"
+            " if m in sys.modules)\n"
+            "print('heavy:', heavy)\n")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True,
+                          text=True, env={**os.environ, "PYTHONPATH": str(ROOT)}, check=False)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "heavy: []", proc.stdout + proc.stderr
+    assert proc.stderr.count("gems-fl: error:") == 3
+
+
 def test_run_help_shows_the_user_settings_first(capsys):
     with pytest.raises(SystemExit):
         main(["run", "--help"])

@@ -20,31 +20,23 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
-import torch
 
 from gems_fl.geometry.choices import (
     DEFAULT_POOLED_RIDGE,
     GAUSSIAN_L2S,
     LDA_SHRINKAGES,
 )
-from gems_fl.geometry.components import mixture_moments
-from gems_fl.geometry.gram_merge import (
-    center_system,
-    class_parts,
-    gram_result,
-    has_class_components,
-    has_class_grams,
-    merge_weights,
-    record_minimax,
-)
-from gems_fl.geometry.gram_sums import GramSums, summed_result
-from gems_fl.geometry.intersect import IntersectionResult
-from gems_fl.geometry.linalg import solve_right
-from gems_fl.geometry.pooled import pooled_lda, pooled_point
-from gems_fl.geometry.virtual import gaussian_point, pooled_class_moments
+
+# The registry is read when run settings are checked, which must answer in a moment: the
+# solvers (torch, scikit-learn's k-means) are imported where a point is solved.
+if TYPE_CHECKING:
+    import torch
+
+    from gems_fl.geometry.gram_sums import GramSums
+    from gems_fl.geometry.intersect import IntersectionResult
 
 __all__ = ["AUTO", "GRAM_POINTS", "NodeStatistics", "POINTS", "Point", "Statistics", "SummedStatistics",
            "aggregate_gram", "aggregate_sums", "auto_points", "point_named", "solvable_from_sums",
@@ -87,6 +79,8 @@ class NodeStatistics:
     """:class:`Statistics` from every node's own space (the replies the server kept)."""
 
     def __init__(self, spaces: Sequence[Any], num_train: Sequence[float]) -> None:
+        from gems_fl.geometry.gram_merge import merge_weights
+
         if not spaces:
             raise ValueError("no spaces to aggregate")
         shape = spaces[0].matrix.shape
@@ -98,6 +92,8 @@ class NodeStatistics:
         self.weights = merge_weights(self.spaces, self.num_train)
 
     def provides(self) -> frozenset[str]:
+        from gems_fl.geometry.gram_merge import has_class_components, has_class_grams
+
         held = {CENTERS}
         if all(s.moments is not None for s in self.spaces):
             held.add(LABELS)
@@ -111,14 +107,21 @@ class NodeStatistics:
         return [s.gram for s in self.spaces], [s.moments for s in self.spaces], self.num_train
 
     def center_system(self) -> tuple[torch.Tensor, torch.Tensor]:
+        from gems_fl.geometry.gram_merge import center_system
+
         return center_system([s.matrix for s in self.spaces], [s.gram for s in self.spaces],
                              self.weights)
 
     def class_moments(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        from gems_fl.geometry.virtual import pooled_class_moments
+
         return pooled_class_moments([s.per_class_grams for s in self.spaces],
                                     [s.class_counts for s in self.spaces])
 
     def mixture_moments(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        from gems_fl.geometry.components import mixture_moments
+        from gems_fl.geometry.gram_merge import class_parts
+
         return mixture_moments([s.class_grams for s in self.spaces],
                                [class_parts(s) for s in self.spaces])
 
@@ -201,18 +204,26 @@ class Point:
 
 
 def _pooled(stats: Statistics, ridge: float, seed: int, details: dict) -> np.ndarray:
+    from gems_fl.geometry.pooled import pooled_point
+
     return pooled_point(*stats.pooled_inputs(), ridge)
 
 
 def _lda(stats: Statistics, shrinkage: float, seed: int, details: dict) -> np.ndarray:
+    from gems_fl.geometry.pooled import pooled_lda
+
     return pooled_lda(*stats.pooled_inputs(), shrinkage)
 
 
 def _gaussian(stats: Statistics, l2: float, seed: int, details: dict) -> np.ndarray:
+    from gems_fl.geometry.virtual import gaussian_point
+
     return gaussian_point(*stats.class_moments(), l2=l2, seed=seed)
 
 
 def _mixture(stats: Statistics, l2: float, seed: int, details: dict) -> np.ndarray:
+    from gems_fl.geometry.virtual import gaussian_point
+
     counts, means, covs, classes = stats.mixture_moments()
     details["gaussian_components"] = len(counts)
     return gaussian_point(counts, means, covs, l2=l2, seed=seed, classes=classes,
@@ -220,6 +231,10 @@ def _mixture(stats: Statistics, l2: float, seed: int, details: dict) -> np.ndarr
 
 
 def _closed_form(stats: Statistics, ridge: float, seed: int, details: dict) -> np.ndarray:
+    import torch
+
+    from gems_fl.geometry.linalg import solve_right
+
     a, b = stats.center_system()
     if ridge > 0:
         a.diagonal().add_(float(ridge))
@@ -274,6 +289,9 @@ def solve_point(stats: Statistics, spaces: Sequence[Any], name: str, value: floa
     ``ridge``), and its membership in each space: checked here against per-node spaces, or
     left to the nodes when ``stats`` are sums (:func:`~gems_fl.geometry.gram_sums.
     summed_result`)."""
+    from gems_fl.geometry.gram_merge import gram_result, record_minimax
+    from gems_fl.geometry.gram_sums import summed_result
+
     point = point_named(name)
     if missing := point.missing(stats):
         raise ValueError(f"gram-point='{point.name}' needs every node's {' and '.join(missing)}; "

@@ -248,21 +248,22 @@ def _status(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from gems_fl.running.launch import run_app
-
     if args.site and args.nodes is not None and args.nodes != len(args.site):
         print(f"gems-fl: error: --nodes {args.nodes} but {len(args.site)} --site files: each "
               "site file is one node; leave --nodes out", file=sys.stderr)
         return 2
     nodes = args.nodes if args.nodes is not None else 5
     def work():
+        from gems_fl.running.prepare import prepare_run
+
+        prepared = prepare_run(args.app, num_nodes=nodes, run_config=args.run_config,
+                               output_dir=args.output_dir, sites=args.site)
+        from gems_fl.running.launch import run_app  # torch, Flower: only for a valid run
         from gems_fl.running.outcome import RunIncomplete
 
         try:
-            outcome = run_app(args.app, num_nodes=nodes, run_config=args.run_config,
-                              cpus_per_node=args.cpus_per_node, sites=args.site,
-                              ray_address=args.ray_address, output_dir=args.output_dir,
-                              progress=True)
+            outcome = run_app(prepared=prepared, cpus_per_node=args.cpus_per_node,
+                              ray_address=args.ray_address, progress=True)
         except RunIncomplete as exc:
             if args.plot:
                 _plot(exc.results_path)

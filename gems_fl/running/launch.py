@@ -31,16 +31,13 @@ import tomli_w
 
 from gems_fl.evaluation.results import RESULTS_FILE, git_commit
 from gems_fl.running.outcome import RunFailed, RunInterrupted, RunOutcome
-from gems_fl.running.packaged_app import resolve_app
+from gems_fl.running.prepare import PreparedRun, prepare_run
 from gems_fl.running.processes import describe
-from gems_fl.running.run_config import app_config, resolve_overrides
 from gems_fl.running.runlog import Progress, RunLog, summarise_errors
 from gems_fl.running.signals import Signalled, hold_signals, signals_raise
 from gems_fl.running.site_check import check_sites
 from gems_fl.running.superlink import CONNECTION, LocalSuperLink, run_status
 from gems_fl.running.watch import conclude, new_log_path
-from gems_fl.serverapp.preflight import preflight
-from gems_fl.settings import Settings
 
 GIT_COMMIT_VARIABLE = "GEMS_FL_GIT_COMMIT"
 GIT_DIRTY_VARIABLE = "GEMS_FL_GIT_DIRTY"
@@ -64,6 +61,7 @@ def run_app(
     cpus_per_node: int = 1,
     sites: list[str] | None = None,
     ray_address: str | None = None,
+    prepared: PreparedRun | None = None,
 ) -> RunOutcome:
     """``flwr run`` the app as a simulation with ``num_nodes`` SuperNodes; check it.
 
@@ -83,6 +81,10 @@ def run_app(
     Ray's own ``RAY_ADDRESS`` in the environment of the SuperLink and what it starts
     (Flower 1.42's simulation config has no address field). Checked to answer first.
 
+    ``prepared``: what :func:`gems_fl.running.prepare.prepare_run` made of these
+    arguments (``gems-fl run`` checks them before importing this module); the app,
+    settings, node count and sites then come from it.
+
     ``progress``: ``True`` shows the phases (a live line on a terminal, plain lines
     otherwise) above the streamed log; ``None``/``False`` only streams the log.
 
@@ -100,15 +102,14 @@ def run_app(
     """
     t0 = time.monotonic()
     launched_unix = time.time()
-    app, _ = resolve_app(app_dir)
-    overrides = resolve_overrides(app, run_config, output_dir)
-    if sites:
-        overrides.update(site_overrides(sites, overrides))
-        num_nodes = len(sites)
-    settings = Settings.from_run_config({**app_config(app), **overrides})
     if int(cpus_per_node) < 1:
         raise ValueError(f"--cpus-per-node={cpus_per_node} must be >= 1")
-    preflight(settings, num_nodes)
+    if prepared is None:
+        prepared = prepare_run(app_dir, num_nodes=num_nodes, run_config=run_config,
+                               output_dir=output_dir, sites=sites)
+    sites = list(prepared.sites)
+    app, overrides, settings = prepared.app, prepared.overrides, prepared.settings
+    num_nodes = prepared.num_nodes
     if sites:
         for line in check_sites(settings):
             print(f"gems-fl: warning: {line}", file=sys.stderr)
@@ -191,29 +192,6 @@ def check_ray_address(address: str) -> None:
         raise ValueError(f"--ray-address {address}: no Ray head answers there ({exc}); start "
                          "one with `ray start --head --port PORT`, or leave --ray-address out "
                          "to run a private Ray instance") from None
-
-
-def site_overrides(sites: list[str], overrides: dict) -> dict:
-    """The run settings of a simulation on site files: ``dataset='node-files'``, the files
-    as ``site-files`` (absolute), and ``evaluate-on-server=false`` unless set or unless a
-    ``public-data`` file gives the server a test set."""
-    if overrides.get("dataset", "node-files") != "node-files":
-        raise ValueError(f"--site runs on the sites' own files (dataset='node-files'), but "
-                         f"--run-config sets dataset='{overrides['dataset']}'")
-    paths = [Path(s).expanduser().absolute() for s in sites]
-    missing = [str(p) for p in paths if not p.is_file()]
-    if missing:
-        raise FileNotFoundError(f"--site: no such file: {', '.join(missing)}")
-    if any("," in str(p) for p in paths):
-        raise ValueError("--site: a site file's path must not contain a comma")
-    stems = [p.stem for p in paths]
-    if len(set(stems)) != len(stems):
-        raise ValueError(f"--site: every file names its node by its stem, and {stems} repeat "
-                         "one; rename the files")
-    out = {"dataset": "node-files", "site-files": ",".join(map(str, paths))}
-    if "evaluate-on-server" not in overrides and not overrides.get("public-data"):
-        out["evaluate-on-server"] = False
-    return out
 
 
 def _keep_superlink_log(link: LocalSuperLink | None, log_path: Path) -> None:

@@ -7,6 +7,19 @@ nodes, the baselines (:mod:`gems_fl.evaluation`) and the results on disk.
 ``running`` (the operator's tools outside Flower) or ``reproduce``.
 """
 
-from gems_fl.serverapp.run import run_server
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from gems_fl.serverapp.run import run_server
 
 __all__ = ["run_server"]
+
+
+def __getattr__(name: str) -> Any:
+    # `gems-fl run` checks its settings with `gems_fl.serverapp.preflight` before the run
+    # itself (torch, scikit-learn, Flower) is imported: only a run loads it.
+    if name == "run_server":
+        from gems_fl.serverapp.run import run_server
+
+        return run_server
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
