@@ -328,5 +328,5 @@ def test_the_run_plan_resolves_every_auto_and_matches_what_the_run_did(tmp_path)
     assert "gaussian" in scored and scored <= set(plan["points"])
     assert plan["server_holds"] == results["privacy"]["server_holds"]
     assert plan["baselines"] == "cheap" and plan["device"] == "cpu"
-    dp = run_in_process(3, tmp_path / "dp", **{"dp-epsilon": 4.0})["plan"]
+    dp = run_in_process(3, tmp_path / "dp", **{"dp-epsilon": 4.0, "min-good-enough": "0"})["plan"]
     assert dp["server_holds"] == "sums" and "closed-form" not in dp["points"]
