@@ -47,12 +47,15 @@ def write_sites(name: str, sites: int, seed: int, folder: Path) -> list[dict]:
     x, y, columns = load(name)
     rng = np.random.default_rng(seed)
     owner = np.empty(len(y), dtype=int)
-    for label in np.unique(y):
-        rows = rng.permutation(np.flatnonzero(y == label))
-        shares = rng.dirichlet([0.5] * sites)
-        cuts = (np.cumsum(shares)[:-1] * len(rows)).astype(int)
-        for site, part in enumerate(np.split(rows, cuts)):
-            owner[part] = site
+    while True:  # redrawn until every site holds 20 rows (train, val and test non-empty)
+        for label in np.unique(y):
+            rows = rng.permutation(np.flatnonzero(y == label))
+            shares = rng.dirichlet([0.5] * sites)
+            cuts = (np.cumsum(shares)[:-1] * len(rows)).astype(int)
+            for site, part in enumerate(np.split(rows, cuts)):
+                owner[part] = site
+        if np.bincount(owner, minlength=sites).min() >= 20:
+            break
     configs = []
     for site in range(sites):
         rows = rng.permutation(np.flatnonzero(owner == site))
@@ -62,7 +65,7 @@ def write_sites(name: str, sites: int, seed: int, folder: Path) -> list[dict]:
             with open(f"{stem}{suffix}.csv", "w", newline="") as f:
                 writer = csv.writer(f)
                 writer.writerow([*columns, "label"])
-                writer.writerows([*map(repr, x[i]), y[i]] for i in part)
+                writer.writerows([*(repr(float(v)) for v in x[i]), y[i]] for i in part)
         configs.append({"data-path": f"{stem}.csv", "node-name": f"site{site}"})
     return configs
 

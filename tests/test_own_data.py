@@ -182,6 +182,21 @@ def test_the_run_sends_every_node_the_same_scaling(tmp_path, sites):
     np.testing.assert_allclose(results["dataset"]["scale"]["std"], raw.std(axis=0), rtol=1e-6)
 
 
+def test_own_files_are_scaled_by_default_and_the_run_records_it(tmp_path, sites):
+    """standardize='auto' (the default) is federated scaling for sites' own files, off for
+    a named dataset and under dp-epsilon (the sums would leave unnoised); a node whose
+    model fails on unscaled features is told to scale them first."""
+    from gems_fl.geometry.eps import zero_radius_reason
+
+    results = run_in_process(3, tmp_path / "out", node_configs=sites, **OWN, **NO_CHECK)
+    assert results["settings"]["standardize"] == "federated"
+    assert results["dataset"]["standardize"] == "federated" and "scale" in results["dataset"]
+    assert Settings().standardize == "off"
+    assert Settings(dataset="node-files", evaluate_on_server=False, dp_epsilon=4.0).standardize == "off"
+    assert "standardize='federated'" in zero_radius_reason(0.25, 0.5, unscaled=True)
+    assert "scale" not in zero_radius_reason(0.25, 0.5)
+
+
 def test_pinned_classes_and_features_leave_out_nodes_that_disagree(tmp_path, sites):
     x, y = blobs(60, 13, 5)
     y = np.where(y == "gentoo", "emperor", y)

@@ -15,6 +15,16 @@ import numpy as np
 
 NODE_FILES = "node-files"
 STANDARDIZE_CHOICES = ("off", "node", "federated")
+AUTO_STANDARDIZE = "auto"  # federated for node-files (not under DP), else off
+
+
+def resolve_standardize(value: str, dataset: str, private: bool) -> str:
+    """``standardize`` as a run applies it: ``auto`` is ``federated`` for sites' own files
+    (features on any scale) unless the run is differentially private (the sums would
+    leave a node unnoised), else ``off`` (a named dataset's loader scales it)."""
+    if value != AUTO_STANDARDIZE:
+        return value
+    return "federated" if dataset == NODE_FILES and not private else "off"
 FEATURES_KEY = "agreed-num-features"
 CLASSES_KEY = "agreed-classes"
 MEAN_KEY = "scale-mean"

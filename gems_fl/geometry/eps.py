@@ -42,13 +42,18 @@ def passes(num_correct: int, num: int, eps: float) -> bool:
     return int(num_correct) >= pass_count(eps, num)
 
 
-def zero_radius_reason(accuracy: float, eps: float | None) -> str:
+def zero_radius_reason(accuracy: float, eps: float | None, *, unscaled: bool = False) -> str:
     """Why a node's space is the single point of its model (radius 0), in words: its
     model fails its ``eps``, or it passes but every radius the search tried let some
     sampled model fall below (few validation rows leave no room: with one row, one
-    mistake is accuracy 0)."""
+    mistake is accuracy 0). ``unscaled``: the node's features were not scaled (own
+    files with ``standardize='off'``), the first thing to fix for a failing model."""
     if eps is None:
         return f"its own model has validation accuracy {accuracy:.3f} (its eps not reported)"
+    if accuracy < eps and unscaled:
+        return (f"its own model has validation accuracy {accuracy:.3f} < its eps={eps}, on "
+                "features that were not scaled: standardize='federated' (or files scaled "
+                "beforehand) usually lets it train; else lower eps")
     if accuracy < eps:
         return (f"its own model has validation accuracy {accuracy:.3f} < its eps={eps}; "
                 "lower eps to give it room")

@@ -13,6 +13,7 @@ from typing import Any
 from flwr.app import Context
 from flwr.common.logger import log
 
+from gems_fl.data.agreement import NODE_FILES
 from gems_fl.evaluation.results import (
     MODEL_FILE,
     RESULTS_FILE,
@@ -76,7 +77,9 @@ def finish(context: Context, settings: Settings, run: ProtocolRun, roster: Roste
     for reply in run.outcome.accepted:
         if reply.space.radius == 0.0:
             reason = zero_radius_reason(reply.metrics["local-val-accuracy"],
-                                        reply.metrics.get("eps", settings.eps))
+                                        reply.metrics.get("eps", settings.eps),
+                                        unscaled=settings.dataset == NODE_FILES
+                                        and settings.standardize == "off")
             notes.append(f"node {roster.names.get(reply.node_id, reply.node_id)}: radius 0: "
                          f"{reason}")
     run.extra.pop("first_layer_centers", None)

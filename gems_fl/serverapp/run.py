@@ -109,6 +109,11 @@ def load_server_side(
     if agreement.columns is not None:
         meta["columns"] = list(agreement.columns)
     notes: list[str] = []
+    if settings.dataset == NODE_FILES and settings.dp_epsilon and settings.standardize == "off":
+        notes.append("dp-epsilon on the sites' own files: the features are not scaled (the "
+                     "federated scaling's sums would leave the sites unnoised); scale the files "
+                     "beforehand, to ranges known without the rows, if their features are on "
+                     "different scales")
     server_data = None
     public = None
     if settings.public_data.strip():

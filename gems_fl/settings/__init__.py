@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from dataclasses import InitVar, asdict, dataclass, fields
 from typing import TYPE_CHECKING, Any
 
-from gems_fl.data.agreement import NODE_FILES
+from gems_fl.data.agreement import NODE_FILES, resolve_standardize
 from gems_fl.geometry.points import CLASS_GRAMS, point_named
 from gems_fl.learning.recipe import LocalTraining, TrainRecipe, TuneRecipe
 from gems_fl.learning.widths import parse_hidden
@@ -67,6 +67,8 @@ class Settings(OperationSettings, PrivacySettings, AggregationSettings, SpaceSet
                 name = key.replace("-", "_")
                 if getattr(self, name) == _DEFAULTS[name]:
                     object.__setattr__(self, name, value)
+        object.__setattr__(self, "standardize", resolve_standardize(
+            self.standardize, self.dataset, bool(self.dp_epsilon)))
         if self.hidden.strip().lower() == "auto":
             object.__setattr__(self, "hidden", AUTO_HIDDEN.get(self.dataset, AUTO_HIDDEN_DEFAULT))
         # "auto", or the rank as an int whether it came as 50 or "50" (--run-config)

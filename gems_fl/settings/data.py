@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from gems_fl.data.agreement import NODE_FILES, STANDARDIZE_CHOICES
+from gems_fl.data.agreement import AUTO_STANDARDIZE, NODE_FILES, STANDARDIZE_CHOICES
 from gems_fl.data.datasets import DATASET_NAMES
 from gems_fl.settings.checks import at_least, one_of, parses, positive, setting
 from gems_fl.settings.values import check_classes
@@ -73,12 +73,15 @@ class DataSettings:
         '(negative counts from the end) or a header name; empty: the last column',
         node=True, user=True)
     standardize: str = setting(
-        'off',
-        'feature scaling before training and evaluation: `off`, `node` (each node its own '
-        'training mean and std), or `federated` (one mean and std for all, combined on the '
-        "server from each node's per-feature count, sum and sum of squares sent in the "
-        'identity round; no rows leave a node)',
-        one_of(STANDARDIZE_CHOICES), node=True, user=True)
+        'auto',
+        "feature scaling: `auto` (`federated` for `node-files`, else `off`), `off`, `node` "
+        "(each node its own mean and std), or `federated` (one mean and std for all, from "
+        "each node's per-feature count, sum and sum of squares; no row leaves a node)",
+        detail="`auto` is `federated` for sites' own files (measured first on held-out "
+        'sites: results/benchmarks/standardize.json) and `off` for a named dataset (its '
+        'loader scales it) and under `dp-epsilon` (the sums would leave a node unnoised: '
+        'scale the files beforehand)',
+        check=one_of((AUTO_STANDARDIZE, *STANDARDIZE_CHOICES)), node=True, user=True)
     min_rows: int = setting(
         10,
         "`dataset='node-files'`: a site with fewer training rows than this is left out at "
