@@ -95,6 +95,9 @@ def test_flwr_simulation_end_to_end(tmp_path):
     assert len(results["nodes"]) == 3 and results["dataset"]["num_nodes"] == 3
     assert results["rows"]["GEMS"]["accuracy"] > results["rows"]["Local"]["accuracy"]
     assert "Test accuracy" in proc.stdout and "Averaged" in proc.stdout
+    # a normal run's output: no third-party warning, no Flower summary dump, no trace
+    for noise in ("FutureWarning", "Final results", "Traceback"):
+        assert noise not in proc.stdout + proc.stderr, noise
     # The time split covers the whole command: start-up, the app's phases, shut-down.
     timing = results["timing_s"]
     inside = sum(timing[k] for k in ("wait_for_nodes", "identify", "server_data", "rounds",

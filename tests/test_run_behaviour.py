@@ -342,6 +342,27 @@ def test_a_deliberate_stop_shows_its_reason_without_flowers_crash_report(tmp_pat
     assert shown.count("\n") == crash.count("\n")
 
 
+def test_flowers_final_results_dump_stays_in_the_log_file(tmp_path, capsys):
+    from gems_fl.running.runlog import RunLog
+
+    dump = ("INFO :      Strategy execution finished in 14.12s\n"
+            "INFO :      Final results:\n"
+            "INFO :      \n"
+            "INFO :      \tGlobal Arrays:\n"
+            "INFO :      \t\tArrayRecord (0.005 MB)\n"
+            "INFO :      \tAggregated ClientApp-side Evaluate Metrics:\n"
+            "INFO :      \t{}\n"
+            "INFO :      \n"
+            "INFO :      Verify: h_G is good enough on 2 of 2 nodes\n")
+    log = RunLog(tmp_path / "run.log", None)
+    for line in dump.splitlines(True):
+        log.add(line)
+    log.close()
+    assert capsys.readouterr().out == ("INFO :      Strategy execution finished in 14.12s\n"
+                                       "INFO :      Verify: h_G is good enough on 2 of 2 nodes\n")
+    assert (tmp_path / "run.log").read_text() == dump
+
+
 def test_a_node_error_reason_is_the_message_the_node_raised():
     """Flower wraps a ClientApp's exception (under Ray with the node's whole traceback
     and colour codes); what the server logs and records is the node's own message."""

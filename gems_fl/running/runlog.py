@@ -26,6 +26,7 @@ EXCEPTION_LINE = re.compile(r"^([A-Za-z_][\w.]*(?:Error|Exception|Interrupt|Exit
 REJECTED = re.compile(r"(?:(Identify|Round \d+|Layer \d+|Output layer): )?"
                       r"Rejected reply from node (\d+)(?: \('([^']*)'\))?: (.*)$")
 NO_REPLY = re.compile(r"(?:(Identify|Round \d+): )?No reply from node (\d+)(?: \('([^']*)'\))?")
+FLOWER_SUMMARY_LINE = re.compile(r"^INFO\s*:\s*\t")  # the dump's lines start with a tab
 RAISED_LINE = re.compile(r"^([A-Za-z_][\w.]*)(?:\([^)]*\))?: (.*)$")  # any exception's name
 CLIENT_MESSAGE = re.compile(r"Message: (.*?)(?:'>)?$")
 SERVER_FAILED = ("Simulation raised an exception", "ServerApp raised an exception",
@@ -287,8 +288,25 @@ class RunLog:
                 line = FLOWER_NOTES_SHOWN + "\n"
             else:
                 return
+        if self._in_flower_summary(line):
+            return
         for shown in self._hold_crash_reports(line):
             self._show(shown)
+
+    def _in_flower_summary(self, line: str) -> bool:
+        """Whether ``line`` belongs to the "Final results:" dump of Flower's strategy (its
+        arrays' size and metric dictionaries, empty ones included): gems-fl prints its own
+        table, so the dump stays in the log file only."""
+        text = plain(line)
+        body = LEVEL.sub(r"\2", text).strip()
+        if body == "Final results:":
+            self._flower_summary = True
+            return True
+        if getattr(self, "_flower_summary", False):
+            if not body or FLOWER_SUMMARY_LINE.match(text):
+                return True
+            self._flower_summary = False
+        return False
 
     def _hold_crash_reports(self, line: str) -> list[str]:
         """The lines to show now: a crash report (Flower's ERROR line, the traceback) is

@@ -40,6 +40,17 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+# Ray's driver warns on every start that a future Ray will stop hiding GPUs from actors
+# that ask for none; its own switch for that (RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO=0) would
+# change which devices the simulated nodes see, so only the warning is silenced.
+RAY_TIP = "ignore::FutureWarning:ray._private.worker"
+
+
+def quiet_ray_tip(existing: str) -> str:
+    """``PYTHONWARNINGS`` for the run's processes: the user's filters and Ray's tip off."""
+    return ",".join(part for part in (existing, RAY_TIP) if part)
+
+
 class LocalSuperLink:
     """A simulation SuperLink on a free loopback port, in its own session.
 
@@ -68,6 +79,7 @@ class LocalSuperLink:
         self.env = {**with_flower_on_path(dict(os.environ)), "FLWR_HOME": str(self.home),
                     "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1",
                     "RAY_TMPDIR": str(ray_tmp), MARKER_VARIABLE: self.marker,
+                    "PYTHONWARNINGS": quiet_ray_tip(os.environ.get("PYTHONWARNINGS", "")),
                     **(extra_env or {})}
         self.process: subprocess.Popen[bytes] | None = None
         self.children: list[subprocess.Popen[Any]] = []
