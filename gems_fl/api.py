@@ -40,6 +40,7 @@ __all__ = ["Aggregate", "Check", "GEMSModel", "NodeSpace", "aggregate", "check",
 
 MODEL_FILE = "gems_model.npz"  # what a run writes beside results.json
 RESULTS_FILE = "results.json"
+SAVED_FILE = "gems_model.json"  # GEMSModel.save: the classes and the scaling
 
 
 @dataclass(frozen=True)
@@ -268,6 +269,26 @@ class GEMSModel:
         """Class names ``(n,)`` for rows ``x`` ``(n, d)``."""
         return np.asarray(self.classes, dtype=object)[self.logits(x).argmax(axis=1)]
 
+    def save(self, folder: str | Path) -> Path:
+        """Write the model into ``folder`` (``gems_model.npz`` as a run writes it, and
+        ``gems_model.json`` with the classes and the scaling); :func:`load_model` reads
+        it back. Returns the folder."""
+        folder = Path(folder).expanduser()
+        folder.mkdir(parents=True, exist_ok=True)
+        arrays: dict[str, np.ndarray] = {}
+        *hidden, (weight, bias) = self.layers
+        for i, (w, b) in enumerate(hidden):
+            arrays[f"hidden.{i}.weight"], arrays[f"hidden.{i}.bias"] = w, b
+        out = "output." if hidden else ""
+        arrays[f"{out}weight"], arrays[f"{out}bias"] = weight, bias
+        np.savez(folder / MODEL_FILE, **arrays)
+        meta: dict[str, object] = {"classes": list(self.classes),
+                                   "standardize": "off" if self.mean is None else "federated"}
+        if self.mean is not None and self.std is not None:
+            meta["scale"] = {"mean": self.mean.tolist(), "std": self.std.tolist()}
+        (folder / SAVED_FILE).write_text(json.dumps({"dataset": meta}, indent=1) + "\n")
+        return folder
+
 
 def load_model(run_folder: str | Path) -> GEMSModel:
     """The ``h_G`` a run wrote (``gems_model.npz``) with its classes and scaling.
@@ -276,10 +297,12 @@ def load_model(run_folder: str | Path) -> GEMSModel:
     ----------
     run_folder : str or Path
         The run's folder (``<output-dir>/run-<id>``) holding ``results.json`` and
-        ``gems_model.npz``.
+        ``gems_model.npz``, or a folder :meth:`GEMSModel.save` wrote.
     """
     folder = Path(run_folder).expanduser()
     model_path, results_path = folder / MODEL_FILE, folder / RESULTS_FILE
+    if (folder / SAVED_FILE).is_file():  # GEMSModel.save's
+        results_path = folder / SAVED_FILE
     for path in (model_path, results_path):
         if not path.is_file():
             raise FileNotFoundError(f"{path} not found: pass the folder of a finished run "
@@ -300,3 +323,4 @@ def load_model(run_folder: str | Path) -> GEMSModel:
     mean = None if scale is None else np.asarray(scale["mean"], dtype=np.float64)
     std = None if scale is None else np.asarray(scale["std"], dtype=np.float64)
     return GEMSModel(layers, classes, mean, std)
+

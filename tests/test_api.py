@@ -45,6 +45,17 @@ def test_readme_example_runs_without_flower_from_an_empty_folder(tmp_path):
     assert "h_G test accuracy:" in done.stdout
 
 
+def test_readme_classifier_example_runs_from_an_empty_folder(tmp_path):
+    text = (ROOT / "README.md").read_text()
+    section = text[text.index("## Python API"):text.index("## Results")]
+    code = re.findall(r"```python\n(.*?)```", section, re.S)[1]
+    done = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True,
+                          text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    accuracy = float(re.search(r"h_G test accuracy: ([\d.]+)", done.stdout).group(1))
+    assert accuracy > 0.85 and (tmp_path / "wine-model" / "gems_model.npz").is_file()
+
+
 @pytest.mark.parametrize("kind", ["gram", "ball", "ellipsoid"])
 def test_spaces_aggregate_and_check_agree(kind):
     nodes, x_test, y_test = _nodes()
@@ -118,3 +129,63 @@ def test_the_api_module_imports_no_flower():
     code = "import sys, gems_fl.api; assert 'flwr' not in sys.modules, sorted(m for m in sys.modules if 'flwr' in m)"
     done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
+
+
+def _wine_sites():
+    """Three sites of scikit-learn's wine data (features on very different scales) with
+    text labels; sites 0 and 1 each lack one class."""
+    from sklearn.datasets import load_wine
+
+    x, y = load_wine(return_X_y=True)
+    names = np.array(["barolo", "grignolino", "barbera"])[y]
+    order = np.random.default_rng(0).permutation(len(y))
+    sites = {}
+    for k, rows in enumerate(np.array_split(order[40:], 3)):
+        if k < 2:
+            rows = rows[names[rows] != ["barolo", "grignolino"][k]]
+        cut = int(0.75 * len(rows))
+        sites[f"site-{'abc'[k]}"] = {"x_train": x[rows[:cut]], "y_train": names[rows[:cut]],
+                                     "x_val": x[rows[cut:]], "y_val": names[rows[cut:]]}
+    return sites, x[order[:40]], names[order[:40]]
+
+
+def test_the_classifier_fits_text_labels_and_class_subsets_and_saves(tmp_path):
+    """GEMSClassifier: fit on sites holding text labels and different class subsets,
+    scaled as a run scales them; predict names, score, probabilities; save/load_model
+    give the same predictions."""
+    from gems_fl.estimator import GEMSClassifier
+
+    sites, x_test, y_test = _wine_sites()
+    clf = GEMSClassifier(eps=0.5)
+    assert clf.fit(sites) is clf
+    assert list(clf.classes_) == ["barbera", "barolo", "grignolino"]
+    assert clf.results_["settings"]["standardize"] == "federated"
+    assert clf.results_["attendance"]["line"] == "completed with 3 of 3 sites"
+    assert clf.model_.mean is not None  # the sites' features arrive unscaled
+    assert set(clf.predict(x_test)) <= set(clf.classes_)
+    assert clf.score(x_test, y_test) > 0.85
+    proba = clf.predict_proba(x_test)
+    assert proba.shape == (len(x_test), 3) and np.allclose(proba.sum(axis=1), 1)
+    assert list(clf.classes_[proba.argmax(axis=1)]) == list(clf.predict(x_test))
+    loaded = load_model(clf.save(tmp_path / "model"))
+    assert list(loaded.predict(x_test)) == list(clf.predict(x_test))
+    again = GEMSClassifier(eps=0.5).fit(sites)  # the same seed and data: the same model
+    np.testing.assert_array_equal(again.decision_function(x_test), clf.decision_function(x_test))
+
+
+def test_the_classifier_says_what_is_wrong_before_it_runs():
+    from gems_fl.estimator import GEMSClassifier
+
+    sites, x_test, _ = _wine_sites()
+    with pytest.raises(ValueError, match="not fitted yet"):
+        GEMSClassifier().predict(x_test)
+    with pytest.raises(ValueError, match=r"did you mean 'gram-point'"):
+        GEMSClassifier(settings={"gram-pont": "lda"}).fit(sites)
+    with pytest.raises(ValueError, match="lacks y_val"):
+        GEMSClassifier().fit([{k: v for k, v in sites["site-a"].items() if k != "y_val"}])
+    with pytest.raises(ValueError, match="pass eps, model and seed as parameters"):
+        GEMSClassifier(settings={"eps": 0.3}).fit(sites)
+    with pytest.raises(ValueError, match="eps"):
+        GEMSClassifier(eps=1.5).fit(sites)
+    with pytest.raises(ValueError, match="no parameter 'epsilon'"):
+        GEMSClassifier().set_params(epsilon=0.3)

@@ -251,3 +251,38 @@ def test_gems_fl_run_on_site_files_before_deploying(tmp_path, sites):
     assert set(results["verification"]["per_node"]) == set(names)
     assert results["dataset"]["columns"] == [f"f{i}" for i in range(13)]
     assert (path.parent / "run.log").is_file()
+
+
+def test_the_python_classifier_gives_the_model_of_gems_fl_run_site(tmp_path):
+    """The notebook path and the command line on the same rows: GEMSClassifier.fit on the
+    sites' arrays gives, bit for bit, the h_G of `gems-fl run --site` on CSV files
+    holding those rows (text labels, class subsets, unscaled features)."""
+    import csv
+
+    from gems_fl.api import load_model
+    from gems_fl.estimator import GEMSClassifier
+    from tests.test_api import _wine_sites
+
+    sites, _, _ = _wine_sites()
+    files = []
+    for name, data in sites.items():
+        for split, suffix in (("train", ""), ("val", "_val")):
+            with open(tmp_path / f"{name}{suffix}.csv", "w", newline="") as f:
+                writer = csv.writer(f)
+                writer.writerow([f"f{i}" for i in range(13)] + ["cultivar"])
+                writer.writerows([*map(repr, map(float, row)), label]
+                                 for row, label in zip(data[f"x_{split}"], data[f"y_{split}"]))
+        files += ["--site", str(tmp_path / f"{name}.csv")]
+    proc = subprocess.run([sys.executable, "-m", "gems_fl.running.cli", "run", str(ROOT), *files,
+                           "--output-dir", str(tmp_path / "out"), "--run-config", "eps=0.5"],
+                          env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True,
+                          text=True, timeout=600, check=False)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    (folder,) = (tmp_path / "out").glob("run-*")
+    run_model = load_model(folder)
+    clf = GEMSClassifier(eps=0.5).fit(sites)
+    assert run_model.classes == clf.model_.classes
+    np.testing.assert_array_equal(run_model.mean, clf.model_.mean)
+    for (w_run, b_run), (w_fit, b_fit) in zip(run_model.layers, clf.model_.layers, strict=True):
+        np.testing.assert_array_equal(w_run, w_fit)
+        np.testing.assert_array_equal(b_run, b_fit)
