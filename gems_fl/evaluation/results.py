@@ -37,9 +37,11 @@ def format_table(results: dict[str, Any]) -> Table:
            else f"{meta['num_nodes']} nodes")
     title = (f"GEMS {model}, output {cfg['space']} eps={cfg['eps']}, on "
              f"{meta['name']}, {who}")
-    table = Table(title=title)
+    where = next((row["evaluated_on"] for row in results["rows"].values()
+                  if row.get("evaluated_on")), None)
+    table = Table(title=title, caption=None if where is None else f"Accuracy {where}")
     table.add_column("Row")
-    table.add_column("Test accuracy", justify="right")
+    table.add_column("Test accuracy" if where is None else "Accuracy", justify="right")
     table.add_column("Note")
     for name, row in results["rows"].items():
         acc = row.get("accuracy")
@@ -113,10 +115,14 @@ def legend_lines(results: dict[str, Any]) -> list[str]:
 
 def markdown_table(results: dict[str, Any]) -> str:
     """The accuracy rows as a markdown table (what README.md shows)."""
-    lines = ["| Row | Test accuracy |", "| --- | ---: |"]
+    where = next((row["evaluated_on"] for row in results["rows"].values()
+                  if row.get("evaluated_on")), None)
+    lines = [f"| Row | {'Test accuracy' if where is None else 'Accuracy'} |", "| --- | ---: |"]
     for name, row in results["rows"].items():
         acc = row.get("accuracy")
         lines.append(f"| {name} | {'-' if acc is None else f'{acc:.4f}'} |")
+    if where is not None:
+        lines += ["", f"Accuracy {where}."]
     inter = results["intersection"]
     found = "found and verified" if inter["found"] else f"NOT found (fallback '{inter['method']}')"
     radii = ", ".join(f"{n['radius']:.4g}" for n in results["nodes"])
@@ -207,6 +213,36 @@ def print_results(results: dict[str, Any], console: Console | None = None) -> No
                    if isinstance(r.get("merge"), dict) and r["merge"].get("note")]
     for note in [*results.get("notes", []), *merge_notes]:
         console.print(f"[yellow]note[/yellow]: {note}")
+
+
+ROW_KEYS = {"GEMS": "gems", "Averaged": "averaged", "GEMS tuned": "gems-tuned", "Raw": "raw"}
+
+
+def rows_from_sites(rows: dict[str, Any], verification: dict[str, Any]) -> dict[str, Any]:
+    """The results table's rows when the server holds no test set: each row's model on the
+    sites' own rows (their test split, else val), pooled over the sites as the evaluate
+    round reported them; Local is the mean over the sites' own models. Rows the sites did
+    not score keep their reason; with any server-side figure the rows stay as they are."""
+    pooled = verification.get("pooled") or {}
+    per_node = verification.get("per_node") or {}
+    if not pooled or any(row.get("accuracy") is not None for row in rows.values()):
+        return rows
+    splits = sorted({entry["split"] for entry in per_node.values()})
+    samples = sum(int(entry["samples"]) for entry in per_node.values())
+    where = (f"on the sites' own {'/'.join(splits)} rows, pooled over {len(per_node)} sites "
+             f"(n={samples}); the server holds no test set")
+    out = {}
+    for name, row in rows.items():
+        locals_ = {key.split(".", 1)[1]: acc for key, acc in pooled.items()
+                   if key.startswith("local.")}
+        if name == "Local" and locals_:
+            out[name] = {"accuracy": float(np.mean(list(locals_.values()))),
+                         "per_node": locals_, "evaluated_on": where}
+        elif ROW_KEYS.get(name) in pooled:
+            out[name] = {"accuracy": float(pooled[ROW_KEYS[name]]), "evaluated_on": where}
+        else:
+            out[name] = row
+    return out
 
 
 def model_label(key: str) -> str:

@@ -18,6 +18,7 @@ from gems_fl.evaluation.results import (
     MODEL_FILE,
     RESULTS_FILE,
     print_results,
+    rows_from_sites,
     write_results,
 )
 from gems_fl.evaluation.results_bundle import bundle_lines
@@ -101,7 +102,7 @@ def finish(context: Context, settings: Settings, run: ProtocolRun, roster: Roste
         "run_id": int(context.run_id),
         "settings": settings.to_config(),
         "dataset": meta,
-        "rows": rows,
+        "rows": rows_from_sites(rows, verification.to_dict()),
         "intersection": keyed_by_name(run.outcome.intersection.to_dict(), names),
         "nodes": node_table(run, roster, verification, settings),
         "verification": verification.to_dict(),
