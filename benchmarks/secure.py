@@ -2,7 +2,8 @@
 
     python3 benchmarks/secure.py --seeds 0 1 2 3 4
 
-For each division (the paper's K=5 and Dirichlet(0.1) at K=5, Fashion-MNIST) and seed,
+For each division (the paper's K=5 and Dirichlet(0.1) at K=5, Fashion-MNIST, or the
+dataset ``--dataset`` names) and seed,
 the same run goes through the real apps twice over the in-process Grid, with the run's
 defaults: plain (every node sends its Gram reply) and ``secure-aggregation=true`` (the
 statistics travel through SecAgg+, the server holds only their sums). Prints GEMS test
@@ -33,9 +34,10 @@ from tests.helpers import app_defaults
 DIVISIONS = [("paper", 5), ("dirichlet:0.1", 5)]
 
 
-def one_run(division: str, nodes: int, seed: int, secure: bool) -> dict:
+def one_run(division: str, nodes: int, seed: int, secure: bool,
+            dataset: str = "fashion-mnist") -> dict:
     with tempfile.TemporaryDirectory() as out:
-        cfg = {**app_defaults(), "dataset": "fashion-mnist", "label-division": division,
+        cfg = {**app_defaults(), "dataset": dataset, "label-division": division,
                "seed": seed, "public-samples": 0, "output-dir": out,
                "secure-aggregation": secure}
         results, grid, wall = run_apps(cfg, nodes)
@@ -56,6 +58,9 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, nargs="+", default=[0])
     parser.add_argument("--divisions", nargs="+", default=[d for d, _ in DIVISIONS])
     parser.add_argument("--out", default=str(ROOT / "benchmarks" / "out" / "secure.json"))
+    parser.add_argument("--dataset", default="fashion-mnist",
+                        help="digits: a layer small enough for class Gram matrices (the "
+                        "gaussian point), which SecAgg+ then carries too")
     args = parser.parse_args()
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -64,7 +69,7 @@ def main() -> None:
     for division, nodes in divisions:
         for seed in args.seeds:
             for secure in (False, True):
-                runs.append(one_run(division, nodes, seed, secure))
+                runs.append(one_run(division, nodes, seed, secure, args.dataset))
                 save(out, args.seeds, runs, [])  # every run kept, should the rest not finish
                 r = runs[-1]
                 print(f"{division} K={nodes} seed {seed} {'secure' if secure else 'plain '}: "

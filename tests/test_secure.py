@@ -11,15 +11,16 @@ from gems_fl.settings import Settings, SettingsError
 from tests.helpers import run_in_process
 
 COMMON = {"label-division": "classes-per-node:4"}
+LDA = {"gram-point": "lda"}  # solved from the sums alone: the same model up to quantisation
 
 
 def test_a_secure_run_gives_the_plain_runs_model_and_the_server_holds_only_sums(
         tmp_path, strategies):
-    # the plain run without class Gram matrices: the secure sums hold none, so its
-    # selection round has no gaussian candidates either
-    plain = run_in_process(4, tmp_path / "plain", **COMMON, **{"class-grams": "false"})
+    # the plain run that keeps only the sums (server-grams=sums): the same statistics; at
+    # the lda point, solved from the sums alone, the same model up to SecAgg+'s quantisation
+    plain = run_in_process(4, tmp_path / "plain", **COMMON, **LDA, **{"server-grams": "sums"})
     results, grid = run_in_process(4, tmp_path / "secure", return_grid=True,
-                                   **COMMON, **{"secure-aggregation": True})
+                                   **COMMON, **LDA, **{"secure-aggregation": True})
     strategy = strategies[1]
 
     # what reached the strategy: round 1 replies with metrics only, no model or matrix
@@ -44,9 +45,27 @@ def test_a_secure_run_gives_the_plain_runs_model_and_the_server_holds_only_sums(
     record = results["rounds"][0]["secure_aggregation"]
     assert record["nodes"] == 4 and record["max_weight"] == max(
         n["num_train"] for n in results["nodes"])
+    # the round's bytes hold SecAgg+'s stages (keys, shares, masked vectors, unmasking)
+    assert record["messages"] >= 4 * 4 and record["bytes_received"] > 0
+    assert results["rounds"][0]["bytes_received"] > record["bytes_received"] > \
+        plain["rounds"][0]["bytes_received"] / 2
     assert results["privacy"] == {
         "secure_aggregation": True, "server_holds": "sums", "dp": None,
         "server_receives": "only the SecAgg+ sum of the nodes' statistics"}
+
+
+def test_secure_aggregation_offers_the_class_gram_point_of_the_plain_run(tmp_path):
+    """Class Gram matrices are sums per class, so SecAgg+ carries them: the secure run's
+    selection round has the gaussian point, as the plain run that keeps only sums, and
+    picks the same point to the same accuracy (the gaussian fit's virtual rows feel the
+    quantisation, so the models agree in accuracy, not to the bit)."""
+    plain = run_in_process(4, tmp_path / "plain", **COMMON, **{"server-grams": "sums"})
+    secure = run_in_process(4, tmp_path / "secure", **COMMON, **{"secure-aggregation": True})
+    assert secure["plan"]["points"] == plain["plan"]["points"] == [
+        "pooled", "lda", "gaussian", "closed-form"]
+    assert secure["intersection"]["method"] == plain["intersection"]["method"] == "gaussian"
+    assert secure["rows"]["GEMS"]["accuracy"] == pytest.approx(
+        plain["rows"]["GEMS"]["accuracy"], abs=0.01)
 
 
 def test_the_same_seed_gives_the_same_secure_sums(tmp_path):
@@ -79,15 +98,16 @@ def _replied_stage(reply: Message) -> str | None:
 
 def test_a_site_that_drops_out_in_secagg_is_named_and_the_sums_hold_the_others(tmp_path):
     results = run_in_process(4, tmp_path, reply_hook=_drop_in_stage({1002}, "masked"),
-                             **COMMON, **{"secure-aggregation": True, "required-nodes": "3"})
+                             **COMMON, **LDA, **{"secure-aggregation": True,
+                                                 "required-nodes": "3"})
     rejected = {r["node_name"]: r["reason"] for r in results["rejected"]}
     assert "secure aggregation" in rejected["partition-2"]
     assert sorted(n["name"] for n in results["nodes"]) == ["partition-0", "partition-1",
                                                            "partition-3"]
     assert results["rounds"][0]["secure_aggregation"]["nodes"] == 3
     # the sums are those of the three others: the plain run without that node agrees
-    without = run_in_process(4, tmp_path / "plain", **COMMON, **{"required-nodes": "3"},
-                             **{"class-grams": "false"},
+    without = run_in_process(4, tmp_path / "plain", **COMMON, **LDA, **{"required-nodes": "3"},
+                             **{"server-grams": "sums"},
                              reply_hook=lambda r: None if r.metadata.src_node_id == 1002 else r)
     models = [np.load(tmp_path / m / "gems_model.npz") for m in ("run-1", "plain/run-1")]
     for key in ("weight", "bias"):

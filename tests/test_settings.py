@@ -135,8 +135,8 @@ def test_every_message_to_the_nodes_carries_only_node_settings(tmp_path):
 def test_a_logistic_runs_rounds_carry_what_its_node_code_reads_with_the_plan_resolved(
         tmp_path, secure):
     """Nodes of a logistic Gram run receive no MLP, ellipsoid or DP setting; ``gram-rank``
-    and ``class-grams`` come resolved by the run plan, and no class Gram matrices are asked
-    for under secure aggregation (its replies carry only sums)."""
+    and ``class-grams`` come resolved by the run plan: class Gram matrices travel on a
+    small layer, under secure aggregation too (as SecAgg+ sums per class)."""
     from client_app import app as client_app
     from tests.helpers import run_in_process
 
@@ -156,8 +156,8 @@ def test_a_logistic_runs_rounds_carry_what_its_node_code_reads_with_the_plan_res
                     "ellipsoid-c", "ellipsoid-floor", "dp-delta", "dp-clip",
                     "dp-seeded-noise"} & set(keys), kind
         assert keys["gram-rank"] == plan["gram_rank"] == 0  # digits: 65 x 65, sent whole
-        assert keys["class-grams"] == ("false" if secure else "true")
-        assert plan["class_grams"] is (not secure)
+        assert keys["class-grams"] == "true"
+        assert plan["class_grams"] is True
 
 
 def test_a_point_that_needs_class_grams_gets_them_in_the_plan_at_any_layer_size():

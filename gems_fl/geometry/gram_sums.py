@@ -133,10 +133,12 @@ class GramSums:
 
     @classmethod
     def from_means(cls, count: int, nodes: int, gram: np.ndarray, center_gram: np.ndarray,
-                   moments: np.ndarray, class_shares: np.ndarray) -> GramSums:
+                   moments: np.ndarray, class_shares: np.ndarray,
+                   class_grams: np.ndarray | None = None) -> GramSums:
         """The sums over ``nodes`` nodes and ``count`` training rows, given as their
         ``n_k``-weighted means (what secure aggregation returns): ``sum n_k G_k / N`` and
-        so on, with the class shares ``sum counts / N``."""
+        so on, with the class shares ``sum counts / N`` and optionally the class Gram
+        matrices ``sum_k count_kc S_kc / N`` ``(C, n, n)``."""
         c, n = np.shape(center_gram)
         sums = cls(c, n)
         if np.shape(gram) != (n, n) or np.shape(moments) != (c, n) or np.shape(class_shares) != (c,):
@@ -149,6 +151,13 @@ class GramSums:
         sums._moments = _fixed("sum n_k M_k", count * np.asarray(moments, dtype=np.float64))
         sums.class_counts = np.rint(np.asarray(class_shares) * count).astype(np.int64)
         sums._with_labels, sums.nodes, sums.count = True, int(nodes), count
+        if class_grams is not None:
+            if np.shape(class_grams) != (c, n, n):
+                raise ValueError(f"class Gram means of shape {np.shape(class_grams)} do not fit "
+                                 f"the layer ({c}, {n}, {n})")
+            sums._class_grams = _fixed("sum count_kc S_kc",
+                                       count * np.asarray(class_grams, dtype=np.float64))
+            sums._with_class_grams = True
         return sums
 
     def add_noised(self, num_train: int, gram_sum: np.ndarray, moments_sum: np.ndarray) -> None:

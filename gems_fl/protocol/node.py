@@ -192,7 +192,8 @@ def secure_sums_reply(msg: Message, context: Context, data: NodeData,
         stats = private.secure_blocks(private.kept_release(context), len(y_tr))
     else:
         stats = secure.node_statistics(x_tr, y_tr, own[0], data.num_classes,
-                                       work.space.gram_rank)
+                                       work.space.gram_rank,
+                                       class_grams=work.space.class_grams == "true")
     return Message(content=secure.secure_fit_reply(msg, stats, len(y_tr), data.seed),
                    reply_to=msg)
 
@@ -254,9 +255,12 @@ def train_reply(msg: Message, context: Context, data: NodeData, work: NodeWork,
         secure.keep_own_space(context, space.matrix, space.radius, local.layer.certified_radius)
         x_tr, y_tr, _, _ = data.arrays
         stats = secure.node_statistics(x_tr, y_tr, space.matrix, data.num_classes,
-                                       work.space.gram_rank)
+                                       work.space.gram_rank,
+                                       class_grams=work.space.class_grams == "true")
         return Message(content=secure.encode_prepare_reply({
-            **_space_metrics(local, work.eps), **secure.bounds(stats)}), reply_to=msg)
+            **_space_metrics(local, work.eps), **secure.bounds(stats)},
+            secure.blocks_for(False, class_grams=work.space.class_grams == "true")),
+            reply_to=msg)
     content = encode_layer_space(local.layer, data.num_features, data.num_classes,
                                  eps=work.eps, num_train=local.num_train,
                                  num_val=local.num_val, val_accuracy=local.val_accuracy)

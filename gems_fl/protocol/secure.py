@@ -44,6 +44,8 @@ OWN_STATE_KEY = "gems-own-center"
 OWN_RADII_KEY = "gems-own-radii"
 #: The statistics, in the order they travel through SecAgg+.
 BLOCKS = ("gram", "center-gram", "moments", "class-shares")
+#: with class Gram matrices (the gaussian point): one more block, after those
+CLASS_GRAMS_BLOCK = "class-grams"
 #: Under ``dp-epsilon``: the node's noised sums ``S_G`` and ``S_M`` (as per-row means).
 DP_BLOCKS = ("gram", "moments")
 BOUND_PREFIX = "bound."
@@ -56,18 +58,31 @@ _LEGACY_CONFIG = "fitins.config"
 
 # ------------------------------------------------------------------------ node side
 def node_statistics(x_train: np.ndarray, y_train: np.ndarray, center: np.ndarray,
-                    num_classes: int, gram_rank: int | str) -> dict[str, np.ndarray]:
+                    num_classes: int, gram_rank: int | str, class_grams: bool = False
+                    ) -> dict[str, np.ndarray]:
     """This node's statistics in SecAgg+'s order: ``G_k`` (packed upper triangle, as the
-    plain reply sends it), ``W_k G_k``, ``M_k`` and the class shares ``counts / n_k``."""
+    plain reply sends it), ``W_k G_k``, ``M_k``, the class shares ``counts / n_k`` and,
+    with ``class_grams``, per class ``count_kc S_kc / n_k`` (packed triangles, zeros for
+    a class the node lacks), whose ``n_k``-weighted mean over the nodes is the sum of the
+    class's second moments over all rows divided by ``N``: what the gaussian point needs."""
+    from gems_fl.geometry.gram import class_grams as per_class_grams
     from gems_fl.geometry.gram import label_moments
     from gems_fl.geometry.kinds import node_gram
 
     gram = node_gram(x_train, gram_rank)[0]
     moments, counts = label_moments(x_train, y_train, num_classes)
     w = np.asarray(center, dtype=np.float64).reshape(num_classes, -1)
-    return {"gram": pack_triangle(gram).astype(np.float64), "center-gram": w @ gram,
-            "moments": np.asarray(moments, dtype=np.float64),
-            "class-shares": counts.astype(np.float64) / len(y_train)}
+    out = {"gram": pack_triangle(gram).astype(np.float64), "center-gram": w @ gram,
+           "moments": np.asarray(moments, dtype=np.float64),
+           "class-shares": counts.astype(np.float64) / len(y_train)}
+    if class_grams:
+        size = gram.shape[0]
+        packed = np.zeros((num_classes, size * (size + 1) // 2))
+        held = np.flatnonzero(counts > 0)
+        for c, matrix in zip(held, per_class_grams(x_train, y_train, num_classes)):
+            packed[c] = pack_triangle(matrix) * (counts[c] / len(y_train))
+        out[CLASS_GRAMS_BLOCK] = packed.reshape(-1)
+    return out
 
 
 def keep_own_space(context: Context, center: np.ndarray, radius: float,
@@ -144,9 +159,13 @@ def fit_config(msg: Message) -> dict[str, Any]:
 
 
 # ---------------------------------------------------------------------- server side
-def blocks_for(dp: bool) -> tuple[str, ...]:
-    """The statistics SecAgg+ carries: :data:`DP_BLOCKS` under ``dp-epsilon``."""
-    return DP_BLOCKS if dp else BLOCKS
+def blocks_for(dp: bool, class_grams: bool = False) -> tuple[str, ...]:
+    """The statistics SecAgg+ carries: :data:`DP_BLOCKS` under ``dp-epsilon``, else
+    :data:`BLOCKS` and, with ``class_grams`` (the node config's ``class-grams``), the
+    class Gram matrices."""
+    if dp:
+        return DP_BLOCKS
+    return (*BLOCKS, CLASS_GRAMS_BLOCK) if class_grams else BLOCKS
 
 
 def scales_from(replies: list[dict[str, float]], blocks: tuple[str, ...] = BLOCKS) -> dict[str, float]:
@@ -185,13 +204,35 @@ class _SumsStrategy(Strategy):
         return None
 
 
+class CountingGrid:
+    """A grid that counts the bytes of every message sent through it and of every reply
+    (SecAgg+'s stages: key setup, shares, masked vectors, unmasking)."""
+
+    def __init__(self, grid: Any) -> None:
+        self._grid = grid
+        self.bytes_sent = self.bytes_received = self.messages = 0
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._grid, name)
+
+    def send_and_receive(self, messages, *, timeout: float | None = None):
+        messages = list(messages)
+        self.messages += len(messages)
+        self.bytes_sent += sum(wire.content_bytes(m.content) for m in messages)
+        replies = list(self._grid.send_and_receive(messages, timeout=timeout))
+        self.bytes_received += sum(wire.content_bytes(r.content) for r in replies
+                                   if not r.has_error())
+        return replies
+
+
 def secure_sums(grid, node_ids: list[int], config: dict[str, Any], *, max_weight: float,
                 threshold: float, timeout: float, blocks: tuple[str, ...] = BLOCKS,
-                ) -> tuple[dict[str, np.ndarray], dict[int, int]]:
+                ) -> tuple[dict[str, np.ndarray], dict[int, int], dict[str, int]]:
     """Run SecAgg+ over ``node_ids``; return the ``n_k``-weighted means of the statistics
-    (unscaled, ``gram`` as a full matrix) and, per node whose vector is in them, its
-    training count. Raises ``RuntimeError`` when the protocol halts (fewer nodes than
-    its reconstruction threshold)."""
+    (unscaled, ``gram`` as a full matrix), per node whose vector is in them its training
+    count, and the traffic of SecAgg+'s stages (``bytes_sent``, ``bytes_received``,
+    ``messages``). Raises ``RuntimeError`` when the protocol halts (fewer nodes than its
+    reconstruction threshold)."""
     from flwr.server import LegacyContext, ServerConfig
     from flwr.server.compat.grid_client_proxy import GridClientProxy
     from flwr.server.workflow import SecAggPlusWorkflow
@@ -215,7 +256,10 @@ def secure_sums(grid, node_ids: list[int], config: dict[str, Any], *, max_weight
     log(INFO, "Secure aggregation (SecAgg+) of the Gram statistics over %d nodes: "
         "reconstruction threshold %.2f of the shares, max_weight %g", len(node_ids),
         threshold, max_weight)
-    workflow(grid, context)
+    counting = CountingGrid(grid)
+    workflow(counting, context)
+    traffic = {"bytes_sent": counting.bytes_sent, "bytes_received": counting.bytes_received,
+               "messages": counting.messages}
     if strategy.aggregate is None:
         raise RuntimeError("secure aggregation halted: too few nodes finished SecAgg+ "
                            "(below its reconstruction threshold); see the log above")
@@ -228,11 +272,14 @@ def secure_sums(grid, node_ids: list[int], config: dict[str, Any], *, max_weight
     for key in ("center-gram", "moments"):
         if key in means:
             means[key] = means[key].reshape(num_classes, size)
+    if CLASS_GRAMS_BLOCK in means:
+        means[CLASS_GRAMS_BLOCK] = np.stack([unpack_triangle(row, size) for row in
+                                             means[CLASS_GRAMS_BLOCK].reshape(num_classes, -1)])
     dropped = sorted(set(node_ids) - set(strategy.num_examples))
     if dropped:
         log(WARNING, "Secure aggregation: nodes %s did not finish SecAgg+; the sums hold "
             "the other %d", dropped, len(strategy.num_examples))
-    return means, strategy.num_examples
+    return means, strategy.num_examples, traffic
 
 
 # ------------------------------------------------------------------- round 1's reply

@@ -37,6 +37,7 @@ from gems_fl.protocol.replies import (
     validate_replies,
 )
 from gems_fl.protocol.secure import (
+    CLASS_GRAMS_BLOCK,
     SECURE_PREPARE_KEY,
     blocks_for,
     decode_prepare_reply,
@@ -172,17 +173,22 @@ class GEMS(GEMSBase):
             log_prefix=f"Round {len(self.rounds)}: ", names=self.names, messages=self._messages)
         return [NodeReply(node, space, metrics) for node, (space, metrics) in decoded], rejected
 
+    def _blocks(self) -> tuple[str, ...]:
+        """The statistics SecAgg+ carries in this run (the nodes read the same config)."""
+        return blocks_for(self.options.dp,
+                          class_grams=self.node_config().get("class-grams") == "true")
+
     def _secure_sums(self, accepted: list[NodeReply]) -> list[NodeReply]:
         """SecAgg+ over the accepted nodes (:func:`gems_fl.protocol.secure.secure_sums`):
         the sums, and the nodes whose statistics are in them (the others are rejected,
         by name)."""
         t0 = time.perf_counter()
         dp = self.options.dp
-        blocks = blocks_for(dp)
+        blocks = self._blocks()
         scales = scales_from([r.metrics for r in accepted], blocks)
         max_weight = max(r.metrics["num-train-examples"] for r in accepted)
         try:
-            means, counts = secure_sums(
+            means, counts, traffic = secure_sums(
                 self._grid, [r.node_id for r in accepted], {**self.node_config(), **scales},
                 max_weight=max_weight, threshold=self.options.secure_threshold,
                 timeout=self.options.round_timeout, blocks=blocks)
@@ -215,11 +221,15 @@ class GEMS(GEMSBase):
         else:
             self.sums = GramSums.from_means(total, len(kept), means["gram"],
                                             means["center-gram"], means["moments"],
-                                            means["class-shares"])
+                                            means["class-shares"],
+                                            class_grams=means.get(CLASS_GRAMS_BLOCK))
         self.rounds[-1]["secure_aggregation"] = {
             "nodes": len(kept), "wall_s": time.perf_counter() - t0,
             "max_weight": max_weight, "scales": scales,
-            "threshold": self.options.secure_threshold}
+            "threshold": self.options.secure_threshold, **traffic}
+        # the round's traffic includes SecAgg+'s stages, which carry the statistics
+        self.rounds[-1]["bytes_sent"] += traffic["bytes_sent"]
+        self.rounds[-1]["bytes_received"] += traffic["bytes_received"]
         return kept
 
     def _decode(self, content) -> tuple[object, dict[str, float]]:
@@ -228,7 +238,7 @@ class GEMS(GEMSBase):
         under secure aggregation the reply holds only metrics and bounds."""
         num_classes, num_features = self.shapes["weight"]
         if self.options.secure_aggregation:
-            return decode_prepare_reply(content, num_features + 1, blocks_for(self.options.dp))
+            return decode_prepare_reply(content, num_features + 1, self._blocks())
         if self.options.dp:  # the node's noised sums, added in as they arrive
             space, metrics, gram_sum, moments_sum = decode_release_reply(
                 content, num_classes, num_features + 1)

@@ -38,15 +38,15 @@ Settings = Any
 
 
 def space_options(settings: Settings) -> SpaceOptions:
-    """How a node finds its space; no class Gram matrices under secure aggregation or DP,
-    whose replies carry only sums."""
+    """How a node finds its space; no class Gram matrices under DP, whose noised sums
+    hold none (under secure aggregation they travel through SecAgg+ as sums per class)."""
     options = SpaceOptions(
         kind=settings.space, eps=settings.eps, num_directions=settings.num_directions,
         r_max=settings.r_max, delta=settings.delta, ellipsoid_c=settings.ellipsoid_c,
         ellipsoid_floor=settings.ellipsoid_floor, gram_rank=settings.gram_rank,
         label_moments=settings.label_moments, class_grams=settings.class_grams,
         class_components=settings.class_components)
-    if settings.secure_aggregation or settings.dp_epsilon:
+    if settings.dp_epsilon:
         return replace(options, class_grams="false")
     return options
 
@@ -134,8 +134,8 @@ def node_config(settings: Settings, plan: Any) -> dict[str, Any]:
     """What every message of the run carries to the nodes: the settings this run's node
     code reads (:data:`READ_ONLY_WHEN` leaves out the others), with the plan's choices
     for the logistic model's Gram layer (its ``gram-rank`` and whether class Gram
-    matrices travel) and no class Gram matrices where the replies carry only sums
-    (secure aggregation, DP)."""
+    matrices travel: under secure aggregation as SecAgg+ sums, whole) and none where the
+    replies carry only noised sums (DP)."""
     out = {key: value for key, value in settings.for_nodes().items()
            if key not in READ_ONLY_WHEN or READ_ONLY_WHEN[key](settings)}
     if settings.space != "gram":

@@ -92,6 +92,8 @@ def build_plan(settings: Settings, num_nodes: int, num_features: int) -> RunPlan
         sent = gram and options.label_moments and class_grams_for(
             options.class_grams, size, options.gram_rank)
         class_rank = class_gram_rank_for(options.gram_rank, size) if sent else None
+        if sent and settings.secure_aggregation:
+            class_rank = 0  # SecAgg+ sums them per class, whole
     else:
         size, class_rank = None, None
         rank = options.gram_rank if options.gram_rank != "auto" else \

@@ -64,8 +64,6 @@ def _server_grams(settings: Settings) -> None:
         wrong.append("label-moments=false (the secure sums include the label moments)")
     if settings.server_grams == "nodes":
         wrong.append("server-grams='nodes' (the server holds only sums)")
-    if settings.class_grams == "true":
-        wrong.append("class-grams=true (the secure sums hold no class Gram matrices)")
     if settings.refine_rounds:
         wrong.append(f"refine-rounds={settings.refine_rounds} (each step's gradients would "
                      "reach the server node by node)")
