@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from collections import Counter, defaultdict
 from pathlib import Path
+from typing import Any
 
 import matplotlib
 
@@ -13,6 +14,7 @@ import matplotlib.pyplot as plt
 import matplotlib.ticker
 import numpy as np
 
+from gems_fl.reproduce.plan import LATER_SETTINGS
 from gems_fl.settings import Settings
 
 BASELINES = ("Global", "Local", "Averaged")
@@ -102,6 +104,7 @@ def _bar_payload(payload: dict, spaces: list[str]) -> dict:
     for v in payload.values():
         label = f"{v['K']}" if v["division"] == "paper" else f"{v['K']} ({v['division']})"
         out[label] = {**{c: v[c] for c in v if isinstance(v[c], list)},
+                      **{f"GEMS one-shot ({s})": v["spaces"][s]["GEMS"] for s in spaces},
                       **{f"GEMS tuned ({s})": v["spaces"][s]["GEMS tuned"] for s in spaces}}
     return out
 
@@ -131,7 +134,7 @@ class Report:
 
     def _save_plot(self, fig, name: str) -> None:
         fig.tight_layout()
-        fig.savefig(self.folder / name, dpi=110)
+        fig.savefig(self.folder / name, dpi=110, bbox_inches="tight")
         plt.close(fig)
         self.files.append(name)
         self.sections.append(f"![{name}]({name})\n")
@@ -156,7 +159,7 @@ class Report:
         self._save_table("study1_convex", "1. Convex table (logistic regression)", table, payload,
                          self._seed_note(select_records(self.records, 1)) + VERIFY_NOTE)
         self._bars("study1_convex.png", "Convex: test accuracy by setup", _bar_payload(payload, spaces),
-                   tuple(BASELINES) + tuple(f"GEMS tuned ({s})" for s in spaces) + RAW)
+                   tuple(BASELINES) + tuple(c for s in spaces for c in (f"GEMS one-shot ({s})", f"GEMS tuned ({s})")) + RAW)
 
     def _space_table(self, payload: dict, spaces: list[str], width: bool = False) -> str:
         rows = []
@@ -247,21 +250,30 @@ class Report:
         self._save_table("study2_nn", "2. NN table (MLP, layer-wise GEMS; space = output layer's)",
                          table, payload, self._seed_note(select_records(self.records, 2)) + VERIFY_NOTE)
         self._bars("study2_nn.png", "MLP: test accuracy by setup", _bar_payload(payload, spaces),
-                   tuple(NN_BASELINES) + tuple(f"GEMS tuned ({s})" for s in spaces) + RAW)
+                   tuple(NN_BASELINES) + tuple(c for s in spaces for c in (f"GEMS one-shot ({s})", f"GEMS tuned ({s})")) + RAW)
 
     def _bars(self, name: str, title: str, payload: dict, columns: tuple[str, ...]) -> None:
-        fig, ax = plt.subplots(figsize=(9, 4))
+        """Grouped bars, the legend under the axes (never over a bar); a space's one-shot
+        GEMS is the hatched bar beside its tuned one, in the same colour."""
+        fig, ax = plt.subplots(figsize=(10, 4.8))
         ks = list(payload)
         width = 0.8 / len(columns)
+        colours: dict[str, Any] = {}
+        palette = iter(plt.get_cmap("tab20").colors[::2] + plt.get_cmap("tab20").colors[1::2])
         for i, col in enumerate(columns):
             means = [np.mean([v for v in payload[k][col] if v is not None] or [np.nan]) for k in ks]
             stds = [np.std([v for v in payload[k][col] if v is not None] or [np.nan]) for k in ks]
-            ax.bar(np.arange(len(ks)) + i * width, means, width, yerr=stds, label=col, capsize=2)
-        ax.set_xticks(np.arange(len(ks)) + 0.4 - width / 2, [f"K={k}" for k in ks], fontsize=7)
+            family = col.replace("GEMS one-shot", "GEMS tuned")
+            colour = colours.setdefault(family, next(palette))
+            ax.bar(np.arange(len(ks)) + i * width, means, width, yerr=stds, label=col, capsize=2,
+                   color=colour, hatch="///" if "one-shot" in col else None,
+                   edgecolor="white" if "one-shot" in col else None)
+        ax.set_xticks(np.arange(len(ks)) + 0.4 - width / 2, [f"K={k}" for k in ks], fontsize=8)
         ax.set_ylabel("test accuracy")
         ax.set_ylim(0, 1)
         ax.set_title(title)
-        ax.legend(fontsize=7, ncol=2)
+        ax.legend(fontsize=7, ncol=min(len(columns), 5), loc="upper center",
+                  bbox_to_anchor=(0.5, -0.1), frameon=False)
         self._save_plot(fig, name)
 
     # Study 3 -------------------------------------------------------------------
@@ -286,15 +298,20 @@ class Report:
             rows = [[str(n)] + [f"{curves[row][:, i].mean():.4f} ({curves[row][:, i].std():.4f})"
                                 for row in CURVE_ROWS] for i, n in enumerate(sizes)]
             tables.append(f"**{model}** (K=5)\n\n" + markdown(["public samples", *CURVE_ROWS], rows))
-            fig, ax = plt.subplots(figsize=(6, 4))
+            fig, ax = plt.subplots(figsize=(6.5, 4.6))
+            markers = iter("o^sDv<>px*")
             for row, c in curves.items():
                 m, s = c.mean(0), c.std(0)
-                ax.plot(sizes, m, marker="o", label=row)
-                ax.fill_between(sizes, m - s, m + s, alpha=0.2)
+                gems = row.startswith("GEMS")  # drawn on top: the curves often coincide
+                ax.plot(sizes, m, marker=next(markers), label=row, zorder=3 if gems else 2,
+                        linewidth=2.2 if gems else 1.2, markersize=6 if gems else 4,
+                        linestyle="-" if gems else "--")
+                ax.fill_between(sizes, m - s, m + s, alpha=0.15)
             ax.set_xlabel("public samples used for tuning")
             ax.set_ylabel("test accuracy")
             ax.set_title(f"Fine-tuning, {model}, K=5 ({len(recs)} seeds)")
-            ax.legend()
+            ax.legend(fontsize=7, ncol=3, loc="upper center", bbox_to_anchor=(0.5, -0.14),
+                      frameon=False)
             figures.append((fig, f"study3_fine_tuning_{model}.png"))
         recipe = next(iter(payload.values()))["recipe"] if payload else {}
         if recipe.get("stop", "fixed") == "holdout":
@@ -332,7 +349,8 @@ class Report:
             ensemble += recs
         if ensemble:
             ens_acc = [row_accuracy(r, "Ensemble") for r in ensemble[: seed_count(ensemble)]]
-            hidden = sum(Settings.from_run_config(ensemble[0]["run_config"]).hidden_widths)
+            stored = {**LATER_SETTINGS, **ensemble[0]["run_config"]}  # as the trial ran
+            hidden = sum(Settings.from_run_config(stored).hidden_widths)
             nodes = ensemble[0]["num_nodes"]
             ens_params = ensemble[0]["outcome"]["rows"]["Ensemble"].get("parameters")
             payload["ensemble"] = {"accuracy": ens_acc, "hidden_neurons": nodes * int(hidden),
@@ -353,7 +371,8 @@ class Report:
         ax.set_xlabel("hidden neurons")
         ax.set_ylabel("test accuracy")
         ax.set_title("Model size vs accuracy, MLP, K=5")
-        ax.legend(fontsize=7)
+        ax.legend(fontsize=7, ncol=2, loc="upper center", bbox_to_anchor=(0.5, -0.14),
+                  frameon=False)
         self._save_plot(fig, "study4_model_size.png")
 
     # Study 5 -------------------------------------------------------------------

@@ -161,7 +161,7 @@ def dirichlet_section(report: Report, options) -> None:
         ax.set_ylabel("test accuracy")
         ax.set_ylim(0, 1)
         # below the axes: inside, it would cover the low points (Averaged-like spaces)
-        ax.legend(fontsize=6, ncol=3, loc="upper center", bbox_to_anchor=(0.5, -0.2),
+        ax.legend(fontsize=8, ncol=3, loc="upper center", bbox_to_anchor=(0.5, -0.2),
                   frameon=False)
     if reach_rows:
         labels = list(dict.fromkeys(label for _, cells in reach_rows for label in cells))

@@ -132,7 +132,7 @@ def federated_section(report: Report) -> None:
         ax.set_ylim(0, 1)
         ax.set_title(f"{model}, K=5")
         # below the axes: inside, it covered GEMS markers
-        ax.legend(fontsize=6, ncol=2, loc="upper center", bbox_to_anchor=(0.5, -0.14),
+        ax.legend(fontsize=8, ncol=2, loc="upper center", bbox_to_anchor=(0.5, -0.14),
                   frameon=False)
     table = markdown(["model", "method", "rounds", "bytes (up + down)", "accuracy (last round)",
                       "GEMS tuned", "reaches GEMS tuned (ellipsoid)"], rows)
