@@ -191,13 +191,16 @@ def test_class_grams_auto_follows_the_layer_size():
     assert class_grams_for("true", 785) and not class_grams_for("false", 65)
 
 
-def test_settings_refuse_a_gaussian_point_without_class_grams_and_class_grams_with_sums():
+def test_settings_refuse_a_gaussian_point_without_class_grams_and_class_grams_under_dp():
     with pytest.raises(SettingsError, match="class-grams"):
         Settings.from_run_config({"gram-point": "gaussian", "class-grams": "false"})
     with pytest.raises(SettingsError, match="class-grams=true"):
-        Settings.from_run_config({"secure-aggregation": True, "class-grams": "true"})
+        Settings.from_run_config({"dp-epsilon": 1.0, "class-grams": "true"})
     options = space_options(Settings.from_run_config({"dp-epsilon": 1.0}))
     assert options.class_grams == "false"
+    # secure aggregation sums them per class through SecAgg+ (tests/test_secure.py)
+    secure = Settings.from_run_config({"secure-aggregation": True, "class-grams": "true"})
+    assert space_options(secure).class_grams == "true"
 
 
 def test_the_api_offers_the_gaussian_point():

@@ -92,8 +92,11 @@ def build_plan(settings: Settings, num_nodes: int, num_features: int) -> RunPlan
         sent = gram and options.label_moments and class_grams_for(
             options.class_grams, size, options.gram_rank)
         class_rank = class_gram_rank_for(options.gram_rank, size) if sent else None
-        if sent and settings.secure_aggregation:
-            class_rank = 0  # SecAgg+ sums them per class, whole
+        if sent and settings.secure_aggregation:  # SecAgg+ sums them per class, whole:
+            if class_rank and options.class_grams != "true":  # not where a factor would go
+                sent, class_rank = False, None
+            else:
+                class_rank = 0
     else:
         size, class_rank = None, None
         rank = options.gram_rank if options.gram_rank != "auto" else \
