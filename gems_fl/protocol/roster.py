@@ -231,7 +231,9 @@ def agree(identities: dict[int, Identity], rule: AgreementRule
             if identities[node_id].stats is None:
                 refused[node_id] = (f"node '{identities[node_id].name}' sent no feature sums for "
                                     "standardize='federated'")
-        stats = [_in_order(identities[n], columns) for n in identities if n not in refused]
+        kept = sorted((n for n in identities if n not in refused),
+                      key=lambda n: (identities[n].name, n))  # one order, however they came
+        stats = [_in_order(identities[n], columns) for n in kept]
         if stats:
             mean, std = combine_stats(stats)
     return DataAgreement(num_features, classes, mean, std, columns), refused
