@@ -155,19 +155,14 @@ class GEMSClassifier:
 
     def score(self, x: Any, y: Any) -> float:
         """Accuracy of :meth:`predict` against labels ``y`` (names or numbers)."""
-        labels = np.asarray([_label(v) for v in np.asarray(y).ravel()], dtype=object)
+        from gems_fl.data.site_files import label_names  # 3 and 3.0 are "3", as a run names them
+
+        labels = label_names(np.asarray(y).ravel(), "y").astype(object)
         return float(np.mean(self.predict(x) == labels))
 
     def save(self, folder: str | Path) -> Path:
         """Write the model where :func:`gems_fl.api.load_model` reads it back."""
         return self._fitted().save(folder)
-
-
-def _label(value: Any) -> str:
-    """A label as a class name, as a run names it: ``3`` and ``3.0`` are ``"3"``."""
-    from gems_fl.data.site_files import label_names
-
-    return str(label_names(np.asarray([value]), "y")[0])
 
 
 def _named_sites(sites: Any) -> dict[str, Mapping[str, Any]]:
@@ -177,6 +172,8 @@ def _named_sites(sites: Any) -> dict[str, Mapping[str, Any]]:
         named = {f"site-{k}": data for k, data in enumerate(sites)}
     if not named:
         raise ValueError("fit() needs at least one site")
+    if any("," in name or "/" in name for name in named):
+        raise ValueError(f"site names must not hold ',' or '/': {sorted(named)}")
     for name, data in named.items():
         if not isinstance(data, Mapping):
             raise ValueError(f"site {name!r}: expected a mapping with {', '.join(SITE_KEYS)}, "
@@ -185,8 +182,6 @@ def _named_sites(sites: Any) -> dict[str, Mapping[str, Any]]:
         if missing:
             raise ValueError(f"site {name!r} lacks {', '.join(missing)}; each site needs "
                              f"{', '.join(SITE_KEYS)} (x_test, y_test optional)")
-        if any("," in name or "/" in name for name in named):
-            raise ValueError(f"site names must not hold ',' or '/': {sorted(named)}")
     return named
 
 

@@ -432,19 +432,9 @@ def split_off_test(x: np.ndarray, y: np.ndarray, fraction: float, seed: int
 
 
 def feature_stats(x: np.ndarray) -> tuple[int, np.ndarray, np.ndarray]:
-    """``(count, per-feature sum, per-feature sum of squares)`` (float64).
-
-    Each feature's sums add the rows one after the other, in row order: numpy's own
-    reduction may pair them up differently with the memory layout and the CPU's vector
-    width, and the last bit of the federated mean would then depend on the machine that
-    read the file (a site read from a CSV file and from arrays must scale alike)."""
+    """``(count, per-feature sum, per-feature sum of squares)`` (float64)."""
     x = np.asarray(x, dtype=np.float64)
-    total = np.zeros(x.shape[1] if x.ndim == 2 else 0)
-    squares = np.zeros_like(total)
-    for row in x:
-        total += row
-        squares += row * row
-    return int(len(x)), total, squares
+    return int(len(x)), x.sum(axis=0), np.square(x).sum(axis=0)
 
 
 def combine_stats(stats: list[tuple[int, np.ndarray, np.ndarray]]) -> tuple[np.ndarray, np.ndarray]:
@@ -453,11 +443,8 @@ def combine_stats(stats: list[tuple[int, np.ndarray, np.ndarray]]) -> tuple[np.n
     A feature with no spread gets std 1 (it is only centred).
     """
     n = sum(s[0] for s in stats)
-    total = np.zeros_like(np.asarray(stats[0][1], dtype=np.float64))
-    squares = np.zeros_like(total)
-    for _, part_sum, part_squares in stats:  # in the given order, as feature_stats adds rows
-        total += part_sum
-        squares += part_squares
+    total = np.sum([s[1] for s in stats], axis=0)  # in the given order: the caller fixes it
+    squares = np.sum([s[2] for s in stats], axis=0)
     mean = total / n
     var = np.maximum(squares / n - mean ** 2, 0.0)
     std = np.sqrt(var)

@@ -231,10 +231,10 @@ def rows_from_sites(rows: dict[str, Any], verification: dict[str, Any]) -> dict[
     samples = sum(int(entry["samples"]) for entry in per_node.values())
     where = (f"on the sites' own {'/'.join(splits)} rows, pooled over {len(per_node)} sites "
              f"(n={samples}); the server holds no test set")
+    locals_ = {key.split(".", 1)[1]: acc for key, acc in pooled.items()
+               if key.startswith("local.")}
     out = {}
     for name, row in rows.items():
-        locals_ = {key.split(".", 1)[1]: acc for key, acc in pooled.items()
-                   if key.startswith("local.")}
         if name == "Local" and locals_:
             out[name] = {"accuracy": float(np.mean(list(locals_.values()))),
                          "per_node": locals_, "evaluated_on": where}

@@ -269,6 +269,7 @@ class RunLog:
         self._noted = False
         self._held: list[str] = []  # a crash report being read, shown unless deliberate
         self._after_stop = False
+        self._flower_summary = False  # inside Flower's "Final results:" dump
 
     def add(self, line: str) -> None:
         if self.run_id is None:
@@ -302,7 +303,7 @@ class RunLog:
         if body == "Final results:":
             self._flower_summary = True
             return True
-        if getattr(self, "_flower_summary", False):
+        if self._flower_summary:
             if not body or FLOWER_SUMMARY_LINE.match(text):
                 return True
             self._flower_summary = False
