@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from gems_fl.data.site_files import read_site_file
-from gems_fl.running.federation import CONNECTION, TlsFederation, stop_group
+from gems_fl.running.federation import CONNECTION, TlsFederation, make_node_key, stop_group
 from tests.helpers import FAST, ROOT, app_defaults, run_in_process
 from tests.sitegen import CLASSES, site_config
 
@@ -286,3 +286,54 @@ def test_the_python_classifier_gives_the_model_of_gems_fl_run_site(tmp_path):
     for (w_run, b_run), (w_fit, b_fit) in zip(run_model.layers, clf.model_.layers, strict=True):
         np.testing.assert_array_equal(w_run, w_fit)
         np.testing.assert_array_equal(b_run, b_fit)
+
+
+def test_registered_sites_are_expected_named_before_their_first_run_and_a_useless_model_exits_4(
+        tmp_path, sites):
+    """SuperNode authentication: the sites the operator registered by name are the run's
+    expected sites. `gems-fl status` names them before any run; a registered site that
+    never connects stops the run before training (exit 3, named); a registered name wins
+    over the node-name a site reports. A DP run at chance is no success (exit 4), its
+    results written and marked."""
+    server_side, home = tmp_path / "superlink-machine", tmp_path / "home"
+    with TlsFederation(tmp_path / "fed", supernode_auth=True) as fed:
+        for k in range(2):
+            make_node_key(tmp_path / f"site-{k}.key")
+            registered = fed.register(tmp_path / f"site-{k}.key.pub", f"site-{k}")
+            assert registered.returncode == 0, registered.stdout + registered.stderr
+
+        def key(k: int) -> tuple[str, str]:
+            return ("--auth-supernode-private-key", str(tmp_path / f"site-{k}.key"))
+
+        fed.add_node({**sites[0], "node-name": "what-site-0-calls-itself"}, extra_args=key(0))
+        shown = _cli(fed, "status", "--superlink", CONNECTION)
+        assert shown.returncode == 0, shown.stderr
+        assert re.search(r"node \d+: site-0, online", shown.stdout), shown.stdout
+        assert re.search(r"node \d+: site-1, registered", shown.stdout), shown.stdout
+        assert "0 run(s)" in shown.stdout
+
+        proc = _submit(fed, f"dataset='node-files' evaluate-on-server=false site-wait=5.0 "
+                            f"output-dir='{server_side}'", "--output-dir", str(home))
+        output, _ = proc.communicate(timeout=300)
+        assert proc.returncode == 3, output[-4000:]
+        assert "expecting the 2 site(s) registered on 'gems-tls' (SuperNode authentication): " \
+               "site-0, site-1" in output, output[-4000:]
+        last = output.strip().splitlines()[-1]
+        assert "stopped before training: expected site-0, site-1" in last, last
+        assert "heard from 1 site(s) (site-0); missing: site-1 (not connected after 5 s)" in last
+
+        fed.add_node(sites[1], extra_args=key(1))
+        proc = _submit(fed, f"dataset='node-files' evaluate-on-server=false dp-epsilon=0.01 "
+                            f"output-dir='{server_side}'", "--output-dir", str(home))
+        output, _ = proc.communicate(timeout=400)
+    assert proc.returncode == 4, output[-4000:]
+    last = output.strip().splitlines()[-1]
+    assert "h_G is good enough on 0 of 2 site(s) that checked it" in last, last
+    assert "expected site-0, site-1 (required-nodes='site-0,site-1'); heard from 2 site(s) " \
+           "(site-0, site-1)" in output
+    (path,) = [p for p in home.glob("run-*/results.json")
+               if json.loads(p.read_text())["status"] == "not-good-enough"]
+    results = json.loads(path.read_text())
+    assert [p["name"] for p in results["participants"]] == ["site-0", "site-1"]
+    assert results["good_enough"]["sites"] == 0 and not results["good_enough"]["ok"]
+    assert (path.parent / "gems_model.npz").is_file()

@@ -202,6 +202,36 @@ def test_a_required_site_missing_or_rejected_stops_the_run_before_any_training(t
         run_in_process(2, tmp_path / "count", **{"site-wait": 1.0, "required-nodes": "3"})
 
 
+def test_the_sites_line_lists_the_sites_expected_and_heard_from(tmp_path):
+    results = run_in_process(3, tmp_path, space="ball", dataset="digits",
+                             **{"required-nodes": "partition-0,partition-2"})
+    assert results["attendance"]["roll"] == (
+        "expected partition-0, partition-2 (required-nodes='partition-0,partition-2'); heard "
+        "from 3 site(s) (partition-0, partition-1, partition-2)")
+
+
+def test_a_registered_name_is_the_sites_name(tmp_path):
+    """Under SuperNode authentication the SuperLink gives each connected node the name the
+    operator registered it under: the run calls the site by it, over its node-name."""
+    from flwr.app import Context
+    from flwr.proto.node_pb2 import NodeInfo
+
+    from gems_fl.serverapp.run import run_server
+    from tests.helpers import app_defaults as defaults
+
+    class RegisteredGrid(InProcessGrid):
+        def get_nodes(self):
+            return [NodeInfo(node_id=n, name=f"hospital-{n - 1000}") for n in self.get_node_ids()]
+
+    cfg = {**defaults(), **FAST, "output-dir": str(tmp_path), "space": "ball",
+           "required-nodes": "hospital-0,hospital-1,hospital-2"}
+    grid = RegisteredGrid(client_app, 3, cfg)
+    results = run_server(grid, Context(run_id=1, node_id=1, node_config={}, state=RecordDict(),
+                                       run_config=cfg))
+    assert [n["name"] for n in results["nodes"]] == ["hospital-0", "hospital-1", "hospital-2"]
+    assert results["attendance"]["completed"] == ["hospital-0", "hospital-1", "hospital-2"]
+
+
 def test_a_model_good_enough_on_too_few_sites_fails_the_run_after_writing_its_results(tmp_path):
     """A site whose eps h_G cannot reach counts against it: with two of three sites at
     eps 0.999, h_G is good enough on 1 of 3, below the default majority (2): the results are

@@ -46,12 +46,30 @@ class Attendance:
                      + _missing_text(self.wanted, self.missing_required, len(self.completed)))
         return text
 
+    @property
+    def roll(self) -> str:
+        """The sites the run expected and those it heard from at the identity round, e.g.
+        ``expected 4 site(s) (required-nodes='4'); heard from 3 site(s) (site-a, site-b,
+        site-c)``."""
+        return (f"expected {_expected(self.wanted)} (required-nodes={self.required!r}); heard "
+                f"from {len(self.present)} site(s) ({_listed(self.present)})")
+
     def to_dict(self) -> dict[str, Any]:
-        return {"line": self.line, "ok": self.ok, "required": self.required,
+        return {"line": self.line, "roll": self.roll, "ok": self.ok, "required": self.required,
                 "present": self.present, "completed": self.completed,
                 "left_out": [{"name": n, "stage": s, "reason": r}
                              for n, (s, r) in sorted(self.left_out.items())],
                 "missing_required": self.missing_required}
+
+
+def _expected(wanted: int | tuple[str, ...] | None) -> str:
+    return ("every site present" if wanted is None else
+            f"{wanted} site(s)" if isinstance(wanted, int) else ", ".join(wanted))
+
+
+def _listed(names: list[str], most: int = 10) -> str:
+    shown = ", ".join(names[:most]) or "none"
+    return shown + (f" and {len(names) - most} more" if len(names) > most else "")
 
 
 def _short(reason: str) -> str:
@@ -144,9 +162,7 @@ def expected_line(required: str, wanted: int | tuple[str, ...] | None, heard_fro
     """The one line of a run stopped before training: the sites it expected (``required``:
     the ``required-nodes`` text, ``wanted`` it parsed), those it heard from, and each
     required one missing with why."""
-    expected = ("every site present" if wanted is None else
-                f"{wanted} site(s)" if isinstance(wanted, int) else ", ".join(wanted))
-    return (f"stopped before training: expected {expected} (required-nodes={required!r}); "
+    return (f"stopped before training: expected {_expected(wanted)} (required-nodes={required!r}); "
             f"heard from "
             f"{len(heard_from)} site(s) ({', '.join(heard_from) or 'none'}); missing: "
             + _grouped(missing))

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import time
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from logging import INFO, WARNING
 from typing import Any
 
@@ -99,7 +99,7 @@ class Roster:
 
 
 def identify_nodes(grid: Grid, node_ids: list[int], exchange: Exchange,
-                   rule: AgreementRule) -> Roster:
+                   rule: AgreementRule, registered: dict[int, str] | None = None) -> Roster:
     """Query ``node_ids`` (each gets ``exchange.node_config``); agree on features, classes
     and scaling (``rule``); keep the nodes that fit.
 
@@ -108,7 +108,9 @@ def identify_nodes(grid: Grid, node_ids: list[int], exchange: Exchange,
     count most nodes report; the classes are ``classes`` if set, else every class name
     the remaining nodes hold (sorted). Nodes that disagree are left out and named with
     their shapes. With ``standardize='federated'`` the nodes' per-feature sums are
-    combined into one mean and std.
+    combined into one mean and std. ``registered``: ``{node id: name}`` of SuperNodes the
+    operator registered by name (SuperNode authentication); that name is the site's, over
+    the ``node-name`` the node reports.
     """
     t0 = time.perf_counter()
     content = wire.encode_config(exchange.node_config)
@@ -123,7 +125,12 @@ def identify_nodes(grid: Grid, node_ids: list[int], exchange: Exchange,
 
     accepted, rejected = validate_replies(replies, node_ids, check, log_prefix="Identify: ",
                                           messages=messages)
-    identities = {node_id: item[1] for node_id, item in accepted}
+    identities = {node_id: _registered_name(node_id, item[1], registered or {})
+                  for node_id, item in accepted}
+    for entry in rejected:
+        name = (registered or {}).get(int(entry["node_id"]))
+        if name:
+            entry["node_name"] = name
     agreement, refused = agree(identities, rule)
     for node_id, reason in refused.items():
         log(WARNING, "Identify: left out node %d ('%s'): %s", node_id,
@@ -177,6 +184,17 @@ def _same(a: dict[str, Any], b: dict[str, Any]) -> bool:
 
 def _names(identities: dict[int, Identity], nodes) -> str:
     return ", ".join(sorted(identities[n].name for n in nodes))
+
+
+def _registered_name(node_id: int, identity: Identity, registered: dict[int, str]) -> Identity:
+    """The identity under the name its SuperNode was registered with, if any: the operator
+    gave that name, the node's own ``node-name`` is the site's word."""
+    name = registered.get(node_id)
+    if not name or name == identity.name:
+        return identity
+    log(WARNING, "Identify: node %d reports node-name '%s' but is registered as '%s'; the run "
+        "calls it '%s'", node_id, identity.name, name, name)
+    return replace(identity, name=name)
 
 
 def agree(identities: dict[int, Identity], rule: AgreementRule

@@ -242,7 +242,7 @@ def _pull(args: argparse.Namespace) -> int:
 
 
 def _status(args: argparse.Namespace) -> int:
-    from gems_fl.running.submit import status
+    from gems_fl.running.status import status
 
     return _report(lambda: "\n".join(status(args.superlink)))
 
@@ -322,6 +322,8 @@ def _report(work, where: str = "") -> int:
         print(outcome)
         return 0
     sites = outcome.results.get("attendance", {}).get("line", "completed")
+    if outcome.results.get("attendance", {}).get("roll"):
+        print(f"gems-fl: sites: {outcome.results['attendance']['roll']}")
     print(f"gems-fl: run {outcome.run_id}{where} {sites}; results in {outcome.results_path}"
           + (f" (log: {outcome.log_path})" if outcome.log_path else ""))
     print(f"gems-fl: time: {timing_line(outcome.results.get('timing_s', {}))}")

@@ -70,8 +70,9 @@ def incomplete_run(path: Path) -> tuple[type[RunIncomplete], str] | None:
     except (OSError, ValueError):
         return None
     if results.get("status") == "incomplete":
-        return RunIncomplete, str(results.get("attendance", {}).get(
-            "line", "a required site was left out"))
+        sites = results.get("attendance", {})
+        line = str(sites.get("line", "a required site was left out"))
+        return RunIncomplete, line + (f"; {sites['roll']}" if sites.get("roll") else "")
     if results.get("status") == "not-good-enough":
         return RunNotGoodEnough, str(results.get("good_enough", {}).get(
             "line", "h_G was good enough on too few sites"))

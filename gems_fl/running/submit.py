@@ -17,6 +17,7 @@ import os
 import re
 import signal
 import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -25,7 +26,7 @@ from typing import Any
 import tomli_w
 
 from gems_fl.evaluation.results import RESULTS_FILE, git_commit
-from gems_fl.evaluation.results_bundle import BundleError, BundleReader, is_bundle_line
+from gems_fl.evaluation.results_bundle import BundleError, BundleReader
 from gems_fl.running.outcome import RunFailed, RunInterrupted, RunOutcome
 from gems_fl.running.packaged_app import resolve_app
 from gems_fl.running.processes import flower_tool, with_flower_on_path
@@ -36,7 +37,6 @@ from gems_fl.running.watch import conclude, new_log_path
 from gems_fl.settings import Settings
 
 STARTED = re.compile(r"Successfully started run (\d+)")
-IDENTIFIED = re.compile(r"Identify: node '([^']*)' \(id (\d+)\)")
 
 
 class Connection:
@@ -105,7 +105,9 @@ def _stamp_commit(results_path: Path, app: Path, connection: str) -> None:
     meta["superlink"] = connection
     meta["server_output"] = results.get("output")
     folder = results_path.parent
-    results["output"] = {"results": str(results_path), "model": str(folder / "gems_model.npz")}
+    results["output"] = {"results": str(results_path),
+                         **({"model": str(folder / "gems_model.npz")}
+                            if (folder / "gems_model.npz").is_file() else {})}
     partial = results_path.with_name(f".{results_path.name}.{os.getpid()}")
     partial.write_text(json.dumps(results, indent=2) + "\n")
     os.replace(partial, results_path)
@@ -145,6 +147,7 @@ def submit(app_dir: str | Path | None, connection: str, run_config: str | None =
     app, _ = resolve_app(app_dir)
     overrides = check_overrides(app, run_config)
     conn = Connection(connection, env)
+    expect_registered(overrides, conn, progress)
     out_dir = Path(output_dir).expanduser().resolve()
     log_path = new_log_path(out_dir, "submit")
     if progress is True:
@@ -211,6 +214,26 @@ def submit(app_dir: str | Path | None, connection: str, run_config: str | None =
                 run_log.close()
 
 
+def expect_registered(overrides: dict[str, Any], conn: Connection,
+                      progress: bool | Progress | None) -> None:
+    """Without ``required-nodes`` in the overrides, the sites registered by name on the
+    SuperLink (SuperNode authentication) are the run's expected sites: ``overrides`` gets
+    their names, so a registered site that never connects stops the run before training.
+    Without authentication no site is registered by name and nothing changes."""
+    if "required-nodes" in overrides:
+        return
+    from gems_fl.running.control import ControlLink, registered_names
+
+    with ControlLink(conn.name, conn.env.get("FLWR_HOME")) as link:
+        names = registered_names(link.nodes())
+    if names:
+        overrides["required-nodes"] = ",".join(names)
+        if progress:
+            print(f"gems-fl: expecting the {len(names)} site(s) registered on '{conn.name}' "
+                  f"(SuperNode authentication): {', '.join(names)} (required-nodes names "
+                  "others)", file=sys.stderr, flush=True)
+
+
 def _started(output: str, connection: str, code: int) -> int:
     """The run id of a detached ``flwr run``; RunFailed if it did not start."""
     match = STARTED.search(output)
@@ -239,36 +262,3 @@ def pull(run_id: int, connection: str, output_dir: str | Path = "gems-results",
                           Path(app_dir).expanduser().resolve(), connection)
     except BundleError as exc:
         raise RunFailed(f"run {run_id} ({status}): {exc}") from None
-
-
-def status(connection: str, env: dict[str, str] | None = None) -> list[str]:
-    """Lines for ``gems-fl status``: the connected SuperNodes (by the ``node-name`` they
-    reported in the latest run's identity round) and the runs with their phase."""
-    conn = Connection(connection, env)
-    nodes = conn.json("supernode", "ls").get("nodes", [])
-    runs = sorted(conn.json("ls").get("runs", []), key=lambda r: int(r["run-id"]))
-    names: dict[int, str] = {}
-    phases: dict[int, str] = {}
-    for run in runs[-5:]:  # names from the latest runs' identity rounds, phases of the rest
-        text = conn.flwr("log", str(run["run-id"]), "--show", timeout=60.0).stdout
-        for name, node_id in IDENTIFIED.findall(text):
-            names[int(node_id)] = name
-        with open(os.devnull, "w") as quiet:  # the phases only, nothing shown
-            progress = Progress(stream=quiet, live=False, phase="submitted")
-            for line in text.splitlines():
-                if not is_bundle_line(line):
-                    progress.feed(line)
-        phases[int(run["run-id"])] = progress.phase
-    lines = [f"SuperLink '{connection}': {len(nodes)} SuperNode(s)"]
-    for node in sorted(nodes, key=lambda n: int(n["node-id"])):
-        node_id = int(node["node-id"])
-        lines.append(f"  node {node_id}: {names.get(node_id, '(name not reported yet)')}, "
-                     f"{node.get('status', '?')}")
-    lines.append(f"{len(runs)} run(s)")
-    for run in runs:
-        run_id = int(run["run-id"])
-        phase = phases.get(run_id)
-        lines.append(f"  run {run_id}: {run.get('status', '?')}"
-                     + (f", {phase}" if phase and not str(run.get("status", "")).startswith(
-                         "finished") else ""))
-    return lines

@@ -44,10 +44,11 @@ from gems_fl.settings.values import parse_required_nodes, required_good_enough
 
 def stop_before_training(context: Context, settings: Settings, roster: Roster,
                          missing: list[tuple[str, str]], wanted: int | tuple[str, ...] | None,
-                         started: float) -> None:
+                         started: float, send_home: bool = False) -> None:
     """A required site is missing or was rejected at the identity round (``wanted``: the
-    parsed ``required-nodes``): write results that say so (status ``incomplete``, no model)
-    and stop before any training."""
+    parsed ``required-nodes``): write results that say so (status ``incomplete``, no model;
+    ``send_home``: also into the run's log, as :func:`finish` does) and stop before any
+    training."""
     heard = sorted(roster.present().values())
     line = expected_line(settings.required_nodes, wanted, heard, missing)
     results = {
@@ -61,7 +62,9 @@ def stop_before_training(context: Context, settings: Settings, roster: Roster,
         "rejected": roster.rejected, "identify": roster.report,
     }
     folder = Path(settings.output_dir).expanduser().resolve() / f"run-{context.run_id}"
-    write_results(results, folder, None, started_at=started)
+    path = write_results(results, folder, None, started_at=started)
+    if send_home:
+        _send_home(int(context.run_id), {RESULTS_FILE: path})
     log(ERROR, "Sites: %s", line)
     raise RequiredNodesMissing(f"{line} (nothing trained; results written with status "
                                "'incomplete'; set required-nodes to a count or names to accept "
@@ -123,18 +126,22 @@ def finish(context: Context, settings: Settings, run: ProtocolRun, roster: Roste
     log(INFO, "Results written to %s (model: %s) on the machine running the ServerApp",
         path, folder / MODEL_FILE)
     if send_home:
-        files = {RESULTS_FILE: path, MODEL_FILE: folder / MODEL_FILE}
-        for line in bundle_lines(int(context.run_id), {k: v for k, v in files.items() if v.is_file()}):
-            print(line, flush=True)
-        log(INFO, "Results sent home in the run's log (gems-fl submit and gems-fl pull write "
-            "them on the submitting machine)")
+        _send_home(int(context.run_id), {RESULTS_FILE: path, MODEL_FILE: folder / MODEL_FILE})
     if not sites.ok:
         log(ERROR, "Sites: %s", sites.line)
         raise RequiredNodesMissing(f"{sites.line} (results written with status 'incomplete'; "
                                    "set required-nodes to a count or names to accept fewer)")
-    log(INFO, "Sites: %s", sites.line)
+    log(INFO, "Sites: %s; %s", sites.line, sites.roll)
     if not useful:
         log(ERROR, "Not good enough: %s", verdict)
         raise ModelNotGoodEnough(f"{verdict} (results written with status 'not-good-enough'; "
                                  "see each site's figures in the table above)")
     return results
+
+
+def _send_home(run_id: int, files: dict[str, Path]) -> None:
+    """Print the files into the run's log: the channel back to the submitting machine."""
+    for line in bundle_lines(run_id, {k: v for k, v in files.items() if v.is_file()}):
+        print(line, flush=True)
+    log(INFO, "Results sent home in the run's log (gems-fl submit and gems-fl pull write "
+        "them on the submitting machine)")

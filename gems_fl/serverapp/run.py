@@ -91,6 +91,13 @@ def wait_for_nodes(grid: Grid, minimum: int, timeout: float = NODE_WAIT_S) -> li
         time.sleep(1.0)
 
 
+def registered_names(grid: Grid) -> dict[int, str]:
+    """``{node id: name}`` of the connected SuperNodes the operator registered by name
+    (SuperNode authentication: ``flwr supernode register KEY LINK --name NAME``); empty
+    without authentication and in simulation."""
+    return {int(n.node_id): str(n.name) for n in grid.get_nodes() if getattr(n, "name", "")}
+
+
 def load_server_side(
     settings: Settings, agreement: DataAgreement, num_nodes: int
 ) -> tuple[ServerData | None, Any, dict[str, Any], list[str]]:
@@ -153,11 +160,13 @@ def run_server(grid: Grid, context: Context) -> dict[str, Any]:
     expected = wanted if isinstance(wanted, int) else len(wanted) if wanted else 0
     node_ids = wait_for_nodes(grid, max(settings.min_replies, expected), settings.site_wait)
     waited = time.perf_counter() - t_wait
-    roster = identify_nodes(grid, node_ids, exchange(settings), agreement_rule(settings))
+    roster = identify_nodes(grid, node_ids, exchange(settings), agreement_rule(settings),
+                            registered_names(grid))
     missing = missing_before_training(roster.present(), roster.participants, roster.names,
                                       roster.rejected, wanted, waited)
     if missing:
-        stop_before_training(context, settings, roster, missing, wanted, started)
+        stop_before_training(context, settings, roster, missing, wanted, started,
+                             send_home=deployed)
     if len(node_ids) < settings.min_replies:
         raise RuntimeError(f"only {len(node_ids)} nodes connected; min-replies={settings.min_replies}")
     if len(roster.participants) < settings.min_replies or roster.agreement is None:
