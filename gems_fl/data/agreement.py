@@ -14,16 +14,20 @@ from typing import Any
 import numpy as np
 
 NODE_FILES = "node-files"
-STANDARDIZE_CHOICES = ("off", "node", "federated")
-AUTO_STANDARDIZE = "auto"  # federated for node-files (not under DP), else off
+STANDARDIZE_CHOICES = ("off", "node", "federated", "ranges")
+AUTO_STANDARDIZE = "auto"  # ranges if declared; federated for node-files (not under DP); off
+SHARED_SCALING = ("federated", "ranges")  # one centre and scale for all, in the agreement
 
 
-def resolve_standardize(value: str, dataset: str, private: bool) -> str:
-    """``standardize`` as a run applies it: ``auto`` is ``federated`` for sites' own files
-    (features on any scale) unless the run is differentially private (the sums would
-    leave a node unnoised), else ``off`` (a named dataset's loader scales it)."""
+def resolve_standardize(value: str, dataset: str, private: bool, ranges: bool = False) -> str:
+    """``standardize`` as a run applies it: ``auto`` is ``ranges`` when the operator
+    declared feature ranges (``ranges``), else ``federated`` for sites' own files (features
+    on any scale) unless the run is differentially private (the sums would leave a node
+    unnoised), else ``off`` (a named dataset's loader scales it)."""
     if value != AUTO_STANDARDIZE:
         return value
+    if ranges:
+        return "ranges"
     return "federated" if dataset == NODE_FILES and not private else "off"
 FEATURES_KEY = "agreed-num-features"
 CLASSES_KEY = "agreed-classes"

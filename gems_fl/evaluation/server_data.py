@@ -11,6 +11,7 @@ import numpy as np
 from flwr.common.logger import log
 
 from gems_fl.data import FeatureOptions, load_dataset, node_data
+from gems_fl.data.agreement import SHARED_SCALING
 from gems_fl.data.partition import division_json
 from gems_fl.settings import Settings
 
@@ -149,7 +150,7 @@ def load_public_data(settings: Settings, agreement) -> PublicData:
         log(INFO, "public-data %s holds a test split only (%d rows): the server evaluates on "
             "it; nothing to fine-tune on, so no GEMS tuned and no Raw", path, len(test_x))
     mean = std = None
-    if settings.standardize == "federated" and agreement.mean is not None:
+    if settings.standardize in SHARED_SCALING and agreement.mean is not None:
         mean, std = agreement.mean, agreement.std
     elif settings.standardize == "node":
         mean, std = combine_stats([feature_stats(x)])
@@ -168,7 +169,7 @@ def scale_server_data(data: ServerData, agreement, settings: Settings) -> None:
 
     if settings.standardize == "off":
         return
-    if settings.standardize == "federated" and agreement is not None and agreement.mean is not None:
+    if settings.standardize in SHARED_SCALING and agreement is not None and agreement.mean is not None:
         mean, std = agreement.mean, agreement.std
     else:
         mean, std = combine_stats([feature_stats(data.train_x)])

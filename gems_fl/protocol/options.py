@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from gems_fl.data.feature_ranges import FeatureRanges
 from gems_fl.geometry.dp import DPSpec
 from gems_fl.geometry.kinds import AggregateOptions, SpaceOptions, space_kind
 from gems_fl.geometry.neurons import NeuronSearch
@@ -51,6 +52,7 @@ class AgreementRule:
     classes: str = ""
     standardize: str = "off"
     min_rows: int = 1  # node-files: a site with fewer training rows is left out
+    ranges: FeatureRanges | None = None  # standardize='ranges': the declared feature ranges
 
 
 @dataclass(frozen=True)

@@ -166,8 +166,9 @@ def identify_nodes(grid: Grid, node_ids: list[int], exchange: Exchange,
     if agreement is not None:
         log(INFO, "Identify: the run uses %d features and %d classes (%s)%s",
             agreement.num_features, agreement.num_classes, ", ".join(agreement.classes),
-            "; features standardised with the nodes' combined mean and std"
-            if agreement.mean is not None else "")
+            ("" if agreement.mean is None else
+             "; features scaled from the declared feature-ranges" if rule.standardize == "ranges"
+             else "; features standardised with the nodes' combined mean and std"))
         if agreement.columns is not None:
             log(INFO, "Identify: sites' columns are matched by name (%s)",
                 ", ".join(agreement.columns) if len(agreement.columns) <= 12
@@ -254,6 +255,8 @@ def agree(identities: dict[int, Identity], rule: AgreementRule
         stats = [_in_order(identities[n], columns) for n in kept]
         if stats:
             mean, std = combine_stats(stats)
+    elif rule.standardize == "ranges" and rule.ranges is not None:
+        mean, std = rule.ranges.scaling(columns, num_features)
     return DataAgreement(num_features, classes, mean, std, columns), refused
 
 

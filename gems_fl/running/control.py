@@ -85,11 +85,12 @@ class ControlLink:
         return sorted((LinkNode(int(n.node_id), str(n.name), str(n.status)) for n in res.nodes_info),
                       key=lambda n: n.node_id)
 
-    def runs(self) -> list[LinkRun]:
-        """Every run on the SuperLink, by id."""
+    def runs(self, run_id: int | None = None) -> list[LinkRun]:
+        """Every run on the SuperLink, by id (``run_id``: that run only, if it exists)."""
         from flwr.proto.control_pb2 import ListRunsRequest
 
-        res = self._ask("ListRuns", lambda: self._client.ListRuns(ListRunsRequest()))
+        request = ListRunsRequest() if run_id is None else ListRunsRequest(run_id=run_id)
+        res = self._ask("ListRuns", lambda: self._client.ListRuns(request))
         out = []
         for run_id, run in res.run_dict.items():
             status = run.status.status + (f":{run.status.sub_status}" if run.status.sub_status else "")

@@ -50,16 +50,6 @@ class Connection:
         return subprocess.run([flower_tool("flwr"), *args, self.name], env=self.env, capture_output=True,
                               text=True, check=False, start_new_session=True, timeout=timeout)
 
-    def json(self, *args: str) -> dict[str, Any]:
-        """``flwr ARGS NAME --format json`` parsed; RunFailed with Flower's words if not."""
-        res = self.flwr(*args, "--format", "json")
-        try:
-            return json.loads(res.stdout)
-        except json.JSONDecodeError:
-            text = " ".join((res.stdout.strip() or res.stderr.strip()).split())
-            raise RunFailed(f"`flwr {' '.join(args)} {self.name}` failed (exit "
-                            f"{res.returncode}): {text[-400:]}") from None
-
     def stop(self, run_id: int) -> str:
         """``flwr stop RUN_ID NAME``: what Flower said, in one line."""
         res = self.flwr("stop", str(run_id), timeout=30.0)
@@ -78,16 +68,20 @@ def check_overrides(app: Path, run_config: str | None) -> dict[str, Any]:
 
 
 def final_status(conn: Connection, run_id: int, timeout: float = 30.0) -> tuple[str, str]:
-    """``(status, problem)``: the run's status from ``flwr ls``; ``problem`` says why it is
-    unknown (e.g. the SuperLink does not answer)."""
+    """``(status, problem)``: the run's status as the SuperLink lists it (``flwr ls``);
+    ``problem`` says why it is unknown (e.g. the SuperLink does not answer)."""
+    from gems_fl.running.control import ControlLink
+
     deadline = time.monotonic() + timeout
     status, problem = "unknown", ""
     while time.monotonic() < deadline:
         try:
-            runs = conn.json("ls", "--run-id", str(run_id))["runs"]
-            status, problem = runs[0]["status"], ""
-        except (RunFailed, KeyError, IndexError, TypeError, subprocess.TimeoutExpired) as exc:
-            problem = str(exc)[-400:] or "flwr ls gave no answer"
+            with ControlLink(conn.name, conn.env.get("FLWR_HOME")) as link:
+                runs = link.runs(run_id)
+            status, problem = ((runs[0].status, "") if runs else
+                               (status, f"the SuperLink lists no run {run_id}"))
+        except RunFailed as exc:
+            problem = str(exc)
         if status.startswith("finished"):
             return status, ""
         time.sleep(2.0)

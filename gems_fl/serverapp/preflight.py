@@ -60,7 +60,21 @@ def preflight(settings: Settings, num_nodes: int | None = None, *, check_data: b
         if num_nodes is not None:
             check_partition(settings, num_nodes)
     check_public_data(settings)
+    check_feature_ranges(settings)
     check_output_dir(settings.output_dir)
+
+
+def check_feature_ranges(settings: Settings) -> None:
+    """``standardize='ranges'``: the ``feature-ranges`` file reads (its fit to the sites'
+    columns is checked at the identity round, which knows them)."""
+    if settings.standardize != "ranges":
+        return
+    from gems_fl.data.feature_ranges import FeatureRangesError, read_feature_ranges
+
+    try:
+        read_feature_ranges(settings.feature_ranges)
+    except FeatureRangesError as exc:
+        raise PreflightError(str(exc)) from None
 
 
 # The datasets whose partition nodes can be sized before the run (cheap to load: the

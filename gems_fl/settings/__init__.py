@@ -68,7 +68,7 @@ class Settings(OperationSettings, PrivacySettings, AggregationSettings, SpaceSet
                 if getattr(self, name) == _DEFAULTS[name]:
                     object.__setattr__(self, name, value)
         object.__setattr__(self, "standardize", resolve_standardize(
-            self.standardize, self.dataset, bool(self.dp_epsilon)))
+            self.standardize, self.dataset, bool(self.dp_epsilon), bool(self.feature_ranges.strip())))
         if self.hidden.strip().lower() == "auto":
             object.__setattr__(self, "hidden", AUTO_HIDDEN.get(self.dataset, AUTO_HIDDEN_DEFAULT))
         # "auto", or the rank as an int whether it came as 50 or "50" (--run-config)

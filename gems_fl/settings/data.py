@@ -74,14 +74,22 @@ class DataSettings:
         node=True, user=True)
     standardize: str = setting(
         'auto',
-        "feature scaling: `auto` (`federated` for `node-files`, else `off`), `off`, `node` "
-        "(each node its own mean and std), or `federated` (one mean and std for all, from "
-        "each node's per-feature count, sum and sum of squares; no row leaves a node)",
+        "feature scaling: `auto` (`ranges` with `feature-ranges`, else `federated` for "
+        "`node-files`, else `off`), `off`, `node` (each node its own mean and std), "
+        "`federated` (one mean and std for all, from each node's per-feature sums; no row "
+        "leaves a node) or `ranges` (the declared `feature-ranges`)",
         detail="`auto` is `federated` for sites' own files (measured first on held-out "
         'sites: results/benchmarks/standardize.json) and `off` for a named dataset (its '
-        'loader scales it) and under `dp-epsilon` (the sums would leave a node unnoised: '
-        'scale the files beforehand)',
+        'loader scales it). Under `dp-epsilon` the federated sums would leave a node '
+        'unnoised: `auto` is then `ranges` with `feature-ranges`, else `off` (scale the files '
+        'beforehand)',
         check=one_of((AUTO_STANDARDIZE, *STANDARDIZE_CHOICES)), node=True, user=True)
+    feature_ranges: str = setting(
+        '',
+        'a CSV file on the server, header `feature,min,max`, one row per feature (named as '
+        "in the sites' headers, or numbered from 0): every site maps [min, max] to [-1, 1]. "
+        'Known without the rows, it spends no privacy: the scaling for `dp-epsilon` runs',
+        user=True)
     min_rows: int = setting(
         10,
         "`dataset='node-files'`: a site with fewer training rows than this is left out at "

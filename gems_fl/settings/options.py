@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
+from gems_fl.data.feature_ranges import read_feature_ranges
 from gems_fl.geometry.choices import SUMS_ABOVE_NODES
 from gems_fl.geometry.dp import DPSpec
 from gems_fl.geometry.kinds import AggregateOptions, SpaceOptions
@@ -98,9 +99,11 @@ def wants_ridge_choice(settings: Settings) -> bool:
 
 def agreement_rule(settings: Settings) -> AgreementRule:
     """What the identity round agrees on (dataset, features, classes, scaling)."""
+    ranges = (read_feature_ranges(settings.feature_ranges)
+              if settings.standardize == "ranges" else None)
     return AgreementRule(dataset=settings.dataset, num_features=int(settings.num_features or 0),
                          classes=settings.classes, standardize=settings.standardize,
-                         min_rows=int(settings.min_rows))
+                         min_rows=int(settings.min_rows), ranges=ranges)
 
 
 def exchange(settings: Settings, plan: Any = None) -> Exchange:

@@ -28,6 +28,7 @@ def check_rules(settings: Settings, node_only: bool) -> None:
     _dataset_shape(settings)
     if not node_only:
         _node_files(settings)
+        _feature_ranges(settings)
         if settings.tune_curve.strip() and settings.baselines != "all":
             raise SettingsError(
                 f"tune-curve={settings.tune_curve!r} is the paper's fine-tuning study, which "
@@ -95,7 +96,8 @@ def _differential_privacy(settings: Settings) -> None:
                      "leave the nodes without noise)")
     if settings.standardize == "federated":
         wrong.append("standardize='federated' (each node's per-feature sums would leave it "
-                     "without noise in the identity round; use 'off' or 'node')")
+                     "without noise in the identity round; declare the features' ranges with "
+                     "feature-ranges, or use 'off' or 'node')")
     if wrong:
         raise SettingsError(f"dp-epsilon={settings.dp_epsilon:g}: nodes send only noised "
                             "sums, which does not fit " + "; ".join(wrong))
@@ -145,6 +147,19 @@ def _gram_rank(settings: Settings, features: int) -> None:
         f"({features} features and the bias): a rank-{rank} factor would send "
         f"more than the matrix itself; use gram-rank=0 (the full matrix), auto, or a rank "
         f"below {features + 1}")
+
+
+def _feature_ranges(settings: Settings) -> None:
+    """``standardize='ranges'`` and ``feature-ranges`` come together."""
+    given = bool(settings.feature_ranges.strip())
+    if settings.standardize == "ranges" and not given:
+        raise SettingsError(
+            "standardize='ranges' scales with declared ranges: give feature-ranges (a CSV "
+            "file on the server, header 'feature,min,max', one row per feature)")
+    if given and settings.standardize != "ranges":
+        raise SettingsError(
+            f"feature-ranges={settings.feature_ranges!r} is read only with standardize "
+            f"'ranges' or 'auto', not {settings.standardize!r}: leave one of them out")
 
 
 def _node_files(settings: Settings) -> None:
