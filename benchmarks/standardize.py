@@ -70,7 +70,8 @@ def write_sites(name: str, sites: int, seed: int, folder: Path) -> list[dict]:
     return configs
 
 
-def run(configs: list[dict], standardize: str, seed: int, out: Path) -> dict:
+def run(configs: list[dict], standardize: str, seed: int, out: Path,
+        extra: dict | None = None) -> dict:
     from flwr.app import Context, RecordDict
 
     from client_app import app as client_app
@@ -81,13 +82,14 @@ def run(configs: list[dict], standardize: str, seed: int, out: Path) -> dict:
         defaults = tomllib.load(f)["tool"]["flwr"]["app"]["config"]
     cfg = {**defaults, "dataset": "node-files", "evaluate-on-server": False, "seed": seed,
            "standardize": standardize, "min-good-enough": "0", "min-rows": 1,
-           "output-dir": str(out)}
+           "output-dir": str(out), **(extra or {})}
     grid = InProcessGrid(client_app, len(configs), cfg, node_configs=configs)
     results = run_server(grid, Context(run_id=1, node_id=1, node_config={}, state=RecordDict(),
                                        run_config=cfg))
-    return {"gems": results["verification"]["pooled"]["gems"],
-            "local_mean": float(np.mean([v for k, v in results["verification"]["pooled"].items()
-                                         if k.startswith("local.")])),
+    pooled = results["verification"]["pooled"]
+    local = [v for k, v in pooled.items() if k.startswith("local.")]  # none under DP
+    return {"gems": pooled["gems"], "gems_val": results["verification"]["pooled_val"]["gems"],
+            "local_mean": float(np.mean(local)) if local else None,
             "good_enough": results["good_enough"]["sites"], "sites": results["good_enough"]["checked"]}
 
 

@@ -363,7 +363,7 @@ def test_reproduce_quick_writes_every_table_and_plot_with_every_row(tmp_path):
     from gems_fl.running.cli import main
 
     # One seed for every study keeps this end-to-end run short; the second invocation below
-    # adds seed 1 for study 1 and checks the mean (std) over seeds and the resumption.
+    # adds seed 1 for study 4 and checks every seed is reported and the resumption.
     out = tmp_path / "repro"
     assert main(["reproduce", "--quick", "--seeds", "1", "--out", str(out)]) == 0
     options = Options.quick_preset(seeds=(0,))
@@ -439,21 +439,21 @@ def test_reproduce_quick_writes_every_table_and_plot_with_every_row(tmp_path):
     md = (out / "study7_dirichlet.md").read_text()
     assert "GEMS pooled" in md and "GEMS ellipsoid" in md
     assert re.search(r"^\| mlp \| dirichlet:[^|]+\| \d+ \| FedProx-SGD \(lr=", md, re.M)
-    # A second invocation with 2 seeds for study 1 reuses seed 0's stored trials untouched,
-    # runs only seed 1's, and reports the mean (std) over both seeds.
+    # A second invocation with 2 seeds for study 4 (its 2 trials a seed: the cheapest
+    # study) reuses seed 0's stored trials untouched, runs only seed 1's, and reports
+    # every seed.
     stored = {p.name: p.stat().st_mtime_ns for p in (out / "trials").glob("*.json")}
     planned = {f"{t.name}.json" for t in build_plan(Options.quick_preset(seeds=(0, 1),
-                                                                         studies=(1,)))}
-    assert main(["reproduce", "--quick", "--seeds", "2", "--studies", "1",
+                                                                         studies=(4,)))}
+    assert main(["reproduce", "--quick", "--seeds", "2", "--studies", "4",
                  "--out", str(out)]) == 0
     now = {p.name: p.stat().st_mtime_ns for p in (out / "trials").glob("*.json")}
     assert set(now) - set(stored) == planned - set(stored) != set()
     assert all(now[name] == stored[name] for name in planned & set(stored))
-    convex = json.loads((out / "study1_convex.json").read_text())
-    assert len(convex) == len(options.setups())
-    for row in convex.values():
-        assert row["seeds"] == 2 and len(row["Global"]) == 2
-        assert {len(cell["answered"]) for cell in row["spaces"].values()} == {2}
+    sizes = json.loads((out / "study4_model_size.json").read_text())
+    assert len(sizes["grid"]) == len(options.size_grid)
+    assert all(len(cell["accuracy"]) == 2 for cell in sizes["grid"])
+    assert len(sizes["ensemble"]["accuracy"]) == 2
 
 
 def test_tuning_pool_is_the_public_split_no_node_uses():
