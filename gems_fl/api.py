@@ -195,7 +195,11 @@ def aggregate(spaces: Sequence[NodeSpace], *, seed: int = 0, no_intersection: st
     spaces : sequence of NodeSpace
         One per node, from :func:`node_space`.
     seed, no_intersection, gram_ridge, gram_point, pooled_ridge
-        As the run settings of the same names.
+        As the run settings of the same names. A run's ``gram-point='auto'`` chooses among
+        the points on the nodes' validation rows (the selection round); spaces alone do not
+        carry those rows, so this function solves the one point named (``closed-form``, the
+        paper's). :class:`gems_fl.estimator.GEMSClassifier` runs the whole protocol,
+        selection included, and gives the model a run gives.
 
     Returns
     -------
