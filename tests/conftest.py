@@ -11,6 +11,16 @@ from gems_fl.learning.models import build_model, model_to_vector
 from gems_fl.learning.train import train_until_converged
 
 
+# The slow tier's longest test (about 20 min of one worker, all the others 1-5 min) goes
+# first: xdist hands each worker a contiguous share of the collected order and balances the
+# rest by stealing, so the long one started last would leave the other worker idle at the end.
+LONGEST_FIRST = ("test_reproduce_quick_writes_every_table_and_plot_with_every_row",)
+
+
+def pytest_collection_modifyitems(config, items):
+    items.sort(key=lambda item: item.name not in LONGEST_FIRST)  # stable: the rest keep order
+
+
 @pytest.fixture(scope="session")
 def digits_node():
     """Node 0 of digits under the paper's K=5 division, with its trained model."""
