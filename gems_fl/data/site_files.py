@@ -26,6 +26,7 @@ so the same name gets the same index everywhere.
 from __future__ import annotations
 
 import csv
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -213,6 +214,22 @@ def _read_csv(path: Path, label_column: str, public: bool) -> SiteFile:
             site.columns = columns
         site.x[split], site.y[split] = x, y
     return site
+
+
+def vote_columns(named: dict[str, list[str]], rows: dict[str, int]) -> tuple[list[str], list[str]]:
+    """The feature columns sites matched by name agree on: ``(columns, holders)``.
+
+    ``named``: each site's column names by site name; ``rows``: its training rows. The set
+    of names most sites hold wins (ties: more training rows, then the names); the order is
+    that of the first holder by site name, so the order of arrival never matters.
+    ``holders``: the sites holding that set, by name. Shared by the identity round and
+    ``gems-fl check-data``, which must agree with it.
+    """
+    votes = Counter(frozenset(c) for c in named.values())
+    held_rows = lambda names: sum(rows.get(k, 0) for k, c in named.items() if frozenset(c) == names)
+    winner = max(votes, key=lambda names: (votes[names], held_rows(names), sorted(names)))
+    holders = sorted(k for k, c in named.items() if frozenset(c) == winner)
+    return list(named[holders[0]]), holders
 
 
 def column_difference(columns: list[str], wanted: list[str], other: str) -> str:

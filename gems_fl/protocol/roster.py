@@ -29,6 +29,7 @@ from gems_fl.data.site_files import (
     combine_stats,
     parse_classes,
     sort_classes,
+    vote_columns,
 )
 from gems_fl.naming import MAX_NODES_NAMED
 from gems_fl.protocol import wire
@@ -272,13 +273,11 @@ def _agree_columns(identities: dict[int, Identity], nodes: list[int],
     named = {n: identities[n].columns for n in nodes if identities[n].columns is not None}
     if not named:
         return None
-    votes = Counter(frozenset(c) for c in named.values())
-    rows = lambda names: sum(identities[n].counts["num-train-examples"]
-                             for n, c in named.items() if frozenset(c) == names)
-    winner = max(votes, key=lambda names: (votes[names], rows(names), sorted(names)))
-    holders = sorted((n for n, c in named.items() if frozenset(c) == winner),
-                     key=lambda n: identities[n].name)
-    columns = list(named[holders[0]])
+    key = {n: f"{identities[n].name}\0{n}" for n in named}  # by name, then id: one order
+    node_of = {k: n for n, k in key.items()}
+    columns, holding = vote_columns({key[n]: c for n, c in named.items()},
+                                    {key[n]: identities[n].counts["num-train-examples"] for n in named})
+    holders = [node_of[k] for k in holding]
     how = f"held by {len(holders)} of {len(named)} nodes with a header: {_names(identities, holders)}"
     for node_id, held in named.items():
         problem = column_difference(held, columns, "the run")

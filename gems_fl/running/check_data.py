@@ -26,6 +26,7 @@ from gems_fl.data.site_files import (
     parse_classes,
     read_site_file,
     site_problems,
+    vote_columns,
 )
 
 
@@ -67,10 +68,9 @@ def _check_together(sites: dict[str, SiteFile], features: int | None, out: TextI
                 status = 1
     named = {p: s.columns for p, s in sites.items() if s.columns is not None}
     if named and len(named) == len(sites):
-        votes = Counter(frozenset(c) for c in named.values())
-        winner = max(votes, key=lambda names: votes[names])
-        reference_path = next(p for p, c in named.items() if frozenset(c) == winner)
-        reference = named[reference_path]
+        train_rows = {p: len(s.y.get("train", ())) for p, s in sites.items()}
+        reference, holders = vote_columns(named, train_rows)  # the identity round's vote
+        reference_path = holders[0]
         for path, columns in named.items():
             problem = column_difference(columns, reference, reference_path)
             if problem:
