@@ -479,3 +479,32 @@ def test_a_site_with_too_few_rows_is_left_out_by_name(tmp_path, sites):
                              **NO_CHECK, **{"required-nodes": "3"})
     assert [p["name"] for p in results["participants"]] == ["site-0", "site-1", "site-2"]
     assert "site-tiny (node 'site-tiny' holds 3 training row(s)" in results["attendance"]["line"]
+
+
+def test_check_data_and_the_identity_round_break_a_column_tie_alike(tmp_path):
+    """Two files hold one set of column names and two another: the set with more training
+    rows wins in both (check-data rejects the same two files the run leaves out)."""
+    import io
+
+    from gems_fl.protocol.options import AgreementRule
+    from gems_fl.protocol.replies import Identity
+    from gems_fl.protocol.roster import agree
+    from gems_fl.running.check_data import check_data
+
+    paths, identities = [], {}
+    for k, (names, n) in enumerate([(["f0", "f1", "f2"], 40), (["f0", "f1", "f2"], 40),
+                                    (["f0", "f1", "g2"], 90), (["f0", "f1", "g2"], 90)]):
+        x, y = blobs(n, 3, seed=k)
+        paths.append(str(write_csv(tmp_path / f"site-{k}.csv", x, y, names=names)))
+        write_csv(tmp_path / f"site-{k}_val.csv", x[:10], y[:10], names=names)
+        identities[1000 + k] = Identity(name=f"site-{k}", source=paths[-1],
+                                        counts={"num-train-examples": n, "num-val-examples": 5, "num-features": 3},
+                                        labels=list(CLASSES), columns=names)
+    agreement, refused = agree(identities, AgreementRule(dataset="node-files"))
+    assert agreement.columns == ["f0", "f1", "g2"]
+    assert sorted(refused) == [1000, 1001]
+    out = io.StringIO()
+    assert check_data(paths, out=out) == 1
+    together = out.getvalue().split("together:")[1]
+    rejected = [line for line in together.splitlines() if "REJECTED" in line]
+    assert [line.split()[1] for line in rejected] == paths[:2], out.getvalue()
