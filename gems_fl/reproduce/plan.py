@@ -125,11 +125,11 @@ class Options:
 
 
 #: Settings added after trials were stored, with the value every stored trial ran with (or
-#: computes the same with: min-rows applies to own-data sites only, which no trial has, and
-#: the wait before the identity round changes no result): at that value they stay out of
+#: computes the same with: min-rows applies to own-data sites only, which no trial has,
+#: no trial declares feature-ranges, and the wait before the identity round changes no result): at that value they stay out of
 #: a trial's key, so the stored trials keep their names.
 LATER_SETTINGS = {"baselines": "all", "profile": "product", "min-good-enough": "0",
-                  "site-wait": 60.0, "min-rows": 10}
+                  "site-wait": 60.0, "min-rows": 10, "feature-ranges": ""}
 #: Settings retired after trials were stored, with the one value every trial ran with (and
 #: that the code still computes): they stay in the key, so the stored trials keep their names.
 RETIRED_SETTINGS = {"gram-weighting": "samples"}
