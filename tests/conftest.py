@@ -10,7 +10,6 @@ from gems_fl.data import load_dataset, node_data, parse_division
 from gems_fl.learning.models import build_model, model_to_vector
 from gems_fl.learning.train import train_until_converged
 
-
 # The slow tier's longest test (about 20 min of one worker, all the others 1-5 min) goes
 # first: xdist hands each worker a contiguous share of the collected order and balances the
 # rest by stealing, so the long one started last would leave the other worker idle at the end.

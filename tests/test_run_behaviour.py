@@ -342,6 +342,35 @@ def test_a_deliberate_stop_shows_its_reason_without_flowers_crash_report(tmp_pat
     assert shown.count("\n") == crash.count("\n")
 
 
+def test_a_ray_workers_crash_report_at_shutdown_stays_in_the_log_file(tmp_path, capsys):
+    """Flower's Ray backend exits its actors and shuts Ray down without waiting; an actor's
+    crash report then (after the results were written) is kept in the log file and shown
+    as one line; the same lines before the results are shown as they are."""
+    from gems_fl.running.runlog import RAY_SHUTDOWN_NOTE, RunLog
+
+    crash = ("(ClientAppActor pid=4242) terminate called without an active exception\n"
+             "(ClientAppActor pid=4242) Fatal Python error: Aborted\n"
+             "(ClientAppActor pid=4242) \n"
+             "(ClientAppActor pid=4242) Thread 0x00007f00 (most recent call first):\n"
+             '(ClientAppActor pid=4242)   File "/x/ray/_private/worker.py", line 9 in main_loop\n'
+             "(raylet) A worker died or was killed while executing a task\n")
+    text = ("INFO :      Results written to /tmp/out/run-1/results.json (model: m)\n" + crash
+            + "INFO :      Sites: completed with 2 of 2 sites\n")
+    log = RunLog(tmp_path / "run.log", None)
+    for line in text.splitlines(True):
+        log.add(line)
+    log.close()
+    shown = capsys.readouterr().out
+    assert shown == ("INFO :      Results written to /tmp/out/run-1/results.json (model: m)\n"
+                     + RAY_SHUTDOWN_NOTE + "\nINFO :      Sites: completed with 2 of 2 sites\n")
+    assert (tmp_path / "run.log").read_text() == text
+    log = RunLog(tmp_path / "early.log", None)
+    for line in crash.splitlines(True):
+        log.add(line)
+    log.close()
+    assert "Fatal Python error: Aborted" in capsys.readouterr().out
+
+
 def test_flowers_final_results_dump_stays_in_the_log_file(tmp_path, capsys):
     from gems_fl.running.runlog import RunLog
 

@@ -46,6 +46,17 @@ DELIBERATE_STOPS = ("RequiredNodesMissing", "ModelNotGoodEnough")
 CRASH_NOTES = ("Exit Code:", "An unhandled exception occurred", "For more information, visit")
 NOISE = ("Traceback (most recent call last)", "Exit Code:", "An exception was raised when processing",
          "For more information, visit")
+# After the results are written, Flower's Ray backend shuts down: it asks every actor to
+# exit (``actor.terminate.remote()``, which calls ``ray.actor.exit_actor()``) and calls
+# ``ray.shutdown()`` at once, without waiting. An actor still exiting when the driver goes
+# can abort in Ray's C++ core; Ray forwards its crash dump ("Fatal Python error: Aborted",
+# the threads' stacks) prefixed with the worker, e.g. ``(ClientAppActor pid=123)``. The run
+# is over by then, so those lines stay in the log file and one line says so.
+RESULTS_WRITTEN = re.compile(r"Results written to ")
+RAY_WORKER_LINE = re.compile(r"^\((?:[\w.]+ )?pid=\d+[^)]*\)|^\(raylet\)|Fatal Python error|"
+                             r"terminate called|SIGABRT|^\*\*\* ")
+RAY_SHUTDOWN_NOTE = ("gems-fl: a Ray worker wrote a crash report while Flower shut the "
+                     "simulation down, after the results were written (kept in the log file)")
 
 
 def plain(line: str) -> str:
@@ -270,6 +281,8 @@ class RunLog:
         self._held: list[str] = []  # a crash report being read, shown unless deliberate
         self._after_stop = False
         self._flower_summary = False  # inside Flower's "Final results:" dump
+        self._results_written = False  # the ServerApp logged where its results are
+        self._shutdown_noted = False
 
     def add(self, line: str) -> None:
         if self.run_id is None:
@@ -291,6 +304,8 @@ class RunLog:
                 return
         if self._in_flower_summary(line):
             return
+        if self._after_results(line):
+            return
         for shown in self._hold_crash_reports(line):
             self._show(shown)
 
@@ -308,6 +323,20 @@ class RunLog:
                 return True
             self._flower_summary = False
         return False
+
+    def _after_results(self, line: str) -> bool:
+        """Whether ``line`` is a Ray worker's output after the results were written (see
+        :data:`RAY_WORKER_LINE`): kept in the file, replaced on screen by one note."""
+        text = plain(line)
+        if RESULTS_WRITTEN.search(text):
+            self._results_written = True
+            return False
+        if not self._results_written or not RAY_WORKER_LINE.search(text):
+            return False
+        if not self._shutdown_noted:
+            self._shutdown_noted = True
+            self._show(RAY_SHUTDOWN_NOTE + "\n")
+        return True
 
     def _hold_crash_reports(self, line: str) -> list[str]:
         """The lines to show now: a crash report (Flower's ERROR line, the traceback) is
