@@ -328,12 +328,14 @@ def test_registered_sites_are_expected_named_before_their_first_run_and_a_useles
         output, _ = proc.communicate(timeout=400)
     assert proc.returncode == 4, output[-4000:]
     last = output.strip().splitlines()[-1]
-    assert "h_G is good enough on 0 of 2 site(s) that checked it" in last, last
+    # fresh noise: at chance h_G may still reach one site's own eps, never the majority
+    assert re.search(r"h_G is good enough on [01] of 2 site\(s\) that checked it; "
+                     r"min-good-enough=majority asks for 2", last), last
     assert "expected site-0, site-1 (required-nodes='site-0,site-1'); heard from 2 site(s) " \
            "(site-0, site-1)" in output
     (path,) = [p for p in home.glob("run-*/results.json")
                if json.loads(p.read_text())["status"] == "not-good-enough"]
     results = json.loads(path.read_text())
     assert [p["name"] for p in results["participants"]] == ["site-0", "site-1"]
-    assert results["good_enough"]["sites"] == 0 and not results["good_enough"]["ok"]
+    assert results["good_enough"]["sites"] < 2 and not results["good_enough"]["ok"]
     assert (path.parent / "gems_model.npz").is_file()
