@@ -25,6 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
+from gems_fl.data.random_features import RandomFeatures
 from gems_fl.geometry import linalg
 from gems_fl.geometry.kinds import (
     AggregateOptions,
@@ -245,15 +246,20 @@ class GEMSModel:
     mean, std : np.ndarray or None
         The run's federated standardisation, applied before the model; None when the
         run did not scale features (``standardize='off'``).
+    features : RandomFeatures or None
+        ``model='random-features'``: the run's map, applied after the scaling.
     """
 
     layers: list[tuple[np.ndarray, np.ndarray]]
     classes: list[str]
     mean: np.ndarray | None = None
     std: np.ndarray | None = None
+    features: RandomFeatures | None = None
 
     @property
     def num_features(self) -> int:
+        if self.features is not None:
+            return int(self.features.num_inputs)
         return int(self.layers[0][0].shape[1])
 
     def logits(self, x: np.ndarray) -> np.ndarray:
@@ -263,6 +269,8 @@ class GEMSModel:
             raise ValueError(f"x has {z.shape[1]} features; the model takes {self.num_features}")
         if self.mean is not None:
             z = (z - self.mean) / self.std
+        if self.features is not None:
+            z = self.features.transform(z).astype(np.float64)
         for i, (w, b) in enumerate(self.layers):
             z = z @ w.T + b
             if i < len(self.layers) - 1:
@@ -290,6 +298,8 @@ class GEMSModel:
                                    "standardize": "off" if self.mean is None else "federated"}
         if self.mean is not None and self.std is not None:
             meta["scale"] = {"mean": self.mean.tolist(), "std": self.std.tolist()}
+        if self.features is not None:
+            meta["random_features"] = self.features.to_json()
         (folder / SAVED_FILE).write_text(json.dumps({"dataset": meta}, indent=1) + "\n")
         return folder
 
@@ -326,5 +336,6 @@ def load_model(run_folder: str | Path) -> GEMSModel:
     scale = dataset.get("scale")
     mean = None if scale is None else np.asarray(scale["mean"], dtype=np.float64)
     std = None if scale is None else np.asarray(scale["std"], dtype=np.float64)
-    return GEMSModel(layers, classes, mean, std)
+    features = RandomFeatures.from_config(dataset.get("random_features", {}))
+    return GEMSModel(layers, classes, mean, std, features)
 

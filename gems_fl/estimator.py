@@ -39,7 +39,7 @@ class GEMSClassifier:
     ----------
     eps : float
         The target accuracy every site's good-enough space keeps (run setting ``eps``).
-    model : {"logistic", "mlp"}
+    model : {"logistic", "random-features", "mlp"}
         The model (run setting ``model``).
     seed : int
         Fixes every draw: the same seed and data give the same model.

@@ -70,8 +70,8 @@ def handle_query(msg: Message, context: Context) -> Message:
     """Flower ``query`` handler: say who this node is and what data it holds.
 
     The server asks before the first round. The answer carries the node's name, the
-    shape of its data, the class names it holds and, for ``standardize='federated'``,
-    per-feature sums of its training rows. A node whose data cannot take part (an
+    shape of its data, the class names it holds and, for ``standardize='federated'`` or
+    the random-feature map's bandwidth, per-feature sums of its training rows. A node whose data cannot take part (an
     unreadable or malformed file, NaN, a wrong number of features or classes) answers
     with its name and the reason, so the server names it and leaves it out.
     """
@@ -88,7 +88,7 @@ def handle_query(msg: Message, context: Context) -> Message:
         logger.warning("%s", exc)
         return Message(content=wire.encode_identity_error(name, f"data-path={source}", str(exc)),
                        reply_to=msg)
-    return node.identity_reply(msg, data, with_stats=settings.standardize == "federated")
+    return node.identity_reply(msg, data, with_stats=settings.identity_sums)
 
 
 def build_client_app() -> ClientApp:

@@ -13,6 +13,8 @@ from typing import Any
 
 import numpy as np
 
+from gems_fl.data.random_features import RandomFeatures
+
 NODE_FILES = "node-files"
 STANDARDIZE_CHOICES = ("off", "node", "federated", "ranges")
 AUTO_STANDARDIZE = "auto"  # ranges if declared; federated for node-files (not under DP); off
@@ -45,10 +47,22 @@ class DataAgreement:
     mean: np.ndarray | None = None  # federated standardisation (all nodes' training rows)
     std: np.ndarray | None = None
     columns: list[str] | None = None  # feature names in the run's order (sites with headers)
+    features: RandomFeatures | None = None  # model='random-features': the map, after scaling
 
     @property
     def num_classes(self) -> int:
         return len(self.classes)
+
+    @property
+    def model_features(self) -> int:
+        """The width of the model's input: the random-feature map's, else the data's."""
+        return self.features.dim if self.features is not None else int(self.num_features)
+
+    def map_features(self, x: np.ndarray | None) -> np.ndarray | None:
+        """``x`` (already scaled) through the run's random-feature map, if it has one."""
+        if x is None or self.features is None:
+            return x
+        return self.features.transform(x)
 
     def to_config(self) -> dict[str, Any]:
         """Extra ``config`` keys for the train and evaluate messages."""
@@ -59,6 +73,8 @@ class DataAgreement:
             out[STD_KEY] = [float(v) for v in self.std]
         if self.columns is not None:
             out[COLUMNS_KEY] = list(self.columns)
+        if self.features is not None:
+            out.update(self.features.to_config())
         return out
 
     def to_json(self) -> dict[str, Any]:
@@ -68,6 +84,8 @@ class DataAgreement:
                             "std": [float(v) for v in self.std]}
         if self.columns is not None:
             out["columns"] = list(self.columns)
+        if self.features is not None:
+            out["random_features"] = self.features.to_json()
         return out
 
     @classmethod
@@ -81,4 +99,5 @@ class DataAgreement:
         return cls(int(config[FEATURES_KEY]), [str(c) for c in config[CLASSES_KEY]],
                    None if mean is None else np.asarray(mean, dtype=np.float64),
                    None if std is None else np.asarray(std, dtype=np.float64),
-                   None if columns is None else [str(c) for c in columns])
+                   None if columns is None else [str(c) for c in columns],
+                   RandomFeatures.from_config(config))

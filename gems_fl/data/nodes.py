@@ -169,6 +169,9 @@ def load_node_data(settings: Settings, node_config: Mapping[str, Any],
         data = _load_partition_node(settings, node_config, name, seed, has_partition)
     _split_test(data, node_config)
     _standardize(data, settings, agreement)
+    if agreement is not None and agreement.features is not None:
+        data.x_train, data.x_val, data.x_test = (agreement.map_features(x) for x in
+                                                 (data.x_train, data.x_val, data.x_test))
     return data
 
 

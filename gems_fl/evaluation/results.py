@@ -29,6 +29,10 @@ def format_table(results: dict[str, Any]) -> Table:
     meta = results["dataset"]
     cfg = results["settings"]
     model = "logistic"
+    if cfg.get("model") == "random-features":
+        rf = meta.get("random_features") or {}
+        model = (f"logistic on {rf.get('rf-map', cfg.get('rf-map'))} random features, "
+                 f"D={rf.get('rf-dim', cfg.get('rf-dim'))}")
     if cfg.get("model") == "mlp":
         model = (f"MLP hidden {cfg['hidden']} -> aggregated {results.get('hidden_widths')}, "
                  f"eps_j={cfg['eps-neuron']}, m_eps={cfg['clusters']}")

@@ -156,6 +156,7 @@ def load_public_data(settings: Settings, agreement) -> PublicData:
         mean, std = combine_stats([feature_stats(x)])
     if mean is not None:
         x, test_x = (x - mean) / std, (test_x - mean) / std
+    x, test_x = agreement.map_features(x), agreement.map_features(test_x)
     test_y = site.y.get("test", np.array([], dtype=str))
     train_y = site.y.get("train", np.array([], dtype=str))
     return PublicData(np.asarray(x, dtype=np.float32), encode_labels(train_y, agreement.classes),
@@ -164,11 +165,18 @@ def load_public_data(settings: Settings, agreement) -> PublicData:
 
 def scale_server_data(data: ServerData, agreement, settings: Settings) -> None:
     """Scale what a simulation's server holds as the nodes scale theirs (``standardize``):
-    federated with the nodes' combined mean/std, node with the pooled training rows'."""
+    federated with the nodes' combined mean/std, node with the pooled training rows'; then
+    through the run's random-feature map, as the nodes map theirs."""
     from gems_fl.data.site_files import combine_stats, feature_stats
 
-    if settings.standardize == "off":
-        return
+    if settings.standardize != "off":
+        _scale_server_data(data, agreement, settings, combine_stats, feature_stats)
+    if agreement is not None and agreement.features is not None:
+        _apply(data, agreement.map_features)
+
+
+def _scale_server_data(data: ServerData, agreement, settings: Settings, combine_stats,
+                       feature_stats) -> None:
     if settings.standardize in SHARED_SCALING and agreement is not None and agreement.mean is not None:
         mean, std = agreement.mean, agreement.std
     else:
@@ -177,6 +185,11 @@ def scale_server_data(data: ServerData, agreement, settings: Settings) -> None:
     def scale(x):
         return None if x is None else ((np.asarray(x, dtype=np.float64) - mean) / std).astype(np.float32)
 
-    data.train_x, data.test_x, data.public_x = scale(data.train_x), scale(data.test_x), scale(data.public_x)
-    data.pool_x = scale(data.pool_x)
-    data.node_parts = [(scale(p[0]), p[1], scale(p[2]), p[3]) for p in data.node_parts]
+    _apply(data, scale)
+
+
+def _apply(data: ServerData, f) -> None:
+    """``f`` on every feature array the server holds (its copy of each node's too)."""
+    data.train_x, data.test_x, data.public_x = f(data.train_x), f(data.test_x), f(data.public_x)
+    data.pool_x = None if data.pool_x is None else f(data.pool_x)
+    data.node_parts = [(f(p[0]), p[1], f(p[2]), p[3]) for p in data.node_parts]

@@ -15,17 +15,21 @@ from torch import nn
 
 from gems_fl.learning.widths import parse_hidden  # noqa: F401 - re-exported
 
-MODELS = ("logistic", "mlp")
+MODELS = ("logistic", "random-features", "mlp")
+#: The convex models: a softmax-linear layer on the inputs, or on their random features
+#: (gems_fl.data.random_features maps the inputs before the model sees them).
+CONVEX_MODELS = ("logistic", "random-features")
 
 
 def build_model(
     name: str, num_features: int, num_classes: int, hidden: list[int] | tuple[int, ...] = (),
     dropout: float = 0.5,
 ) -> nn.Module:
-    """Build the named model: ``"logistic"`` (``nn.Linear``) or ``"mlp"`` (:class:`MLP`
-    with the given ``hidden`` widths, any depth, and ``dropout`` after each hidden layer).
+    """Build the named model: ``"logistic"`` (``nn.Linear``; ``"random-features"`` is the
+    same layer on the mapped features) or ``"mlp"`` (:class:`MLP` with the given ``hidden``
+    widths, any depth, and ``dropout`` after each hidden layer).
     """
-    if name == "logistic":
+    if name in CONVEX_MODELS:
         return nn.Linear(num_features, num_classes)
     if name == "mlp":
         if not hidden:

@@ -53,6 +53,8 @@ class AgreementRule:
     standardize: str = "off"
     min_rows: int = 1  # node-files: a site with fewer training rows is left out
     ranges: FeatureRanges | None = None  # standardize='ranges': the declared feature ranges
+    #: model='random-features': (map, D, bandwidth or None for the sums' rule, seed)
+    random_features: tuple[str, int, float | None, int] | None = None
 
 
 @dataclass(frozen=True)

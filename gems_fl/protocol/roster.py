@@ -24,6 +24,7 @@ from flwr.serverapp import Grid
 
 from gems_fl.data.agreement import NODE_FILES, DataAgreement
 from gems_fl.data.datasets import DATASET_SHAPES
+from gems_fl.data.random_features import BANDWIDTH_FACTOR, RandomFeatures, bandwidth_from_stats
 from gems_fl.data.site_files import (
     column_difference,
     combine_stats,
@@ -258,7 +259,32 @@ def agree(identities: dict[int, Identity], rule: AgreementRule
             mean, std = combine_stats(stats)
     elif rule.standardize == "ranges" and rule.ranges is not None:
         mean, std = rule.ranges.scaling(columns, num_features)
-    return DataAgreement(num_features, classes, mean, std, columns), refused
+    features = None
+    if rule.random_features is not None:
+        features = _feature_map(identities, refused, columns, rule, num_features, std)
+    return DataAgreement(num_features, classes, mean, std, columns, features), refused
+
+
+def _feature_map(identities: dict[int, Identity], refused: dict[int, str],
+                 columns: list[str] | None, rule: AgreementRule, num_features: int,
+                 std: np.ndarray | None) -> RandomFeatures | None:
+    """The run's random-feature map. Its bandwidth, unless set, comes from the kept
+    nodes' per-feature sums as the nodes will scale their features (``std``: the shared
+    scaling's; ``node``: the pooled std stands in for each node's own)."""
+    kind, dim, bandwidth, seed = rule.random_features
+    if bandwidth is None:
+        kept = sorted((n for n in identities if n not in refused and identities[n].stats is not None),
+                      key=lambda n: (identities[n].name, n))
+        if not kept:
+            return None  # no node fits the run: the run stops on that
+        stats = [_in_order(identities[n], columns) for n in kept]
+        if std is None and rule.standardize == "node":
+            std = combine_stats(stats)[1]
+        bandwidth = bandwidth_from_stats(stats, std)
+        log(INFO, "Identify: random-feature map %s, D=%d, bandwidth %.4g (%.1f x the RMS "
+            "distance between two training rows, from %d node(s)' feature sums)", kind, dim,
+            bandwidth, BANDWIDTH_FACTOR, len(kept))
+    return RandomFeatures(kind, num_features, dim, float(bandwidth), seed)
 
 
 def _agree_columns(identities: dict[int, Identity], nodes: list[int],

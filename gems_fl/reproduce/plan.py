@@ -129,7 +129,8 @@ class Options:
 #: no trial declares feature-ranges, and the wait before the identity round changes no result): at that value they stay out of
 #: a trial's key, so the stored trials keep their names.
 LATER_SETTINGS = {"baselines": "all", "profile": "product", "min-good-enough": "0",
-                  "site-wait": 60.0, "min-rows": 10, "feature-ranges": ""}
+                  "site-wait": 60.0, "min-rows": 10, "feature-ranges": "",
+                  "rf-map": "fourier", "rf-dim": 2048, "rf-bandwidth": "auto"}
 #: Settings retired after trials were stored, with the one value every trial ran with (and
 #: that the code still computes): they stay in the key, so the stored trials keep their names.
 RETIRED_SETTINGS = {"gram-weighting": "samples"}

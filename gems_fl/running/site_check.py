@@ -38,7 +38,7 @@ def check_sites(settings: Settings) -> list[str]:
         name = present[k] = node_name(config)
         try:
             data = load_node_data(settings, config)
-            content = identity_content(data, with_stats=settings.standardize == "federated")
+            content = identity_content(data, with_stats=settings.identity_sums)
             identities[k] = decode_identity_full(content)
         except (NodeDataError, ReplyError) as exc:
             rejected.append({"node_id": k, "node_name": name, "reason": str(exc)})

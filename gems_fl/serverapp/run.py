@@ -38,6 +38,7 @@ from gems_fl.evaluation.server_data import (
 )
 from gems_fl.geometry.gram_sums import complete_membership
 from gems_fl.learning.models import (
+    CONVEX_MODELS,
     model_from_vector,
     vector_to_state,
 )
@@ -115,6 +116,8 @@ def load_server_side(
         meta["scale"] = agreement.to_json()["scale"]
     if agreement.columns is not None:
         meta["columns"] = list(agreement.columns)
+    if agreement.features is not None:
+        meta["random_features"] = agreement.features.to_json()
     notes: list[str] = []
     if settings.dataset == NODE_FILES and settings.dp_epsilon and settings.standardize == "off":
         notes.append("dp-epsilon on the sites' own files: the features are not scaled (the "
@@ -193,7 +196,7 @@ def run_server(grid: Grid, context: Context) -> dict[str, Any]:
         roster = survivors
     run, plan, options = attempt.run, attempt.plan, attempt.options
     server_data, public, meta, notes = attempt.server_data, attempt.public, attempt.meta, attempt.notes
-    num_features, num_classes = roster.agreement.num_features, roster.agreement.num_classes
+    num_features, num_classes = roster.agreement.model_features, roster.agreement.num_classes
     if abandoned:  # their bytes were spent; the sites they lost stay left out
         run.extra["abandoned_attempts"] = abandoned
         run.rejected = [e for a in abandoned for e in a["rejected"]] + run.rejected
@@ -240,7 +243,7 @@ def _train(grid: Grid, settings: Settings, roster: Roster, timing: dict[str, flo
     """Plan the run for ``roster``'s participants and agreement, load the server's side
     and run the protocol (``timing`` gains the time spent)."""
     agreement = roster.agreement
-    num_features, num_classes = agreement.num_features, agreement.num_classes
+    num_features, num_classes = agreement.model_features, agreement.num_classes
     num_nodes = len(roster.participants)
     plan = build_plan(settings, num_nodes, num_features)
     log(INFO, "Plan: %s", plan_line(plan))
@@ -266,7 +269,7 @@ def own_spaces(run: ProtocolRun, settings: Settings, num_features: int, num_clas
                ) -> dict[int, tuple[dict[str, np.ndarray], float]] | None:
     """For the convex model's Gram spaces: every accepted node's own center and radius,
     which the evaluate round sends back so that the node checks h_G against its space."""
-    if settings.model != "logistic" or settings.space != "gram":
+    if settings.model not in CONVEX_MODELS or settings.space != "gram":
         return None
     return {r.node_id: (None if r.space.center is None else  # secure: the space it kept
                         (vector_to_state(r.space.center, num_features, num_classes),

@@ -158,6 +158,14 @@ class Settings(OperationSettings, PrivacySettings, AggregationSettings, SpaceSet
         """Settings as a flat ``{key: value}`` dict with ``pyproject.toml`` keys."""
         return {k.replace("_", "-"): v for k, v in asdict(self).items()}
 
+    @property
+    def identity_sums(self) -> bool:
+        """Whether the identity round asks the nodes for per-feature sums: for the
+        federated scaling, and for the random-feature map's bandwidth (``rf-bandwidth``
+        ``auto``; never under ``dp-epsilon``, where they would leave the nodes unnoised)."""
+        return self.standardize == "federated" or (
+            self.model == "random-features" and not self.dp_epsilon)
+
     def for_nodes(self) -> dict[str, Any]:
         """The settings node code reads, as ``{key: value}``: what every message carries.
         With ``dataset='node-files'`` each node reads its own file, so the server's data

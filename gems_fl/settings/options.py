@@ -12,7 +12,10 @@ from gems_fl.geometry.choices import SUMS_ABOVE_NODES
 from gems_fl.geometry.dp import DPSpec
 from gems_fl.geometry.kinds import AggregateOptions, SpaceOptions
 from gems_fl.geometry.points import AUTO, point_named, solvable_from_sums
+from gems_fl.data.random_features import FOURIER_NORM
+from gems_fl.learning.models import CONVEX_MODELS
 from gems_fl.protocol.options import AgreementRule, Exchange, NodeWork, ServerOptions
+from gems_fl.settings.values import parse_rf_bandwidth
 
 __all__ = ["READ_ONLY_WHEN", "agreement_rule", "aggregate_options", "dp_spec", "exchange",
            "holds_sums", "node_config", "node_work", "server_options", "space_options",
@@ -30,6 +33,7 @@ READ_ONLY_WHEN = {
     "gram-rank": _gram, "label-moments": _gram, "class-grams": _gram, "class-components": _gram,
     "dp-delta": lambda s: bool(s.dp_epsilon), "dp-clip": lambda s: bool(s.dp_epsilon),
     "dp-seeded-noise": lambda s: bool(s.dp_epsilon),
+    "rf-map": lambda s: s.model == "random-features" and bool(s.dp_epsilon),
     "ham10000-per-class": lambda s: s.dataset == "ham10000",
     "ham10000-cnn-epochs": lambda s: s.dataset == "ham10000",
 }
@@ -67,7 +71,7 @@ def holds_sums(settings: Settings, num_nodes: int) -> bool:
     logistic model when the point needs no single node's matrix; always under secure
     aggregation and DP."""
     if settings.server_grams == "nodes" or settings.space != "gram" \
-            or settings.model != "logistic":
+            or settings.model not in CONVEX_MODELS:
         return False
     if settings.server_grams == "sums" or settings.secure_aggregation or settings.dp_epsilon:
         return True
@@ -75,8 +79,13 @@ def holds_sums(settings: Settings, num_nodes: int) -> bool:
 
 
 def dp_spec(settings: Settings) -> DPSpec:
-    """The release ``dp-epsilon``, ``dp-delta`` and ``dp-clip`` ask for."""
-    return DPSpec(float(settings.dp_epsilon), float(settings.dp_delta), float(settings.dp_clip))
+    """The release ``dp-epsilon``, ``dp-delta`` and ``dp-clip`` ask for. Random Fourier
+    features have norm at most ``sqrt(2)`` whatever the row, so their clip is never above
+    it: the noise is calibrated to the map's own bound (clipping there changes no row)."""
+    clip = float(settings.dp_clip)
+    if settings.model == "random-features" and settings.rf_map == "fourier":
+        clip = min(clip, FOURIER_NORM)
+    return DPSpec(float(settings.dp_epsilon), float(settings.dp_delta), clip)
 
 
 def node_work(settings: Settings) -> NodeWork:
@@ -103,7 +112,11 @@ def agreement_rule(settings: Settings) -> AgreementRule:
               if settings.standardize == "ranges" else None)
     return AgreementRule(dataset=settings.dataset, num_features=int(settings.num_features or 0),
                          classes=settings.classes, standardize=settings.standardize,
-                         min_rows=int(settings.min_rows), ranges=ranges)
+                         min_rows=int(settings.min_rows), ranges=ranges,
+                         random_features=(settings.rf_map, int(settings.rf_dim),
+                                          parse_rf_bandwidth(settings.rf_bandwidth),
+                                          int(settings.seed))
+                         if settings.model == "random-features" else None)
 
 
 def exchange(settings: Settings, plan: Any = None) -> Exchange:

@@ -31,6 +31,7 @@ from gems_fl.geometry.points import (
     POINTS,
     point_named,
 )
+from gems_fl.learning.models import CONVEX_MODELS
 from gems_fl.learning.train import resolve_device
 from gems_fl.settings.options import holds_sums, space_options
 
@@ -76,7 +77,7 @@ def refine_l2_for(settings: Settings) -> float:
     logistic model, and none for the MLP's output layer (not chosen there)."""
     if settings.refine_l2 != "auto":
         return float(settings.refine_l2)
-    return DEFAULT_REFINE_L2 if settings.model == "logistic" else 0.0
+    return DEFAULT_REFINE_L2 if settings.model in CONVEX_MODELS else 0.0
 
 
 def build_plan(settings: Settings, num_nodes: int, num_features: int) -> RunPlan:
@@ -86,11 +87,13 @@ def build_plan(settings: Settings, num_nodes: int, num_features: int) -> RunPlan
     options = space_options(settings)
     if options.class_grams == "auto" and CLASS_GRAMS in point_named(settings.gram_point).needs:
         options = replace(options, class_grams="true")  # the point needs them at any size
-    if settings.model == "logistic":
+    if settings.model in CONVEX_MODELS:
         size = num_features + 1
         rank = gram_rank_for(options.gram_rank, size) if gram else 0
         sent = gram and options.label_moments and class_grams_for(
             options.class_grams, size, options.gram_rank)
+        if settings.model == "random-features" and options.class_grams == "auto":
+            sent = False  # a factor per class at D + 1 inputs: bytes the measured points skip
         class_rank = class_gram_rank_for(options.gram_rank, size) if sent else None
         if sent and settings.secure_aggregation:  # SecAgg+ sums them per class, whole:
             if class_rank and options.class_grams != "true":  # not where a factor would go

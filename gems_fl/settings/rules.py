@@ -9,6 +9,7 @@ from typing import Any
 from gems_fl.data.agreement import NODE_FILES
 from gems_fl.geometry.choices import SPACE_R_MAX
 from gems_fl.geometry.points import CENTERS, CLASS_GRAMS, LABELS, point_named, solvable_from_sums
+from gems_fl.learning.models import CONVEX_MODELS
 from gems_fl.settings.checks import SettingsError
 from gems_fl.settings.values import parse_gram_rank
 
@@ -29,6 +30,7 @@ def check_rules(settings: Settings, node_only: bool) -> None:
     if not node_only:
         _node_files(settings)
         _feature_ranges(settings)
+        _random_features(settings)
         if settings.tune_curve.strip() and settings.baselines != "all":
             raise SettingsError(
                 f"tune-curve={settings.tune_curve!r} is the paper's fine-tuning study, which "
@@ -103,10 +105,23 @@ def _differential_privacy(settings: Settings) -> None:
                             "sums, which does not fit " + "; ".join(wrong))
 
 
+def _random_features(settings: Settings) -> None:
+    """Under ``dp-epsilon`` the identity round sends no feature sums: the random-feature
+    map's bandwidth must be given."""
+    if settings.model == "random-features" and settings.dp_epsilon \
+            and str(settings.rf_bandwidth).strip().lower() == "auto":
+        raise SettingsError(
+            f"model='random-features' with dp-epsilon={settings.dp_epsilon:g}: rf-bandwidth "
+            "'auto' derives the map's bandwidth from the nodes' per-feature sums, which would "
+            "leave them unnoised; give rf-bandwidth as a number (in the features' units after "
+            "standardize; with feature-ranges mapping d features to [-1, 1], about "
+            "0.6 * sqrt(d) is a start)")
+
+
 def _not_from_sums(settings: Settings) -> list[str]:
     """The settings that need more than the sums of the Gram statistics, each with why."""
     wrong = []
-    if settings.space != "gram" or settings.model != "logistic":
+    if settings.space != "gram" or settings.model not in CONVEX_MODELS:
         wrong.append(f"space='{settings.space}', model='{settings.model}' (needs the logistic "
                      "model's Gram spaces: the MLP's layer merge needs every node's neurons)")
     if not solvable_from_sums(settings.gram_point):
@@ -119,13 +134,14 @@ def _dataset_shape(settings: Settings) -> None:
     """``num-features`` and ``classes`` pin ``node-files`` runs; a named dataset has its own."""
     from gems_fl.data.site_files import parse_classes
 
+    rf = settings.model == "random-features"
     if settings.dataset == NODE_FILES:
-        _gram_rank(settings, settings.num_features)
+        _gram_rank(settings, settings.rf_dim if rf else settings.num_features)
         return
     from gems_fl.data.datasets import DATASET_SHAPES
 
     features, count = DATASET_SHAPES[settings.dataset]
-    _gram_rank(settings, features)
+    _gram_rank(settings, settings.rf_dim if rf else features)
     classes = parse_classes(settings.classes)
     if settings.num_features not in (0, features):
         raise SettingsError(f"num-features={settings.num_features} but dataset='{settings.dataset}' "
@@ -139,7 +155,7 @@ def _gram_rank(settings: Settings, features: int) -> None:
     """A rank-r factor of the logistic model's (d+1) x (d+1) Gram matrix is smaller
     than the matrix only for r < d + 1 (``features`` 0: not known before the run)."""
     rank = parse_gram_rank(settings.gram_rank)
-    if settings.space != "gram" or settings.model != "logistic" or not features \
+    if settings.space != "gram" or settings.model not in CONVEX_MODELS or not features \
             or rank == "auto" or rank < features + 1:
         return
     raise SettingsError(

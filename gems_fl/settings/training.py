@@ -8,16 +8,22 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from gems_fl.learning.models import MODELS
 from gems_fl.learning.recipe import TUNE_LAYERS, TUNE_STOPS
 from gems_fl.settings.checks import at_least, in_range, one_of, parses, positive, setting
-from gems_fl.settings.values import check_hidden, parse_tune_curve
+from gems_fl.settings.values import check_hidden, parse_rf_bandwidth, parse_tune_curve
 
-MODELS = ("logistic", "mlp")
+RF_MAPS = ("fourier", "relu")
 DEVICES = ("auto", "cpu", "cuda")  # resolved per process: gems_fl.learning.train.resolve_device
 
 _ROW_HIDDEN = (
     'MLP hidden widths (`"100,50"` for two layers) and dropout after each hidden layer; '
     "`auto` is the paper's width for the dataset: `100` for `cifar10`, `50` for every other")
+
+_ROW_RF = (
+    "`model='random-features'`: the map, `fourier` (`sqrt(2/D) cos(x W / s + b)`, the "
+    "Gaussian kernel's random features) or `relu` (`sqrt(2/D) max(0, x W / s + b)`), and its "
+    "width D; the Gram statistics are (D + 1) square (docs/random-features.md)")
 
 _ROW_LOCAL_LR = (
     'Adam learning rate and batch size for all training')
@@ -37,9 +43,26 @@ class TrainingSettings:
 
     model: str = setting(
         'logistic',
-        '`logistic` (convex, one round) or `mlp` (layer-wise protocol, one round per '
-        'hidden layer plus one)',
+        '`logistic` (convex, one round), `random-features` (the same convex model on a '
+        'random-feature map of the inputs, built from the seed on every node: `rf-map`, '
+        '`rf-dim`) or `mlp` (layer-wise protocol, one round per hidden layer plus one)',
         one_of(MODELS), node=True, user=True)
+    rf_map: str = setting(
+        'fourier',
+        _ROW_RF,
+        one_of(RF_MAPS), node=True, user=True)  # nodes: DP's clip for Fourier features
+    rf_dim: int = setting(
+        2048,
+        _ROW_RF,
+        positive, user=True)
+    rf_bandwidth: str = setting(
+        'auto',
+        "`model='random-features'`: the map's bandwidth s (its inputs are divided by it, "
+        "after `standardize`); `auto`: 0.6 times the RMS distance between two training rows, "
+        "from the per-feature sums the nodes send in the identity round (measured on "
+        "Fashion-MNIST's validation rows: results/benchmarks/random_features.json). Under "
+        "`dp-epsilon` those sums would leave the nodes unnoised: give a number",
+        parses(parse_rf_bandwidth))
     hidden: str = setting(
         'auto',
         _ROW_HIDDEN,

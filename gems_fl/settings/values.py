@@ -77,6 +77,20 @@ def parse_refine_l2(value: str | float) -> str | float:
                            "Gram matrix)")
 
 
+def parse_rf_bandwidth(text: object) -> float | None:
+    """``rf-bandwidth``: ``auto`` (None: from the identity round's sums) or a positive number."""
+    value = str(text).strip().lower()
+    if value == "auto":
+        return None
+    try:
+        number = float(value)
+    except ValueError:
+        raise ValueError(f"rf-bandwidth={text!r}: give 'auto' or a positive number") from None
+    if not number > 0 or number == float("inf"):
+        raise ValueError(f"rf-bandwidth={text!r} must be a positive number (or 'auto')")
+    return number
+
+
 def check_hidden(text: str) -> None:
     """``hidden``: ``auto`` or comma-separated widths."""
     if text.strip().lower() != "auto":

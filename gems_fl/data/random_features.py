@@ -1,0 +1,115 @@
+"""Random-feature maps: a fixed nonlinear map ``z(x)`` every node builds from the run seed.
+
+``model='random-features'`` fits GEMS's convex model (the softmax-linear output layer) on
+``z(x)`` instead of on ``x``. The map costs no communication: its weights are drawn from
+the run's seed on every node and on the server, bit for bit the same (numpy's PCG64
+stream, float64, then rounded once to float32). Its one data-dependent number, the
+bandwidth, comes from the identity round's per-feature sums (the pooled rows' spread,
+whatever the split), or from the ``rf-bandwidth`` setting.
+
+- ``fourier``: ``sqrt(2 / D) cos(x W / s + b)``, ``W ~ N(0, 1)``, ``b ~ U(0, 2 pi)``
+  (Rahimi and Recht 2007: the Gaussian kernel of width ``s``). ``|z(x)| <= sqrt(2)``.
+- ``relu``: ``sqrt(2 / D) max(0, x W / s + b')``, ``b' ~ N(0, 1)``.
+
+Everything downstream (Gram spaces, pooled and LDA points, refinement, secure sums, DP,
+node-side verification) sees ``z(x)`` as the features: the protocol is unchanged.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Any
+
+import numpy as np
+
+MAPS = ("fourier", "relu")
+SEED_OFFSET = 0x5EED_0F_2F  # the map's stream differs from every other draw of the seed
+BANDWIDTH_FACTOR = 0.6  # times the RMS distance between two rows (see bandwidth_from_stats)
+FOURIER_NORM = float(np.sqrt(2.0))  # |z(x)| <= sqrt(2) for Fourier features: DP's clip
+CHUNK_ROWS = 4096  # rows mapped at once: bounds the float64 temporary to CHUNK_ROWS x D
+
+
+@dataclass(frozen=True)
+class RandomFeatures:
+    """One random-feature map: its kind, input and output widths, bandwidth and seed."""
+
+    kind: str
+    num_inputs: int
+    dim: int
+    bandwidth: float
+    seed: int
+
+    def __post_init__(self) -> None:
+        if self.kind not in MAPS:
+            raise ValueError(f"rf-map={self.kind!r}: choose one of {', '.join(MAPS)}")
+        if self.dim < 1 or self.num_inputs < 1:
+            raise ValueError(f"a random-feature map needs positive widths, got {self.num_inputs} "
+                             f"inputs and rf-dim={self.dim}")
+        if not np.isfinite(self.bandwidth) or self.bandwidth <= 0:
+            raise ValueError(f"rf-bandwidth={self.bandwidth!r} must be a positive number")
+
+    def weights(self) -> tuple[np.ndarray, np.ndarray]:
+        """``(W / s, b)`` as float32, ``W`` of shape ``(num_inputs, dim)``."""
+        return _weights(self.kind, self.num_inputs, self.dim, float(self.bandwidth), int(self.seed))
+
+    def transform(self, x: np.ndarray) -> np.ndarray:
+        """``z(x)`` of shape ``(n, dim)``, float32."""
+        x = np.asarray(x, dtype=np.float32)
+        if x.ndim != 2 or x.shape[1] != self.num_inputs:
+            raise ValueError(f"the random-feature map takes {self.num_inputs} features, got an "
+                             f"array of shape {x.shape}")
+        w, b = self.weights()
+        out = np.empty((len(x), self.dim), dtype=np.float32)
+        scale = np.float32(np.sqrt(2.0 / self.dim))
+        for start in range(0, len(x), CHUNK_ROWS):
+            pre = x[start:start + CHUNK_ROWS] @ w + b
+            out[start:start + CHUNK_ROWS] = scale * (np.cos(pre) if self.kind == "fourier"
+                                                     else np.maximum(pre, 0.0))
+        return out
+
+    def to_config(self) -> dict[str, Any]:
+        return {"rf-map": self.kind, "rf-inputs": int(self.num_inputs), "rf-dim": int(self.dim),
+                "rf-bandwidth": float(self.bandwidth), "rf-seed": int(self.seed)}
+
+    to_json = to_config
+
+    @classmethod
+    def from_config(cls, config: Mapping[str, Any]) -> RandomFeatures | None:
+        """The map a message's config (or a saved model) carries; None without one."""
+        if "rf-inputs" not in config:
+            return None
+        return cls(str(config["rf-map"]), int(config["rf-inputs"]), int(config["rf-dim"]),
+                   float(config["rf-bandwidth"]), int(config["rf-seed"]))
+
+
+@lru_cache(maxsize=4)
+def _weights(kind: str, num_inputs: int, dim: int, bandwidth: float, seed: int
+             ) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.Generator(np.random.PCG64([int(seed), SEED_OFFSET]))
+    w = rng.standard_normal((num_inputs, dim)) / bandwidth
+    b = rng.uniform(0.0, 2.0 * np.pi, dim) if kind == "fourier" else rng.standard_normal(dim)
+    return w.astype(np.float32), b.astype(np.float32)
+
+
+def bandwidth_from_stats(stats: list[tuple[int, np.ndarray, np.ndarray]],
+                         scale: np.ndarray | None = None,
+                         factor: float = BANDWIDTH_FACTOR) -> float:
+    """``factor`` times the RMS distance between two of the pooled rows, from the nodes'
+    per-feature sums only: ``E|x - x'|^2 = 2 sum_j var_j``, the variances of the features
+    as the nodes scale them (``scale``: the per-feature std they are divided by).
+
+    Split-invariant: the same rows give the same bandwidth however they are divided.
+    """
+    n = sum(s[0] for s in stats)
+    total = np.sum([s[1] for s in stats], axis=0)
+    squares = np.sum([s[2] for s in stats], axis=0)
+    var = np.maximum(squares / n - (total / n) ** 2, 0.0)
+    if scale is not None:
+        var = var / np.square(scale)
+    spread = float(np.sqrt(2.0 * var.sum()))
+    if spread <= 0:
+        raise ValueError("the sites' features do not vary: no bandwidth can be derived for the "
+                         "random-feature map; give rf-bandwidth")
+    return factor * spread

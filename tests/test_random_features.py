@@ -1,0 +1,160 @@
+"""model='random-features': the map from the seed, its bandwidth from sums, the settings,
+and a run whose saved model predicts as the run scored it."""
+
+from __future__ import annotations
+
+import hashlib
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from gems_fl.api import load_model
+from gems_fl.data import load_dataset
+from gems_fl.data.agreement import DataAgreement
+from gems_fl.data.random_features import (
+    BANDWIDTH_FACTOR,
+    RandomFeatures,
+    bandwidth_from_stats,
+)
+from gems_fl.data.site_files import feature_stats
+from gems_fl.settings import Settings, SettingsError
+from tests.helpers import ROOT, run_in_process
+
+DIGEST = ("import hashlib, sys; from gems_fl.data.random_features import RandomFeatures; "
+          "w, b = RandomFeatures('{kind}', 64, 256, 1.5, 7).weights(); "
+          "sys.stdout.write(hashlib.sha256(w.tobytes() + b.tobytes()).hexdigest())")
+
+
+@pytest.mark.parametrize("kind", ["fourier", "relu"])
+def test_the_map_is_the_same_bit_for_bit_in_another_process(kind):
+    w, b = RandomFeatures(kind, 64, 256, 1.5, 7).weights()
+    here = hashlib.sha256(w.tobytes() + b.tobytes()).hexdigest()
+    done = subprocess.run([sys.executable, "-c", DIGEST.format(kind=kind)], cwd=ROOT,
+                          capture_output=True, text=True, check=True)
+    assert done.stdout == here
+    other_seed = RandomFeatures(kind, 64, 256, 1.5, 8).weights()[0]
+    assert not np.array_equal(other_seed, w)
+
+
+def test_fourier_features_are_bounded_and_relu_features_are_not_negative():
+    x = np.random.default_rng(0).normal(size=(300, 10)) * 3
+    z = RandomFeatures("fourier", 10, 64, 2.0, 0).transform(x)
+    assert z.shape == (300, 64) and z.dtype == np.float32
+    assert np.all(np.linalg.norm(z, axis=1) <= np.sqrt(2) + 1e-5)
+    assert np.all(RandomFeatures("relu", 10, 64, 2.0, 0).transform(x) >= 0)
+    # more rows than one chunk: the same as mapping each row alone
+    big = np.random.default_rng(1).normal(size=(5000, 10))
+    f = RandomFeatures("fourier", 10, 16, 2.0, 0)
+    np.testing.assert_allclose(f.transform(big)[[0, 4500]], f.transform(big[[0, 4500]]), atol=1e-6)
+
+
+def test_the_map_approximates_the_gaussian_kernel_of_its_bandwidth():
+    x = np.random.default_rng(3).normal(size=(40, 5))
+    z = RandomFeatures("fourier", 5, 20000, 2.5, 0).transform(x).astype(np.float64)
+    distances = np.square(x[:, None] - x[None]).sum(-1)
+    np.testing.assert_allclose(z @ z.T, np.exp(-distances / (2 * 2.5 ** 2)), atol=0.05)
+
+
+def test_bad_maps_are_refused_with_what_to_change():
+    with pytest.raises(ValueError, match="rf-map='cosine'"):
+        RandomFeatures("cosine", 3, 8, 1.0, 0)
+    with pytest.raises(ValueError, match="rf-bandwidth"):
+        RandomFeatures("fourier", 3, 8, 0.0, 0)
+    with pytest.raises(ValueError, match="takes 3 features"):
+        RandomFeatures("fourier", 3, 8, 1.0, 0).transform(np.zeros((2, 4)))
+
+
+def test_the_bandwidth_from_sums_is_the_same_however_the_rows_are_split():
+    x = np.random.default_rng(4).normal(size=(600, 6)) * np.arange(1, 7)
+    whole = bandwidth_from_stats([feature_stats(x)])
+    split = bandwidth_from_stats([feature_stats(x[:50]), feature_stats(x[50:400]),
+                                  feature_stats(x[400:])])
+    assert split == pytest.approx(whole, rel=1e-12)
+    # factor x the RMS distance between two rows: E|x - x'|^2 = 2 sum var
+    pairs = np.square(x[:, None] - x[None]).sum(-1)
+    rms = np.sqrt(pairs.sum() / (len(x) * (len(x) - 1)))
+    assert whole == pytest.approx(BANDWIDTH_FACTOR * rms, rel=0.01)
+    # the features as the nodes scale them: divided by the scaling's std
+    std = x.std(axis=0)
+    assert bandwidth_from_stats([feature_stats(x)], std) == pytest.approx(
+        BANDWIDTH_FACTOR * np.sqrt(2 * 6), rel=1e-9)
+    with pytest.raises(ValueError, match="give rf-bandwidth"):
+        bandwidth_from_stats([feature_stats(np.ones((5, 3)))])
+
+
+def test_the_agreement_carries_the_map_to_the_nodes():
+    features = RandomFeatures("relu", 4, 32, 0.7, 3)
+    agreement = DataAgreement(4, ["a", "b"], features=features)
+    assert agreement.model_features == 32
+    back = DataAgreement.from_config(agreement.to_config())
+    assert back.features == features and back.model_features == 32
+    assert DataAgreement.from_config(DataAgreement(4, ["a", "b"]).to_config()).features is None
+
+
+def test_the_settings_of_the_map():
+    settings = Settings(model="random-features", rf_dim=512, rf_bandwidth="2.5")
+    assert settings.identity_sums  # the bandwidth's sums
+    assert not Settings(model="random-features", rf_bandwidth="2.5", dp_epsilon=1.0,
+                        feature_ranges="").identity_sums
+    with pytest.raises(SettingsError, match="rf-bandwidth"):
+        Settings(model="random-features", dp_epsilon=1.0)
+    Settings(model="random-features", dp_epsilon=1.0, rf_bandwidth="3")
+    with pytest.raises(SettingsError, match="rf-bandwidth"):
+        Settings(rf_bandwidth="wide")
+    with pytest.raises(SettingsError, match="rf-map"):
+        Settings(rf_map="cosine")
+    # gram-rank is checked against the map's width, not the pixels'
+    Settings(model="random-features", dataset="digits", rf_dim=512, gram_rank=100)
+    with pytest.raises(SettingsError, match="gram-rank=600"):
+        Settings(model="random-features", dataset="digits", rf_dim=512, gram_rank=600)
+
+
+def test_a_random_feature_run_saves_a_model_that_predicts_as_the_run_scored_it(tmp_path):
+    results = run_in_process(3, tmp_path, **{"model": "random-features", "rf-dim": 256,
+                                             "label-division": "iid", "baselines": "none"})
+    spec = results["dataset"]["random_features"]
+    assert spec["rf-dim"] == 256 and spec["rf-inputs"] == 64 and spec["rf-seed"] == 0
+    assert results["plan"]["model"] == "random-features"
+    assert results["verification"]["good_enough"] == 3
+    loaded = load_model(tmp_path / "run-1")
+    assert loaded.features == RandomFeatures.from_config(spec)
+    assert loaded.layers[-1][0].shape == (10, 256)
+    splits = load_dataset("digits", seed=0)
+    accuracy = float(np.mean(loaded.predict(splits.test_x) == splits.test_y.astype(str)))
+    assert accuracy == pytest.approx(results["rows"]["GEMS"]["accuracy"], abs=1e-9)
+    assert accuracy > 0.9
+
+
+def test_dp_noise_is_calibrated_to_the_fourier_map_s_bound():
+    from gems_fl.settings.options import dp_spec, node_config
+
+    fourier = Settings(model="random-features", dp_epsilon=1.0, rf_bandwidth="3")
+    assert dp_spec(fourier).clip == pytest.approx(np.sqrt(2))
+    relu = Settings(model="random-features", dp_epsilon=1.0, rf_bandwidth="3", rf_map="relu")
+    assert dp_spec(relu).clip == 5.0  # ReLU features have no such bound: dp-clip
+    assert dp_spec(Settings(model="random-features", dp_epsilon=1.0, rf_bandwidth="3",
+                            dp_clip=1.0)).clip == 1.0
+    # the nodes, which add the noise, read the same clip from what they receive
+    from gems_fl.settings.plan import build_plan
+
+    sent = node_config(fourier, build_plan(fourier, 3, 512))
+    assert dp_spec(Settings.from_node_config(sent)).clip == pytest.approx(np.sqrt(2))
+
+
+@pytest.mark.parametrize("privacy", [{"secure-aggregation": True},
+                                     {"dp-epsilon": 8.0, "dp-seeded-noise": True,
+                                      "rf-bandwidth": "4"}])
+def test_privacy_modes_run_on_the_random_features(tmp_path, privacy):
+    results = run_in_process(3, tmp_path, **{"model": "random-features", "rf-dim": 128,
+                                             "label-division": "iid", "baselines": "none",
+                                             **privacy})
+    # well above chance (0.1); DP at epsilon 8 on ~400 rows a node costs some
+    assert results["rows"]["GEMS"]["accuracy"] > (0.6 if "dp-epsilon" in privacy else 0.85)
+    assert results["dataset"]["random_features"]["rf-dim"] == 128
+    if "dp-epsilon" in privacy:
+        assert results["privacy"]["dp"]["clip"] == pytest.approx(np.sqrt(2))
+        assert results["dataset"]["random_features"]["rf-bandwidth"] == 4.0
+    else:
+        assert results["privacy"]["secure_aggregation"]
