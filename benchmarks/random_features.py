@@ -18,7 +18,7 @@ computes it from the sums), the ridge picked on the 5,000 validation rows; it pr
 validation and test accuracy. The validation column is what chose ``rf-bandwidth``'s
 factor. Prints GEMS test
 accuracy, the point the selection round kept, bytes up per node (every reply of the run,
-as Flower counts it), wall time and on how many nodes h_G is good enough, and writes JSON
+as Flower counts it; the JSON also has both ways over all nodes), wall time and on how many nodes h_G is good enough, and writes JSON
 (``--out``, default ``benchmarks/out/random_features.json``), saved after every run.
 """
 
@@ -54,7 +54,8 @@ def one_run(division: str, nodes: int, seed: int, model: str, dim: int | None,
             "gram_rank": rank, "layer_gram_rank": results["plan"].get("gram_rank"),
             "refine_rounds": refine, "accuracy": results["rows"]["GEMS"]["accuracy"],
             "point": selection.get("point", results["intersection"]["method"]),
-            "bytes_up_per_node": sum(up) / nodes, "wall_s": wall,
+            "bytes_up_per_node": sum(up) / nodes,
+            "bytes_both_ways": sum(up) + sum(e["down"] for e in grid.exchanges), "wall_s": wall,
             "bandwidth": (results["dataset"].get("random_features") or {}).get("rf-bandwidth"),
             "good_enough": results["verification"]["good_enough"],
             "timing_s": results.get("timing_s")}

@@ -45,16 +45,16 @@ class TrainingSettings:
         'logistic',
         '`logistic` (convex, one round), `random-features` (the same convex model on a '
         'random-feature map of the inputs, built from the seed on every node: `rf-map`, '
-        '`rf-dim`) or `mlp` (layer-wise protocol, one round per hidden layer plus one)',
+        '`rf-dim`; docs/random-features.md) or `mlp` (layer-wise protocol, one round per hidden layer plus one)',
         one_of(MODELS), node=True, user=True)
     rf_map: str = setting(
         'fourier',
         _ROW_RF,
-        one_of(RF_MAPS), node=True, user=True)  # nodes: DP's clip for Fourier features
+        one_of(RF_MAPS), node=True)  # nodes: DP's clip for Fourier features
     rf_dim: int = setting(
         2048,
         _ROW_RF,
-        positive, user=True)
+        positive)
     rf_bandwidth: str = setting(
         'auto',
         "`model='random-features'`: the map's bandwidth s (its inputs are divided by it, "
