@@ -158,3 +158,22 @@ def test_privacy_modes_run_on_the_random_features(tmp_path, privacy):
         assert results["dataset"]["random_features"]["rf-bandwidth"] == 4.0
     else:
         assert results["privacy"]["secure_aggregation"]
+
+
+def test_the_classifier_fits_random_features_on_unscaled_sites_and_saves_the_map(tmp_path):
+    """Wine's features lie on very different scales: the federated scaling comes first,
+    then the map, whose bandwidth is derived from the scaled features' sums."""
+    from gems_fl.estimator import GEMSClassifier
+    from tests.test_api import _wine_sites
+
+    sites, x_test, y_test = _wine_sites()
+    clf = GEMSClassifier(eps=0.5, model="random-features", settings={"rf-dim": 64}).fit(sites)
+    features = clf.model_.features
+    assert features is not None and features.dim == 64 and features.num_inputs == 13
+    # 13 standardised features: 0.6 x sqrt(2 x 13), up to the sums' rounding
+    assert features.bandwidth == pytest.approx(0.6 * np.sqrt(26), rel=1e-6)
+    assert clf.model_.mean is not None
+    assert clf.score(x_test, y_test) > 0.85
+    loaded = load_model(clf.save(tmp_path / "model"))
+    assert loaded.features == features
+    np.testing.assert_array_equal(loaded.logits(x_test), clf.decision_function(x_test))
