@@ -134,7 +134,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", type=int, nargs="+", default=[0])
     parser.add_argument("--divisions", nargs="+", default=["dirichlet:0.1:5"])
-    parser.add_argument("--dims", type=int, nargs="+", default=[2048])
+    parser.add_argument("--dims", type=int, nargs="+", default=[2048],
+                        help="rf-dim of the runs; 0 alone: none (with --logistic)")
     parser.add_argument("--ranks", nargs="+", default=["auto", "0"])
     parser.add_argument("--refine", type=int, default=0, help="refine-rounds of every run")
     parser.add_argument("--logistic", action="store_true",
@@ -152,6 +153,8 @@ def main() -> None:
         return
     plan = [(d, s, "random-features", dim, r) for d in args.divisions for s in args.seeds
             for dim in args.dims for r in args.ranks]
+    if args.dims == [0]:  # --dims 0: the logistic rows alone
+        plan = []
     if args.logistic:
         plan += [(d, s, "logistic", None, "auto") for d in args.divisions for s in args.seeds]
     runs = []
