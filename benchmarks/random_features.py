@@ -41,12 +41,12 @@ from tests.helpers import app_defaults
 
 
 def one_run(division: str, nodes: int, seed: int, model: str, dim: int | None,
-            rank: str, refine: int) -> dict:
+            rank: str, refine: int, extra: dict | None = None) -> dict:
     with tempfile.TemporaryDirectory() as out:
         cfg = {**app_defaults(), "dataset": "fashion-mnist", "label-division": division,
                "seed": seed, "public-samples": 0, "output-dir": out, "model": model,
                "gram-rank": rank, "refine-rounds": refine,
-               **({"rf-dim": dim} if dim else {})}
+               **({"rf-dim": dim} if dim else {}), **(extra or {})}
         results, grid, wall = run_apps(cfg, nodes)
     selection = next((r for r in results["rounds"] if r.get("refine") == 0), {})
     up = [e["up"] for e in grid.exchanges]
@@ -58,6 +58,7 @@ def one_run(division: str, nodes: int, seed: int, model: str, dim: int | None,
             "bytes_both_ways": sum(up) + sum(e["down"] for e in grid.exchanges), "wall_s": wall,
             "bandwidth": (results["dataset"].get("random_features") or {}).get("rf-bandwidth"),
             "good_enough": results["verification"]["good_enough"],
+            "settings": extra or {}, "dp": (results.get("privacy") or {}).get("dp"),
             "timing_s": results.get("timing_s")}
 
 
@@ -123,6 +124,15 @@ def run_central(args: argparse.Namespace, out: Path) -> None:
     print(f"\nwritten to {out}")
 
 
+def _value(text: str):
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            pass
+    return {"true": True, "false": False}.get(text, text)
+
+
 def parse_division(text: str) -> tuple[str, int]:
     spec, _, nodes = text.rpartition(":")
     if not spec or not nodes.isdigit():
@@ -140,6 +150,8 @@ def main() -> None:
     parser.add_argument("--refine", type=int, default=0, help="refine-rounds of every run")
     parser.add_argument("--logistic", action="store_true",
                         help="also the default logistic model on the pixels")
+    parser.add_argument("--set", nargs="+", default=[], metavar="KEY=VALUE",
+                        help="more run settings for every run, e.g. dp-epsilon=4 rf-bandwidth=7")
     parser.add_argument("--central", action="store_true",
                         help="the model class: pooled ridge on all training rows, per D and factor")
     parser.add_argument("--factors", type=float, nargs="+", default=[0.4, 0.6, 0.8, 1.0])
@@ -157,10 +169,16 @@ def main() -> None:
         plan = []
     if args.logistic:
         plan += [(d, s, "logistic", None, "auto") for d in args.divisions for s in args.seeds]
+    extra = {}
+    for item in args.set:
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise SystemExit(f"--set {item!r}: give KEY=VALUE")
+        extra[key] = _value(value)
     runs = []
     for i, (division, seed, model, dim, rank) in enumerate(plan, 1):
         spec, nodes = parse_division(division)
-        r = one_run(spec, nodes, seed, model, dim, rank, args.refine)
+        r = one_run(spec, nodes, seed, model, dim, rank, args.refine, extra)
         runs.append(r)
         out.write_text(json.dumps({"args": vars(args), "runs": runs}, indent=1) + "\n")
         print(f"[{i}/{len(plan)}] {division} seed {seed} {model} D={dim} gram-rank={rank}: "
