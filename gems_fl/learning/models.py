@@ -13,12 +13,8 @@ import numpy as np
 import torch
 from torch import nn
 
+from gems_fl.learning.model_names import CONVEX_MODELS, MODELS
 from gems_fl.learning.widths import parse_hidden  # noqa: F401 - re-exported
-
-MODELS = ("logistic", "random-features", "mlp")
-#: The convex models: a softmax-linear layer on the inputs, or on their random features
-#: (gems_fl.data.random_features maps the inputs before the model sees them).
-CONVEX_MODELS = ("logistic", "random-features")
 
 
 def build_model(

@@ -13,7 +13,7 @@ from gems_fl.geometry.choices import SUMS_ABOVE_NODES
 from gems_fl.geometry.dp import DPSpec
 from gems_fl.geometry.kinds import AggregateOptions, SpaceOptions
 from gems_fl.geometry.points import AUTO, point_named, solvable_from_sums
-from gems_fl.learning.models import CONVEX_MODELS
+from gems_fl.learning.model_names import CONVEX_MODELS
 from gems_fl.protocol.options import AgreementRule, Exchange, NodeWork, ServerOptions
 from gems_fl.settings.values import parse_rf_bandwidth
 

@@ -31,7 +31,7 @@ from gems_fl.geometry.points import (
     POINTS,
     point_named,
 )
-from gems_fl.learning.models import CONVEX_MODELS
+from gems_fl.learning.model_names import CONVEX_MODELS
 from gems_fl.learning.train import resolve_device
 from gems_fl.settings.options import holds_sums, space_options
 

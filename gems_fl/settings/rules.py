@@ -9,7 +9,7 @@ from typing import Any
 from gems_fl.data.agreement import NODE_FILES
 from gems_fl.geometry.choices import SPACE_R_MAX
 from gems_fl.geometry.points import CENTERS, CLASS_GRAMS, LABELS, point_named, solvable_from_sums
-from gems_fl.learning.models import CONVEX_MODELS
+from gems_fl.learning.model_names import CONVEX_MODELS
 from gems_fl.settings.checks import SettingsError
 from gems_fl.settings.values import parse_gram_rank
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from gems_fl.learning.models import MODELS
+from gems_fl.learning.model_names import MODELS
 from gems_fl.learning.recipe import TUNE_LAYERS, TUNE_STOPS
 from gems_fl.settings.checks import at_least, in_range, one_of, parses, positive, setting
 from gems_fl.settings.values import check_hidden, parse_rf_bandwidth, parse_tune_curve
