@@ -71,9 +71,10 @@ def handle_query(msg: Message, context: Context) -> Message:
 
     The server asks before the first round. The answer carries the node's name, the
     shape of its data, the class names it holds and, for ``standardize='federated'`` or
-    the random-feature map's bandwidth, per-feature sums of its training rows. A node whose data cannot take part (an
-    unreadable or malformed file, NaN, a wrong number of features or classes) answers
-    with its name and the reason, so the server names it and leaves it out.
+    the random-feature map's bandwidth, per-feature sums of its training rows. A node
+    whose data cannot take part (an unreadable or malformed file, NaN, a wrong number of
+    features or classes) answers with its name and the reason, so the server names it and
+    leaves it out.
     """
     settings = Settings.from_node_config(wire.decode_config(msg.content))
     try:

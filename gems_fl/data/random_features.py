@@ -24,6 +24,8 @@ from typing import Any
 
 import numpy as np
 
+from gems_fl.data.site_files import pooled_moments
+
 MAPS = ("fourier", "relu")
 SEED_OFFSET = 0x5EED_0F_2F  # the map's stream differs from every other draw of the seed
 BANDWIDTH_FACTOR = 0.6  # times the RMS distance between two rows (see bandwidth_from_stats)
@@ -102,10 +104,7 @@ def bandwidth_from_stats(stats: list[tuple[int, np.ndarray, np.ndarray]],
 
     Split-invariant: the same rows give the same bandwidth however they are divided.
     """
-    n = sum(s[0] for s in stats)
-    total = np.sum([s[1] for s in stats], axis=0)
-    squares = np.sum([s[2] for s in stats], axis=0)
-    var = np.maximum(squares / n - (total / n) ** 2, 0.0)
+    var = pooled_moments(stats)[1]
     if scale is not None:
         var = var / np.square(scale)
     spread = float(np.sqrt(2.0 * var.sum()))

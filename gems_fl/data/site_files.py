@@ -454,16 +454,21 @@ def feature_stats(x: np.ndarray) -> tuple[int, np.ndarray, np.ndarray]:
     return int(len(x)), x.sum(axis=0), np.square(x).sum(axis=0)
 
 
+def pooled_moments(stats: list[tuple[int, np.ndarray, np.ndarray]]) -> tuple[np.ndarray, np.ndarray]:
+    """Per-feature mean and variance of the pooled rows, from each part's sums only."""
+    n = sum(s[0] for s in stats)
+    total = np.sum([s[1] for s in stats], axis=0)  # in the given order: the caller fixes it
+    squares = np.sum([s[2] for s in stats], axis=0)
+    mean = total / n
+    return mean, np.maximum(squares / n - mean ** 2, 0.0)
+
+
 def combine_stats(stats: list[tuple[int, np.ndarray, np.ndarray]]) -> tuple[np.ndarray, np.ndarray]:
     """Mean and standard deviation of the pooled rows, from each part's sums only.
 
     A feature with no spread gets std 1 (it is only centred).
     """
-    n = sum(s[0] for s in stats)
-    total = np.sum([s[1] for s in stats], axis=0)  # in the given order: the caller fixes it
-    squares = np.sum([s[2] for s in stats], axis=0)
-    mean = total / n
-    var = np.maximum(squares / n - mean ** 2, 0.0)
+    mean, var = pooled_moments(stats)
     std = np.sqrt(var)
     std[std < 1e-12 * np.maximum(1.0, np.abs(mean))] = 1.0
     return mean, std

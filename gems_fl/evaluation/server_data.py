@@ -167,16 +167,15 @@ def scale_server_data(data: ServerData, agreement, settings: Settings) -> None:
     """Scale what a simulation's server holds as the nodes scale theirs (``standardize``):
     federated with the nodes' combined mean/std, node with the pooled training rows'; then
     through the run's random-feature map, as the nodes map theirs."""
-    from gems_fl.data.site_files import combine_stats, feature_stats
-
     if settings.standardize != "off":
-        _scale_server_data(data, agreement, settings, combine_stats, feature_stats)
+        _scale_server_data(data, agreement, settings)
     if agreement is not None and agreement.features is not None:
         _apply(data, agreement.map_features)
 
 
-def _scale_server_data(data: ServerData, agreement, settings: Settings, combine_stats,
-                       feature_stats) -> None:
+def _scale_server_data(data: ServerData, agreement, settings: Settings) -> None:
+    from gems_fl.data.site_files import combine_stats, feature_stats
+
     if settings.standardize in SHARED_SCALING and agreement is not None and agreement.mean is not None:
         mean, std = agreement.mean, agreement.std
     else:

@@ -114,8 +114,8 @@ def _random_features(settings: Settings) -> None:
             f"model='random-features' with dp-epsilon={settings.dp_epsilon:g}: rf-bandwidth "
             "'auto' derives the map's bandwidth from the nodes' per-feature sums, which would "
             "leave them unnoised; give rf-bandwidth as a number (in the features' units after "
-            "standardize; with feature-ranges mapping d features to [-1, 1], about "
-            "0.6 * sqrt(d) is a start)")
+            "standardize; with feature-ranges mapping d features to [-1, 1], spread evenly "
+            "there, auto would give 0.6 * sqrt(2 d / 3), about 0.5 * sqrt(d))")
 
 
 def _not_from_sums(settings: Settings) -> list[str]:

@@ -92,7 +92,9 @@ class SpaceSettings:
         'rest, the mean from the label moments (82 KB per class at 784 pixels, rank 50: 341,080 against 177,185 bytes per node of 2 classes). '
         '`auto` (the default): wherever one of those forms applies, and whenever '
         '`gram-point=gaussian`; not for layers above 256 inputs with `gram-rank=0`, where '
-        'each class would send a whole 1.2 MB matrix (`true` sends them). Under '
+        'each class would send a whole 1.2 MB matrix (`true` sends them), nor for '
+        "`model='random-features'` (a factor per class at D + 1 inputs; "
+        'docs/random-features.md). Under '
         '`secure-aggregation` they travel whole through SecAgg+ as sums per class, with '
         '`auto` up to 256 inputs; not with `dp-epsilon`',
         one_of(CLASS_GRAMS), node=True)

@@ -8,12 +8,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from gems_fl.data.random_features import MAPS
 from gems_fl.learning.model_names import MODELS
 from gems_fl.learning.recipe import TUNE_LAYERS, TUNE_STOPS
 from gems_fl.settings.checks import at_least, in_range, one_of, parses, positive, setting
 from gems_fl.settings.values import check_hidden, parse_rf_bandwidth, parse_tune_curve
 
-RF_MAPS = ("fourier", "relu")
 DEVICES = ("auto", "cpu", "cuda")  # resolved per process: gems_fl.learning.train.resolve_device
 
 _ROW_HIDDEN = (
@@ -45,12 +45,13 @@ class TrainingSettings:
         'logistic',
         '`logistic` (convex, one round), `random-features` (the same convex model on a '
         'random-feature map of the inputs, built from the seed on every node: `rf-map`, '
-        '`rf-dim`; docs/random-features.md) or `mlp` (layer-wise protocol, one round per hidden layer plus one)',
+        '`rf-dim`; docs/random-features.md) or `mlp` (layer-wise protocol, one round per '
+        'hidden layer plus one)',
         one_of(MODELS), node=True, user=True)
     rf_map: str = setting(
         'fourier',
         _ROW_RF,
-        one_of(RF_MAPS), node=True)  # nodes: DP's clip for Fourier features
+        one_of(MAPS), node=True)  # nodes: DP's clip for Fourier features
     rf_dim: int = setting(
         2048,
         _ROW_RF,
