@@ -102,6 +102,46 @@ def central(dim: int, factor: float, kind: str, seed: int) -> dict:
             **best, "wall_s": time.perf_counter() - t0}
 
 
+def run_fedavg(args: argparse.Namespace, out: Path) -> None:
+    """FedAvg-SGD on the same random-feature model (the map a GEMS run with these settings
+    agrees on), its rate chosen on the pooled validation splits, never on test."""
+    from gems_fl.evaluation.fedavg import run_sgd
+
+    rows = []
+    for text in args.divisions:
+        spec, nodes = parse_division(text)
+        for seed in args.seeds:
+            for dim in args.dims:
+                cfg = {**app_defaults(), "dataset": "fashion-mnist", "label-division": spec,
+                       "seed": seed, "model": "random-features", "rf-dim": dim,
+                       "public-samples": 0}
+                curve = run_sgd(cfg, nodes, "fedavg", args.fedavg, grid=tuple(args.lr_grid),
+                                tune_rounds=args.tune_rounds)
+                row = {"division": spec, "nodes": nodes, "seed": seed, "dim": dim,
+                       **curve.to_dict(),
+                       "bytes_up_per_node": [b / nodes for b in curve.bytes_up]}
+                rows.append(row)
+                out.write_text(json.dumps({"args": vars(args), "fedavg": rows}, indent=1) + "\n")
+                acc = curve.accuracy
+                best = max(range(len(acc)), key=acc.__getitem__)
+                edge = " (the grid's edge)" if curve.lr in (min(args.lr_grid), max(args.lr_grid)) else ""
+                print(f"\n{spec} K={nodes} seed {seed} D={dim}: FedAvg-SGD, lr {curve.lr:g}{edge} "
+                      f"(validation {curve.tuning['val_accuracy']}), {curve.seconds:.0f} s")
+                print("| rounds | test accuracy | MB up per node | MB both ways per node |")
+                print("| ---: | ---: | ---: | ---: |")
+                shown = sorted({r for r in (1, 5, 10, 20, 50, len(acc)) if r <= len(acc)} | {best + 1})
+                for r in shown:
+                    mark = " (best)" if r == best + 1 else ""
+                    print(f"| {r}{mark} | {acc[r - 1]:.4f} | {row['bytes_up_per_node'][r - 1] / 1e6:.2f} | "
+                          f"{curve.bytes_total[r - 1] / nodes / 1e6:.2f} |")
+                for target in args.targets:
+                    hit = next((r + 1 for r, a in enumerate(acc) if a >= target), None)
+                    print(f"first round at >= {target}: " + (
+                        f"{hit} ({row['bytes_up_per_node'][hit - 1] / 1e6:.2f} MB up per node)"
+                        if hit else f"not within {len(acc)} rounds"))
+    print(f"\nwritten to {out}")
+
+
 def run_central(args: argparse.Namespace, out: Path) -> None:
     rows = []
     for seed in args.seeds:
@@ -156,12 +196,22 @@ def main() -> None:
                         help="the model class: pooled ridge on all training rows, per D and factor")
     parser.add_argument("--factors", type=float, nargs="+", default=[0.4, 0.6, 0.8, 1.0])
     parser.add_argument("--map", default="fourier", choices=["fourier", "relu"])
+    parser.add_argument("--fedavg", type=int, default=0, metavar="ROUNDS",
+                        help="instead: FedAvg-SGD on the same model for ROUNDS rounds")
+    parser.add_argument("--lr-grid", type=float, nargs="+", default=[0.1, 0.3, 1.0, 3.0, 10.0],
+                        help="FedAvg-SGD's rates, chosen on validation after --tune-rounds")
+    parser.add_argument("--tune-rounds", type=int, default=10)
+    parser.add_argument("--targets", type=float, nargs="+", default=[0.85, 0.866],
+                        help="FedAvg: report the first round at these test accuracies")
     parser.add_argument("--out", default=str(ROOT / "benchmarks" / "out" / "random_features.json"))
     args = parser.parse_args()
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     if args.central:
         run_central(args, out)
+        return
+    if args.fedavg:
+        run_fedavg(args, out)
         return
     plan = [(d, s, "random-features", dim, r) for d in args.divisions for s in args.seeds
             for dim in args.dims for r in args.ranks]

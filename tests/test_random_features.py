@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import subprocess
 import sys
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -19,8 +20,9 @@ from gems_fl.data.random_features import (
     bandwidth_from_stats,
 )
 from gems_fl.data.site_files import feature_stats
+from gems_fl.evaluation.fedavg import feature_map, run_federated
 from gems_fl.settings import Settings, SettingsError
-from tests.helpers import ROOT, run_in_process
+from tests.helpers import FAST, ROOT, app_defaults, run_in_process
 
 DIGEST = ("import hashlib, sys; from gems_fl.data.random_features import RandomFeatures; "
           "w, b = RandomFeatures('{kind}', 64, 256, 1.5, 7).weights(); "
@@ -125,6 +127,20 @@ def test_a_random_feature_run_saves_a_model_that_predicts_as_the_run_scored_it(t
     accuracy = float(np.mean(loaded.predict(splits.test_x) == splits.test_y.astype(str)))
     assert accuracy == pytest.approx(results["rows"]["GEMS"]["accuracy"], abs=1e-9)
     assert accuracy > 0.9
+    # FedAvg beside it fits the same model: the map the run agreed on, from the settings
+    cfg = {**app_defaults(), "model": "random-features", "rf-dim": 256, "label-division": "iid"}
+    fedavg_map = feature_map(Settings.from_run_config(cfg), 3, splits)
+    assert fedavg_map.bandwidth == pytest.approx(spec["rf-bandwidth"], rel=1e-9)
+    assert replace(fedavg_map, bandwidth=spec["rf-bandwidth"]) == loaded.features
+
+
+def test_fedavg_trains_the_random_feature_model_on_mapped_rows():
+    cfg = {**app_defaults(), **FAST, "model": "random-features", "rf-dim": 128}
+    curve = run_federated(cfg, 3, "fedavg", num_rounds=3, local_epochs=5)
+    per_round = np.diff([0, *curve.bytes_up])
+    assert per_round[0] > 3 * 129 * 10 * 4 > 3 * 65 * 10 * 4  # the mapped width, not 64 pixels
+    assert curve.accuracy[-1] > 0.3, "three rounds of five epochs must learn something"
+    assert feature_map(Settings.from_run_config({**app_defaults(), **FAST}), 3, None) is None
 
 
 def test_dp_noise_is_calibrated_to_the_fourier_map_s_bound():
@@ -177,3 +193,27 @@ def test_the_classifier_fits_random_features_on_unscaled_sites_and_saves_the_map
     loaded = load_model(clf.save(tmp_path / "model"))
     assert loaded.features == features
     np.testing.assert_array_equal(loaded.logits(x_test), clf.decision_function(x_test))
+
+
+def test_the_evaluate_round_checks_h_g_in_the_factor_the_node_kept_without_rebuilding_it(
+        monkeypatch):
+    from flwr.app import Context, RecordDict
+
+    from gems_fl.geometry import kinds
+    from gems_fl.protocol import verify
+
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((300, 40))
+    _, factor, residual = kinds.node_gram(x, 8)
+    context = Context(run_id=1, node_id=1, node_config={}, state=RecordDict(), run_config={})
+    assert verify.kept_gram(context) is None
+    verify.keep_own_factor(context, factor, residual)
+    center = rng.standard_normal((3, 41))
+    gems = center + 0.01 * rng.standard_normal((3, 41))
+    as_state = lambda w: {"weight": w[:, :-1], "bias": w[:, -1]}
+    content = verify.encode_evaluate({}, {"gems": as_state(gems)}, own=(as_state(center), 0.5))
+    rebuilt = verify.check_own_space(content, x, 8)
+    monkeypatch.setattr(kinds, "node_gram", lambda *a: pytest.fail("rebuilt the Gram matrix"))
+    kept = verify.check_own_space(content, x, 8, gram=verify.kept_gram(context))
+    assert kept["space.inside"] == rebuilt["space.inside"]
+    assert kept["space.distance"] == pytest.approx(rebuilt["space.distance"], rel=1e-6)

@@ -6,7 +6,10 @@ node side is :data:`fedavg_client_app`, which trains the received model for
 on (``gems_fl.data.nodes.load_node_data``: partition or own data file, and its seed), with the
 same Adam recipe (a fresh optimiser each round) or, with ``optimizer="sgd"``, plain SGD
 at a learning rate the server sends, adding FedProx's proximal term when the strategy
-sends ``proximal-mu``. Accuracy is measured on the server's test set after every round,
+sends ``proximal-mu``. With ``model='random-features'`` the server derives the map as a GEMS
+run's identity round does (``rf-bandwidth=auto``: from the pooled feature sums of the
+nodes' training rows; the run's seed) and sends it in every round's config; each node maps
+its rows with it, so both methods fit the same model. Accuracy is measured on the server's test set after every round,
 next to the bytes of the records exchanged.
 
 SGD's learning rate is chosen by :func:`choose_lr`: one short federated run per rate of
@@ -37,9 +40,12 @@ from torch import nn
 
 from gems_fl.data import FeatureOptions, load_dataset, node_data, parse_division
 from gems_fl.data.nodes import cast_node_arrays, load_node_data
+from gems_fl.data.random_features import RandomFeatures, bandwidth_from_stats
+from gems_fl.data.site_files import feature_stats
 from gems_fl.learning.train import OPTIMIZERS, accuracy, fine_tune, set_default_device
 from gems_fl.protocol.inprocess import InProcessGrid
 from gems_fl.settings import Settings
+from gems_fl.settings.values import parse_rf_bandwidth
 
 STRATEGIES = ("fedavg", "fedprox")
 SGD_LR_GRID = (0.01, 0.03, 0.1, 0.3)
@@ -60,14 +66,16 @@ def train(msg: Message, context: Context) -> Message:
     set_default_device(settings.device)
     data = cast_node_arrays(load_node_data(settings, context.node_config))
     config = msg.content["config"]
-    model = make_model(settings, data.num_features, data.num_classes)
+    features = RandomFeatures.from_config(config)
+    x_train = data.x_train if features is None else features.transform(data.x_train)
+    model = make_model(settings, x_train.shape[1], data.num_classes)
     model.load_state_dict(msg.content["arrays"].to_torch_state_dict())
     round_index = int(config["server-round"])
     # Adam keeps the run's local-lr (the GEMS recipe); SGD gets the rate the server chose.
     lr = float(config["lr"]) if "lr" in config else settings.local_lr
     seed = data.seed + 7919 * round_index
     torch.manual_seed(seed)  # dropout draws from the global generator: same seed, same masks
-    fine_tune(model, data.x_train, data.y_train, epochs=int(config["local-epochs"]),
+    fine_tune(model, x_train, data.y_train, epochs=int(config["local-epochs"]),
               lr=lr, batch_size=settings.batch_size,
               seed=seed,
               proximal_mu=float(config.get("proximal-mu", 0.0)),
@@ -102,13 +110,30 @@ class FederatedCurve:
                 "optimizer": self.optimizer, "lr": self.lr, "tuning": self.tuning}
 
 
+def _node_parts(settings: Settings, num_nodes: int, splits) -> list[tuple[np.ndarray, ...]]:
+    division = parse_division(settings.label_division, num_nodes, splits.num_classes)
+    return [node_data(splits, division, k, settings.seed) for k in range(num_nodes)]
+
+
 def pooled_validation(settings: Settings, num_nodes: int, splits) -> tuple[np.ndarray, np.ndarray]:
     """The nodes' validation splits pooled: what a simulation's server holds for choosing
     hyperparameters (``load_server_data``'s ``node_parts``), disjoint from every node's
     training rows and from the test set."""
-    division = parse_division(settings.label_division, num_nodes, splits.num_classes)
-    parts = [node_data(splits, division, k, settings.seed) for k in range(num_nodes)]
+    parts = _node_parts(settings, num_nodes, splits)
     return (np.concatenate([p[2] for p in parts]), np.concatenate([p[3] for p in parts]))
+
+
+def feature_map(settings: Settings, num_nodes: int, splits) -> RandomFeatures | None:
+    """The random-feature map a GEMS run with these settings agrees on (None for the
+    other models): ``rf-bandwidth`` as set, or from the nodes' pooled training sums."""
+    if settings.model != "random-features":
+        return None
+    bandwidth = parse_rf_bandwidth(settings.rf_bandwidth)
+    if bandwidth is None:
+        stats = [feature_stats(p[0]) for p in _node_parts(settings, num_nodes, splits) if len(p[0])]
+        bandwidth = bandwidth_from_stats(stats)
+    return RandomFeatures(settings.rf_map, splits.num_features, int(settings.rf_dim),
+                          float(bandwidth), int(settings.seed))
 
 
 def run_federated(
@@ -137,25 +162,30 @@ def run_federated(
     settings = Settings.from_run_config(run_config)
     splits = load_dataset(settings.dataset, seed=settings.seed, data_dir=settings.data_dir or None,
                           features=FeatureOptions.from_settings(settings))
+    features = feature_map(settings, num_nodes, splits)
+    width = splits.num_features if features is None else features.dim
     torch.manual_seed(settings.seed)
-    initial = make_model(settings, splits.num_features, splits.num_classes)
+    initial = make_model(settings, width, splits.num_classes)
     common = dict(fraction_train=1.0, fraction_evaluate=0.0, min_train_nodes=num_nodes,
                   min_available_nodes=num_nodes)
     chosen = (FedProx(proximal_mu=proximal_mu, **common) if strategy == "fedprox"
               else FedAvg(**common))
     grid = InProcessGrid(fedavg_client_app, num_nodes, run_config)
-    probe = make_model(settings, splits.num_features, splits.num_classes)
+    probe = make_model(settings, width, splits.num_classes)
 
     if evaluate_on == "val":
         eval_x, eval_y = pooled_validation(settings, num_nodes, splits)
     else:
         eval_x, eval_y = splits.test_x, splits.test_y
+    if features is not None:
+        eval_x = features.transform(eval_x)
 
     def evaluate(server_round: int, arrays: ArrayRecord) -> MetricRecord:
         probe.load_state_dict(arrays.to_torch_state_dict())
         return MetricRecord({"accuracy": accuracy(probe, eval_x, eval_y)})
 
-    train_config = {"local-epochs": local_epochs}
+    train_config = {"local-epochs": local_epochs,
+                    **(features.to_config() if features is not None else {})}
     if optimizer == "sgd":
         train_config.update({"optimizer": "sgd", "lr": float(lr)})
     result = chosen.start(

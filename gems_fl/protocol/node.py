@@ -36,7 +36,7 @@ from gems_fl.protocol.node_layerwise import (
     train_local_mlp,
 )
 from gems_fl.protocol.options import NodeWork
-from gems_fl.protocol.verify import score_models
+from gems_fl.protocol.verify import keep_own_factor, kept_gram, score_models
 
 logger = logging.getLogger(__name__)
 
@@ -242,6 +242,7 @@ def train_reply(msg: Message, context: Context, data: NodeData, work: NodeWork,
             content = _layer_round_reply(msg, work, data.num_classes, data.arrays, data.seed)
             return Message(content=content, reply_to=msg)
         local = build_local_space(*data.arrays, data.num_classes, work, seed=data.seed)
+    keep_own_factor(context, local.layer.factor, local.layer.residual)
     logger.info(
         "node %s (%s): %d train / %d val, val acc %.3f, %s radius %.4f (certified %.4g)",
         data.name, data.source, local.num_train, local.num_val,
@@ -273,7 +274,8 @@ def evaluate_reply(msg: Message, context: Context, data: NodeData, work: NodeWor
     return Message(content=score_models(msg.content, work.eps, data.x_val, data.y_val,
                                         data.x_test, data.y_test, x_train=data.x_train,
                                         gram_rank=work.space.gram_rank,
-                                        kept=secure.own_space(context)), reply_to=msg)
+                                        kept=secure.own_space(context),
+                                        gram=kept_gram(context)), reply_to=msg)
 
 
 def identity_reply(msg: Message, data: NodeData, *, with_stats: bool) -> Message:

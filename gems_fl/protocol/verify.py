@@ -40,7 +40,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from flwr.app import ConfigRecord, Message, MessageType, MetricRecord, RecordDict
+from flwr.app import ConfigRecord, Context, Message, MessageType, MetricRecord, RecordDict
 from flwr.common.logger import log
 from flwr.serverapp import Grid
 from torch import nn
@@ -55,6 +55,31 @@ GEMS_KEY = "gems"
 OWN_KEY = "own"
 OWN_RADIUS_KEY = "own-radius"
 KEPT_KEY = "own-kept"  # config: check h_G against the space this node kept (secure runs)
+OWN_FACTOR_STATE_KEY = "gems-own-gram-factor"  # node state: the factor form of G it sent
+
+
+def keep_own_factor(context: Context, factor: np.ndarray | None,
+                    residual: np.ndarray | None) -> None:
+    """Keep the factor form of this node's Gram matrix, as round 1 sent it, in the node's
+    state: the evaluate round checks h_G in that space, and rebuilding it there would
+    repeat round 1's eigendecomposition (a quarter of a random-feature run's time)."""
+    if factor is None:
+        return
+    arrays = {"factor": np.asarray(factor, dtype=np.float32)}
+    if residual is not None:
+        arrays["residual"] = np.asarray(residual, dtype=np.float32)
+    context.state.array_records[OWN_FACTOR_STATE_KEY] = wire.array_record(arrays)
+
+
+def kept_gram(context: Context) -> np.ndarray | None:
+    """The Gram matrix of the factor this node kept in round 1 (None: none kept)."""
+    from gems_fl.geometry.gram import from_factor
+
+    if OWN_FACTOR_STATE_KEY not in context.state.array_records:
+        return None
+    record = context.state.array_records[OWN_FACTOR_STATE_KEY]
+    residual = record["residual"].numpy() if "residual" in record else None
+    return from_factor(record["factor"].numpy(), residual)
 
 
 def state_to_model(state: Mapping[str, np.ndarray]) -> nn.Module:
@@ -96,11 +121,13 @@ def encode_evaluate(config: dict[str, Any], models: Mapping[str, Mapping[str, np
 
 
 def check_own_space(content: RecordDict, x_train: np.ndarray, gram_rank: int | str,
-                    kept: tuple[np.ndarray, float] | None = None) -> dict[str, float]:
+                    kept: tuple[np.ndarray, float] | None = None,
+                    gram: np.ndarray | None = None) -> dict[str, float]:
     """Node side: h_G's distance from this node's center in its Gram metric, on its own
-    training inputs (the same matrix its space was built with), and whether it lies within
-    the radius (:meth:`GramSpace.contains`, the server's own test). The center and radius
-    are the message's ``own`` record, else ``kept`` (what the node kept in round 1)."""
+    training inputs (the same matrix its space was built with: ``gram``, what it kept of
+    round 1's, else rebuilt from ``x_train``), and whether it lies within the radius
+    (:meth:`GramSpace.contains`, the server's own test). The center and radius are the
+    message's ``own`` record, else ``kept`` (what the node kept in round 1)."""
     from gems_fl.geometry.kinds import node_gram
     from gems_fl.geometry.spaces import GramSpace
 
@@ -113,7 +140,7 @@ def check_own_space(content: RecordDict, x_train: np.ndarray, gram_rank: int | s
         radius = float(content.config_records[wire.CONFIG_KEY][OWN_RADIUS_KEY])
     else:
         center, radius = kept
-    space = GramSpace(center, node_gram(x_train, gram_rank)[0], radius)
+    space = GramSpace(center, node_gram(x_train, gram_rank)[0] if gram is None else gram, radius)
     point = as_matrix(gems)
     return {"space.distance": space.distance(point), "space.inside": int(space.contains(point))}
 
@@ -121,7 +148,8 @@ def check_own_space(content: RecordDict, x_train: np.ndarray, gram_rank: int | s
 def score_models(content: RecordDict, eps: float, x_val: np.ndarray, y_val: np.ndarray,
                  x_test: np.ndarray | None = None, y_test: np.ndarray | None = None, *,
                  x_train: np.ndarray | None = None, gram_rank: int | str = 0,
-                 kept: tuple[np.ndarray, float] | None = None) -> RecordDict:
+                 kept: tuple[np.ndarray, float] | None = None,
+                 gram: np.ndarray | None = None) -> RecordDict:
     """Node side: the accuracy of every received model on this node's data, and (when the
     server sent this node's own center) h_G's membership in its space, on ``x_train``."""
     metrics: dict[str, float | int] = {
@@ -131,7 +159,7 @@ def score_models(content: RecordDict, eps: float, x_val: np.ndarray, y_val: np.n
     config = content.config_records[wire.CONFIG_KEY]
     asked = OWN_KEY in content.array_records or (KEPT_KEY in config and kept is not None)
     if asked and x_train is not None:
-        metrics.update(check_own_space(content, x_train, gram_rank, kept))
+        metrics.update(check_own_space(content, x_train, gram_rank, kept, gram))
     for name, record in content.array_records.items():
         if not name.startswith(MODEL_PREFIX):
             continue
