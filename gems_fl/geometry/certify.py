@@ -31,7 +31,6 @@ import numpy as np
 import torch
 
 from gems_fl.geometry.eps import check_eps, pass_count
-from gems_fl.geometry.gram import gram_matrix
 from gems_fl.geometry.linalg import EIGEN_FLOOR, augment, center_for, label_indices, square_matrix
 
 
@@ -132,6 +131,13 @@ def certified_radius_in_metric(center: np.ndarray, x_val: np.ndarray, y_val: np.
     return math.sqrt(float(cost) / num)
 
 
+def _largest_square_singular(b: torch.Tensor) -> float:
+    """``lambda_max(B^T B)``, from whichever of ``B^T B`` and ``B B^T`` is smaller (the
+    same nonzero eigenvalues): a node's few validation rows against D features."""
+    small = b @ b.T if b.shape[0] < b.shape[1] else b.T @ b
+    return float(torch.linalg.eigvalsh(small)[-1]) if small.numel() else 0.0
+
+
 def certified_gram_radius(
     center: np.ndarray,
     g: np.ndarray | None,
@@ -141,6 +147,7 @@ def certified_gram_radius(
     *,
     floor: float = EIGEN_FLOOR,
     within_range: bool = False,
+    eigen: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> float:
     """Certified radius (closed form) in the metric ``G`` -- the node's training Gram.
 
@@ -159,25 +166,26 @@ def certified_gram_radius(
     ``G``-ellipsoid contains unbounded moves that change validation logits, and the
     sound radius for the whole ellipsoid is 0. With ``within_range=True`` only
     perturbations in the range of ``G`` are certified -- exactly those that
-    ``sample_gram_directions`` / ``search_gram_radius`` probe.
+    ``sample_gram_directions`` / ``search_gram_radius`` probe. ``eigen``:
+    ``torch.linalg.eigh`` of ``G`` (float64) where the caller has it already.
     """
     rho = certified_radius_in_metric(center, x_val, y_val, eps)
     if g is None or rho == 0.0 or math.isinf(rho):
         return rho
     xa_n = np.shape(x_val)[1] + 1
     gt = square_matrix("G", g, xa_n)
-    g_val = torch.as_tensor(gram_matrix(x_val))
-    lam, vec = torch.linalg.eigh(gt)
+    # G_val = A^T A; every quadratic form of it below is a product with A's N_val rows
+    rows = augment(x_val) / math.sqrt(len(x_val))
+    lam, vec = torch.linalg.eigh(gt) if eigen is None else eigen
     if not float(lam[-1]) > 0.0:
         raise ValueError("G has no positive eigenvalue; compute it from the training inputs")
     keep = lam > floor * float(lam[-1])
     if not within_range and not bool(keep.all()):
-        null = vec[:, ~keep]
-        leak = float(torch.linalg.eigvalsh(null.T @ g_val @ null)[-1])
-        if leak > floor * float(torch.linalg.eigvalsh(g_val)[-1]):
+        leak = _largest_square_singular(rows @ vec[:, ~keep])
+        if leak > floor * _largest_square_singular(rows):
             return 0.0
     vm = vec[:, keep] / lam[keep].sqrt()
-    mu = float(torch.linalg.eigvalsh(vm.T @ g_val @ vm)[-1])
+    mu = _largest_square_singular(rows @ vm)
     if mu <= 0.0:
         return math.inf  # no move in G's range changes any validation logit
     return rho / math.sqrt(mu)

@@ -112,6 +112,7 @@ def search_gram_radius(
     seed: int = 0,
     floor: float = EIGEN_FLOOR,
     chunk: int = 64,
+    eigen: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> GramRadiusResult:
     """Largest radius ``R`` in the metric ``G`` such that every sampled model
     ``center + R * D`` (``D`` from ``sample_gram_directions``) keeps validation
@@ -133,6 +134,8 @@ def search_gram_radius(
     x_val, y_val : validation inputs ``(N, d)`` and labels ``(N,)``.
     eps : minimum accuracy of a good-enough model.
     num_directions, r_max, delta, seed : see the module defaults.
+    eigen : ``torch.linalg.eigh`` of ``g`` as float64, where the caller has it already
+        (the node's certified radius needs the same decomposition).
     """
     eps = check_eps(eps)
     _check_search_ints(num_directions)
@@ -156,7 +159,7 @@ def search_gram_radius(
     if correct0 < need:
         return GramRadiusResult(0.0, center_acc, False, center_acc, 0, False, 0.0, 0)
 
-    lam, vec = range_basis(gt, floor)
+    lam, vec = range_basis(gt, floor, eigen)
     m = len(lam)
     xw = (xa @ vec) / lam.sqrt()  # (N, m): whitened inputs
     u = _whitened_draws(num_directions, classes * m, seed).reshape(-1, m)  # (p*C, m)

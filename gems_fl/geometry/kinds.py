@@ -21,6 +21,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
+import torch
 
 from gems_fl.geometry import choices
 from gems_fl.geometry.certify import certified_gram_radius, certified_radius
@@ -253,10 +254,12 @@ class Gram(SpaceKind):
                 rows = [train_inputs[labels == c] for c in np.flatnonzero(counts > 0)]
                 sent_classes = class_factors(per_class, means, rank, rows)
                 per_class = class_grams_from_factors(*sent_classes, means)
+        eigen = torch.linalg.eigh(torch.as_tensor(gram, dtype=torch.float64))  # once, for both
         search = search_gram_radius(center, gram, val_inputs, y_val, eps=options.eps,
                                     num_directions=options.num_directions,
-                                    r_max=options.bound, delta=options.delta, seed=seed)
-        cert = certified_gram_radius(center, gram, val_inputs, y_val, options.eps)
+                                    r_max=options.bound, delta=options.delta, seed=seed,
+                                    eigen=eigen)
+        cert = certified_gram_radius(center, gram, val_inputs, y_val, options.eps, eigen=eigen)
         return LayerSpace(GramSpace(center.reshape(-1), gram, search.radius, cert, moments,
                                     counts, per_class, parts), cert, search.center_accuracy,
                           factor, residual, sent_classes)

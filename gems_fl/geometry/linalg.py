@@ -73,9 +73,12 @@ def label_indices(y, num: int, classes: int) -> torch.Tensor:
     return yt
 
 
-def range_basis(g: torch.Tensor, floor: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """Eigenpairs of ``g`` above ``floor * (largest eigenvalue)``: ``(lam (m,), V (n, m))``."""
-    lam, vec = torch.linalg.eigh(g)
+def range_basis(g: torch.Tensor, floor: float,
+                eigen: tuple[torch.Tensor, torch.Tensor] | None = None
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Eigenpairs of ``g`` above ``floor * (largest eigenvalue)``: ``(lam (m,), V (n, m))``.
+    ``eigen``: ``torch.linalg.eigh(g)`` where the caller has it already."""
+    lam, vec = torch.linalg.eigh(g) if eigen is None else eigen
     top = float(lam[-1])
     if not top > 0.0:
         raise ValueError("the Gram matrix has no positive eigenvalue (it is zero or "
