@@ -198,8 +198,9 @@ def main() -> None:
     parser.add_argument("--map", default="fourier", choices=["fourier", "relu"])
     parser.add_argument("--fedavg", type=int, default=0, metavar="ROUNDS",
                         help="instead: FedAvg-SGD on the same model for ROUNDS rounds")
-    parser.add_argument("--lr-grid", type=float, nargs="+", default=[0.1, 0.3, 1.0, 3.0, 10.0],
-                        help="FedAvg-SGD's rates, chosen on validation after --tune-rounds")
+    parser.add_argument("--lr-grid", type=float, nargs="+", default=[30.0, 100.0, 300.0, 1000.0],
+                        help="FedAvg-SGD's rates, chosen on validation after --tune-rounds (the "
+                        "features are about sqrt(2/D) each: D=2048 chose 100 from inside these)")
     parser.add_argument("--tune-rounds", type=int, default=10)
     parser.add_argument("--targets", type=float, nargs="+", default=[0.85, 0.866],
                         help="FedAvg: report the first round at these test accuracies")
