@@ -51,8 +51,7 @@ FLOAT32, FLOAT16 = 4, 2
 
 
 def _augmented(features: RandomFeatures, x: np.ndarray) -> torch.Tensor:
-    z = torch.as_tensor(features.transform(x), dtype=torch.float64)
-    return torch.cat([z, torch.ones(len(z), 1, dtype=z.dtype)], 1)
+    return _augmented_rows(features.transform(x))
 
 
 def _accuracy(point: np.ndarray, z_test: torch.Tensor, y_test: np.ndarray) -> float:
