@@ -5,7 +5,7 @@
 For each division (Fashion-MNIST, ``SPEC:K``), seed and width D, the nodes' training
 rows are divided as a run divides them (``node_data``), mapped by the run's
 random-feature map (``rf-map``, bandwidth from the pooled feature sums as
-``rf-bandwidth=auto`` computes it, the run's seed), and the server's pooled LDA point
+``rf-bandwidth=auto`` computes it, the run's seed: ``fedavg.feature_map``), and the server's pooled LDA point
 (the point the federated runs' selection keeps, ``results/benchmarks/random_features.json``)
 is built from what each form of the statistics would deliver:
 
@@ -40,12 +40,13 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # run from a checkout without installing it
 
 from gems_fl.data import load_dataset, node_data, parse_division
-from gems_fl.data.random_features import RandomFeatures, bandwidth_from_stats
-from gems_fl.data.site_files import feature_stats
+from gems_fl.data.random_features import RandomFeatures
+from gems_fl.evaluation.fedavg import feature_map
 from gems_fl.geometry import choices
 from gems_fl.geometry.kinds import node_gram
 from gems_fl.geometry.pooled import pooled_lda
 from gems_fl.geometry.products import lda_by_products
+from gems_fl.settings import Settings
 
 FLOAT32, FLOAT16 = 4, 2
 
@@ -66,8 +67,10 @@ def one_division(spec: str, nodes: int, seed: int, dim: int, kind: str, ranks: l
     division = parse_division(spec, nodes, splits.num_classes)
     parts = [node_data(splits, division, k, seed) for k in range(nodes)]
     parts = [p for p in parts if len(p[1])]
-    bandwidth = bandwidth_from_stats([feature_stats(p[0]) for p in parts])
-    features = RandomFeatures(kind, splits.num_features, dim, bandwidth, seed)
+    run = Settings(dataset="fashion-mnist", label_division=spec, seed=seed,
+                   model="random-features", rf_map=kind, rf_dim=dim)
+    features = feature_map(run, nodes, splits)  # the map a run with these settings agrees on
+    bandwidth = features.bandwidth
     classes = splits.num_classes
     mapped = [features.transform(p[0]) for p in parts]  # float32, as the node maps them
     counts = [len(p[1]) for p in parts]

@@ -6,11 +6,11 @@ node side is :data:`fedavg_client_app`, which trains the received model for
 on (``gems_fl.data.nodes.load_node_data``: partition or own data file, and its seed), with the
 same Adam recipe (a fresh optimiser each round) or, with ``optimizer="sgd"``, plain SGD
 at a learning rate the server sends, adding FedProx's proximal term when the strategy
-sends ``proximal-mu``. With ``model='random-features'`` the server derives the map as a GEMS
-run's identity round does (``rf-bandwidth=auto``: from the pooled feature sums of the
-nodes' training rows; the run's seed) and sends it in every round's config; each node maps
-its rows with it, so both methods fit the same model. Accuracy is measured on the server's test set after every round,
-next to the bytes of the records exchanged.
+sends ``proximal-mu``. With ``model='random-features'`` the server derives the map as a
+GEMS run's identity round does (``rf-bandwidth=auto``: from the pooled feature sums of
+the nodes' training rows; the run's seed) and sends it in every round's config; each node
+maps its rows with it, so both methods fit the same model. Accuracy is measured on the
+server's test set after every round, next to the bytes of the records exchanged.
 
 SGD's learning rate is chosen by :func:`choose_lr`: one short federated run per rate of
 a small grid, each scored on a validation split the server holds (the nodes' validation

@@ -88,14 +88,30 @@ def pooled_lda(grams: Sequence[np.ndarray], moments: Sequence[np.ndarray],
         raise ValueError(f"shrinkage must be finite and >= 0; got {shrinkage}")
     a, b = pooled_system(grams, moments, num_train, 0.0)
     d = a.shape[0] - 1
-    prior = b[:, d].clamp(min=0.0)
-    held = prior > 0
-    mu = torch.zeros_like(b[:, :d])
-    mu[held] = b[held, :d] / prior[held, None]
+    prior, mu = class_priors_and_means(b)
     within = a[:d, :d] - (mu.T * prior) @ mu
     within = 0.5 * (within + within.T)
     within.diagonal().add_(float(shrinkage) * float(torch.trace(within).clamp(min=0.0)) / d)
-    weight = solve_right(within, mu)
+    return lda_classifier(solve_right(within, mu), prior, mu)
+
+
+def class_priors_and_means(moments: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(pi (C,), mu (C, d))`` from the pooled label moments ``(C, d + 1)``: each class's
+    share of the rows (the last column) and its mean input (zero for a class no node holds)."""
+    d = moments.shape[1] - 1
+    prior = moments[:, d].clamp(min=0.0)
+    held = prior > 0
+    mu = torch.zeros_like(moments[:, :d])
+    mu[held] = moments[held, :d] / prior[held, None]
+    return prior, mu
+
+
+def lda_classifier(weight: torch.Tensor, prior: torch.Tensor, mu: torch.Tensor) -> np.ndarray:
+    """The LDA classifier ``(C, d + 1)`` of the discriminant directions ``weight``
+    ``(C, d)`` (``mu_c A^-1``): bias ``-mu_c . w_c / 2 + log pi_c``; a class no node holds is
+    never predicted."""
+    held = prior > 0
+    weight = weight.clone()
     bias = torch.full((len(prior),), ABSENT_CLASS_BIAS, dtype=torch.float64)
     bias[held] = -0.5 * (weight[held] * mu[held]).sum(dim=1) + torch.log(prior[held])
     weight[~held] = 0.0

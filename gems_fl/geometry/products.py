@@ -26,7 +26,7 @@ import numpy as np
 import torch
 
 from gems_fl.geometry.linalg import layer_matrix
-from gems_fl.geometry.pooled import ABSENT_CLASS_BIAS
+from gems_fl.geometry.pooled import class_priors_and_means, lda_classifier
 
 #: ``product(V)``: the nodes' summed ``sum_k (n_k / N) (G_k [V; 0])[:d]`` for a ``(d, C)``
 #: block ``V``, one round of messages.
@@ -54,10 +54,7 @@ def lda_by_products(product: Product, moments: np.ndarray, diagonal: np.ndarray,
         raise ValueError(f"diagonal has {len(diag)} entries; the moments have {b.shape[1]} "
                          "columns (features + 1)")
     d = b.shape[1] - 1
-    prior = b[:, d].clamp(min=0.0)
-    held = prior > 0
-    mu = torch.zeros_like(b[:, :d])
-    mu[held] = b[held, :d] / prior[held, None]
+    prior, mu = class_priors_and_means(b)
     within_diag = diag[:d] - (prior[:, None] * mu * mu).sum(dim=0)
     shift = float(shrinkage) * float(within_diag.sum().clamp(min=0.0)) / d
     precondition = 1.0 / (within_diag.clamp(min=0.0) + shift)
@@ -86,14 +83,5 @@ def lda_by_products(product: Product, moments: np.ndarray, diagonal: np.ndarray,
         rz_next = (r * z).sum(dim=0)
         p = z + torch.where(rz > 0, rz_next / rz.clamp(min=1e-300), torch.zeros_like(rz)) * p
         rz = rz_next
-        points.append(_lda_point(x.T, mu, prior, held))
+        points.append(lda_classifier(x.T, prior, mu))
     return points
-
-
-def _lda_point(weight: torch.Tensor, mu: torch.Tensor, prior: torch.Tensor,
-               held: torch.Tensor) -> np.ndarray:
-    weight = weight.clone()
-    bias = torch.full((len(prior),), ABSENT_CLASS_BIAS, dtype=torch.float64)
-    bias[held] = -0.5 * (weight[held] * mu[held]).sum(dim=1) + torch.log(prior[held])
-    weight[~held] = 0.0
-    return torch.cat([weight, bias[:, None]], dim=1).numpy()
