@@ -248,6 +248,9 @@ class GEMSModel:
         run did not scale features (``standardize='off'``).
     features : RandomFeatures or None
         ``model='random-features'``: the run's map, applied after the scaling.
+    feature_names : list of str or None
+        The feature columns the run matched the sites by (their header names), in the
+        model's order; None when the sites' files had no names (matched by position).
     """
 
     layers: list[tuple[np.ndarray, np.ndarray]]
@@ -255,6 +258,7 @@ class GEMSModel:
     mean: np.ndarray | None = None
     std: np.ndarray | None = None
     features: RandomFeatures | None = None
+    feature_names: list[str] | None = None
 
     @property
     def num_features(self) -> int:
@@ -262,11 +266,12 @@ class GEMSModel:
             return int(self.features.num_inputs)
         return int(self.layers[0][0].shape[1])
 
-    def logits(self, x: np.ndarray) -> np.ndarray:
-        """Logits ``(n, C)`` for rows ``x`` ``(n, d)`` in the run's raw feature units."""
-        z = _as_matrix("x", x)
-        if z.shape[1] != self.num_features:
-            raise ValueError(f"x has {z.shape[1]} features; the model takes {self.num_features}")
+    def logits(self, x) -> np.ndarray:
+        """Logits ``(n, C)`` for rows ``x`` ``(n, d)`` in the run's raw feature units.
+
+        ``x`` with column names (a pandas DataFrame) is matched by name, in any order;
+        an array is taken by position, as scikit-learn does."""
+        z = rows_in_order(x, self.feature_names, self.num_features)
         if self.mean is not None:
             z = (z - self.mean) / self.std
         if self.features is not None:
@@ -300,8 +305,53 @@ class GEMSModel:
             meta["scale"] = {"mean": self.mean.tolist(), "std": self.std.tolist()}
         if self.features is not None:
             meta["random_features"] = self.features.to_json()
+        if self.feature_names is not None:
+            meta["columns"] = list(self.feature_names)
         (folder / SAVED_FILE).write_text(json.dumps({"dataset": meta}, indent=1) + "\n")
         return folder
+
+
+def rows_in_order(x, names: list[str] | None, width: int, who: str = "the model") -> np.ndarray:
+    """``x`` as a float64 ``(n, width)`` matrix with its columns in the order ``names``.
+
+    A table with column names (anything with ``columns``, such as a pandas DataFrame) is
+    matched by name when ``names`` is known: extra or missing columns raise a
+    ``ValueError`` naming them. An array (or a table when ``names`` is None) is taken by
+    position and must have ``width`` columns.
+    """
+    given = getattr(x, "columns", None)
+    if given is not None and names is not None:
+        given = [str(c) for c in given]
+        extra = [c for c in given if c not in names]
+        missing = [c for c in names if c not in given]
+        if extra or missing:
+            parts = ([f"lacks column(s) {', '.join(missing)}"] if missing else []) + (
+                [f"has column(s) {', '.join(extra)} that {who} was not trained on (drop them)"]
+                if extra else [])
+            raise ValueError(f"x {'; '.join(parts)}; {who} takes the columns "
+                             f"{', '.join(names)} (matched by name, in any order)")
+        repeated = sorted({c for c in given if given.count(c) > 1})
+        if repeated:
+            raise ValueError(f"x holds column(s) {', '.join(repeated)} more than once")
+        z = _numbers(np.asarray(x)[:, [given.index(c) for c in names]])
+    else:
+        z = _numbers(x)
+    if z.ndim != 2:
+        raise ValueError(f"x has shape {z.shape}; expected a 2-D array (samples x features)")
+    if z.shape[1] != width:
+        raise ValueError(f"x has {z.shape[1]} features, but {who} is expecting {width} features "
+                         "as input" + (f" ({', '.join(names)})" if names else ""))
+    if not np.all(np.isfinite(z)):
+        raise ValueError("x holds NaN or infinite values; the model takes finite numbers")
+    return z
+
+
+def _numbers(x) -> np.ndarray:
+    try:
+        return np.asarray(x, dtype=np.float64)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"x holds values that are not numbers ({exc}); every feature must "
+                         "be a number") from None
 
 
 def load_model(run_folder: str | Path) -> GEMSModel:
@@ -311,9 +361,12 @@ def load_model(run_folder: str | Path) -> GEMSModel:
     ----------
     run_folder : str or Path
         The run's folder (``<output-dir>/run-<id>``) holding ``results.json`` and
-        ``gems_model.npz``, or a folder :meth:`GEMSModel.save` wrote.
+        ``gems_model.npz`` (or its ``results.json`` itself), or a folder
+        :meth:`GEMSModel.save` wrote.
     """
     folder = Path(run_folder).expanduser()
+    if folder.is_file() and folder.name in (RESULTS_FILE, MODEL_FILE, SAVED_FILE):
+        folder = folder.parent  # the run's results.json (or model file) names its folder
     model_path, results_path = folder / MODEL_FILE, folder / RESULTS_FILE
     if (folder / SAVED_FILE).is_file():  # GEMSModel.save's
         results_path = folder / SAVED_FILE
@@ -337,5 +390,7 @@ def load_model(run_folder: str | Path) -> GEMSModel:
     mean = None if scale is None else np.asarray(scale["mean"], dtype=np.float64)
     std = None if scale is None else np.asarray(scale["std"], dtype=np.float64)
     features = RandomFeatures.from_config(dataset.get("random_features", {}))
-    return GEMSModel(layers, classes, mean, std, features)
+    names = dataset.get("columns")
+    return GEMSModel(layers, classes, mean, std, features,
+                     None if names is None else [str(c) for c in names])
 

@@ -1,4 +1,4 @@
-"""GEMS with scikit-learn's habits: ``GEMSClassifier().fit(sites).predict(x)``.
+"""GEMS as a scikit-learn classifier: ``GEMSClassifier().fit(X, y, sites=site_of_row)``.
 
 ``fit`` runs the real protocol, the same ServerApp and ClientApp code as ``gems-fl run
 --site``, over an in-process grid (no Flower processes, no Ray): each site trains its
@@ -8,6 +8,19 @@ the one ``gems-fl run --site`` gives on the same rows, labels may be text and ea
 may hold any subset of the classes, and features are scaled as a run scales them
 (``standardize='auto'``: one mean and std from the sites' sums).
 
+Two ways to give the sites' rows:
+
+- ``fit(X, y, sites=s)``: one table, ``s`` names each row's site (like ``groups`` in
+  scikit-learn); each site's node sets its validation rows aside itself (``val-fraction``,
+  per class, seeded). Without ``sites`` every row is one site's. This is the form
+  ``cross_val_score``, ``GridSearchCV`` and ``Pipeline`` call
+  (``cross_val_score(clf, X, y, params={"sites": s})``).
+- ``fit({"site-a": {"x_train": ..., "y_train": ..., "x_val": ..., "y_val": ...}, ...})``:
+  the sites' own splits, as their files hold them.
+
+A table with column names (a pandas DataFrame) is matched by name, site by site and at
+``predict``, as a run matches its sites' headers; arrays are taken by position.
+
 Flower is imported when ``fit`` runs, not when this module is.
 """
 
@@ -16,28 +29,44 @@ from __future__ import annotations
 import contextlib
 import io
 import logging
+import numbers
 import tempfile
+import warnings
 from collections.abc import Mapping, Sequence
-from dataclasses import fields
+from dataclasses import fields, replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+from sklearn.base import BaseEstimator, ClassifierMixin
+from sklearn.utils.multiclass import check_classification_targets
+from sklearn.utils.validation import (
+    check_array,
+    check_consistent_length,
+    check_is_fitted,
+    column_or_1d,
+)
 
-from gems_fl.api import GEMSModel, load_model
+from gems_fl.api import GEMSModel, load_model, rows_in_order
+from gems_fl.learning.model_names import MODELS
 
-__all__ = ["GEMSClassifier"]
+__all__ = ["GEMSClassifier", "GoodEnoughWarning"]
 
 SITE_KEYS = ("x_train", "y_train", "x_val", "y_val")  # plus optional x_test, y_test
 FIXED = ("dataset", "site-files", "output-dir")  # what fit sets itself
+ONE_SITE = "site-0"  # fit(X, y) without sites: every row is this site's
 
 
-class GEMSClassifier:
+class GoodEnoughWarning(UserWarning):
+    """``fit`` returned an ``h_G`` that a majority of the sites did not find good enough."""
+
+
+class GEMSClassifier(ClassifierMixin, BaseEstimator):
     """GEMS over several sites' data, fitted in one call.
 
     Parameters
     ----------
-    eps : float
+    eps : float in [0, 1]
         The target accuracy every site's good-enough space keeps (run setting ``eps``).
     model : {"logistic", "random-features", "mlp"}
         The model (run setting ``model``).
@@ -51,10 +80,14 @@ class GEMSClassifier:
 
     Attributes
     ----------
+    classes_ : np.ndarray
+        The class labels, sorted (as ``np.unique`` sorts them); ``predict`` returns them.
+    n_features_in_ : int
+        Features the model takes.
+    feature_names_in_ : np.ndarray of str
+        The feature names it was fitted on (only when the sites' tables had column names).
     model_ : GEMSModel
         ``h_G`` with the classes and the scaling of the run (``save`` writes it).
-    classes_ : np.ndarray
-        Class names in index order: every label the sites hold, sorted as a run sorts them.
     results_ : dict
         The run's results (what ``results.json`` holds): per-site checks, attendance, ...
     """
@@ -67,17 +100,10 @@ class GEMSClassifier:
         self.settings = settings
         self.verbose = verbose
 
-    def get_params(self, deep: bool = True) -> dict[str, Any]:
-        return {"eps": self.eps, "model": self.model, "seed": self.seed,
-                "settings": self.settings, "verbose": self.verbose}
-
-    def set_params(self, **params: Any) -> GEMSClassifier:
-        for key, value in params.items():
-            if key not in self.get_params():
-                raise ValueError(f"GEMSClassifier has no parameter {key!r}; it has "
-                                 f"{', '.join(self.get_params())}")
-            setattr(self, key, value)
-        return self
+    def __sklearn_tags__(self):
+        tags = super().__sklearn_tags__()
+        tags.non_deterministic = False
+        return tags
 
     def run_config(self) -> dict[str, Any]:
         """The run settings ``fit`` uses (validated), keys as in ``pyproject.toml``."""
@@ -85,6 +111,7 @@ class GEMSClassifier:
         from gems_fl.settings import Settings
         from gems_fl.settings.checks import key_of
 
+        self._check_parameters()
         extra = dict(self.settings or {})
         taken = sorted(set(extra) & {*FIXED, "eps", "model", "seed"})
         if taken:
@@ -97,16 +124,35 @@ class GEMSClassifier:
         Settings.from_run_config(config)  # a clear SettingsError before anything runs
         return config
 
-    def fit(self, sites: Sequence[Mapping[str, Any]] | Mapping[str, Mapping[str, Any]]
-            ) -> GEMSClassifier:
-        """Fit ``h_G`` over ``sites``.
+    def _check_parameters(self) -> None:
+        """Each parameter's type and range, the error naming the parameter."""
+        eps = self.eps
+        if isinstance(eps, bool) or not isinstance(eps, numbers.Real) or not 0.0 <= eps <= 1.0:
+            raise ValueError(f"GEMSClassifier: the parameter eps={eps!r} must be a number in "
+                             "[0, 1] (the accuracy each site's good-enough space keeps)")
+        if self.model not in MODELS:
+            raise ValueError(f"GEMSClassifier: the parameter model={self.model!r} must be one "
+                             f"of {', '.join(MODELS)}")
+        if isinstance(self.seed, bool) or not isinstance(self.seed, numbers.Integral):
+            raise ValueError(f"GEMSClassifier: the parameter seed={self.seed!r} must be an "
+                             "integer")
+        if self.settings is not None and not isinstance(self.settings, Mapping):
+            raise ValueError(f"GEMSClassifier: the parameter settings must be a mapping of run "
+                             f"settings (or None), got {type(self.settings).__name__}")
+
+    def fit(self, X: Any, y: Any = None, sites: Any = None) -> GEMSClassifier:
+        """Fit ``h_G`` over the sites' rows.
 
         Parameters
         ----------
-        sites : sequence of mappings, or a mapping of site name to mapping
-            Per site its rows: ``x_train``, ``y_train``, ``x_val``, ``y_val`` and
-            optionally ``x_test``, ``y_test`` (arrays, or anything ``np.asarray`` takes;
-            labels numbers or text). A sequence names the sites ``site-0``, ``site-1``, ...
+        X : array-like or DataFrame of shape (n_samples, n_features), or the sites
+            The rows of every site. Or, with ``y`` left out, the sites themselves: a
+            mapping of site name to ``{x_train, y_train, x_val, y_val[, x_test, y_test]}``
+            (or a sequence of such mappings, named ``site-0``, ``site-1``, ...).
+        y : array-like of shape (n_samples,)
+            Class labels, numbers or text.
+        sites : array-like of shape (n_samples,), optional
+            The site of each row (any names). None: every row is one site's.
 
         Returns
         -------
@@ -115,7 +161,7 @@ class GEMSClassifier:
         Raises
         ------
         ValueError
-            A site lacks a split or a setting is invalid (``SettingsError``).
+            A parameter, a site or a setting is invalid (the message names it).
         RequiredNodesMissing
             A site's data did not fit the others' (the message says which and why), as
             ``gems-fl run`` exits 3; ``settings={"required-nodes": "2"}`` accepts fewer.
@@ -124,56 +170,133 @@ class GEMSClassifier:
             ``settings={"min-good-enough": "0"}`` accepts it.
         """
         config = self.run_config()
-        named = _named_sites(sites)
+        if y is None and _holds_sites(X):
+            if sites is not None:
+                raise ValueError("sites= names each row's site in fit(X, y, sites=...); with "
+                                 "the sites' own splits in X, leave it out")
+            named = _named_sites(X)
+        else:
+            named = _sites_of_rows(X, y, sites, self)
+        self.classes_ = _all_classes(named)
+        if len(self.classes_) < 2:
+            raise ValueError(f"GEMSClassifier needs at least 2 classes in y; the sites hold 1 "
+                             f"class ({self.classes_[0]!r})")
+        named = {name: _encoded(data, self.classes_) for name, data in named.items()}
+        if len(named) == 1 and "min-replies" not in config:
+            config["min-replies"] = 1  # one site: its own model, checked like a run's
+        # a library call takes the rows it is given (a run's guard against a tiny site is
+        # min-rows=10) and returns the model with a warning where a run would exit 4
+        config.setdefault("min-rows", 2)
+        warn_only = "min-good-enough" not in (self.settings or {})
+        if warn_only:
+            config["min-good-enough"] = "0"
         with tempfile.TemporaryDirectory(prefix="gems-fl-fit-") as tmp:
             paths = [_write_site(Path(tmp), name, data) for name, data in named.items()]
             config = {**config, "site-files": ",".join(map(str, paths)),
                       "output-dir": str(Path(tmp) / "out")}
             self.results_ = _run_in_process(config, len(paths), self.verbose)
-            self.model_ = load_model(Path(tmp) / "out" / "run-1")
-        self.classes_ = np.asarray(self.model_.classes, dtype=object)
+            model = load_model(Path(tmp) / "out" / "run-1")
+        # the run named the classes by their index; the model names them as fit was given
+        self.model_ = replace(model, classes=[str(self.classes_[int(i)]) for i in model.classes])
+        self.n_features_in_ = int(self.model_.num_features)
+        good = self.results_.get("good_enough", {})
+        if warn_only and good.get("checked") and 2 * good["sites"] <= good["checked"]:
+            warnings.warn(f"GEMSClassifier: h_G is good enough (validation accuracy >= eps) on "
+                          f"{good['sites']} of {good['checked']} site(s) only; a run "
+                          "would exit 4 (settings={'min-good-enough': 'majority'} makes fit "
+                          "raise ModelNotGoodEnough instead)", GoodEnoughWarning, stacklevel=2)
+        if self.model_.feature_names is not None:
+            self.feature_names_in_ = np.asarray(self.model_.feature_names, dtype=object)
+        elif hasattr(self, "feature_names_in_"):
+            del self.feature_names_in_
         return self
 
-    def _fitted(self) -> GEMSModel:
-        if not hasattr(self, "model_"):
-            raise ValueError("this GEMSClassifier is not fitted yet: call fit(sites) first")
-        return self.model_
+    def _logits(self, X: Any) -> np.ndarray:
+        """``h_G``'s logits ``(n, C)`` for ``X``, its columns matched by name where both
+        sides have names, else by position."""
+        check_is_fitted(self)
+        names = self.model_.feature_names
+        if names is not None and _column_names(X) is not None:
+            X = rows_in_order(X, names, self.n_features_in_, "GEMSClassifier")
+        x = check_array(X, dtype=np.float64, estimator=self)
+        if x.shape[1] != self.n_features_in_:
+            raise ValueError(f"X has {x.shape[1]} features, but GEMSClassifier is expecting "
+                             f"{self.n_features_in_} features as input")
+        return self.model_.logits(x)  # in the model's column order already
 
-    def decision_function(self, x: Any) -> np.ndarray:
-        """Logits ``(n, C)`` for rows ``x`` ``(n, d)`` in the sites' raw feature units."""
-        return self._fitted().logits(np.asarray(x, dtype=np.float64))
+    def decision_function(self, X: Any) -> np.ndarray:
+        """Scores for rows ``X`` ``(n, d)`` in the sites' raw feature units: the logits
+        ``(n, C)``, columns as ``classes_``; with two classes, as scikit-learn's binary
+        classifiers, one score ``(n,)`` that is positive for ``classes_[1]``."""
+        z = self._logits(X)
+        return z[:, 1] - z[:, 0] if z.shape[1] == 2 else z
 
-    def predict_proba(self, x: Any) -> np.ndarray:
+    def predict_proba(self, X: Any) -> np.ndarray:
         """Class probabilities ``(n, C)`` (softmax of the logits), columns as ``classes_``."""
-        z = self.decision_function(x)
+        z = self._logits(X)
         z = np.exp(z - z.max(axis=1, keepdims=True))
         return z / z.sum(axis=1, keepdims=True)
 
-    def predict(self, x: Any) -> np.ndarray:
-        """Class names ``(n,)`` for rows ``x`` ``(n, d)``."""
-        return self._fitted().predict(np.asarray(x, dtype=np.float64))
-
-    def score(self, x: Any, y: Any) -> float:
-        """Accuracy of :meth:`predict` against labels ``y`` (names or numbers)."""
-        from gems_fl.data.site_files import label_names  # 3 and 3.0 are "3", as a run names them
-
-        labels = label_names(np.asarray(y).ravel(), "y").astype(object)
-        return float(np.mean(self.predict(x) == labels))
+    def predict(self, X: Any) -> np.ndarray:
+        """Class labels ``(n,)`` for rows ``X`` ``(n, d)``, as ``classes_`` holds them."""
+        best = self._logits(X).argmax(axis=1)
+        return self.classes_[best]
 
     def save(self, folder: str | Path) -> Path:
-        """Write the model where :func:`gems_fl.api.load_model` reads it back."""
-        return self._fitted().save(folder)
+        """Write the model where :func:`gems_fl.api.load_model` reads it back (class names
+        as text, feature names, scaling)."""
+        check_is_fitted(self)
+        return self.model_.save(folder)
 
 
-def _named_sites(sites: Any) -> dict[str, Mapping[str, Any]]:
+def _holds_sites(X: Any) -> bool:
+    """Whether ``X`` is the sites' own splits (a mapping, or a sequence of mappings)."""
+    if isinstance(X, Mapping):
+        return True
+    return isinstance(X, Sequence) and not isinstance(X, str) and len(X) > 0 and all(
+        isinstance(item, Mapping) for item in X)
+
+
+def _column_names(x: Any) -> list[str] | None:
+    columns = getattr(x, "columns", None)
+    return None if columns is None else [str(c) for c in columns]
+
+
+def _sites_of_rows(X: Any, y: Any, sites: Any, estimator: BaseEstimator
+                   ) -> dict[str, dict[str, Any]]:
+    """``fit(X, y, sites)``: each site's training rows (its node sets validation rows
+    aside), with the table's column names."""
+    if y is None:
+        raise ValueError("GEMSClassifier requires y to be passed, but the target y is None "
+                         "(or pass the sites' own splits as one mapping: "
+                         "fit({'site-a': {...}, ...}))")
+    names = _column_names(X)
+    x = check_array(X, dtype=np.float64, ensure_min_samples=2, estimator=estimator)
+    y = column_or_1d(y, warn=True)
+    check_consistent_length(x, y)
+    check_classification_targets(y)
+    if sites is None:
+        site_of = np.full(len(y), ONE_SITE, dtype=object)
+    else:
+        site_of = np.asarray(sites).astype(str)
+        if site_of.shape != y.shape:
+            raise ValueError(f"sites has shape {site_of.shape}; expected ({len(y)},), the site "
+                             "of each row of X")
+    out = {}
+    for name in sorted(set(site_of.tolist())):
+        rows = site_of == name
+        out[name] = {"x_train": x[rows], "y_train": y[rows], "columns": names}
+    return _checked_names(out)
+
+
+def _named_sites(sites: Any) -> dict[str, dict[str, Any]]:
     if isinstance(sites, Mapping):
         named = {str(name): data for name, data in sites.items()}
     else:
         named = {f"site-{k}": data for k, data in enumerate(sites)}
     if not named:
         raise ValueError("fit() needs at least one site")
-    if any("," in name or "/" in name for name in named):
-        raise ValueError(f"site names must not hold ',' or '/': {sorted(named)}")
+    out = {}
     for name, data in named.items():
         if not isinstance(data, Mapping):
             raise ValueError(f"site {name!r}: expected a mapping with {', '.join(SITE_KEYS)}, "
@@ -182,7 +305,41 @@ def _named_sites(sites: Any) -> dict[str, Mapping[str, Any]]:
         if missing:
             raise ValueError(f"site {name!r} lacks {', '.join(missing)}; each site needs "
                              f"{', '.join(SITE_KEYS)} (x_test, y_test optional)")
+        columns = _column_names(data["x_train"])
+        site: dict[str, Any] = {"columns": columns}
+        for split in ("train", "val", "test"):
+            if f"x_{split}" not in data:
+                continue
+            x = data[f"x_{split}"]
+            other = _column_names(x)
+            if columns is not None and other is not None and other != columns:
+                x = rows_in_order(x, columns, len(columns), f"site {name!r}'s x_train")
+            site[f"x_{split}"], site[f"y_{split}"] = x, np.asarray(data[f"y_{split}"])
+        out[name] = site
+    return _checked_names(out)
+
+
+def _checked_names(named: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    if any("," in name or "/" in name for name in named):
+        raise ValueError(f"site names must not hold ',' or '/': {sorted(named)}")
     return named
+
+
+def _all_classes(named: Mapping[str, Mapping[str, Any]]) -> np.ndarray:
+    """Every label the sites hold, sorted as ``np.unique`` sorts them."""
+    labels = [np.asarray(data[k]).ravel() for data in named.values()
+              for k in ("y_train", "y_val", "y_test") if k in data]
+    return np.unique(np.concatenate(labels))
+
+
+def _encoded(data: Mapping[str, Any], classes: np.ndarray) -> dict[str, Any]:
+    """The site's labels as their index in ``classes`` (a run then orders the classes
+    as ``classes`` does, whatever their names)."""
+    out = dict(data)
+    for key in ("y_train", "y_val", "y_test"):
+        if key in out:
+            out[key] = np.searchsorted(classes, np.asarray(out[key]).ravel()).astype(np.int64)
+    return out
 
 
 def _write_site(folder: Path, name: str, data: Mapping[str, Any]) -> Path:
@@ -192,6 +349,8 @@ def _write_site(folder: Path, name: str, data: Mapping[str, Any]) -> Path:
         if key in data:
             value = np.asarray(data[key])
             arrays[key] = value.astype(str) if value.dtype.kind == "O" else value
+    if data.get("columns") is not None:
+        arrays["columns"] = np.asarray(data["columns"], dtype=str)
     path = folder / f"{name}.npz"
     np.savez(path, **arrays)
     return path

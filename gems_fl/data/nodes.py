@@ -37,6 +37,7 @@ from gems_fl.data.agreement import NODE_FILES, DataAgreement
 from gems_fl.data.datasets import shared_splits
 from gems_fl.data.site_files import (
     SiteFile,
+    ID_AUTO,
     SiteFileError,
     align_columns,
     combine_stats,
@@ -45,6 +46,7 @@ from gems_fl.data.site_files import (
     parse_classes,
     read_site_file,
     site_problems,
+    split_validation,
     split_off_test,
 )
 
@@ -75,6 +77,7 @@ class NodeData:
     classes: list[str] = field(default_factory=list)  # class name of each label index
     scale: tuple[np.ndarray, np.ndarray] | None = None  # (mean, std) applied, if any
     columns: list[str] | None = None  # feature names (a CSV header), in the run's order
+    notes: list[str] = field(default_factory=list)  # what the node did to its file's rows
 
     @property
     def present_classes(self) -> list[str]:
@@ -192,11 +195,15 @@ def _run_shape(settings: Settings, agreement: DataAgreement | None,
     return settings.num_features or None, classes, "the run"
 
 
-def read_node_site(name: str, data_path: str, label_column: str = "") -> SiteFile:
-    """The node's file, read as :func:`gems_fl.data.site_files.read_site_file` reads it;
-    errors name the node."""
+def read_node_site(name: str, data_path: str, label_column: str = "",
+                   id_columns: str = ID_AUTO, val_fraction: float = 0.2, seed: int = 0) -> SiteFile:
+    """The node's file, read as :func:`gems_fl.data.site_files.read_site_file` reads it,
+    with validation rows split off when it has none (:func:`split_validation`); errors
+    name the node."""
     try:
-        return read_site_file(data_path, label_column)
+        site = read_site_file(data_path, label_column, id_columns=id_columns)
+        split_validation(site, val_fraction, seed)
+        return site
     except SiteFileError as exc:
         raise NodeDataError(f"node '{name}': {exc}") from None
 
@@ -204,7 +211,8 @@ def read_node_site(name: str, data_path: str, label_column: str = "") -> SiteFil
 def _load_file_node(settings: Settings, node_config: Mapping[str, Any],
                     agreement: DataAgreement | None, name: str, seed: int,
                     data_path: str) -> NodeData:
-    site = read_node_site(name, data_path, settings.label_column)
+    site = read_node_site(name, data_path, settings.label_column, settings.id_columns,
+                          settings.val_fraction, seed)
     num_features, classes, run = _run_shape(settings, agreement, site)
     columns = align_columns(site, agreement.columns if agreement is not None else None)
     problems = ([columns] if columns else []) + site_problems(site, num_features, classes, run=run)
@@ -220,7 +228,26 @@ def _load_file_node(settings: Settings, node_config: Mapping[str, Any],
                     x_test=site.x.get("test"), y_test=y.get("test"))
     data.classes = list(classes)
     data.columns = site.columns
+    data.notes = site_notes(site)
     return data
+
+
+def site_notes(site: SiteFile) -> list[str]:
+    """What a user should know about how a site file was read: ID-like columns left out,
+    validation rows split off, a single class (one line each; shown in the run's summary
+    and by ``gems-fl check-data``)."""
+    notes = []
+    if site.dropped:
+        notes.append(f"left out {len(site.dropped)} ID-like column(s): {', '.join(site.dropped)} "
+                     "(id-columns='none' keeps them)")
+    if site.val_split:
+        notes.append(f"no validation rows: {len(site.y['val'])} of its training rows "
+                     f"({site.val_split:.0%}, val-fraction, per class, seeded) were set aside")
+    held = site.labels
+    if len(held) == 1:
+        notes.append(f"holds one class ({held[0]}): its own model predicts it everywhere; h_G "
+                     "is checked on its rows all the same")
+    return notes
 
 
 def _load_partition_node(settings: Settings, node_config: Mapping[str, Any], name: str,

@@ -4,18 +4,25 @@ by the server's ``public-data``.
 Formats
 -------
 ``.npz``
-    arrays ``x_train``, ``y_train``, ``x_val``, ``y_val`` and optionally ``x_test``,
-    ``y_test`` (a public-data file: ``x``, ``y`` and optionally ``x_test``, ``y_test``).
-    Labels may be integers or strings.
+    arrays ``x_train``, ``y_train`` and optionally ``x_val``, ``y_val``, ``x_test``,
+    ``y_test`` and ``columns`` (the feature names, in ``x``'s order; a public-data file:
+    ``x``, ``y`` and optionally ``x_test``, ``y_test``). Labels may be integers or strings.
 ``.csv``
-    ``<stem>.csv`` holds the training rows, ``<stem>_val.csv`` the validation rows and
-    ``<stem>_test.csv`` (optional) a test split; one sample per row, with or without a
-    header row. The label sits in the last column unless ``label-column`` names
+    ``<stem>.csv`` holds the training rows, ``<stem>_val.csv`` (optional) the validation
+    rows and ``<stem>_test.csv`` (optional) a test split; one sample per row, with or
+    without a header row. The label sits in the last column unless ``label-column`` names
     another (a 0-based index, negative counts from the end, or a header name). Labels
     may be numbers or text; every other cell must be a number. With a header row the
     feature columns are known by name: a companion file may order them differently
     (it is read in the training file's order), and a run matches sites by column name
     (:func:`align_columns`); without one, by position.
+
+Without validation rows a node splits them off its training rows (:func:`split_validation`:
+seeded, stratified; ``val-fraction``). Columns that look like row IDs (:func:`id_like`: a
+text column whose values differ in every row, or a column named like an ID, ``id``,
+``rownames``, ``patient_id``, ..., whose values differ in every row) are left out, and
+named, unless ``id-columns`` says otherwise. Columns are numbered from 0 in every message,
+as ``label-column`` counts them.
 
 Labels are turned into class *names* (text): ``3`` and ``3.0`` both become ``"3"``.
 A run agrees on one class list (:func:`sort_classes`: numerically when every name is an
@@ -33,7 +40,9 @@ from pathlib import Path
 import numpy as np
 
 SPLITS = ("train", "val", "test")
-REQUIRED_SPLITS = ("train", "val")
+REQUIRED_SPLITS = ("train",)
+#: ``id-columns``: detect ID-like columns (``auto``) or keep every column (``none``)
+ID_AUTO, ID_NONE = "auto", "none"
 
 
 class SiteFileError(ValueError):
@@ -48,6 +57,9 @@ class SiteFile:
     x: dict[str, np.ndarray] = field(default_factory=dict)
     y: dict[str, np.ndarray] = field(default_factory=dict)  # class names (str arrays)
     columns: list[str] | None = None  # feature column names (a CSV header), in x's order
+    dropped: list[str] = field(default_factory=list)  # ID-like columns left out
+    val_split: float = 0.0  # the fraction of training rows split off as validation rows
+    positions: list[int] | None = None  # a CSV's: each feature's column number in the file
 
     @property
     def labels(self) -> list[str]:
@@ -122,12 +134,14 @@ def public_data_path(text: str) -> Path | None:
 
 
 def read_site_file(path: str | Path, label_column: str = "", *,
-                   public: bool = False) -> SiteFile:
+                   public: bool = False, id_columns: str = ID_AUTO) -> SiteFile:
     """Read a site file (``.npz`` or ``.csv``); see the module docstring.
 
     ``public`` reads a server public-data file (splits ``x``/``y`` as "train" and an
     optional test split) instead of a node's; a test split alone (an ``.npz`` with only
-    ``x_test``/``y_test``, or a ``<stem>_test.csv``) is a test-only file.
+    ``x_test``/``y_test``, or a ``<stem>_test.csv``) is a test-only file. ``id_columns``:
+    ``auto`` leaves out the columns :func:`id_like` finds, ``none`` keeps every column,
+    comma-separated names (or 0-based numbers) leave out exactly those.
 
     Raises
     ------
@@ -140,9 +154,11 @@ def read_site_file(path: str | Path, label_column: str = "", *,
         raise SiteFileError(f"{path} does not exist or is not a file")
     suffix = path.suffix.lower()
     if suffix == ".npz":
-        return _read_npz(path, public)
+        site = _read_npz(path, public)
+        _drop_npz_ids(site, id_columns)
+        return site
     if suffix == ".csv":
-        return _read_csv(path, label_column, public)
+        return _read_csv(path, label_column, public, id_columns)
     raise SiteFileError(f"{path}: unknown file type '{suffix}'; use .npz or .csv")
 
 
@@ -174,6 +190,8 @@ def _read_npz(path: Path, public: bool) -> SiteFile:
                 if kx in files:
                     site.x[split] = np.asarray(f[kx])
                     site.y[split] = label_names(f[ky], f"{path}: {ky}")
+            if "columns" in files:
+                site.columns = [str(c).strip() for c in np.asarray(f["columns"]).ravel()]
     except SiteFileError:
         raise
     except (OSError, ValueError, EOFError) as exc:
@@ -182,7 +200,28 @@ def _read_npz(path: Path, public: bool) -> SiteFile:
         if x.dtype.kind not in "iufb":
             raise SiteFileError(f"{path}: {keys[split][0]} has dtype {x.dtype}; features must be numbers")
         site.x[split] = x.astype(np.float64)
+    width = site.num_features()
+    if site.columns is not None and width is not None and len(site.columns) != width:
+        raise SiteFileError(f"{path}: columns names {len(site.columns)} features, x_train has "
+                            f"{width}; give one name per column of x")
     return site
+
+
+def _drop_npz_ids(site: SiteFile, spec: str) -> None:
+    """Leave out an ``.npz`` file's ID-like columns (see :func:`id_like`)."""
+    x = site.x.get("train")
+    if x is None or x.ndim != 2:
+        return
+    drop = _columns_to_drop(spec, site.columns, x.shape[1], site.path,
+                            lambda c: list(np.concatenate([v[:, c] for v in site.x.values()
+                                                           if v.ndim == 2])))
+    if not drop:
+        return
+    keep = [c for c in range(x.shape[1]) if c not in drop]
+    site.x = {split: v[:, keep] if v.ndim == 2 else v for split, v in site.x.items()}
+    site.dropped = [site.columns[c] if site.columns else f"column {c}" for c in drop]
+    if site.columns is not None:
+        site.columns = [site.columns[c] for c in keep]
 
 
 def _companions(path: Path, public: bool) -> dict[str, tuple[Path, bool]]:
@@ -191,12 +230,13 @@ def _companions(path: Path, public: bool) -> dict[str, tuple[Path, bool]]:
         return {"test": (path, True)}
     if public:
         return {"train": (path, True), "test": (path.with_name(f"{stem}_test.csv"), False)}
-    return {"train": (path, True), "val": (path.with_name(f"{stem}_val.csv"), True),
+    return {"train": (path, True), "val": (path.with_name(f"{stem}_val.csv"), False),
             "test": (path.with_name(f"{stem}_test.csv"), False)}
 
 
-def _read_csv(path: Path, label_column: str, public: bool) -> SiteFile:
+def _read_csv(path: Path, label_column: str, public: bool, id_columns: str = ID_AUTO) -> SiteFile:
     site = SiteFile(path)
+    drop: list[str] | None = None  # the training file's ID columns: the companions' too
     for split, (p, required) in _companions(path, public).items():
         if not p.is_file():
             if required:
@@ -204,7 +244,10 @@ def _read_csv(path: Path, label_column: str, public: bool) -> SiteFile:
                     f"{path} is a CSV training file, so its {split} data must lie next to it as "
                     f"{p}; it does not exist")
             continue
-        x, y, columns = read_csv_table(p, label_column)
+        x, y, columns, dropped, positions = read_csv_table(p, label_column, id_columns, drop)
+        if drop is None:
+            drop = site.dropped = dropped
+            site.positions = positions
         if site.x and site.columns is not None and columns is not None:
             problem = column_difference(columns, site.columns, "the training file")
             if problem:
@@ -264,6 +307,8 @@ def align_columns(site: SiteFile, columns: list[str] | None, other: str = "the r
     order = [site.columns.index(c) for c in columns]
     site.x = {split: x[:, order] for split, x in site.x.items()}
     site.columns = list(columns)
+    if site.positions is not None:
+        site.positions = [site.positions[i] for i in order]
     return ""
 
 
@@ -295,14 +340,17 @@ def _parses(text: str, kind: type) -> bool:
         return False
 
 
-def read_csv_table(path: Path, label_column: str = ""
-                   ) -> tuple[np.ndarray, np.ndarray, list[str] | None]:
-    """``(features float64, class names, feature column names or None)`` of one CSV file,
-    header detected.
+def read_csv_table(path: Path, label_column: str = "", id_columns: str = ID_AUTO,
+                   drop: list[str] | None = None
+                   ) -> tuple[np.ndarray, np.ndarray, list[str] | None, list[str], list[int]]:
+    """``(features float64, class names, feature column names or None, ID columns left
+    out, each feature's column number in the file)`` of one CSV file, header detected.
 
     The first row is a header when one of its feature cells is not a number. Empty
-    feature cells and ``nan`` become NaN (reported by :func:`site_problems`). A feature
-    column holding text is refused with its name, the values seen and what to do.
+    feature cells and ``nan`` become NaN (reported by :func:`site_problems`). ID-like
+    columns (``id_columns``, see :func:`read_site_file`; ``drop``: exactly these names,
+    a companion file's training file's choice) are left out. A feature column holding
+    text is refused with its name, its number, the values seen and what to do.
     """
     try:
         with path.open(newline="", encoding="utf-8-sig") as f:
@@ -310,7 +358,7 @@ def read_csv_table(path: Path, label_column: str = ""
     except (OSError, UnicodeDecodeError, csv.Error) as exc:
         raise SiteFileError(f"{path} cannot be read as CSV: {exc}") from None
     if not rows:
-        return np.zeros((0, 0)), np.array([], dtype=str), None
+        return np.zeros((0, 0)), np.array([], dtype=str), None, [], []
     width = len(rows[0])
     if width < 2:
         raise SiteFileError(f"{path}: rows have {width} column; a sample needs features and a label")
@@ -324,40 +372,102 @@ def read_csv_table(path: Path, label_column: str = ""
                               if i != guess and c) else None
     label = _label_index(label_column, header, width, path)
     body = rows[1:] if header is not None else rows
-    x = np.empty((len(body), width - 1))
-    y = []
-    text: dict[int, list[str]] = {}  # feature column -> the text it holds
+    cells = np.empty((len(body), width), dtype=object)
     for r, row in enumerate(body, start=2 if header is not None else 1):
         if len(row) != width:
             raise SiteFileError(f"{path}: line {r} has {len(row)} columns, the first row {width}")
-        values = []
-        for c, cell in enumerate(row):
-            if c == label:
-                continue
-            cell = cell.strip()
-            if not cell:
-                values.append(np.nan)
-                continue
-            try:
-                values.append(float(cell))
-            except ValueError:
-                text.setdefault(c, []).append(cell)
-                values.append(np.nan)
-        x[len(y)] = values
-        y.append(_csv_label(row[label]))
+        cells[r - (2 if header is not None else 1)] = [c.strip() for c in row]
+    features = [c for c in range(width) if c != label]
+    names = None if header is None else [header[c] for c in features]
+    parsed = {c: [_number(v) for v in cells[:, c]] for c in features}
+    if drop is None:
+        picked = _columns_to_drop(id_columns, names, len(features), path,
+                                  lambda i: parsed[features[i]])
+        dropped = [features[i] for i in picked]
+    else:
+        dropped = [features[names.index(d)] for d in drop if names is not None and d in names]
+    kept = [c for c in features if c not in dropped]
+    text = {c: [v for v in parsed[c] if isinstance(v, str)] for c in kept}
+    text = {c: found for c, found in text.items() if found}
     if text:
         raise SiteFileError(f"{path}: " + "; ".join(
-            _text_column(c, header, cells) for c, cells in sorted(text.items()))
+            _text_column(c, header, found) for c, found in sorted(text.items()))
             + "; features must be numbers: encode a text column (one 0/1 column per value) "
             "or drop it, or name it as the label with label-column")
-    columns = None if header is None else [h for i, h in enumerate(header) if i != label]
-    return x, np.array(y, dtype=str), columns
+    x = np.array([[parsed[c][r] for c in kept] for r in range(len(body))], dtype=np.float64)
+    x = x.reshape(len(body), len(kept))
+    y = np.array([_csv_label(v) for v in cells[:, label]], dtype=str)
+    columns = None if header is None else [header[c] for c in kept]
+    return x, y, columns, [header[c] if header else f"column {c}" for c in dropped], kept
+
+
+def _number(cell: str) -> float | str:
+    """A feature cell: its number, NaN when empty, else the text itself."""
+    if not cell:
+        return np.nan
+    try:
+        return float(cell)
+    except ValueError:
+        return cell
+
+
+#: header names that say a column numbers the rows rather than measures them
+ID_NAMES = frozenset({"", "id", "ids", "rownames", "row", "rowid", "row_id", "row id", "index",
+                      "idx", "unnamed: 0", "key", "uid", "uuid", "record", "record_id"})
+
+
+def id_like(name: str | None, values: list) -> bool:
+    """Whether a feature column looks like a row ID: its values differ in every row and
+    it holds text, or it is named like an ID (:data:`ID_NAMES`, or ending in ``_id`` /
+    `` id``) and holds integers or text."""
+    if len(values) < 2:
+        return False
+    if any(isinstance(v, float) and not np.isfinite(v) for v in values):
+        return False
+    if len(set(values)) != len(values):
+        return False
+    if all(isinstance(v, str) for v in values):
+        return True
+    if name is None:
+        return False
+    lowered = name.strip().lower()
+    named = lowered in ID_NAMES or lowered.endswith(("_id", " id", "-id"))
+    return named and all(isinstance(v, str) or float(v).is_integer() for v in values)
+
+
+def _columns_to_drop(spec: str, names: list[str] | None, width: int, path: Path,
+                     values) -> list[int]:
+    """The feature columns (indices among the features) that ``id-columns`` leaves out;
+    ``values(i)`` gives column ``i``'s cells."""
+    text = str(spec).strip()
+    if text.lower() in ("", ID_NONE):
+        return []
+    if text.lower() == ID_AUTO:
+        return [i for i in range(width) if id_like(None if names is None else names[i], values(i))]
+    wanted = [part.strip() for part in text.split(",") if part.strip()]
+    picked = []
+    if names is None:
+        raise SiteFileError(f"{path}: id-columns={text!r} names columns, but the file has no "
+                            "column names (a CSV header row, or an .npz array 'columns')")
+    for item in wanted:
+        if item not in names:
+            raise SiteFileError(f"{path}: id-columns names {item!r}, which is not one of its "
+                                f"feature columns ({', '.join(names)})")
+        picked.append(names.index(item))
+    return sorted(set(picked))
+
+
+def column_name(site: SiteFile, c: int) -> str:
+    """How messages name feature ``c``: its header name and its column number in the file,
+    counted from 0 as ``label-column`` counts."""
+    number = site.positions[c] if site.positions is not None else c
+    return f"{site.columns[c]!r} (column {number})" if site.columns else f"column {number}"
 
 
 def _text_column(c: int, header: list[str] | None, cells: list[str]) -> str:
     seen = list(dict.fromkeys(cells))
     shown = ", ".join(repr(v) for v in seen[:4]) + (", ..." if len(seen) > 4 else "")
-    name = f"column {header[c]!r} (column {c + 1})" if header else f"column {c + 1}"
+    name = f"column {header[c]!r} (column {c}, counted from 0)" if header else f"column {c} (counted from 0)"
     return f"{name} holds text in {len(cells)} row(s) ({shown})"
 
 
@@ -397,10 +507,15 @@ def site_problems(site: SiteFile, num_features: int | None = None,
         bad = ~np.isfinite(x)
         if bad.any():
             rows = np.flatnonzero(bad.any(axis=1))
+            columns = np.flatnonzero(bad.any(axis=0))
             nan, inf = int(np.isnan(x).sum()), int(np.isinf(x).sum())
+            named = ", ".join(column_name(site, int(c)) for c in columns[:5])
             problems.append(f"x_{split} holds {nan} NaN and {inf} infinite value(s) in "
                             f"{len(rows)} row(s) (first: data row {int(rows[0]) + 1}, counted "
-                            "from 1); features must be finite numbers")
+                            f"from 1) and {len(columns)} column(s): {named}"
+                            f"{', ...' if len(columns) > 5 else ''} (counted from 0, as "
+                            "label-column counts); features must be finite numbers: fill or "
+                            "drop those cells")
         if num_features is not None and x.shape[1] != num_features:
             problems.append(f"x_{split} has {x.shape[1]} features but {run} has {num_features}")
         if classes is not None and y.ndim == 1:
@@ -434,6 +549,35 @@ def encode_labels(y: np.ndarray, classes: list[str]) -> np.ndarray:
     """Class names -> indices in ``classes`` (every name must be listed)."""
     index = {name: i for i, name in enumerate(classes)}
     return np.array([index[str(v)] for v in y], dtype=np.int64)
+
+
+def split_validation(site: SiteFile, fraction: float, seed: int) -> bool:
+    """Split validation rows off a site's training rows when it has none, in place:
+    per class a seeded ``fraction`` of its rows (rounded; a class keeps at least one
+    training row), so the validation rows hold the classes as the training rows do.
+    Returns whether it split (``site.val_split`` records the fraction)."""
+    if "val" in site.x or "train" not in site.x:
+        return False
+    y = site.y["train"]
+    if not 0.0 < fraction < 1.0:
+        raise SiteFileError(f"{site.path} has no validation rows and val-fraction={fraction} "
+                            "splits none off; give validation rows or a val-fraction in (0, 1)")
+    rng = np.random.default_rng(seed)
+    val = []
+    for name in sort_classes(set(y.tolist())):
+        rows = rng.permutation(np.flatnonzero(y == name))
+        take = min(int(round(fraction * len(rows))), len(rows) - 1)
+        val.extend(rows[:take].tolist())
+    if not val:
+        raise SiteFileError(f"{site.path} has no validation rows and too few training rows "
+                            f"({len(y)}) to split val-fraction={fraction} off; give validation rows")
+    val = np.sort(np.asarray(val, dtype=np.int64))
+    train = np.setdiff1d(np.arange(len(y)), val)
+    x = site.x["train"]
+    site.x["train"], site.x["val"] = x[train], x[val]
+    site.y["train"], site.y["val"] = y[train], y[val]
+    site.val_split = float(fraction)
+    return True
 
 
 def split_off_test(x: np.ndarray, y: np.ndarray, fraction: float, seed: int

@@ -110,6 +110,15 @@ GOOD_ENOUGH_MEANING = (
     "statistics is often good enough without lying inside)")
 
 
+#: the per-node table's columns that are not plain words (docs/running.md, "Reading the summary")
+NODE_COLUMN_MEANINGS = (
+    "Per-node columns: radius: the size of the site's good-enough space (RMS logit change it "
+    "allows, for the Gram space); certified: a radius within which no model can fall below "
+    "eps on the site's validation rows (a proven lower bound, smaller than radius); inside: "
+    "whether h_G lies in the site's space, else 'miss d', how far outside it lies in the same "
+    "units; good enough: the site's own check, h_G val acc >= eps")
+
+
 def legend_lines(results: dict[str, Any]) -> list[str]:
     """What the main table's rows and the GEMS note's words mean, for the rows it shows."""
     rows = [f"{name}: {ROW_MEANINGS[name]}" for name in results.get("rows", {})
@@ -151,9 +160,13 @@ def refinement_table(results: dict[str, Any]) -> Table | None:
     rows = results.get("refinement")
     if not rows:
         return None
-    table = Table(title="Rounds: the one-shot h_G, the selection round (pooled ridge and logit "
-                  "scale chosen on the nodes' validation data), Bohning steps; GEMS is the last "
-                  "model, membership below is the selected h_G's")
+    steps = any(r["kind"] == "step" for r in rows)
+    table = Table(title="Rounds: the one-shot h_G, the selection round (which point, and the "
+                  "logit scale: a factor on h_G's logits that calibrates its probabilities, "
+                  "chosen on the nodes' validation data)"
+                  + (", the refinement steps (each a curvature-bounded step on the pooled "
+                     "loss, refine-rounds)" if steps else "")
+                  + "; GEMS is the last model, membership below is the selected h_G's")
     for col in ("round", "what", "test acc", "pooled train loss before", "nodes", "bytes so far"):
         table.add_column(col, justify="right")
     for r in rows:
@@ -204,6 +217,7 @@ def print_results(results: dict[str, Any], console: Console | None = None) -> No
                       "-" if acc is None else f"{acc:.3f}",
                       "-" if good is None else ("yes" if good else "NO"))
     console.print(nodes)
+    console.print(NODE_COLUMN_MEANINGS + ".", style="dim", highlight=False)
     evaluation = node_evaluation_table(results)
     if evaluation is not None:
         console.print(evaluation)
@@ -215,8 +229,10 @@ def print_results(results: dict[str, Any], console: Console | None = None) -> No
         console.print(f"[red]rejected[/red] node{name} {r['node_id']}: {r['reason']}")
     merge_notes = [r["merge"]["note"] for r in results.get("rounds", [])
                    if isinstance(r.get("merge"), dict) and r["merge"].get("note")]
-    for note in [*results.get("notes", []), *merge_notes]:
-        console.print(f"[yellow]note[/yellow]: {note}")
+    site_notes = [f"site '{p['name']}': {note}" for p in results.get("participants", [])
+                  for note in p.get("notes", [])]
+    for note in [*site_notes, *results.get("notes", []), *merge_notes]:
+        console.print(f"[yellow]note[/yellow]: {note}", highlight=False)
 
 
 ROW_KEYS = {"GEMS": "gems", "Averaged": "averaged", "GEMS tuned": "gems-tuned", "Raw": "raw"}

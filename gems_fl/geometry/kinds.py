@@ -149,6 +149,9 @@ class SpaceKind:
     extra_records: tuple[str, ...] = ()  # the wire records sent beside the center
     optional_records: tuple[str, ...] = ()  # records sent when the run asks for them
     needs_train_inputs = False  # whether build() reads the training inputs and labels
+    # whether h_G outside a space is a fault worth a warning: the paper's spaces promise
+    # the intersection; a Gram point is checked by the nodes themselves instead
+    outside_is_fault = True
 
     def build(self, center: np.ndarray, train: tuple[np.ndarray, np.ndarray] | None,
               val_inputs: np.ndarray, y_val: np.ndarray, options: SpaceOptions,
@@ -225,6 +228,7 @@ class Ellipsoid(_Parameter):
 
 class Gram(SpaceKind):
     name = "gram"
+    outside_is_fault = False
     units = "RMS logit change"
     r_max = choices.SPACE_R_MAX["gram"]  # gram_search.DEFAULT_R_MAX (100) is the library call's
     extra_records = ("gram",)

@@ -80,7 +80,8 @@ def aggregate_layer_spaces(
     kind = space_kind(options.kind)
     result = kind.aggregate([r.space for r in nodes],
                             [r.metrics["num-train-examples"] for r in nodes], options)
-    log(INFO if result.found else WARNING, "%s", kind.report(result, options))
+    log(INFO if result.found or not kind.outside_is_fault else WARNING, "%s",
+        kind.report(result, options))
     return result
 
 

@@ -336,6 +336,7 @@ class Identity:
     stats: tuple[int, np.ndarray, np.ndarray] | None = None  # (n, sum, sum of squares)
     num_test: int = 0
     columns: list[str] | None = None  # feature column names, in the node's order
+    notes: list[str] = field(default_factory=list)  # how the node read its file
 
 
 def decode_identity_full(content: RecordDict) -> Identity:
@@ -388,8 +389,11 @@ def decode_identity_full(content: RecordDict) -> Identity:
                                 or not all(isinstance(c, str) for c in columns)):
         raise ReplyError(f"identity reply: 'columns' must name each of the "
                          f"{counts['num-features']} features", node_name=name)
+    notes = record.get("notes", [])
+    if not isinstance(notes, list) or not all(isinstance(n, str) for n in notes):
+        raise ReplyError("identity reply: 'notes' must be a list of text lines", node_name=name)
     return Identity(name, str(record.get("data-source", "")), counts, labels, stats, num_test,
-                    None if columns is None else [str(c) for c in columns])
+                    None if columns is None else [str(c) for c in columns], list(notes))
 
 
 def decode_identity(content: RecordDict) -> tuple[str, str, dict[str, int]]:

@@ -94,9 +94,11 @@ class Roster:
         """One entry per participating node, for the results file (``dropped``: nodes
         rejected in a later round, left out)."""
         dropped = dropped or set()
+        notes = {n: i.notes for n, i in self.identities.items() if i.notes}
         return [{"node_id": int(n), "name": self.names[n], "data": self.sources.get(n, ""),
                  **self.counts.get(n, {}),
-                 **({"labels": self.labels[n]} if n in self.labels else {})}
+                 **({"labels": self.labels[n]} if n in self.labels else {}),
+                 **({"notes": notes[n]} if n in notes else {})}
                 for n in self.participants if n not in dropped]
 
 
@@ -160,6 +162,8 @@ def identify_nodes(grid: Grid, node_ids: list[int], exchange: Exchange,
                 node_id, identity.source, identity.counts["num-train-examples"],
                 identity.counts["num-val-examples"],
                 f" / {identity.num_test} test" if identity.num_test else "")
+        for note in identity.notes:
+            log(INFO, "Identify: node '%s': %s", identity.name, note)
     if len(kept) > MAX_NODES_NAMED:
         train = [i.counts["num-train-examples"] for _, i in kept]
         val = [i.counts["num-val-examples"] for _, i in kept]

@@ -91,6 +91,9 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--run-config", "-c", default=None,
                      help="overrides, e.g. \"eps=0.5 dataset='fashion-mnist'\"")
     run.add_argument("--output-dir", default=None, help="results folder (setting output-dir)")
+    run.add_argument("--verbose", "-v", action="store_true",
+                     help="also show Flower's and the ServerApp's INFO lines (the round-by-round "
+                     "log); they are always in run.log beside the results")
     run.add_argument("--plot", action="store_true",
                      help="also write result.png beside results.json: per site, h_G, its own "
                      "Local model and Averaged on its own data, with its eps")
@@ -149,6 +152,9 @@ def build_parser() -> argparse.ArgumentParser:
                       help="overrides, e.g. \"dataset='node-files' evaluate-on-server=false\"")
     sub_.add_argument("--output-dir", default="gems-results",
                       help="where the results come home on this machine (default: gems-results)")
+    sub_.add_argument("--verbose", "-v", action="store_true",
+                      help="also show Flower's and the ServerApp's INFO lines (always in the "
+                      "kept log)")
     sub_.add_argument("--detach", action="store_true",
                       help="start the run and return; prints how to follow, stop and fetch it")
     pull = sub.add_parser(
@@ -229,7 +235,7 @@ def _submit(args: argparse.Namespace) -> int:
                 f"{args.output_dir}"])
         return _report(detached)
     return _report(lambda: submit(args.app, link, args.run_config, output_dir=args.output_dir,
-                                  progress=True), where=f" on '{link}'")
+                                  progress=True, verbose=args.verbose), where=f" on '{link}'")
 
 
 def _pull(args: argparse.Namespace) -> int:
@@ -263,7 +269,8 @@ def _run(args: argparse.Namespace) -> int:
 
         try:
             outcome = run_app(prepared=prepared, cpus_per_node=args.cpus_per_node,
-                              ray_address=args.ray_address, progress=True)
+                              ray_address=args.ray_address, progress=True,
+                              verbose=args.verbose)
         except RunIncomplete as exc:
             if args.plot:
                 _plot(exc.results_path)

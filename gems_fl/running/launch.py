@@ -62,6 +62,7 @@ def run_app(
     sites: list[str] | None = None,
     ray_address: str | None = None,
     prepared: PreparedRun | None = None,
+    verbose: bool = False,
 ) -> RunOutcome:
     """``flwr run`` the app as a simulation with ``num_nodes`` SuperNodes; check it.
 
@@ -85,6 +86,7 @@ def run_app(
     arguments (``gems-fl run`` checks them before importing this module); the app,
     settings, node count and sites then come from it.
 
+    ``verbose``: show Flower's and the ServerApp's INFO lines too (always in the log file).
     ``progress``: ``True`` shows the phases (a live line on a terminal, plain lines
     otherwise) above the streamed log; ``None``/``False`` only streams the log.
 
@@ -130,7 +132,7 @@ def run_app(
             workdir = Path(tempfile.mkdtemp(prefix="gems-fl-"))
             overrides_file = workdir / "run-config.toml"
             overrides_file.write_text(tomli_w.dumps(overrides))
-            run_log = RunLog(log_path, progress or None)
+            run_log = RunLog(log_path, progress or None, verbose=verbose)
             link = LocalSuperLink(workdir, extra_env=extra_env)
             link.__enter__()  # stopped in `finally` (and on a signal), never half-way
             out = link.flwr_streamed("run", str(app), CONNECTION, "--stream",

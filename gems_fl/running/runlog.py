@@ -54,14 +54,24 @@ NOISE = ("Traceback (most recent call last)", "Exit Code:", "An exception was ra
 # is over by then, so those lines stay in the log file and one line says so.
 RESULTS_WRITTEN = re.compile(r"Results written to ")
 RAY_WORKER_LINE = re.compile(r"^\((?:[\w.]+ )?pid=\d+[^)]*\)|^\(raylet\)|Fatal Python error|"
-                             r"terminate called|SIGABRT|^\*\*\* ")
-RAY_SHUTDOWN_NOTE = ("gems-fl: a Ray worker wrote a crash report while Flower shut the "
-                     "simulation down, after the results were written (kept in the log file)")
+                             r"terminate called|SIGABRT|^\*\*\* |Manually terminating ClientAppActor")
+# of those, the lines of a real crash dump (not Flower's own "Manually terminating" notice)
+RAY_CRASH_LINE = re.compile(r"Fatal Python error|terminate called|SIGABRT|^\*\*\* |"
+                            r"Segmentation fault|core dumped")
+RAY_SHUTDOWN_NOTE = ("gems-fl: a Ray worker crashed while Flower shut the simulation down, "
+                     "after the results were written; the results are complete (the worker's "
+                     "report is in the log file)")
 
 
 def plain(line: str) -> str:
     """``line`` without ANSI colours and trailing whitespace."""
     return ANSI.sub("", line).rstrip()
+
+
+def is_info_line(line: str) -> bool:
+    """A log record at INFO level (Flower's and the ServerApp's round-by-round log),
+    with the continuation lines Flower indents under it."""
+    return plain(line).startswith("INFO ")
 
 
 def is_access_line(line: str) -> bool:
@@ -269,8 +279,9 @@ def summarise_errors(lines: list[str], limit: int = 400) -> list[ErrorSummary]:
 class RunLog:
     """Tee of the streamed run output: full file, filtered display, progress phases."""
 
-    def __init__(self, path: Path, progress: Progress | None) -> None:
+    def __init__(self, path: Path, progress: Progress | None, *, verbose: bool = False) -> None:
         self.path = path
+        self.verbose = verbose  # show INFO lines too (the file always has them)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.file = self.path.open("w", encoding="utf-8", errors="replace")
         self.progress = progress
@@ -291,7 +302,7 @@ class RunLog:
                 self.run_id = int(match.group(1))
         if self.bundle.feed(line):
             return
-        self.file.write(line)
+        self.file.write(ANSI.sub("", line))
         self.file.flush()
         self.lines.append(line)
         if is_access_line(line):
@@ -333,7 +344,7 @@ class RunLog:
             return False
         if not self._results_written or not RAY_WORKER_LINE.search(text):
             return False
-        if not self._shutdown_noted:
+        if not self._shutdown_noted and RAY_CRASH_LINE.search(text):
             self._shutdown_noted = True
             self._show(RAY_SHUTDOWN_NOTE + "\n")
         return True
@@ -366,6 +377,10 @@ class RunLog:
         return held
 
     def _show(self, line: str) -> None:
+        if not self.verbose and is_info_line(line):  # the round-by-round log: in the file
+            if self.progress is not None:
+                self.progress.feed(line)
+            return
         if self.progress is not None:
             self.progress.echo(line)
             self.progress.feed(line)

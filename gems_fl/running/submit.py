@@ -119,7 +119,7 @@ def bring_home(bundle: BundleReader, run_id: int, out_dir: Path, app: Path,
 def submit(app_dir: str | Path | None, connection: str, run_config: str | None = None, *,
            output_dir: str | Path = "gems-results", detach: bool = False,
            env: dict[str, str] | None = None, progress: bool | Progress | None = None,
-           ) -> RunOutcome | int:
+           verbose: bool = False) -> RunOutcome | int:
     """Submit the app to the SuperLink of ``connection``, watch it, bring its results home.
 
     ``detach``: start the run and return its id at once (follow it with ``flwr log``,
@@ -157,7 +157,7 @@ def submit(app_dir: str | Path | None, connection: str, run_config: str | None =
                                  check=False, start_new_session=True)
             return _started(res.stdout + res.stderr, connection, res.returncode)
         try:
-            run_log = RunLog(log_path, progress or None)
+            run_log = RunLog(log_path, progress or None, verbose=verbose)
             proc = subprocess.Popen([*command, "--stream"], env=conn.env,
                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                     bufsize=1, errors="replace", start_new_session=True)

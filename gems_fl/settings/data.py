@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from gems_fl.data.agreement import AUTO_STANDARDIZE, NODE_FILES, STANDARDIZE_CHOICES
 from gems_fl.data.datasets import DATASET_NAMES
-from gems_fl.settings.checks import at_least, one_of, parses, positive, setting
+from gems_fl.settings.checks import at_least, in_range, one_of, parses, positive, setting
 from gems_fl.settings.values import check_classes
 
 _ROW_HAM10000_PER_CLASS = (
@@ -71,6 +71,22 @@ class DataSettings:
         '',
         "CSV files (nodes and `public-data`): the label's column, as a 0-based number "
         '(negative counts from the end) or a header name; empty: the last column',
+        node=True, user=True)
+    val_fraction: float = setting(
+        0.2,
+        "a site file without validation rows (no `<stem>_val.csv`, no `x_val`): the share of "
+        "its training rows its node sets aside, per class and seeded, to build its space and "
+        "check `h_G`",
+        in_range(0.0, 1.0, "a share of the training rows", closed="neither"), node=True,
+        user=True,
+        detail="Measured on Fashion-MNIST sites given no validation rows "
+        "(results/benchmarks/val_fraction.json, `python3 benchmarks/val_fraction.py`)")
+    id_columns: str = setting(
+        'auto',
+        "columns that number rows rather than measure them, left out of the features: `auto` "
+        "(a text column whose values differ in every row, or one named like an ID, `id`, "
+        "`rownames`, `*_id`, whose values differ in every row), `none`, or header names "
+        "`'patient,visit'`",
         node=True, user=True)
     standardize: str = setting(
         'auto',
