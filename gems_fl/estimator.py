@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import json
 import logging
 import numbers
 import tempfile
@@ -47,8 +48,9 @@ from sklearn.utils.validation import (
     column_or_1d,
 )
 
-from gems_fl.api import GEMSModel, load_model, rows_in_order
+from gems_fl.api import load_model, rows_in_order
 from gems_fl.learning.model_names import MODELS
+from gems_fl.protocol.attendance import ModelNotGoodEnough
 
 __all__ = ["GEMSClassifier", "GoodEnoughWarning"]
 
@@ -166,8 +168,10 @@ class GEMSClassifier(ClassifierMixin, BaseEstimator):
             A site's data did not fit the others' (the message says which and why), as
             ``gems-fl run`` exits 3; ``settings={"required-nodes": "2"}`` accepts fewer.
         ModelNotGoodEnough
-            ``h_G`` was good enough on too few sites, as ``gems-fl run`` exits 4;
-            ``settings={"min-good-enough": "0"}`` accepts it.
+            Only with ``settings={"min-good-enough": ...}``: ``h_G`` was good enough on
+            fewer sites than it asks, as ``gems-fl run`` exits 4. Without it, a model that
+            a majority of the sites does not find good enough is returned with a
+            :class:`GoodEnoughWarning`.
         """
         config = self.run_config()
         if y is None and _holds_sites(X):
@@ -188,23 +192,24 @@ class GEMSClassifier(ClassifierMixin, BaseEstimator):
         # min-rows=10) and returns the model with a warning where a run would exit 4
         config.setdefault("min-rows", 2)
         warn_only = "min-good-enough" not in (self.settings or {})
-        if warn_only:
-            config["min-good-enough"] = "0"
         with tempfile.TemporaryDirectory(prefix="gems-fl-fit-") as tmp:
             paths = [_write_site(Path(tmp), name, data) for name, data in named.items()]
             config = {**config, "site-files": ",".join(map(str, paths)),
                       "output-dir": str(Path(tmp) / "out")}
-            self.results_ = _run_in_process(config, len(paths), self.verbose)
-            model = load_model(Path(tmp) / "out" / "run-1")
+            folder = Path(tmp) / "out" / "run-1"
+            try:
+                self.results_ = _run_in_process(config, len(paths), self.verbose)
+            except ModelNotGoodEnough as exc:
+                if not warn_only:
+                    raise
+                self.results_ = json.loads((folder / "results.json").read_text())
+                warnings.warn(f"GEMSClassifier: {exc}; the model is returned all the same "
+                              "(settings={'min-good-enough': 'majority'} makes fit raise "
+                              "ModelNotGoodEnough instead)", GoodEnoughWarning, stacklevel=2)
+            model = load_model(folder)
         # the run named the classes by their index; the model names them as fit was given
         self.model_ = replace(model, classes=[str(self.classes_[int(i)]) for i in model.classes])
         self.n_features_in_ = int(self.model_.num_features)
-        good = self.results_.get("good_enough", {})
-        if warn_only and good.get("checked") and 2 * good["sites"] <= good["checked"]:
-            warnings.warn(f"GEMSClassifier: h_G is good enough (validation accuracy >= eps) on "
-                          f"{good['sites']} of {good['checked']} site(s) only; a run "
-                          "would exit 4 (settings={'min-good-enough': 'majority'} makes fit "
-                          "raise ModelNotGoodEnough instead)", GoodEnoughWarning, stacklevel=2)
         if self.model_.feature_names is not None:
             self.feature_names_in_ = np.asarray(self.model_.feature_names, dtype=object)
         elif hasattr(self, "feature_names_in_"):

@@ -187,5 +187,5 @@ def test_the_classifier_says_what_is_wrong_before_it_runs():
         GEMSClassifier(settings={"eps": 0.3}).fit(sites)
     with pytest.raises(ValueError, match="eps"):
         GEMSClassifier(eps=1.5).fit(sites)
-    with pytest.raises(ValueError, match="no parameter 'epsilon'"):
+    with pytest.raises(ValueError, match="Invalid parameter 'epsilon'"):
         GEMSClassifier().set_params(epsilon=0.3)

@@ -17,6 +17,7 @@ from gems_fl.estimator import GEMSClassifier, GoodEnoughWarning
 from tests.helpers import run_in_process
 from tests.sitegen import CLASSES, blobs, write_csv_site
 
+
 # Every check scikit-learn runs on a classifier applies and passes; none is skipped
 # (check_array_api_input skips itself unless SCIPY_ARRAY_API is set).
 @parametrize_with_checks([GEMSClassifier()])

@@ -63,7 +63,7 @@ def test_missing_file_missing_arrays_and_no_data_config_are_clear(tmp_path):
     with pytest.raises(NodeDataError, match="does not exist"):
         load_node_file(tmp_path / "nope.npz")
     np.savez(tmp_path / "partial.npz", x_train=np.zeros((2, 64)))
-    with pytest.raises(NodeDataError, match="lacks array.*y_train, x_val, y_val"):
+    with pytest.raises(NodeDataError, match=r"lacks array\(s\) y_train; it must hold x_train, y_train \(optional: x_val, y_val"):
         load_node_file(tmp_path / "partial.npz")
     with pytest.raises(NodeDataError, match="unknown file type"):
         (tmp_path / "x.txt").write_text("1")

@@ -96,7 +96,7 @@ def test_a_text_feature_column_is_named_with_its_values_and_what_to_do(tmp_path)
     with pytest.raises(SiteFileError) as error:
         read_site_file(path)
     message = str(error.value)
-    assert "column 'colour' (column 2) holds text in 12 row(s) ('red', 'blue', 'green')" in message
+    assert "column 'colour' (column 1, counted from 0) holds text in 12 row(s) ('red', 'blue', 'green')" in message
     assert "encode a text column" in message and "or drop it" in message
 
 

@@ -36,8 +36,8 @@ from gems_fl.data import (
 from gems_fl.data.agreement import NODE_FILES, DataAgreement
 from gems_fl.data.datasets import shared_splits
 from gems_fl.data.site_files import (
-    SiteFile,
     ID_AUTO,
+    SiteFile,
     SiteFileError,
     align_columns,
     combine_stats,
@@ -46,8 +46,8 @@ from gems_fl.data.site_files import (
     parse_classes,
     read_site_file,
     site_problems,
-    split_validation,
     split_off_test,
+    split_validation,
 )
 
 if TYPE_CHECKING:  # settings sit above data; data only reads a few attributes

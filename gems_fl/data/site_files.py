@@ -60,6 +60,8 @@ class SiteFile:
     dropped: list[str] = field(default_factory=list)  # ID-like columns left out
     val_split: float = 0.0  # the fraction of training rows split off as validation rows
     positions: list[int] | None = None  # a CSV's: each feature's column number in the file
+    # after split_validation: each split's rows as data rows of the training file
+    source_rows: dict[str, np.ndarray] = field(default_factory=dict)
 
     @property
     def labels(self) -> list[str]:
@@ -510,8 +512,11 @@ def site_problems(site: SiteFile, num_features: int | None = None,
             columns = np.flatnonzero(bad.any(axis=0))
             nan, inf = int(np.isnan(x).sum()), int(np.isinf(x).sum())
             named = ", ".join(column_name(site, int(c)) for c in columns[:5])
+            first = int(rows[0])
+            where = "" if split not in site.source_rows else " of the training file"
+            first = int(site.source_rows[split][first]) if where else first
             problems.append(f"x_{split} holds {nan} NaN and {inf} infinite value(s) in "
-                            f"{len(rows)} row(s) (first: data row {int(rows[0]) + 1}, counted "
+                            f"{len(rows)} row(s) (first: data row {first + 1}{where}, counted "
                             f"from 1) and {len(columns)} column(s): {named}"
                             f"{', ...' if len(columns) > 5 else ''} (counted from 0, as "
                             "label-column counts); features must be finite numbers: fill or "
@@ -576,6 +581,7 @@ def split_validation(site: SiteFile, fraction: float, seed: int) -> bool:
     x = site.x["train"]
     site.x["train"], site.x["val"] = x[train], x[val]
     site.y["train"], site.y["val"] = y[train], y[val]
+    site.source_rows = {"train": train, "val": val}
     site.val_split = float(fraction)
     return True
 

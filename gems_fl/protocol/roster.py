@@ -231,8 +231,10 @@ def agree(identities: dict[int, Identity], rule: AgreementRule
             refused[node_id] = (f"node '{identity.name}' holds {held} training row(s); the run "
                                 f"needs at least {rule.min_rows} (min-rows) to train and check "
                                 "a model there")
+    # sites with column names are matched by name first: their refusal names the columns
+    by_name = rule.dataset == NODE_FILES and any(i.columns is not None for i in identities.values())
     for node_id, features in reported.items():
-        if node_id in refused:
+        if node_id in refused or (by_name and identities[node_id].columns is not None):
             continue
         if features != num_features:
             refused[node_id] = (f"node '{identities[node_id].name}' holds data with {features} "
@@ -240,6 +242,10 @@ def agree(identities: dict[int, Identity], rule: AgreementRule
     columns = None
     if rule.dataset == NODE_FILES:
         columns = _agree_columns(identities, [n for n in identities if n not in refused], refused)
+        for node_id, features in reported.items():  # names that matched, counts that do not
+            if node_id not in refused and features != (len(columns) if columns else num_features):
+                refused[node_id] = (f"node '{identities[node_id].name}' holds data with "
+                                    f"{features} features; the run has {num_features} ({how})")
     remaining = [n for n in identities if n not in refused]
     if classes is None:
         classes = _agree_classes(identities, remaining, rule.classes)

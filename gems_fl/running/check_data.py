@@ -17,7 +17,9 @@ from typing import TextIO
 
 import numpy as np
 
+from gems_fl.data.nodes import site_notes
 from gems_fl.data.site_files import (
+    ID_AUTO,
     SPLITS,
     SiteFile,
     SiteFileError,
@@ -26,12 +28,14 @@ from gems_fl.data.site_files import (
     parse_classes,
     read_site_file,
     site_problems,
+    split_validation,
     vote_columns,
 )
 
 
 def check_data(paths: str | list[str], *, features: int | None = None, classes: str = "",
-               label_column: str = "", out: TextIO | None = None) -> int:
+               label_column: str = "", id_columns: str = ID_AUTO, val_fraction: float = 0.2,
+               out: TextIO | None = None) -> int:
     """Check site files, each alone and (two or more) against each other; print the
     report to ``out``; return the exit status."""
     out = out or sys.stdout
@@ -39,7 +43,8 @@ def check_data(paths: str | list[str], *, features: int | None = None, classes: 
     sites: dict[str, SiteFile] = {}
     status = 0
     for path in paths:
-        code, site = _check_one(path, features, classes, label_column, out)
+        code, site = _check_one(path, features, classes, label_column, out, id_columns,
+                                val_fraction)
         status = max(status, code)
         if site is not None and code == 0:
             sites[path] = site
@@ -90,7 +95,8 @@ def _check_together(sites: dict[str, SiteFile], features: int | None, out: TextI
 
 
 def _check_one(path: str, features: int | None, classes: str, label_column: str,
-               out: TextIO) -> tuple[int, SiteFile | None]:
+               out: TextIO, id_columns: str = ID_AUTO, val_fraction: float = 0.2
+               ) -> tuple[int, SiteFile | None]:
     """One file alone: its report, its exit status and the file read (None: unreadable)."""
     say = lambda text="": print(text, file=out)
     say(f"{path}:")
@@ -100,13 +106,15 @@ def _check_one(path: str, features: int | None, classes: str, label_column: str,
         say(f"  REJECTED: {exc}")
         return 1, None
     try:
-        site = read_site_file(path, label_column)
+        site = read_site_file(path, label_column, id_columns=id_columns)
+        split_validation(site, val_fraction, 0)  # the per-class counts a node's split gives
     except SiteFileError as exc:
         say(f"  REJECTED: {exc}")
         return 1, None
     suffix = Path(path).suffix.lower()
     say(f"  format: {suffix[1:]}" + ("" if suffix == ".npz" else
-        f" (label column: {label_column or 'last'}; <stem>_val.csv and optional <stem>_test.csv)"))
+        f" (label column: {label_column or 'last'}, counted from 0; optional <stem>_val.csv "
+        "and <stem>_test.csv)"))
     for split in SPLITS:
         if split not in site.x:
             say(f"  {split}: none" + (" (optional; a node can split one off with its "
@@ -128,7 +136,9 @@ def _check_one(path: str, features: int | None, classes: str, label_column: str,
         elif len(site.labels) > wanted:
             say(f"  note: the file holds {len(site.labels)} class names, the run {wanted}")
     if site.columns is not None:
-        say(f"  columns ({len(site.columns)}): {', '.join(site.columns)}")
+        say(f"  feature columns ({len(site.columns)}): {', '.join(site.columns)}")
+    for note in site_notes(site):
+        say(f"  note: {note}")
     problems = site_problems(site, features, class_list)
     if problems:
         for problem in problems:

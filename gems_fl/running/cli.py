@@ -176,7 +176,7 @@ def build_parser() -> argparse.ArgumentParser:
     check = sub.add_parser(
         "check-data",
         help="check a site's data file the way its node will read it",
-        description="Read FILE (.npz, or .csv with <stem>_val.csv and optional <stem>_test.csv) "
+        description="Read FILE (.npz, or .csv with optional <stem>_val.csv and <stem>_test.csv) "
         "as a SuperNode's data-path, print shapes, class counts, NaN/inf and missing arrays, "
         "and what a run would reject; with several files, also whether they agree (number of "
         "features; column names, in any order, where they have a header row). Exit 0: a node "
@@ -188,9 +188,16 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("--classes", default="",
                        help="the run's classes: comma-separated names or a count (setting classes)")
     check.add_argument("--label-column", default="",
-                       help="CSV label column: number or header name (default: last)")
-    show = sub.add_parser("show", help="print the tables of a results.json")
-    show.add_argument("path", help="a results.json written by a run")
+                       help="CSV label column: number counted from 0, or header name (default: "
+                       "last; setting label-column)")
+    check.add_argument("--id-columns", default="auto",
+                       help="columns left out as row IDs: auto, none, or header names (setting "
+                       "id-columns)")
+    check.add_argument("--val-fraction", type=float, default=0.2,
+                       help="a file without validation rows: the share of training rows its "
+                       "node sets aside (setting val-fraction)")
+    show = sub.add_parser("show", help="print the tables of a run (its folder or results.json)")
+    show.add_argument("path", help="a run's folder (<output-dir>/run-<id>) or its results.json")
     show.add_argument("--markdown", action="store_true", help="markdown instead of rich tables")
     show.add_argument("--plot", action="store_true",
                       help="also write result.png beside it (per site: h_G, Local, Averaged)")
@@ -208,7 +215,8 @@ def main(argv: list[str] | None = None) -> int:
         from gems_fl.running.check_data import check_data
 
         return check_data(args.file, features=args.features, classes=args.classes,
-                          label_column=args.label_column)
+                          label_column=args.label_column, id_columns=args.id_columns,
+                          val_fraction=args.val_fraction)
     if args.command == "submit":
         return _submit(args)
     if args.command == "pull":
@@ -407,6 +415,8 @@ def _show(path: str, markdown: bool, plot: bool = False) -> int:
 
     from gems_fl.evaluation.results import markdown_table, print_results
 
+    if Path(path).is_dir():  # a run's folder: its results.json
+        path = str(Path(path) / "results.json")
     try:
         results = json.loads(Path(path).read_text())
     except (OSError, json.JSONDecodeError) as exc:

@@ -10,7 +10,7 @@ same reasons; sites that ``required-nodes`` lets go are named as a warning.
 from __future__ import annotations
 
 from gems_fl.data.nodes import NodeDataError, load_node_data, node_name, own_node_config
-from gems_fl.protocol.attendance import expected_line, missing_before_training
+from gems_fl.protocol.attendance import missing_before_training
 from gems_fl.protocol.node import identity_content
 from gems_fl.protocol.replies import ReplyError, decode_identity_full
 from gems_fl.protocol.roster import agree
@@ -49,9 +49,12 @@ def check_sites(settings: Settings) -> list[str]:
     wanted = parse_required_nodes(settings.required_nodes)
     missing = missing_before_training(present, taking_part, present, rejected, wanted, 0.0)
     if missing:
-        line = expected_line(settings.required_nodes, wanted, sorted(present.values()), missing)
+        # each reason whole, on its own line: it says what to change in the file
+        lines = "\n".join(f"  {name}: {why.removeprefix('rejected: ')}" for name, why in missing)
+        others = ("; or, to run without them, set required-nodes to a count or the names of "
+                  "the sites that fit" if len(taking_part) >= settings.min_replies else "")
         raise SitesDoNotFit(
-            f"--site: {line} (checked on the files; nothing was started): fix the file(s) "
-            "(`gems-fl check-data FILE ...` shows each problem) or set required-nodes to a "
-            "count or names to run without them")
+            f"--site: the run would stop before training (required-nodes="
+            f"{settings.required_nodes!r}; checked on the files, nothing was started):\n"
+            f"{lines}\nfix the file(s) (`gems-fl check-data FILE ...` shows each problem){others}")
     return [f"--site: {r['node_name']} will be left out: {r['reason']}" for r in rejected]

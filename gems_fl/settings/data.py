@@ -78,7 +78,6 @@ class DataSettings:
         "its training rows its node sets aside, per class and seeded, to build its space and "
         "check `h_G`",
         in_range(0.0, 1.0, "a share of the training rows", closed="neither"), node=True,
-        user=True,
         detail="Measured on Fashion-MNIST sites given no validation rows "
         "(results/benchmarks/val_fraction.json, `python3 benchmarks/val_fraction.py`)")
     id_columns: str = setting(
@@ -87,7 +86,7 @@ class DataSettings:
         "(a text column whose values differ in every row, or one named like an ID, `id`, "
         "`rownames`, `*_id`, whose values differ in every row), `none`, or header names "
         "`'patient,visit'`",
-        node=True, user=True)
+        node=True)
     standardize: str = setting(
         'auto',
         "feature scaling: `auto` (`ranges` with `feature-ranges`, else `federated` for "

@@ -43,10 +43,10 @@ class TrainingSettings:
 
     model: str = setting(
         'logistic',
-        '`logistic` (convex, one round), `random-features` (the same convex model on a '
-        'random-feature map of the inputs, built from the seed on every node: `rf-map`, '
-        '`rf-dim`; docs/random-features.md) or `mlp` (layer-wise protocol, one round per '
-        'hidden layer plus one)',
+        '`logistic` (convex: the spaces round, then the selection round: `[ROUND 1/2]`, '
+        '`[ROUND 2/2]`), `random-features` (the same on a random-feature map of the inputs, '
+        'from the seed: `rf-map`, `rf-dim`; docs/random-features.md) or `mlp` '
+        '(one round per hidden layer, the output layer, the selection round)',
         one_of(MODELS), node=True, user=True)
     rf_map: str = setting(
         'fourier',
