@@ -129,6 +129,32 @@ def test_the_loopback_commands_of_the_deploy_guide_run(tmp_path):
     assert proc.returncode == 0 and "OK" in proc.stdout, proc.stdout + proc.stderr
 
 
+@pytest.mark.parametrize("guide", GUIDES)
+def test_every_pytest_command_in_the_guides_selects_tests(guide):
+    """A rehearsal command a guide gives runs tests when pasted: the project's addopts
+    deselect the slow tier, so a command for a slow file must say `-m slow`."""
+    commands = [t for t in _commands(guide) if t[:3] == ["python3", "-m", "pytest"]]
+    for command in commands:
+        proc = subprocess.run([sys.executable, "-m", "pytest", *command[3:], "--collect-only",
+                               "-q", "-p", "no:cacheprovider", "-n", "0"], cwd=ROOT,
+                              capture_output=True, text=True, check=False, timeout=300)
+        assert proc.returncode == 0, (command, proc.stdout[-2000:])
+        collected = re.search(r"(\d+)(?:/\d+)? tests? collected", proc.stdout)
+        assert collected and int(collected.group(1)) > 0, (command, proc.stdout[-500:])
+
+
+def test_one_install_story_for_torch():
+    """Every guide installs torch the way README.md does: the CPU build's index (a plain
+    `pip install torch` pulls the CUDA build), never a bare pinned version."""
+    readme = [t for t in _commands("README.md") if "torch" in t and "install" in t]
+    assert readme and all("--index-url" in t for t in readme)
+    for guide in GUIDES:
+        for tokens in _commands(guide):
+            if "install" in tokens and any(t.startswith("torch") for t in tokens):
+                assert "--index-url" in tokens and tokens[tokens.index("--index-url") + 1] == \
+                    readme[0][readme[0].index("--index-url") + 1], (guide, tokens)
+
+
 def test_the_readme_is_a_front_page():
     lines = (ROOT / "README.md").read_text().splitlines()
     assert len(lines) <= README_MAX_LINES, len(lines)

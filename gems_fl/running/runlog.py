@@ -39,6 +39,8 @@ FLOWER_NOTES = ("default simulated SuperNodes changed from 10 to 2",
 FLOWER_NOTES_SHOWN = ("gems-fl: the node count is gems-fl run's --nodes; Flower's notes on "
                       "its default federation size and `flwr federation simulation-config` do "
                       "not apply here (they are in the kept log)")
+# `flwr run`'s note that it installed the app bundle into the private Flower home
+FLOWER_INSTALL_LINE = re.compile(r"^Successfully installed \S+ to ")
 # The ServerApp raises these on purpose after it wrote its results and logged the reason
 # (a required site missing, h_G good enough on too few sites): Flower logs the raise as a
 # crash; the display keeps only the ServerApp's own line, the log file everything.
@@ -307,8 +309,10 @@ class RunLog:
         self.lines.append(line)
         if is_access_line(line):
             return
+        if not self.verbose and FLOWER_INSTALL_LINE.search(line):
+            return
         if any(note in line for note in FLOWER_NOTES):
-            if not self._noted:
+            if not self._noted and self.verbose:
                 self._noted = True
                 line = FLOWER_NOTES_SHOWN + "\n"
             else:
