@@ -49,7 +49,7 @@ from sklearn.utils.validation import (
 )
 
 from gems_fl.api import load_model, rows_in_order
-from gems_fl.learning.model_names import MODELS
+from gems_fl.learning.model_kinds import MODELS
 from gems_fl.protocol.attendance import ModelNotGoodEnough
 
 __all__ = ["GEMSClassifier", "GoodEnoughWarning"]
@@ -70,7 +70,7 @@ class GEMSClassifier(ClassifierMixin, BaseEstimator):
     ----------
     eps : float in [0, 1]
         The target accuracy every site's good-enough space keeps (run setting ``eps``).
-    model : {"logistic", "random-features", "mlp"}
+    model : str, one of gems_fl.learning.model_kinds.MODELS
         The model (run setting ``model``).
     seed : int
         Fixes every draw: the same seed and data give the same model.

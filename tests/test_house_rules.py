@@ -122,3 +122,30 @@ def test_the_geometry_and_the_protocol_never_read_the_settings():
                 elif isinstance(node, ast.Attribute) and node.attr == "settings":
                     found.append(f"{path.relative_to(ROOT)}:{node.lineno} reads .settings")
     assert found == []
+
+
+def test_no_model_name_is_compared_as_a_string_outside_its_registry():
+    """A model is one registered object (gems_fl.learning.model_kinds): code asks the kind
+    (``settings.model_kind.layerwise``), never compares or passes a model's name as text,
+    so the next model is one object and its tests."""
+    from gems_fl.learning.model_kinds import MODELS
+
+    registry = PACKAGE / "learning" / "model_kinds.py"
+    found = []
+
+    def names_a_model(node: ast.AST) -> bool:
+        if isinstance(node, ast.Constant) and node.value in MODELS:
+            return True
+        return isinstance(node, (ast.Tuple, ast.List, ast.Set)) and any(
+            isinstance(e, ast.Constant) and e.value in MODELS for e in node.elts)
+
+    for path in PACKAGE.rglob("*.py"):
+        if path == registry:
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Compare) and any(
+                    names_a_model(side) for side in (node.left, *node.comparators)):
+                found.append(f"{path.relative_to(ROOT)}:{node.lineno} compares a model name")
+            elif isinstance(node, ast.Call) and any(names_a_model(a) for a in node.args):
+                found.append(f"{path.relative_to(ROOT)}:{node.lineno} passes a model name")
+    assert found == []

@@ -42,6 +42,7 @@ from gems_fl.data import FeatureOptions, load_dataset, node_data, parse_division
 from gems_fl.data.nodes import cast_node_arrays, load_node_data
 from gems_fl.data.random_features import RandomFeatures, bandwidth_from_stats
 from gems_fl.data.site_files import feature_stats
+from gems_fl.learning.model_kinds import model_kind
 from gems_fl.learning.train import OPTIMIZERS, accuracy, fine_tune, set_default_device
 from gems_fl.protocol.inprocess import InProcessGrid
 from gems_fl.settings import Settings
@@ -126,7 +127,7 @@ def pooled_validation(settings: Settings, num_nodes: int, splits) -> tuple[np.nd
 def feature_map(settings: Settings, num_nodes: int, splits) -> RandomFeatures | None:
     """The random-feature map a GEMS run with these settings agrees on (None for the
     other models): ``rf-bandwidth`` as set, or from the nodes' pooled training sums."""
-    if settings.model != "random-features":
+    if model_kind(settings.model).feature_map is None:
         return None
     bandwidth = parse_rf_bandwidth(settings.rf_bandwidth)
     if bandwidth is None:

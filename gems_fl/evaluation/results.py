@@ -18,6 +18,7 @@ from rich.console import Console
 from rich.table import Table
 
 from gems_fl.geometry.kinds import space_kind
+from gems_fl.learning.model_kinds import LOGISTIC_KIND, model_kind
 from gems_fl.naming import MAX_NODES_NAMED
 
 RESULTS_FILE = "results.json"
@@ -28,14 +29,7 @@ def format_table(results: dict[str, Any]) -> Table:
     """A rich table of test accuracy per row (skipped rows show the reason)."""
     meta = results["dataset"]
     cfg = results["settings"]
-    model = "logistic"
-    if cfg.get("model") == "random-features":
-        rf = meta.get("random_features") or {}
-        model = (f"logistic on {rf.get('rf-map', cfg.get('rf-map'))} random features, "
-                 f"D={rf.get('rf-dim', cfg.get('rf-dim'))}")
-    if cfg.get("model") == "mlp":
-        model = (f"MLP hidden {cfg['hidden']} -> aggregated {results.get('hidden_widths')}, "
-                 f"eps_j={cfg['eps-neuron']}, m_eps={cfg['clusters']}")
+    model = model_kind(cfg.get("model", LOGISTIC_KIND.name)).title(cfg, meta, results)
     sites = results.get("attendance")
     who = (f"{len(sites['completed'])} of {len(sites['present'])} sites" if sites
            else f"{meta['num_nodes']} nodes")
@@ -390,7 +384,7 @@ def key_per_node(results: dict[str, Any]) -> dict[str, Any]:
     local = results.get("rows", {}).get("Local", {})
     per_node = local.get("per_node")
     if isinstance(per_node, list):
-        mlp = results.get("settings", {}).get("model") == "mlp"
+        mlp = model_kind(results.get("settings", {}).get("model", LOGISTIC_KIND.name)).layerwise
         keys = _partition_names(results, len(per_node)) if mlp else names
         if len(keys) == len(per_node) and len(set(keys)) == len(keys):
             local["per_node"] = dict(sorted(zip(keys, per_node)))

@@ -13,7 +13,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from gems_fl.learning.model_names import CONVEX_MODELS, MODELS
+from gems_fl.learning.model_kinds import model_kind
 from gems_fl.learning.widths import parse_hidden  # noqa: F401 - re-exported
 
 
@@ -25,13 +25,11 @@ def build_model(
     same layer on the mapped features) or ``"mlp"`` (:class:`MLP` with the given ``hidden``
     widths, any depth, and ``dropout`` after each hidden layer).
     """
-    if name in CONVEX_MODELS:
+    if model_kind(name).convex:
         return nn.Linear(num_features, num_classes)
-    if name == "mlp":
-        if not hidden:
-            raise ValueError("model 'mlp' needs at least one hidden width, e.g. hidden=[50]")
-        return MLP(num_features, list(hidden), num_classes, dropout)
-    raise ValueError(f"unknown model {name!r}; available: {', '.join(map(repr, MODELS))}")
+    if not hidden:
+        raise ValueError(f"model {name!r} needs at least one hidden width, e.g. hidden=[50]")
+    return MLP(num_features, list(hidden), num_classes, dropout)
 
 
 def param_shapes(num_features: int, num_classes: int) -> dict[str, tuple[int, ...]]:
@@ -67,7 +65,7 @@ def load_vector(model: nn.Module, vector: np.ndarray) -> nn.Module:
 
 def model_from_vector(vector: np.ndarray, num_features: int, num_classes: int) -> nn.Module:
     """A fresh logistic model holding ``vector``."""
-    return load_vector(build_model("logistic", num_features, num_classes), vector)
+    return load_vector(nn.Linear(num_features, num_classes), vector)
 
 
 class MLP(nn.Module):

@@ -23,6 +23,7 @@ from gems_fl.geometry.kinds import LayerSpace, build_layer_space
 from gems_fl.geometry.refine import softmax_gradient
 from gems_fl.geometry.selection import score_candidates
 from gems_fl.geometry.spaces import GramSpace, Space
+from gems_fl.learning.model_kinds import model_kind
 from gems_fl.learning.models import model_to_vector, state_to_vector, vector_to_state
 from gems_fl.learning.threads import compute_threads
 from gems_fl.learning.train import TrainReport, accuracy
@@ -238,7 +239,7 @@ def train_reply(msg: Message, context: Context, data: NodeData, work: NodeWork,
     if wire.LOCAL_MODEL_KEY in config:
         return Message(content=_local_model_reply(data, work), reply_to=msg)
     with compute_threads():  # one thread count for training and the search after it
-        if work.training.model == "mlp":
+        if model_kind(work.training.model).layerwise:
             content = _layer_round_reply(msg, work, data.num_classes, data.arrays, data.seed)
             return Message(content=content, reply_to=msg)
         local = build_local_space(*data.arrays, data.num_classes, work, seed=data.seed)

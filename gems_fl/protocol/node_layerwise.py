@@ -15,6 +15,7 @@ import torch
 
 from gems_fl.geometry.kinds import LayerSpace, build_layer_space, space_kind
 from gems_fl.geometry.neurons import neuron_radii
+from gems_fl.learning.model_kinds import MLP_KIND
 from gems_fl.learning.models import MLP, build_model
 from gems_fl.learning.recipe import LocalTraining
 from gems_fl.learning.threads import single_thread
@@ -39,7 +40,7 @@ def build_partial_mlp(
     """
     widths = [w.shape[0] for w, _ in fixed] + list(training.hidden[len(fixed):])
     torch.manual_seed(seed)
-    model = build_model("mlp", num_features, num_classes, widths, training.dropout)
+    model = build_model(MLP_KIND.name, num_features, num_classes, widths, training.dropout)
     for layer, (weight, bias) in zip(model.hidden, fixed):
         layer.weight.data = torch.as_tensor(weight, dtype=torch.float32).clone()
         layer.bias.data = torch.as_tensor(bias, dtype=torch.float32).clone()

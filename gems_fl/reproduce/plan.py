@@ -25,6 +25,7 @@ import hashlib
 import json
 from dataclasses import dataclass, field
 
+from gems_fl.learning.model_kinds import LOGISTIC_KIND
 from gems_fl.settings import Settings
 from gems_fl.settings.operation import PAPER_PROFILE, PROFILES
 
@@ -110,7 +111,7 @@ class Options:
 
     def sgd_grid(self, model: str) -> tuple[float, ...]:
         """The local-SGD learning rates a FedAvg/FedProx trial of ``model`` chooses from."""
-        return (self.logistic_sgd_lrs or self.sgd_lrs) if model == "logistic" else self.sgd_lrs
+        return (self.logistic_sgd_lrs or self.sgd_lrs) if model == LOGISTIC_KIND.name else self.sgd_lrs
 
     def trial_config(self, **run_config) -> dict:
         """A run config for one trial: these options' dataset and overrides plus keys."""
@@ -265,7 +266,7 @@ def build_plan(options: Options) -> list[Trial]:
                         add(7, "gems", {**base, "label-division": spec, "space": "gram",
                                         "gram-point": point}, k,
                             {**where, "model": model, "point": point})
-                    if options.refine_rounds and model == "logistic":
+                    if options.refine_rounds and model == LOGISTIC_KIND.name:
                         add(7, "gems", {**base, "label-division": spec, "space": "gram",
                                         "refine-rounds": options.refine_rounds}, k,
                             {**where, "model": model, "point": "refined"})

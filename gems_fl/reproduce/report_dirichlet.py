@@ -6,6 +6,7 @@ from __future__ import annotations
 import matplotlib.pyplot as plt
 import numpy as np
 
+from gems_fl.learning.model_kinds import LOGISTIC_KIND, MLP_KIND
 from gems_fl.reproduce.report import (
     Report,
     cells_by_space,
@@ -85,7 +86,7 @@ def dirichlet_section(report: Report, options) -> None:
     points = [*options.dirichlet_spaces, *options.dirichlet_points]
     payload, tables, reach_rows = {}, [], []
     fig, axes = plt.subplots(1, 2, figsize=(11, 5.4))
-    for ax, model in zip(axes, ("logistic", "mlp")):
+    for ax, model in zip(axes, (LOGISTIC_KIND.name, MLP_KIND.name)):
         rows, entry, labels, series = [], {}, [], {}
         for alpha in options.dirichlet_alphas:
             spec = f"dirichlet:{alpha:g}"

@@ -8,6 +8,7 @@ import matplotlib.pyplot as plt
 import matplotlib.ticker
 import numpy as np
 
+from gems_fl.learning.model_kinds import LOGISTIC_KIND, MLP_KIND
 from gems_fl.reproduce.report import Report, main_rows, markdown, mean_std, row_accuracy, select_records
 
 
@@ -55,7 +56,7 @@ def federated_section(report: Report) -> None:
     and the rounds and bytes each needs to reach GEMS's rows."""
     payload, rows, lines = {}, [], []
     fig, axes = plt.subplots(1, 2, figsize=(11, 5.6))
-    for ax, model in zip(axes, ("logistic", "mlp")):
+    for ax, model in zip(axes, (LOGISTIC_KIND.name, MLP_KIND.name)):
         entry = {}
         for space, key in (("ellipsoid", "gems"), ("gram", "gems_gram")):
             gems = [r for r in main_rows(report.records, 6, K=5, model=model, space=space)

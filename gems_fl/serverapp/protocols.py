@@ -24,6 +24,7 @@ from gems_fl.evaluation.local_models import (
 from gems_fl.evaluation.server_data import (
     ServerData,
 )
+from gems_fl.learning.model_kinds import MLP_KIND
 from gems_fl.learning.models import (
     MLP,
     build_model,
@@ -59,7 +60,7 @@ def assemble_mlp(
     num_classes: int, settings: Settings,
 ) -> MLP:
     """The aggregated MLP: merged hidden layers and the aggregated output layer."""
-    model = build_model("mlp", num_features, num_classes, [w.shape[0] for w, _ in layers],
+    model = build_model(MLP_KIND.name, num_features, num_classes, [w.shape[0] for w, _ in layers],
                         settings.dropout)
     state = {}
     for i, (weight, bias) in enumerate(layers):
@@ -178,7 +179,7 @@ def ask_local_mlps(grid: Grid, run: ProtocolRun, roster: Roster, settings: Setti
     """Without server data: each accepted node's whole local MLP, for the node-side Local
     and Averaged rows (:mod:`gems_fl.protocol.local_models`)."""
     shapes = {k: tuple(v.shape) for k, v in build_model(
-        "mlp", num_features, num_classes, settings.hidden_widths, settings.dropout
+        MLP_KIND.name, num_features, num_classes, settings.hidden_widths, settings.dropout
     ).state_dict().items()}
     ids = [r.node_id for r in run.outcome.accepted]
     got = collect_local_mlps(grid, ids, roster.names,
@@ -189,7 +190,7 @@ def ask_local_mlps(grid: Grid, run: ProtocolRun, roster: Roster, settings: Setti
         return
     models = {}
     for name, state in got.states.items():
-        model = build_model("mlp", num_features, num_classes, settings.hidden_widths,
+        model = build_model(MLP_KIND.name, num_features, num_classes, settings.hidden_widths,
                             settings.dropout)
         model.load_state_dict({k: torch.as_tensor(v) for k, v in state.items()})
         models[name] = model

@@ -38,7 +38,6 @@ from gems_fl.evaluation.server_data import (
 )
 from gems_fl.geometry.gram_sums import complete_membership
 from gems_fl.learning.models import (
-    CONVEX_MODELS,
     model_from_vector,
     vector_to_state,
 )
@@ -203,7 +202,7 @@ def run_server(grid: Grid, context: Context) -> dict[str, Any]:
 
     if public is not None and server_data is None and settings.baselines == "all":
         run.node_models.update(tune_on_public(run, public, settings, num_features, num_classes))
-    if settings.model == "mlp" and server_data is None and settings.baselines != "none":
+    if settings.model_kind.layerwise and server_data is None and settings.baselines != "none":
         ask_local_mlps(grid, run, roster, settings, options, num_features, num_classes)
     t_verify = time.perf_counter()
     accepted_ids = [r.node_id for r in run.outcome.accepted]
@@ -254,7 +253,7 @@ def _train(grid: Grid, settings: Settings, roster: Roster, timing: dict[str, flo
         log(WARNING, note)
     timing["server_data"] += time.perf_counter() - t_data
     t_round = time.perf_counter()
-    if settings.model == "mlp":
+    if settings.model_kind.layerwise:
         run = run_layerwise(grid, settings, options, roster, num_features, num_classes,
                             None if server_data is None else
                             lambda m: accuracy(m, server_data.test_x, server_data.test_y))
@@ -269,7 +268,7 @@ def own_spaces(run: ProtocolRun, settings: Settings, num_features: int, num_clas
                ) -> dict[int, tuple[dict[str, np.ndarray], float]] | None:
     """For the convex model's Gram spaces: every accepted node's own center and radius,
     which the evaluate round sends back so that the node checks h_G against its space."""
-    if settings.model not in CONVEX_MODELS or settings.space != "gram":
+    if not settings.model_kind.convex or settings.space != "gram":
         return None
     return {r.node_id: (None if r.space.center is None else  # secure: the space it kept
                         (vector_to_state(r.space.center, num_features, num_classes),
@@ -306,7 +305,7 @@ def _test_accuracy(data: ServerData | None, num_features: int,
 def evaluate_baselines(run: ProtocolRun, data: ServerData | None, settings: Settings,
                        roster: Roster, num_features: int, num_classes: int) -> dict[str, Any]:
     """The results table's rows, on the server's test set (or skipped without data)."""
-    layerwise = settings.model == "mlp"
+    layerwise = settings.model_kind.layerwise
     if data is None:
         reason = NO_SERVER_DATA
         if settings.public_data.strip() and settings.baselines == "all":

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from gems_fl.data.agreement import NODE_FILES, resolve_standardize
 from gems_fl.geometry.points import CLASS_GRAMS, point_named
+from gems_fl.learning.model_kinds import ModelKind, model_kind
 from gems_fl.learning.recipe import LocalTraining, TrainRecipe, TuneRecipe
 from gems_fl.learning.widths import parse_hidden
 from gems_fl.settings.aggregation import AggregationSettings
@@ -159,12 +160,17 @@ class Settings(OperationSettings, PrivacySettings, AggregationSettings, SpaceSet
         return {k.replace("_", "-"): v for k, v in asdict(self).items()}
 
     @property
+    def model_kind(self) -> ModelKind:
+        """The registered model the run trains (:mod:`gems_fl.learning.model_kinds`)."""
+        return model_kind(self.model)
+
+    @property
     def identity_sums(self) -> bool:
         """Whether the identity round asks the nodes for per-feature sums: for the
         federated scaling, and for the random-feature map's bandwidth (``rf-bandwidth``
         ``auto``; never under ``dp-epsilon``, where they would leave the nodes unnoised)."""
         return self.standardize == "federated" or (
-            self.model == "random-features" and not self.dp_epsilon)
+            self.model_kind.feature_map is not None and not self.dp_epsilon)
 
     def for_nodes(self) -> dict[str, Any]:
         """The settings node code reads, as ``{key: value}``: what every message carries.

@@ -13,7 +13,6 @@ from gems_fl.geometry.choices import SUMS_ABOVE_NODES
 from gems_fl.geometry.dp import DPSpec
 from gems_fl.geometry.kinds import AggregateOptions, SpaceOptions
 from gems_fl.geometry.points import AUTO, point_named, solvable_from_sums
-from gems_fl.learning.model_names import CONVEX_MODELS
 from gems_fl.protocol.options import AgreementRule, Exchange, NodeWork, ServerOptions
 from gems_fl.settings.values import parse_rf_bandwidth
 
@@ -21,7 +20,7 @@ __all__ = ["READ_ONLY_WHEN", "agreement_rule", "aggregate_options", "dp_spec", "
            "holds_sums", "node_config", "node_work", "server_options", "space_options",
            "wants_ridge_choice"]
 
-_mlp = lambda s: s.model == "mlp"
+_mlp = lambda s: s.model_kind.layerwise
 _gram = lambda s: s.space == "gram"
 #: node settings that only some runs' node code reads, and the runs that read them; the
 #: other runs' messages leave them out (a node then holds the default, which it never reads)
@@ -33,7 +32,7 @@ READ_ONLY_WHEN = {
     "gram-rank": _gram, "label-moments": _gram, "class-grams": _gram, "class-components": _gram,
     "dp-delta": lambda s: bool(s.dp_epsilon), "dp-clip": lambda s: bool(s.dp_epsilon),
     "dp-seeded-noise": lambda s: bool(s.dp_epsilon),
-    "rf-map": lambda s: s.model == "random-features" and bool(s.dp_epsilon),
+    "rf-map": lambda s: s.model_kind.feature_map is not None and bool(s.dp_epsilon),
     "ham10000-per-class": lambda s: s.dataset == "ham10000",
     "ham10000-cnn-epochs": lambda s: s.dataset == "ham10000",
 }
@@ -71,7 +70,7 @@ def holds_sums(settings: Settings, num_nodes: int) -> bool:
     logistic model when the point needs no single node's matrix; always under secure
     aggregation and DP."""
     if settings.server_grams == "nodes" or settings.space != "gram" \
-            or settings.model not in CONVEX_MODELS:
+            or not settings.model_kind.convex:
         return False
     if settings.server_grams == "sums" or settings.secure_aggregation or settings.dp_epsilon:
         return True
@@ -83,7 +82,7 @@ def dp_spec(settings: Settings) -> DPSpec:
     features have norm at most ``sqrt(2)`` whatever the row, so their clip is never above
     it: the noise is calibrated to the map's own bound (clipping there changes no row)."""
     clip = float(settings.dp_clip)
-    if settings.model == "random-features" and settings.rf_map == "fourier":
+    if settings.model_kind.feature_map is not None and settings.rf_map == "fourier":
         clip = min(clip, FOURIER_NORM)
     return DPSpec(float(settings.dp_epsilon), float(settings.dp_delta), clip)
 
@@ -116,7 +115,7 @@ def agreement_rule(settings: Settings) -> AgreementRule:
                          random_features=(settings.rf_map, int(settings.rf_dim),
                                           parse_rf_bandwidth(settings.rf_bandwidth),
                                           int(settings.seed))
-                         if settings.model == "random-features" else None)
+                         if settings.model_kind.feature_map is not None else None)
 
 
 def exchange(settings: Settings, plan: Any = None) -> Exchange:
@@ -141,7 +140,7 @@ def server_options(settings: Settings, plan: Any) -> ServerOptions:
         holds_sums=plan.server_holds == "sums", server_grams=settings.server_grams,
         secure_aggregation=bool(settings.secure_aggregation),
         secure_threshold=settings.secure_threshold, dp=bool(settings.dp_epsilon),
-        hidden_widths=tuple(settings.hidden_widths) if settings.model == "mlp" else (),
+        hidden_widths=tuple(settings.hidden_widths) if settings.model_kind.layerwise else (),
         clusters=int(settings.clusters), max_width=int(settings.max_width),
         neuron_eps=float(settings.eps_neuron), neuron_criterion=settings.neuron_criterion)
 

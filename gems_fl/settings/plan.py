@@ -31,7 +31,6 @@ from gems_fl.geometry.points import (
     POINTS,
     point_named,
 )
-from gems_fl.learning.model_names import CONVEX_MODELS
 from gems_fl.learning.train import resolve_device
 from gems_fl.settings.options import holds_sums, space_options
 
@@ -77,7 +76,7 @@ def refine_l2_for(settings: Settings) -> float:
     logistic model, and none for the MLP's output layer (not chosen there)."""
     if settings.refine_l2 != "auto":
         return float(settings.refine_l2)
-    return DEFAULT_REFINE_L2 if settings.model in CONVEX_MODELS else 0.0
+    return DEFAULT_REFINE_L2 if settings.model_kind.convex else 0.0
 
 
 def build_plan(settings: Settings, num_nodes: int, num_features: int) -> RunPlan:
@@ -87,12 +86,12 @@ def build_plan(settings: Settings, num_nodes: int, num_features: int) -> RunPlan
     options = space_options(settings)
     if options.class_grams == "auto" and CLASS_GRAMS in point_named(settings.gram_point).needs:
         options = replace(options, class_grams="true")  # the point needs them at any size
-    if settings.model in CONVEX_MODELS:
+    if settings.model_kind.convex:
         size = num_features + 1
         rank = gram_rank_for(options.gram_rank, size) if gram else 0
         sent = gram and options.label_moments and class_grams_for(
             options.class_grams, size, options.gram_rank)
-        if settings.model == "random-features" and options.class_grams == "auto":
+        if settings.model_kind.feature_map is not None and options.class_grams == "auto":
             sent = False  # a factor per class at D + 1 inputs: bytes the measured points skip
         class_rank = class_gram_rank_for(options.gram_rank, size) if sent else None
         if sent and settings.secure_aggregation:  # SecAgg+ sums them per class, whole:
@@ -125,7 +124,7 @@ def build_plan(settings: Settings, num_nodes: int, num_features: int) -> RunPlan
               for name in points}
     return RunPlan(
         model=settings.model, hidden_widths=tuple(settings.hidden_widths)
-        if settings.model == "mlp" else (), space=settings.space, nodes=int(num_nodes),
+        if settings.model_kind.layerwise else (), space=settings.space, nodes=int(num_nodes),
         layer_size=size, gram_rank=rank, class_grams=sent, class_gram_rank=class_rank,
         gram_point=settings.gram_point, points=points, values=values,
         server_holds="sums" if sums else "every node's reply",

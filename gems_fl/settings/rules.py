@@ -9,7 +9,6 @@ from typing import Any
 from gems_fl.data.agreement import NODE_FILES
 from gems_fl.geometry.choices import SPACE_R_MAX
 from gems_fl.geometry.points import CENTERS, CLASS_GRAMS, LABELS, point_named, solvable_from_sums
-from gems_fl.learning.model_names import CONVEX_MODELS
 from gems_fl.settings.checks import SettingsError
 from gems_fl.settings.values import parse_gram_rank
 
@@ -108,7 +107,7 @@ def _differential_privacy(settings: Settings) -> None:
 def _random_features(settings: Settings) -> None:
     """Under ``dp-epsilon`` the identity round sends no feature sums: the random-feature
     map's bandwidth must be given."""
-    if settings.model == "random-features" and settings.dp_epsilon \
+    if settings.model_kind.feature_map is not None and settings.dp_epsilon \
             and str(settings.rf_bandwidth).strip().lower() == "auto":
         raise SettingsError(
             f"model='random-features' with dp-epsilon={settings.dp_epsilon:g}: rf-bandwidth "
@@ -121,7 +120,7 @@ def _random_features(settings: Settings) -> None:
 def _not_from_sums(settings: Settings) -> list[str]:
     """The settings that need more than the sums of the Gram statistics, each with why."""
     wrong = []
-    if settings.space != "gram" or settings.model not in CONVEX_MODELS:
+    if settings.space != "gram" or not settings.model_kind.convex:
         wrong.append(f"space='{settings.space}', model='{settings.model}' (needs the logistic "
                      "model's Gram spaces: the MLP's layer merge needs every node's neurons)")
     if not solvable_from_sums(settings.gram_point):
@@ -134,7 +133,7 @@ def _dataset_shape(settings: Settings) -> None:
     """``num-features`` and ``classes`` pin ``node-files`` runs; a named dataset has its own."""
     from gems_fl.data.site_files import parse_classes
 
-    rf = settings.model == "random-features"
+    rf = settings.model_kind.feature_map is not None
     if settings.dataset == NODE_FILES:
         _gram_rank(settings, settings.rf_dim if rf else settings.num_features)
         return
@@ -155,7 +154,7 @@ def _gram_rank(settings: Settings, features: int) -> None:
     """A rank-r factor of the logistic model's (d+1) x (d+1) Gram matrix is smaller
     than the matrix only for r < d + 1 (``features`` 0: not known before the run)."""
     rank = parse_gram_rank(settings.gram_rank)
-    if settings.space != "gram" or settings.model not in CONVEX_MODELS or not features \
+    if settings.space != "gram" or not settings.model_kind.convex or not features \
             or rank == "auto" or rank < features + 1:
         return
     raise SettingsError(
@@ -187,7 +186,7 @@ def _node_files(settings: Settings) -> None:
             "dataset='node-files' keeps the data on the nodes, so the server has nothing "
             "to evaluate on: set evaluate-on-server=false (the nodes evaluate every "
             "model on their own data), or give public-data with a test split")
-    if settings.evaluate_on_server and settings.model == "mlp":
+    if settings.evaluate_on_server and settings.model_kind.layerwise:
         raise SettingsError(
             "dataset='node-files' with model='mlp': set evaluate-on-server=false (the "
             "server cannot rebuild the nodes' local MLPs without their data)")

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from gems_fl.data.random_features import MAPS
-from gems_fl.learning.model_names import MODELS
+from gems_fl.learning.model_kinds import LOGISTIC_KIND, MODELS
 from gems_fl.learning.recipe import TUNE_LAYERS, TUNE_STOPS
 from gems_fl.settings.checks import at_least, in_range, one_of, parses, positive, setting
 from gems_fl.settings.values import check_hidden, parse_rf_bandwidth, parse_tune_curve
@@ -42,7 +42,7 @@ class TrainingSettings:
     """What is trained and how."""
 
     model: str = setting(
-        'logistic',
+        LOGISTIC_KIND.name,
         '`logistic` (convex: the spaces round, then the selection round: `[ROUND 1/2]`, '
         '`[ROUND 2/2]`), `random-features` (the same on a random-feature map of the inputs, '
         'from the seed: `rf-map`, `rf-dim`; docs/random-features.md) or `mlp` '

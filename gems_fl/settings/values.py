@@ -66,7 +66,7 @@ def run_gram_rank(settings) -> int | str:
     triangle anyway, and for the MLP, whose output layer lost 0.53 point with it
     (results/README.md, "1b")."""
     rank = parse_gram_rank(settings.gram_rank)
-    whole = settings.secure_aggregation or settings.dp_epsilon or settings.model == "mlp"
+    whole = settings.secure_aggregation or settings.dp_epsilon or settings.model_kind.layerwise
     return 0 if rank == "auto" and whole else rank
 
 

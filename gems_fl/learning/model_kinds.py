@@ -1,0 +1,82 @@
+"""The models, one registered object each, without torch: the settings check them before
+anything heavy loads.
+
+A :class:`ModelKind` says everything the rest of the package asks of a model: whether it is
+a convex model (a softmax-linear layer on the node's rows or on a fixed map of them: the
+spaces round, then the selection round) or the layer-wise MLP, which map a node applies to
+its rows before that layer, which settings it reads, and how a run's title names it. Code
+elsewhere asks the kind (``model_kind(settings.model).convex``), never compares a model's
+name: the next model is one object here and its tests (a house-rule test checks it).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = ["CONVEX_MODELS", "LOGISTIC_KIND", "MLP_KIND", "MODELS", "MODEL_KINDS", "RANDOM_FEATURES_KIND",
+           "ModelKind", "model_kind"]
+
+
+@dataclass(frozen=True)
+class ModelKind:
+    """One model a run can train.
+
+    Attributes
+    ----------
+    name : str
+        The ``model`` setting's value.
+    convex : bool
+        A softmax-linear layer (on the rows, or on ``feature_map`` of them): one round of
+        Gram spaces, the points, refinement, secure sums and DP apply. False: the MLP's
+        layer-wise protocol (one round per hidden layer, then the output layer).
+    feature_map : str or None
+        The fixed map a node applies to its (scaled) rows before the convex layer, agreed
+        in the identity round and saved with the model: ``"random-features"``, or None.
+    settings : tuple of str
+        The settings only this model reads.
+    """
+
+    name: str
+    convex: bool
+    feature_map: str | None = None
+    settings: tuple[str, ...] = ()
+
+    @property
+    def layerwise(self) -> bool:
+        """The MLP's protocol: hidden layers merged one round each."""
+        return not self.convex
+
+    def title(self, cfg: Mapping[str, Any], meta: Mapping[str, Any],
+              results: Mapping[str, Any]) -> str:
+        """How a run's results table names the model (``cfg``: the run's settings,
+        ``meta``: its dataset record)."""
+        if self.feature_map == "random-features":
+            rf = meta.get("random_features") or {}
+            return (f"logistic on {rf.get('rf-map', cfg.get('rf-map'))} random features, "
+                    f"D={rf.get('rf-dim', cfg.get('rf-dim'))}")
+        if self.layerwise:
+            return (f"MLP hidden {cfg['hidden']} -> aggregated {results.get('hidden_widths')}, "
+                    f"eps_j={cfg['eps-neuron']}, m_eps={cfg['clusters']}")
+        return self.name
+
+
+LOGISTIC_KIND = ModelKind("logistic", convex=True)
+RANDOM_FEATURES_KIND = ModelKind("random-features", convex=True, feature_map="random-features",
+                            settings=("rf-map", "rf-dim", "rf-bandwidth"))
+MLP_KIND = ModelKind("mlp", convex=False, settings=("hidden", "dropout", "eps-neuron",
+                                               "neuron-criterion", "neuron-delta", "clusters"))
+
+MODEL_KINDS: dict[str, ModelKind] = {k.name: k for k in (LOGISTIC_KIND, RANDOM_FEATURES_KIND, MLP_KIND)}
+MODELS = tuple(MODEL_KINDS)
+#: the convex models' names (a softmax-linear layer on the inputs or on a map of them)
+CONVEX_MODELS = tuple(name for name, kind in MODEL_KINDS.items() if kind.convex)
+
+
+def model_kind(name: str) -> ModelKind:
+    """The registered model ``name``; ``ValueError`` naming the choices otherwise."""
+    try:
+        return MODEL_KINDS[str(name)]
+    except KeyError:
+        raise ValueError(f"unknown model {name!r}; available: {', '.join(MODELS)}") from None
