@@ -45,7 +45,7 @@ def test_own_csv_sites_over_tls_agree_evaluate_on_nodes_and_leave_out_the_odd_on
     assert results["dataset"]["columns"] == [f"f{i}" for i in range(13)]
     assert [p["name"] for p in results["participants"]] == ["site-0", "site-1", "site-2"]
     (rejected,) = results["rejected"]
-    assert rejected["node_name"] == "site-odd" and "9 features" in rejected["reason"]
+    assert rejected["node_name"] == "site-odd" and "lacks column(s) f9, f10, f11, f12" in rejected["reason"]
     assert "site-odd" in run.output
     # Every node scaled with the same numbers: the mean/std of all training rows pooled.
     raw = np.concatenate([read_site_file(c["data-path"]).x["train"] for c in sites])
@@ -230,11 +230,11 @@ def test_gems_fl_run_on_site_files_before_deploying(tmp_path, sites):
                           env=env, capture_output=True, text=True, timeout=600, check=False)
     assert proc.returncode == 2, proc.stdout[-3000:] + proc.stderr[-3000:]
     last = proc.stderr.strip().splitlines()[-1]
-    assert "stopped before training: expected every site present (required-nodes='all'); " \
-           "heard from 4 site(s)" in last, last
-    assert "missing: site-odd (rejected: node 'site-odd' holds data with 9 features; the run " \
-           "has 13" in last, last
-    assert "nothing was started" in last and not out.exists()
+    error = proc.stderr[proc.stderr.index("--site: the run would stop before training"):]
+    assert "required-nodes='all'; checked on the files, nothing was started" in error, error
+    assert "site-odd: node 'site-odd' lacks column(s) f9, f10, f11, f12 that the run has" in \
+        error, error
+    assert "check-data" in last and not out.exists()
     files += ["--site", shuffled["data-path"]]
     proc = subprocess.run([sys.executable, "-m", "gems_fl.running.cli", "run", str(ROOT), *files,
                            "--output-dir", str(tmp_path / "three"), "--run-config",
@@ -242,8 +242,8 @@ def test_gems_fl_run_on_site_files_before_deploying(tmp_path, sites):
                            "min-good-enough=0"],
                           env=env, capture_output=True, text=True, timeout=600, check=False)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    assert "gems-fl: warning: --site: site-odd will be left out: node 'site-odd' holds data " \
-           "with 9 features" in proc.stderr
+    assert "gems-fl: warning: --site: site-odd will be left out: node 'site-odd' lacks " \
+           "column(s) f9, f10, f11, f12" in proc.stderr
     (path,) = (tmp_path / "three").glob("run-*/results.json")
     results = json.loads(path.read_text())
     names = ["site-0", "site-1", "site-2", "site-shuffled"]

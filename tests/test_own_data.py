@@ -27,15 +27,16 @@ def test_three_csv_sites_with_string_labels_run_and_report_per_node_and_pooled(t
     odd = site_config(tmp_path / "sites", "site-odd", seed=9, num_features=11)
     results = run_in_process(4, tmp_path / "out", node_configs=[*sites, odd],
                              **OWN, standardize="federated", **{"required-nodes": "3"})
-    assert results["attendance"]["line"] == (
-        "completed with 3 of 4 sites; left out: site-odd (node 'site-odd' holds data with 11 "
-        "features; the run has 13 (held by 3 of 4 nodes: site-0, site-1, site-2))")
+    assert results["attendance"]["line"] == (  # headers: the missing columns by name
+        "completed with 3 of 4 sites; left out: site-odd (node 'site-odd' lacks column(s) f11, "
+        "f12 that the run has (columns are matched by name) (held by 3 of 4 nodes with a "
+        "header: site-0, site-1, site-2))")
     assert results["dataset"]["num_features"] == 13
     assert results["dataset"]["classes"] == list(CLASSES)
     assert [p["name"] for p in results["participants"]] == ["site-0", "site-1", "site-2"]
     (rejected,) = results["rejected"]
     assert rejected["node_name"] == "site-odd"
-    assert "11 features" in rejected["reason"] and "13" in rejected["reason"]
+    assert "lacks column(s) f11, f12" in rejected["reason"]
     assert "site-0, site-1, site-2" in rejected["reason"]
     ver = results["verification"]
     assert set(ver["per_node"]) == {"site-0", "site-1", "site-2"}
@@ -379,9 +380,9 @@ def test_check_data_reports_and_rejects_with_clear_messages(tmp_path, sites):
     code, out = _check(tmp_path / "nan.npz")
     assert code == 1 and "REJECTED: x_train holds 1 NaN and 1 infinite value(s) in 2 row(s)" in out
     assert "(first: data row 5, counted from 1)" in out  # x[4]: the fifth row, as a CSV reader counts
-    np.savez(tmp_path / "noval.npz", x_train=x, y_train=y)
+    np.savez(tmp_path / "noval.npz", x_train=x, y_train=y, y_val=y[:5])
     code, out = _check(tmp_path / "noval.npz")
-    assert code == 1 and "lacks array(s) x_val, y_val" in out
+    assert code == 1 and "lacks array(s) x_val" in out
     code, out = _check(sites[1]["data-path"], "--classes", "adelie,gentoo")
     assert code == 1 and "holds label(s) chinstrap that are not among" in out
     code, out = _check(sites[1]["data-path"], "--features", 12)
@@ -417,12 +418,13 @@ def test_run_site_checks_the_files_as_the_identity_round_would(tmp_path, sites):
     files = ",".join(c["data-path"] for c in [*sites, odd, shuffled])
     settings = Settings(dataset="node-files", site_files=files, evaluate_on_server=False,
                         standardize="federated")
-    with pytest.raises(SitesDoNotFit, match=r"missing: site-odd \(rejected: node 'site-odd' "
-                       r"holds data with 9 features; the run has 13"):
+    with pytest.raises(SitesDoNotFit, match=r"site-odd: node 'site-odd' lacks column\(s\) f9, "
+                       r"f10, f11, f12 that the run has"):
         check_sites(settings)
     assert check_sites(replace(settings, required_nodes="4")) == [
-        "--site: site-odd will be left out: node 'site-odd' holds data with 9 features; the run "
-        "has 13 (held by 4 of 5 nodes: site-0, site-1, site-2, site-shuffled)"]
+        "--site: site-odd will be left out: node 'site-odd' lacks column(s) f9, f10, f11, f12 "
+        "that the run has (columns are matched by name) (held by 4 of 5 nodes with a header: "
+        "site-0, site-1, site-2, site-shuffled)"]
     fitting = files.rsplit(",", 2)[0] + "," + shuffled["data-path"]
     assert check_sites(replace(settings, site_files=fitting)) == []
 
