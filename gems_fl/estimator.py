@@ -363,6 +363,7 @@ def _write_site(folder: Path, name: str, data: Mapping[str, Any]) -> Path:
 
 def _run_in_process(config: dict[str, Any], num_nodes: int, verbose: bool) -> dict[str, Any]:
     from flwr.app import Context, RecordDict
+    from flwr.common.logger import console_handler
 
     from gems_fl.apps import client_app
     from gems_fl.protocol.inprocess import InProcessGrid
@@ -370,13 +371,15 @@ def _run_in_process(config: dict[str, Any], num_nodes: int, verbose: bool) -> di
 
     grid = InProcessGrid(client_app, num_nodes, config)
     context = Context(run_id=1, node_id=1, node_config={}, state=RecordDict(), run_config=config)
-    if verbose:
-        return run_server(grid, context)
     logger = logging.getLogger("flwr")
-    level = logger.level
-    logger.setLevel(logging.WARNING)
+    level, colored = logger.level, console_handler.colored
+    # Flower colours its level names whatever the stream: not in a file or a pipe
+    console_handler.colored = bool(getattr(console_handler.stream, "isatty", lambda: False)())
+    if not verbose:
+        logger.setLevel(logging.WARNING)
     try:
-        with contextlib.redirect_stdout(io.StringIO()):
+        with contextlib.redirect_stdout(io.StringIO()) if not verbose else contextlib.nullcontext():
             return run_server(grid, context)
     finally:
         logger.setLevel(level)
+        console_handler.colored = colored

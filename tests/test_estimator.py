@@ -120,13 +120,21 @@ def test_the_classifier_names_the_parameter_and_raises_not_fitted():
         GEMSClassifier().fit(x, y, sites=np.zeros(5))
 
 
-def test_a_model_few_sites_find_good_enough_warns_unless_asked_to_raise():
+def test_a_model_few_sites_find_good_enough_warns_unless_asked_to_raise(monkeypatch):
+    import io
+
+    from flwr.common.logger import console_handler
+
     from gems_fl.protocol.attendance import ModelNotGoodEnough
 
+    piped = io.StringIO()  # Flower's log stream is a pipe here, not a terminal
+    monkeypatch.setattr(console_handler, "stream", piped)
     x, y = blobs(120, 4, seed=0)
     y = np.random.default_rng(0).permutation(y)  # labels unrelated to the rows
     with pytest.warns(GoodEnoughWarning, match="good enough"):
-        GEMSClassifier(eps=0.9).fit(x, y, sites=np.arange(120) % 2)
+        clf = GEMSClassifier(eps=0.9).fit(x, y, sites=np.arange(120) % 2)
+    assert clf.results_["status"] == "not-good-enough"  # the run's own record, unchanged
+    assert "Not good enough" in piped.getvalue() and "\x1b" not in piped.getvalue()
     with pytest.raises(ModelNotGoodEnough):
         GEMSClassifier(eps=0.9, settings={"min-good-enough": "majority"}).fit(
             x, y, sites=np.arange(120) % 2)
