@@ -32,6 +32,7 @@ import torch
 
 from gems_fl.geometry.eps import check_eps, pass_count
 from gems_fl.geometry.linalg import EIGEN_FLOOR, augment, center_for, label_indices, square_matrix
+from gems_fl.geometry.whitening import Whitening, eigen_whitening
 
 
 def flips_needed(num_correct: int, num_samples: int, eps: float) -> int:
@@ -148,6 +149,7 @@ def certified_gram_radius(
     floor: float = EIGEN_FLOOR,
     within_range: bool = False,
     eigen: tuple[torch.Tensor, torch.Tensor] | None = None,
+    whitening: Whitening | None = None,
 ) -> float:
     """Certified radius (closed form) in the metric ``G`` -- the node's training Gram.
 
@@ -167,7 +169,8 @@ def certified_gram_radius(
     sound radius for the whole ellipsoid is 0. With ``within_range=True`` only
     perturbations in the range of ``G`` are certified -- exactly those that
     ``sample_gram_directions`` / ``search_gram_radius`` probe. ``eigen``:
-    ``torch.linalg.eigh`` of ``G`` (float64) where the caller has it already.
+    ``torch.linalg.eigh`` of ``G`` (float64) where the caller has it already;
+    ``whitening``: a whitening of ``G`` (:mod:`gems_fl.geometry.whitening`) instead.
     """
     rho = certified_radius_in_metric(center, x_val, y_val, eps)
     if g is None or rho == 0.0 or math.isinf(rho):
@@ -176,16 +179,12 @@ def certified_gram_radius(
     gt = square_matrix("G", g, xa_n)
     # G_val = A^T A; every quadratic form of it below is a product with A's N_val rows
     rows = augment(x_val) / math.sqrt(len(x_val))
-    lam, vec = torch.linalg.eigh(gt) if eigen is None else eigen
-    if not float(lam[-1]) > 0.0:
-        raise ValueError("G has no positive eigenvalue; compute it from the training inputs")
-    keep = lam > floor * float(lam[-1])
-    if not within_range and not bool(keep.all()):
-        leak = _largest_square_singular(rows @ vec[:, ~keep])
+    white = whitening if whitening is not None else eigen_whitening(gt, floor, eigen)
+    if not within_range and white.outside is not None:
+        leak = _largest_square_singular(white.outside(rows))
         if leak > floor * _largest_square_singular(rows):
             return 0.0
-    vm = vec[:, keep] / lam[keep].sqrt()
-    mu = _largest_square_singular(rows @ vm)
+    mu = _largest_square_singular(white.apply(rows))
     if mu <= 0.0:
         return math.inf  # no move in G's range changes any validation logit
     return rho / math.sqrt(mu)

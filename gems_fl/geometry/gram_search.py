@@ -24,6 +24,7 @@ from gems_fl.geometry.linalg import (
     square_matrix,
 )
 from gems_fl.geometry.radius import RadiusResult, bisect_radius, margin_intervals
+from gems_fl.geometry.whitening import Whitening, eigen_whitening
 
 #: Default upper end of the radius bisection, in logit units (RMS of the L2 logit
 #: change). Trained softmax layers have logit margins of order 1 to 20; a change of
@@ -113,6 +114,7 @@ def search_gram_radius(
     floor: float = EIGEN_FLOOR,
     chunk: int = 64,
     eigen: tuple[torch.Tensor, torch.Tensor] | None = None,
+    whitening: Whitening | None = None,
 ) -> GramRadiusResult:
     """Largest radius ``R`` in the metric ``G`` such that every sampled model
     ``center + R * D`` (``D`` from ``sample_gram_directions``) keeps validation
@@ -136,6 +138,8 @@ def search_gram_radius(
     num_directions, r_max, delta, seed : see the module defaults.
     eigen : ``torch.linalg.eigh`` of ``g`` as float64, where the caller has it already
         (the node's certified radius needs the same decomposition).
+    whitening : a whitening of ``g`` (:mod:`gems_fl.geometry.whitening`; e.g. from the
+        factor form without an eigendecomposition); else one from ``eigen``/``eigh(g)``.
     """
     eps = check_eps(eps)
     _check_search_ints(num_directions)
@@ -159,9 +163,9 @@ def search_gram_radius(
     if correct0 < need:
         return GramRadiusResult(0.0, center_acc, False, center_acc, 0, False, 0.0, 0)
 
-    lam, vec = range_basis(gt, floor, eigen)
-    m = len(lam)
-    xw = (xa @ vec) / lam.sqrt()  # (N, m): whitened inputs
+    white = whitening if whitening is not None else eigen_whitening(gt, floor, eigen)
+    m = white.dim
+    xw = white.apply(xa)  # (N, m): whitened inputs
     u = _whitened_draws(num_directions, classes * m, seed).reshape(-1, m)  # (p*C, m)
     idx = yt.view(-1, 1)
     margin = z0.gather(1, idx) - z0  # (N, C): >= 0 means correct against class c

@@ -42,6 +42,7 @@ from gems_fl.geometry.intersect import IntersectionResult, find_intersection
 from gems_fl.geometry.points import GRAM_POINTS, aggregate_gram
 from gems_fl.geometry.radius import search_radius
 from gems_fl.geometry.spaces import GramSpace, Space
+from gems_fl.geometry.whitening import eigen_whitening, factor_whitening
 
 __all__ = ["AggregateOptions", "LayerSpace", "SpaceKind", "SpaceOptions", "space_kind"]
 
@@ -258,12 +259,15 @@ class Gram(SpaceKind):
                 rows = [train_inputs[labels == c] for c in np.flatnonzero(counts > 0)]
                 sent_classes = class_factors(per_class, means, rank, rows)
                 per_class = class_grams_from_factors(*sent_classes, means)
-        eigen = torch.linalg.eigh(torch.as_tensor(gram, dtype=torch.float64))  # once, for both
+        # once, for both: from the factor form's structure (no n^3 step), else eigh
+        white = (factor_whitening(factor, residual) if factor is not None else
+                 eigen_whitening(torch.as_tensor(gram, dtype=torch.float64)))
         search = search_gram_radius(center, gram, val_inputs, y_val, eps=options.eps,
                                     num_directions=options.num_directions,
                                     r_max=options.bound, delta=options.delta, seed=seed,
-                                    eigen=eigen)
-        cert = certified_gram_radius(center, gram, val_inputs, y_val, options.eps, eigen=eigen)
+                                    whitening=white)
+        cert = certified_gram_radius(center, gram, val_inputs, y_val, options.eps,
+                                     whitening=white)
         return LayerSpace(GramSpace(center.reshape(-1), gram, search.radius, cert, moments,
                                     counts, per_class, parts), cert, search.center_accuracy,
                           factor, residual, sent_classes)
