@@ -16,6 +16,7 @@ from flwr.app import Context, Message
 from flwr.clientapp import ClientApp
 
 from gems_fl.data.agreement import DataAgreement
+from gems_fl.data.node_cache import NodeDataCache
 from gems_fl.data.nodes import (
     NodeData,
     NodeDataError,
@@ -30,6 +31,9 @@ from gems_fl.settings import Settings
 from gems_fl.settings.options import node_work
 
 logger = logging.getLogger(__name__)
+#: what this process loaded, for the later messages of the run (a simulation's ClientApp
+#: process serves every message of its nodes; a deployed node's process is fresh each time)
+LOADED = NodeDataCache()
 
 
 def node_settings(config: Mapping[str, Any], context: Context) -> Settings:
@@ -39,8 +43,9 @@ def node_settings(config: Mapping[str, Any], context: Context) -> Settings:
 
 def _node_data(settings: Settings, config: Mapping[str, Any], context: Context) -> NodeData:
     node_config = own_node_config(context.node_config, settings.site_files)
-    return cast_node_arrays(load_node_data(settings, node_config,
-                                           DataAgreement.from_config(config)))
+    agreement = DataAgreement.from_config(config)
+    return LOADED.get(settings, node_config, agreement,
+                      lambda: cast_node_arrays(load_node_data(settings, node_config, agreement)))
 
 
 def handle_train(msg: Message, context: Context) -> Message:

@@ -1,0 +1,53 @@
+"""A node keeps what it loaded for the later messages of a run, keyed by everything the
+data depend on, and hands it out read-only."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+
+from gems_fl.data.node_cache import NodeDataCache
+from gems_fl.data.nodes import cast_node_arrays, load_node_data
+from gems_fl.settings import Settings
+from tests.sitegen import write_csv_site
+
+
+def test_a_node_loads_its_file_once_per_run_and_again_when_it_changes(tmp_path):
+    path = write_csv_site(tmp_path, "site-a", seed=0)
+    settings = Settings(dataset="node-files", evaluate_on_server=False)
+    config = {"data-path": str(path), "node-name": "site-a"}
+    cache, loads = NodeDataCache(), []
+
+    def load():
+        loads.append(1)
+        return cast_node_arrays(load_node_data(settings, config))
+
+    first = cache.get(settings, config, None, load)
+    second = cache.get(settings, config, None, load)
+    assert len(loads) == 1 and second.x_train is first.x_train and second is not first
+    with pytest.raises(ValueError, match="read-only"):
+        second.x_train[0, 0] = 1.0
+    cache.get(Settings(dataset="node-files", evaluate_on_server=False, seed=1), config, None, load)
+    assert len(loads) == 2  # other settings: other data
+    stat = path.stat()
+    os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns + 10 ** 9))  # the file changed
+    cache.get(settings, config, None, load)
+    assert len(loads) == 3
+
+
+def test_the_cache_keeps_at_most_its_bytes():
+    settings = Settings()
+    cache = NodeDataCache(max_bytes=1200)
+
+    def data(k):
+        from gems_fl.data.nodes import NodeData
+
+        x = np.zeros((10, 10))
+        return lambda: NodeData(f"n{k}", k, "test", x.copy(), np.zeros(10), x[:1].copy(),
+                                np.zeros(1), num_classes=2)
+
+    for k in range(3):
+        cache.get(settings, {"node-name": f"n{k}"}, None, data(k))
+    assert len(cache) == 1  # each about 1 KB: only the newest fits
