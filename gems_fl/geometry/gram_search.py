@@ -126,8 +126,9 @@ def search_gram_radius(
     are affine in ``r`` and the radii where a sample stays correct form an interval. The
     intervals for all ``N`` samples and ``p`` directions are computed in one batched pass
     (``chunk`` directions at a time to bound memory); every bisection step is then a
-    comparison of ``(N, p)`` numbers. ``Xa D^T`` is formed as
-    ``(Xa V_m diag(lambda)^(-1/2)) U^T`` without materialising ``D``.
+    comparison of ``(N, p)`` numbers. ``Xa D^T`` is formed as ``(Xa W) U^T`` without
+    materialising ``D``, ``W`` a whitening of ``G`` (``V_m diag(lambda)^(-1/2)`` from the
+    eigenpairs, or the factor form's own, :mod:`gems_fl.geometry.whitening`).
 
     Parameters
     ----------
