@@ -6,8 +6,9 @@ checked, scaled, mapped (random features: an ``(N, D)`` product). Loading them a
 each message cost 12-16 s of a 2,048-feature run. :class:`NodeDataCache` keeps the
 loaded :class:`~gems_fl.data.nodes.NodeData` keyed by everything it depends on: the
 settings the message carries, the node's config, the agreement, and the file's size and
-modification time (a changed file is read again). Its arrays are handed out read-only,
-so no caller can change what the next message reads.
+modification time (a changed file is read again). Each message gets its own copy of the
+arrays (a copy costs milliseconds; a load, seconds), so no caller can change what the
+next message reads.
 """
 
 from __future__ import annotations
@@ -41,16 +42,15 @@ class NodeDataCache:
     def get(self, settings: Settings, node_config: Mapping[str, Any],
             agreement: DataAgreement | None, load: Callable[[], NodeData]) -> NodeData:
         """The node's data: kept from an earlier message with the same key, else
-        ``load()``. The caller gets its own copy of the record (the arrays are shared
-        and read-only)."""
+        ``load()``. The caller gets its own copy (arrays included)."""
         key = _key(settings, node_config, agreement)
         data = self._entries.get(key)
         if data is None:
-            data = _read_only(load())
+            data = load()
             self._entries[key] = data
             self._trim()
         self._entries.move_to_end(key)
-        return replace(data)
+        return _copy(data)
 
     def clear(self) -> None:
         self._entries.clear()
@@ -78,12 +78,10 @@ def _key(settings: Settings, node_config: Mapping[str, Any],
                       sort_keys=True, default=str)
 
 
-def _read_only(data: NodeData) -> NodeData:
-    for f in fields(data):
-        value = getattr(data, f.name)
-        if isinstance(value, np.ndarray):
-            value.flags.writeable = False
-    return data
+def _copy(data: NodeData) -> NodeData:
+    arrays = {f.name: getattr(data, f.name).copy() for f in fields(data)
+              if isinstance(getattr(data, f.name), np.ndarray)}
+    return replace(data, **arrays)
 
 
 def _bytes(data: NodeData) -> int:
