@@ -18,8 +18,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
-import subprocess
 import sys
 import time
 import warnings
@@ -29,6 +27,9 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # run from a checkout without installing it
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from envelope import write_envelope
 
 SITES = 4
 
@@ -85,14 +86,7 @@ def main() -> None:
     for r in records:
         print(f"| {r['rows_per_site']:,} | {r['epsilon']} | {r['test_accuracy']:.4f} | "
               f"{r['good_enough']} |")
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
-                            text=True, check=False).stdout.strip()
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps({
-        "benchmark": "dp_rows", "commit": commit,
-        "command": "python3 benchmarks/dp_rows.py " + " ".join(sys.argv[1:]),
-        "machine": f"{platform.machine()}, python {platform.python_version()}",
-        "records": records}, indent=1) + "\n")
+    write_envelope("dp_rows", args.out, records)
 
 
 if __name__ == "__main__":

@@ -16,8 +16,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -26,6 +24,9 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # run from a checkout without installing it
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from envelope import write_envelope
 
 
 def sites_of(seed: int, division: str):
@@ -77,14 +78,7 @@ def main() -> None:
         print(f"| {fraction:g} | {np.mean([r['held_out_val_accuracy'] for r in mine]):.4f} | "
               f"{np.mean([r['test_accuracy'] for r in mine]):.4f} | "
               f"{', '.join(r['good_enough'] for r in mine)} |")
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
-                            text=True, check=False).stdout.strip()
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps({
-        "benchmark": "val_fraction", "commit": commit,
-        "command": "python3 benchmarks/val_fraction.py " + " ".join(sys.argv[1:]),
-        "machine": f"{platform.machine()}, {platform.processor() or 'cpu'}, python {platform.python_version()}",
-        "records": records}, indent=1) + "\n")
+    write_envelope("val_fraction", args.out, records)
 
 
 if __name__ == "__main__":

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from gems_fl.geometry.linalg import EIGEN_FLOOR
+from gems_fl.geometry.linalg import EIGEN_FLOOR, range_basis
 
 
 @dataclass(frozen=True)
@@ -48,16 +48,11 @@ def eigen_whitening(g: torch.Tensor, floor: float = EIGEN_FLOOR,
     """The whitening of the whole matrix ``g`` from its eigenpairs (``eigen``:
     ``torch.linalg.eigh(g)`` where the caller has it already)."""
     lam, vec = torch.linalg.eigh(g) if eigen is None else eigen
-    top = float(lam[-1])
-    if not top > 0.0:
-        raise ValueError("the Gram matrix has no positive eigenvalue (it is zero or "
-                         "negative definite); compute it from at least one input row")
-    keep = lam > floor * top
-    scaled = vec[:, keep] / lam[keep].sqrt()
-    null = vec[:, ~keep]
+    kept, basis = range_basis(g, floor, (lam, vec))
+    scaled = basis / kept.sqrt()
+    null = vec[:, : len(lam) - len(kept)]  # eigh's ascending order: the dropped come first
     return Whitening(lambda rows: rows @ scaled,
-                     (lambda rows: rows @ null) if bool((~keep).any()) else None,
-                     int(keep.sum()))
+                     (lambda rows: rows @ null) if null.shape[1] else None, len(kept))
 
 
 def factor_whitening(factor: np.ndarray | torch.Tensor, residual: np.ndarray | torch.Tensor,
