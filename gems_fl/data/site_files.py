@@ -143,7 +143,7 @@ def read_site_file(path: str | Path, label_column: str = "", *,
     optional test split) instead of a node's; a test split alone (an ``.npz`` with only
     ``x_test``/``y_test``, or a ``<stem>_test.csv``) is a test-only file. ``id_columns``:
     ``auto`` leaves out the columns :func:`id_like` finds, ``none`` keeps every column,
-    comma-separated names (or 0-based numbers) leave out exactly those.
+    comma-separated header names leave out exactly those.
 
     Raises
     ------

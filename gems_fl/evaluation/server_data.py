@@ -136,7 +136,8 @@ def load_public_data(settings: Settings, agreement) -> PublicData:
 
     path = str(public_data_path(settings.public_data) or settings.public_data.strip())
     try:
-        site = read_site_file(path, settings.label_column, public=True)
+        site = read_site_file(path, settings.label_column, public=True,
+                              id_columns=settings.id_columns)
     except SiteFileError as exc:
         raise ValueError(f"public-data: {exc}") from None
     columns = align_columns(site, agreement.columns)
