@@ -35,8 +35,8 @@ from gems_fl.data import (
 )
 from gems_fl.data.agreement import NODE_FILES, DataAgreement
 from gems_fl.data.datasets import shared_splits
+from gems_fl.data.site_columns import ID_AUTO
 from gems_fl.data.site_files import (
-    ID_AUTO,
     SiteFile,
     SiteFileError,
     align_columns,

@@ -18,7 +18,7 @@ Formats
     (:func:`align_columns`); without one, by position.
 
 Without validation rows a node splits them off its training rows (:func:`split_validation`:
-seeded, stratified; ``val-fraction``). Columns that look like row IDs (:func:`id_like`: a
+seeded, stratified; ``val-fraction``). Columns that look like row IDs (:func:`~gems_fl.data.site_columns.id_like`: a
 text column whose values differ in every row, or a column named like an ID, ``id``,
 ``rownames``, ``patient_id``, ..., whose values differ in every row) are left out, and
 named, unless ``id-columns`` says otherwise. Columns are numbered from 0 in every message,
@@ -33,16 +33,15 @@ so the same name gets the same index everywhere.
 from __future__ import annotations
 
 import csv
-from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
+from gems_fl.data.site_columns import ID_AUTO, ColumnError, column_difference, columns_to_drop
+
 SPLITS = ("train", "val", "test")
 REQUIRED_SPLITS = ("train",)
-#: ``id-columns``: detect ID-like columns (``auto``) or keep every column (``none``)
-ID_AUTO, ID_NONE = "auto", "none"
 
 
 class SiteFileError(ValueError):
@@ -142,7 +141,7 @@ def read_site_file(path: str | Path, label_column: str = "", *,
     ``public`` reads a server public-data file (splits ``x``/``y`` as "train" and an
     optional test split) instead of a node's; a test split alone (an ``.npz`` with only
     ``x_test``/``y_test``, or a ``<stem>_test.csv``) is a test-only file. ``id_columns``:
-    ``auto`` leaves out the columns :func:`id_like` finds, ``none`` keeps every column,
+    ``auto`` leaves out the columns :func:`~gems_fl.data.site_columns.id_like` finds, ``none`` keeps every column,
     comma-separated header names leave out exactly those.
 
     Raises
@@ -209,12 +208,19 @@ def _read_npz(path: Path, public: bool) -> SiteFile:
     return site
 
 
+def _checked_drop(spec, names, width, path, values) -> list[int]:
+    try:
+        return columns_to_drop(spec, names, width, path, values)
+    except ColumnError as exc:
+        raise SiteFileError(str(exc)) from None
+
+
 def _drop_npz_ids(site: SiteFile, spec: str) -> None:
-    """Leave out an ``.npz`` file's ID-like columns (see :func:`id_like`)."""
+    """Leave out an ``.npz`` file's ID-like columns (see :func:`~gems_fl.data.site_columns.id_like`)."""
     x = site.x.get("train")
     if x is None or x.ndim != 2:
         return
-    drop = _columns_to_drop(spec, site.columns, x.shape[1], site.path,
+    drop = _checked_drop(spec, site.columns, x.shape[1], site.path,
                             lambda c: list(np.concatenate([v[:, c] for v in site.x.values()
                                                            if v.ndim == 2])))
     if not drop:
@@ -259,40 +265,6 @@ def _read_csv(path: Path, label_column: str, public: bool, id_columns: str = ID_
             site.columns = columns
         site.x[split], site.y[split] = x, y
     return site
-
-
-def vote_columns(named: dict[str, list[str]], rows: dict[str, int]) -> tuple[list[str], list[str]]:
-    """The feature columns sites matched by name agree on: ``(columns, holders)``.
-
-    ``named``: each site's column names by site name; ``rows``: its training rows. The set
-    of names most sites hold wins (ties: more training rows, then the names); the order is
-    that of the first holder by site name, so the order of arrival never matters.
-    ``holders``: the sites holding that set, by name. Shared by the identity round and
-    ``gems-fl check-data``, which must agree with it.
-    """
-    votes = Counter(frozenset(c) for c in named.values())
-    held_rows = lambda names: sum(rows.get(k, 0) for k, c in named.items() if frozenset(c) == names)
-    winner = max(votes, key=lambda names: (votes[names], held_rows(names), sorted(names)))
-    holders = sorted(k for k, c in named.items() if frozenset(c) == winner)
-    return list(named[holders[0]]), holders
-
-
-def column_difference(columns: list[str], wanted: list[str], other: str) -> str:
-    """Why ``columns`` cannot be matched by name to ``wanted`` (``other`` names their
-    holder), or ``""`` when they hold the same names (in any order)."""
-    extra = [c for c in columns if c not in wanted]
-    lacking = [c for c in wanted if c not in columns]
-    repeated = sorted({c for c in columns if columns.count(c) > 1})
-    if repeated:
-        return f"column name(s) {', '.join(repeated)} appear more than once; name each column once"
-    if not extra and not lacking:
-        return ""
-    parts = []
-    if extra:
-        parts.append(f"has column(s) {', '.join(extra)} that {other} lacks")
-    if lacking:
-        parts.append(f"lacks column(s) {', '.join(lacking)} that {other} has")
-    return "; ".join(parts) + " (columns are matched by name)"
 
 
 def align_columns(site: SiteFile, columns: list[str] | None, other: str = "the run") -> str:
@@ -383,7 +355,7 @@ def read_csv_table(path: Path, label_column: str = "", id_columns: str = ID_AUTO
     names = None if header is None else [header[c] for c in features]
     parsed = {c: [_number(v) for v in cells[:, c]] for c in features}
     if drop is None:
-        picked = _columns_to_drop(id_columns, names, len(features), path,
+        picked = _checked_drop(id_columns, names, len(features), path,
                                   lambda i: parsed[features[i]])
         dropped = [features[i] for i in picked]
     else:
@@ -411,52 +383,6 @@ def _number(cell: str) -> float | str:
         return float(cell)
     except ValueError:
         return cell
-
-
-#: header names that say a column numbers the rows rather than measures them
-ID_NAMES = frozenset({"", "id", "ids", "rownames", "row", "rowid", "row_id", "row id", "index",
-                      "idx", "unnamed: 0", "key", "uid", "uuid", "record", "record_id"})
-
-
-def id_like(name: str | None, values: list) -> bool:
-    """Whether a feature column looks like a row ID: its values differ in every row and
-    it holds text, or it is named like an ID (:data:`ID_NAMES`, or ending in ``_id`` /
-    `` id``) and holds integers or text."""
-    if len(values) < 2:
-        return False
-    if any(isinstance(v, float) and not np.isfinite(v) for v in values):
-        return False
-    if len(set(values)) != len(values):
-        return False
-    if all(isinstance(v, str) for v in values):
-        return True
-    if name is None:
-        return False
-    lowered = name.strip().lower()
-    named = lowered in ID_NAMES or lowered.endswith(("_id", " id", "-id"))
-    return named and all(isinstance(v, str) or float(v).is_integer() for v in values)
-
-
-def _columns_to_drop(spec: str, names: list[str] | None, width: int, path: Path,
-                     values) -> list[int]:
-    """The feature columns (indices among the features) that ``id-columns`` leaves out;
-    ``values(i)`` gives column ``i``'s cells."""
-    text = str(spec).strip()
-    if text.lower() in ("", ID_NONE):
-        return []
-    if text.lower() == ID_AUTO:
-        return [i for i in range(width) if id_like(None if names is None else names[i], values(i))]
-    wanted = [part.strip() for part in text.split(",") if part.strip()]
-    picked = []
-    if names is None:
-        raise SiteFileError(f"{path}: id-columns={text!r} names columns, but the file has no "
-                            "column names (a CSV header row, or an .npz array 'columns')")
-    for item in wanted:
-        if item not in names:
-            raise SiteFileError(f"{path}: id-columns names {item!r}, which is not one of its "
-                                f"feature columns ({', '.join(names)})")
-        picked.append(names.index(item))
-    return sorted(set(picked))
 
 
 def column_name(site: SiteFile, c: int) -> str:

@@ -25,12 +25,11 @@ from flwr.serverapp import Grid
 from gems_fl.data.agreement import NODE_FILES, DataAgreement
 from gems_fl.data.datasets import DATASET_SHAPES
 from gems_fl.data.random_features import BANDWIDTH_FACTOR, RandomFeatures, bandwidth_from_stats
+from gems_fl.data.site_columns import column_difference, vote_columns
 from gems_fl.data.site_files import (
-    column_difference,
     combine_stats,
     parse_classes,
     sort_classes,
-    vote_columns,
 )
 from gems_fl.naming import MAX_NODES_NAMED
 from gems_fl.protocol import wire

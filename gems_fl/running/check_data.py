@@ -18,18 +18,16 @@ from typing import TextIO
 import numpy as np
 
 from gems_fl.data.nodes import site_notes
+from gems_fl.data.site_columns import ID_AUTO, column_difference, vote_columns
 from gems_fl.data.site_files import (
-    ID_AUTO,
     SPLITS,
     SiteFile,
     SiteFileError,
     class_counts,
-    column_difference,
     parse_classes,
     read_site_file,
     site_problems,
     split_validation,
-    vote_columns,
 )
 
 
