@@ -306,6 +306,17 @@ def _plot(results_path) -> None:
     print(f"gems-fl: picture: {written}")
 
 
+def _sites_roll(results_path) -> str:
+    """The results' line of the sites expected and heard from ("" without one)."""
+    import json
+    from pathlib import Path
+
+    try:
+        return str(json.loads(Path(results_path).read_text()).get("attendance", {}).get("roll", ""))
+    except (OSError, ValueError, TypeError):
+        return ""
+
+
 def _report(work, where: str = "") -> int:
     """Run ``work`` and turn its outcome or error into the last lines and the exit code
     that every ``gems-fl`` command shares."""
@@ -322,6 +333,9 @@ def _report(work, where: str = "") -> int:
         return exc.exit_code
     except RunIncomplete as exc:
         sys.stdout.flush()
+        roll = _sites_roll(exc.results_path)
+        if roll and roll not in str(exc):  # the sites expected and heard from, as on success
+            print(f"gems-fl: sites: {roll}", file=sys.stderr)
         print(f"gems-fl: {exc}; results (status {exc.status}) in {exc.results_path}",
               file=sys.stderr)
         return exc.exit_code
