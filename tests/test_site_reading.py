@@ -194,7 +194,7 @@ def test_show_takes_a_run_folder_and_the_plot_holds_each_site_and_the_test_figur
 def test_a_run_that_exits_4_still_says_which_sites_it_expected_and_heard_from(tmp_path, capsys):
     """The round-by-round log is off the screen, so the sites line comes from gems-fl
     itself, on exit 4 as on success."""
-    from gems_fl.running.cli import _report
+    from gems_fl.running.cli import report
     from gems_fl.running.outcome import RunNotGoodEnough
 
     roll = "expected 2 site(s) (required-nodes='all'); heard from 2 site(s) (site-0, site-1)"
@@ -204,6 +204,6 @@ def test_a_run_that_exits_4_still_says_which_sites_it_expected_and_heard_from(tm
     def work():
         raise RunNotGoodEnough("h_G is good enough on 0 of 2 site(s)", path)
 
-    assert _report(work) == 4
+    assert report(work) == 4
     err = capsys.readouterr().err
     assert f"gems-fl: sites: {roll}\n" in err and "status not-good-enough" in err

@@ -241,8 +241,8 @@ def _submit(args: argparse.Namespace) -> int:
                 f"  stop it:        flwr stop {run_id} {link}",
                 f"  results, after: gems-fl pull {run_id} --superlink {link} --output-dir "
                 f"{args.output_dir}"])
-        return _report(detached)
-    return _report(lambda: submit(args.app, link, args.run_config, output_dir=args.output_dir,
+        return report(detached)
+    return report(lambda: submit(args.app, link, args.run_config, output_dir=args.output_dir,
                                   progress=True, verbose=args.verbose), where=f" on '{link}'")
 
 
@@ -252,13 +252,13 @@ def _pull(args: argparse.Namespace) -> int:
     def pulled() -> str:
         path = pull(args.run_id, args.superlink, args.output_dir, args.app)
         return f"gems-fl: results of run {args.run_id} written to {path}"
-    return _report(pulled)
+    return report(pulled)
 
 
 def _status(args: argparse.Namespace) -> int:
     from gems_fl.running.status import status
 
-    return _report(lambda: "\n".join(status(args.superlink)))
+    return report(lambda: "\n".join(status(args.superlink)))
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -287,7 +287,7 @@ def _run(args: argparse.Namespace) -> int:
             _plot(outcome.results_path)
         return outcome
 
-    return _report(work)
+    return report(work)
 
 
 def _plot(results_path) -> None:
@@ -317,7 +317,7 @@ def _sites_roll(results_path) -> str:
         return ""
 
 
-def _report(work, where: str = "") -> int:
+def report(work, where: str = "") -> int:
     """Run ``work`` and turn its outcome or error into the last lines and the exit code
     that every ``gems-fl`` command shares."""
     from gems_fl.running.outcome import RunFailed, RunIncomplete, RunInterrupted
