@@ -368,9 +368,7 @@ def read_csv_table(path: Path, label_column: str = "", id_columns: str = ID_AUTO
             _text_column(c, header, found) for c, found in sorted(text.items()))
             + "; features must be numbers: encode a text column (one 0/1 column per value) "
             "or drop it, or name it as the label with label-column")
-    x = np.empty((len(body), len(kept)))
-    for i, c in enumerate(kept):  # one column at a time: numbers (NaN where empty) by now
-        x[:, i] = parsed[c]
+    x = np.ascontiguousarray(np.array([parsed[c] for c in kept], dtype=np.float64).reshape(len(kept), len(body)).T)
     y = np.array([_csv_label(v) for v in cells[:, label]], dtype=str)
     columns = None if header is None else [header[c] for c in kept]
     return x, y, columns, [header[c] if header else f"column {c}" for c in dropped], kept
