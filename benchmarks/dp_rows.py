@@ -29,7 +29,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # run from a checkout without installing it
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from envelope import write_envelope
+from envelope import print_table, write_envelope
 
 SITES = 4
 
@@ -81,11 +81,9 @@ def main() -> None:
                           "wall_s": round(time.monotonic() - t0, 1)}
                 records.append(record)
                 print(json.dumps(record), flush=True)
-    print("\n| rows per site | epsilon | h_G test accuracy | good enough (of 4 sites) |")
-    print("| ---: | --- | ---: | --- |")
-    for r in records:
-        print(f"| {r['rows_per_site']:,} | {r['epsilon']} | {r['test_accuracy']:.4f} | "
-              f"{r['good_enough']} |")
+    print_table(["rows per site", "epsilon", "h_G test accuracy", "good enough (of 4 sites)"],
+                [[f"{r['rows_per_site']:,}", r["epsilon"], f"{r['test_accuracy']:.4f}",
+                  r["good_enough"]] for r in records])
     write_envelope("dp_rows", args.out, records)
 
 

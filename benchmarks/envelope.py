@@ -12,6 +12,16 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 
+def print_table(header: list[str], rows: list[list], right: int | None = None) -> None:
+    """A markdown table: ``header`` and ``rows`` of cells (already formatted); the first
+    ``right`` columns (default all but the last) right-aligned."""
+    right = len(header) - 1 if right is None else right
+    print("\n| " + " | ".join(header) + " |")
+    print("| " + " | ".join("---:" if i < right else "---" for i in range(len(header))) + " |")
+    for row in rows:
+        print("| " + " | ".join(str(c) for c in row) + " |")
+
+
 def write_envelope(benchmark: str, out: str | Path, records: list[dict]) -> Path:
     """Write ``records`` to ``out`` with the benchmark's name, its command line, the
     checkout's commit and the machine; returns the path."""

@@ -28,7 +28,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # run from a checkout without installing it
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from envelope import write_envelope
+from envelope import print_table, write_envelope
 
 
 def one_case(rows: int, dim: int) -> dict:
@@ -81,11 +81,9 @@ def main() -> None:
         rows, dim = (int(v) for v in case.split(":"))
         records.append(one_case(rows, dim))
         print(json.dumps(records[-1]), flush=True)
-    print("\n| rows | D | train s | space build s | the eigh it no longer runs, s |")
-    print("| ---: | ---: | ---: | ---: | ---: |")
-    for r in records:
-        print(f"| {r['rows']:,} | {r['dim']:,} | {r['train_s']} | {r['build_s']} | "
-              f"{r['eigh_removed_s']} |")
+    print_table(["rows", "D", "train s", "space build s", "the eigh it no longer runs, s"],
+                [[f"{r['rows']:,}", f"{r['dim']:,}", r["train_s"], r["build_s"],
+                  r["eigh_removed_s"]] for r in records], right=5)
     write_envelope("node_cost", args.out, records)
 
 

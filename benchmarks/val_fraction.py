@@ -26,7 +26,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # run from a checkout without installing it
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from envelope import write_envelope
+from envelope import print_table, write_envelope
 
 
 def sites_of(seed: int, division: str):
@@ -71,13 +71,12 @@ def main() -> None:
                       "wall_s": round(time.monotonic() - t0, 1)}
             records.append(record)
             print(json.dumps(record), flush=True)
-    print(f"\n| val-fraction | held-out val acc (mean over seeds {args.seeds}) | test acc | good enough |")
-    print("| ---: | ---: | ---: | --- |")
-    for fraction in args.fractions:
-        mine = [r for r in records if r["val_fraction"] == fraction]
-        print(f"| {fraction:g} | {np.mean([r['held_out_val_accuracy'] for r in mine]):.4f} | "
-              f"{np.mean([r['test_accuracy'] for r in mine]):.4f} | "
-              f"{', '.join(r['good_enough'] for r in mine)} |")
+    mine = {f: [r for r in records if r["val_fraction"] == f] for f in args.fractions}
+    print_table(["val-fraction", f"held-out val acc (mean over seeds {args.seeds})", "test acc",
+                 "good enough"],
+                [[f"{f:g}", f"{np.mean([r['held_out_val_accuracy'] for r in rs]):.4f}",
+                  f"{np.mean([r['test_accuracy'] for r in rs]):.4f}",
+                  ", ".join(r["good_enough"] for r in rs)] for f, rs in mine.items()])
     write_envelope("val_fraction", args.out, records)
 
 
