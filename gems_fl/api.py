@@ -25,6 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
+from gems_fl.data.kernel_features import KernelFeatures
 from gems_fl.data.random_features import RandomFeatures
 from gems_fl.geometry import linalg
 from gems_fl.geometry.kinds import (
@@ -246,7 +247,7 @@ class GEMSModel:
     mean, std : np.ndarray or None
         The run's federated standardisation, applied before the model; None when the
         run did not scale features (``standardize='off'``).
-    features : RandomFeatures or None
+    features : RandomFeatures, KernelFeatures or None
         ``model='random-features'``: the run's map, applied after the scaling.
     feature_names : list of str or None
         The feature columns the run matched the sites by (their header names), in the
@@ -257,7 +258,7 @@ class GEMSModel:
     classes: list[str]
     mean: np.ndarray | None = None
     std: np.ndarray | None = None
-    features: RandomFeatures | None = None
+    features: RandomFeatures | KernelFeatures | None = None
     feature_names: list[str] | None = None
 
     @property
@@ -298,13 +299,15 @@ class GEMSModel:
             arrays[f"hidden.{i}.weight"], arrays[f"hidden.{i}.bias"] = w, b
         out = "output." if hidden else ""
         arrays[f"{out}weight"], arrays[f"{out}bias"] = weight, bias
+        if self.features is not None:
+            arrays.update(self.features.arrays())
         np.savez(folder / MODEL_FILE, **arrays)
         meta: dict[str, object] = {"classes": list(self.classes),
                                    "standardize": "off" if self.mean is None else "federated"}
         if self.mean is not None and self.std is not None:
             meta["scale"] = {"mean": self.mean.tolist(), "std": self.std.tolist()}
         if self.features is not None:
-            meta["random_features"] = self.features.to_json()
+            meta[self.features.JSON_KEY] = self.features.to_json()
         if self.feature_names is not None:
             meta["columns"] = list(self.feature_names)
         (folder / SAVED_FILE).write_text(json.dumps({"dataset": meta}, indent=1) + "\n")
@@ -384,12 +387,13 @@ def load_model(run_folder: str | Path) -> GEMSModel:
         layers = [(state[f"hidden.{i}.weight"], state[f"hidden.{i}.bias"]) for i in hidden]
         out = "output." if hidden else ""
         layers.append((state[f"{out}weight"], state[f"{out}bias"]))
+        features = (RandomFeatures.from_config(dataset.get(RandomFeatures.JSON_KEY, {}))
+                    or KernelFeatures.from_saved(dataset.get(KernelFeatures.JSON_KEY, {}), state))
     layers = [(np.asarray(w, dtype=np.float64), np.asarray(b, dtype=np.float64)) for w, b in layers]
     classes = [str(c) for c in dataset.get("classes", range(layers[-1][0].shape[0]))]
     scale = dataset.get("scale")
     mean = None if scale is None else np.asarray(scale["mean"], dtype=np.float64)
     std = None if scale is None else np.asarray(scale["std"], dtype=np.float64)
-    features = RandomFeatures.from_config(dataset.get("random_features", {}))
     names = dataset.get("columns")
     return GEMSModel(layers, classes, mean, std, features,
                      None if names is None else [str(c) for c in names])

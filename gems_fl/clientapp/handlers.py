@@ -26,7 +26,7 @@ from gems_fl.data.nodes import (
     own_node_config,
 )
 from gems_fl.learning.train import set_default_device
-from gems_fl.protocol import node, secure, wire
+from gems_fl.protocol import landmarks, node, secure, wire
 from gems_fl.settings import Settings
 from gems_fl.settings.options import node_work
 
@@ -72,7 +72,8 @@ def handle_evaluate(msg: Message, context: Context) -> Message:
 
 
 def handle_query(msg: Message, context: Context) -> Message:
-    """Flower ``query`` handler: say who this node is and what data it holds.
+    """Flower ``query`` handler: say who this node is and what data it holds (or, for
+    ``model='kernel'``, send the class centres of its rows: :mod:`gems_fl.protocol.landmarks`).
 
     The server asks before the first round. The answer carries the node's name, the
     shape of its data, the class names it holds and, for ``standardize='federated'`` or
@@ -81,7 +82,13 @@ def handle_query(msg: Message, context: Context) -> Message:
     features or classes) answers with its name and the reason, so the server names it and
     leaves it out.
     """
-    settings = Settings.from_node_config(wire.decode_config(msg.content))
+    config = wire.decode_config(msg.content)
+    settings = Settings.from_node_config(config)
+    if landmarks.is_landmark_query(config):  # model='kernel', after the identity round
+        data = _node_data(node_settings(config, context), config, context)
+        return Message(content=landmarks.landmarks_content(
+            data.x_train, data.y_train, float(config[landmarks.SHARE_KEY]), settings.seed),
+            reply_to=msg)
     try:
         node_config = own_node_config(context.node_config, settings.site_files)
         name = node_name(node_config)

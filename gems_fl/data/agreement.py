@@ -13,7 +13,12 @@ from typing import Any
 
 import numpy as np
 
+from gems_fl.data.kernel_features import KernelFeatures
 from gems_fl.data.random_features import RandomFeatures
+
+#: the fixed maps a run can agree on, each read back from a message's config by its own
+#: ``from_config`` (None where the config carries another or none)
+FEATURE_MAPS = (RandomFeatures, KernelFeatures)
 
 NODE_FILES = "node-files"
 STANDARDIZE_CHOICES = ("off", "node", "federated", "ranges")
@@ -47,7 +52,7 @@ class DataAgreement:
     mean: np.ndarray | None = None  # federated standardisation (all nodes' training rows)
     std: np.ndarray | None = None
     columns: list[str] | None = None  # feature names in the run's order (sites with headers)
-    features: RandomFeatures | None = None  # model='random-features': the map, after scaling
+    features: RandomFeatures | KernelFeatures | None = None  # the model's map, after scaling
 
     @property
     def num_classes(self) -> int:
@@ -55,11 +60,11 @@ class DataAgreement:
 
     @property
     def model_features(self) -> int:
-        """The width of the model's input: the random-feature map's, else the data's."""
+        """The width of the model's input: the feature map's, else the data's."""
         return self.features.dim if self.features is not None else int(self.num_features)
 
     def map_features(self, x: np.ndarray | None) -> np.ndarray | None:
-        """``x`` (already scaled) through the run's random-feature map, if it has one."""
+        """``x`` (already scaled) through the run's feature map, if it has one."""
         if x is None or self.features is None:
             return x
         return self.features.transform(x)
@@ -85,7 +90,7 @@ class DataAgreement:
         if self.columns is not None:
             out["columns"] = list(self.columns)
         if self.features is not None:
-            out["random_features"] = self.features.to_json()
+            out[self.features.JSON_KEY] = self.features.to_json()
         return out
 
     @classmethod
@@ -100,4 +105,10 @@ class DataAgreement:
                    None if mean is None else np.asarray(mean, dtype=np.float64),
                    None if std is None else np.asarray(std, dtype=np.float64),
                    None if columns is None else [str(c) for c in columns],
-                   RandomFeatures.from_config(config))
+                   feature_map_from_config(config))
+
+
+def feature_map_from_config(config: Mapping[str, Any]) -> RandomFeatures | KernelFeatures | None:
+    """The feature map a message's config carries, if any."""
+    return next((fmap for kind in FEATURE_MAPS
+                 if (fmap := kind.from_config(config)) is not None), None)

@@ -13,6 +13,7 @@ next message reads.
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
@@ -73,8 +74,10 @@ def _key(settings: Settings, node_config: Mapping[str, Any],
             if candidate.is_file():
                 stat = candidate.stat()
                 stamps.append([str(candidate), stat.st_size, stat.st_mtime_ns])
-    return json.dumps([settings.to_config(), dict(node_config),
-                       None if agreement is None else agreement.to_config(), stamps],
+    agreed = None if agreement is None else {  # the kernel map's landmarks by their hash
+        k: hashlib.sha256(v).hexdigest() if isinstance(v, bytes) else v
+        for k, v in agreement.to_config().items()}
+    return json.dumps([settings.to_config(), dict(node_config), agreed, stamps],
                       sort_keys=True, default=str)
 
 

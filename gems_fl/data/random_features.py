@@ -43,6 +43,8 @@ class RandomFeatures:
     bandwidth: float
     seed: int
 
+    JSON_KEY = "random_features"  # results.json's dataset record names the map by it
+
     def __post_init__(self) -> None:
         if self.kind not in MAPS:
             raise ValueError(f"rf-map={self.kind!r}: choose one of {', '.join(MAPS)}")
@@ -76,6 +78,12 @@ class RandomFeatures:
                 "rf-bandwidth": float(self.bandwidth), "rf-seed": int(self.seed)}
 
     to_json = to_config
+
+    raw_columns = 0  # no column of z(x) is a row's own feature
+
+    def arrays(self) -> dict[str, np.ndarray]:
+        """What a saved model carries beside its weights: nothing, the seed draws the map."""
+        return {}
 
     @classmethod
     def from_config(cls, config: Mapping[str, Any]) -> RandomFeatures | None:

@@ -120,6 +120,9 @@ class AggregateOptions:
     gram_ridge: float = 1e-6
     gram_point: str = "closed-form"
     pooled_ridge: float = choices.DEFAULT_POOLED_RIDGE
+    #: the kernel model: its first ``linear_columns`` inputs are the rows themselves; the
+    #: selection round also scores each point solved on them alone (the linear model)
+    linear_columns: int = 0
 
     def __post_init__(self) -> None:
         for name, allowed in (("kind", choices.SPACE_KINDS),

@@ -38,7 +38,7 @@ if TYPE_CHECKING:
     from gems_fl.geometry.gram_sums import GramSums
     from gems_fl.geometry.intersect import IntersectionResult
 
-__all__ = ["AUTO", "GRAM_POINTS", "NodeStatistics", "POINTS", "Point", "Statistics", "SummedStatistics",
+__all__ = ["AUTO", "GRAM_POINTS", "LeadingColumns", "NodeStatistics", "POINTS", "Point", "Statistics", "SummedStatistics",
            "aggregate_gram", "aggregate_sums", "auto_points", "point_named", "solvable_from_sums",
            "solve_point"]
 
@@ -159,6 +159,45 @@ class SummedStatistics:
 
 
 Solve = Callable[[Statistics, float, int, dict], np.ndarray]
+
+
+class LeadingColumns:
+    """:class:`Statistics` restricted to the first ``columns`` inputs (and the bias): the
+    kernel model's rows, beside its kernel features. A point solved on them is the
+    logistic model's, widened back with zero weights on the other inputs
+    (:meth:`embed`), so the selection round can keep the linear model where the nodes'
+    validation rows prefer it."""
+
+    def __init__(self, stats: Statistics, columns: int) -> None:
+        self.stats, self.columns = stats, int(columns)
+        self.num_classes, self.weights = stats.num_classes, stats.weights
+
+    def provides(self) -> frozenset[str]:
+        return frozenset({LABELS} & self.stats.provides())
+
+    def _keep(self, width: int) -> np.ndarray:
+        return np.r_[np.arange(self.columns), width - 1]
+
+    def pooled_inputs(self) -> tuple[list[np.ndarray], list[np.ndarray], list[float]]:
+        grams, moments, counts = self.stats.pooled_inputs()
+        keep = self._keep(np.asarray(grams[0]).shape[0])
+        return ([np.asarray(g)[np.ix_(keep, keep)] for g in grams],
+                [np.asarray(m)[:, keep] for m in moments], counts)
+
+    def center_system(self):
+        raise ValueError("the closed-form center is not restricted to the leading columns")
+
+    def class_moments(self):
+        raise ValueError("class moments are not restricted to the leading columns")
+
+    def mixture_moments(self):
+        raise ValueError("class components are not restricted to the leading columns")
+
+    def embed(self, matrix: np.ndarray, width: int) -> np.ndarray:
+        """``matrix`` ``(C, columns + 1)`` as a ``(C, width)`` point: zeros elsewhere."""
+        out = np.zeros((matrix.shape[0], width), dtype=np.float64)
+        out[:, self._keep(width)] = matrix
+        return out
 
 
 @dataclass(frozen=True)
@@ -302,6 +341,10 @@ def solve_point(stats: Statistics, spaces: Sequence[Any], name: str, value: floa
         details[point.regularisation] = float(value)
     matrix = point.solve(stats, ridge if point.regularisation is None else float(value), seed,
                          details)
+    if isinstance(stats, LeadingColumns):
+        matrix = stats.embed(matrix, spaces[0].matrix.shape[1])
+        details["columns"] = stats.columns
+        stats = stats.stats
     if not isinstance(stats, NodeStatistics):
         return summed_result(spaces, matrix, point.name, details)
     inside = [s.contains(matrix) for s in spaces]

@@ -11,12 +11,12 @@ name: the next model is one object here and its tests (a house-rule test checks 
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["CONVEX_MODELS", "LOGISTIC_KIND", "MLP_KIND", "MODELS", "MODEL_KINDS", "RANDOM_FEATURES_KIND",
-           "ModelKind", "model_kind"]
+__all__ = ["CONVEX_MODELS", "KERNEL_KIND", "LOGISTIC_KIND", "MLP_KIND", "MODELS", "MODEL_KINDS",
+           "RANDOM_FEATURES_KIND", "ModelKind", "model_kind"]
 
 
 @dataclass(frozen=True)
@@ -33,15 +33,25 @@ class ModelKind:
         layer-wise protocol (one round per hidden layer, then the output layer).
     feature_map : str or None
         The fixed map a node applies to its (scaled) rows before the convex layer, agreed
-        in the identity round and saved with the model: ``"random-features"``, or None.
+        in the identity round and saved with the model: ``"random-features"``, ``"kernel"``
+        (Nyström features on landmarks the nodes send), or None.
     settings : tuple of str
         The settings only this model reads.
+    width : callable or None
+        ``width(settings, inputs)``: the convex layer's input width for a run with
+        ``inputs`` features (None: the inputs themselves).
     """
 
     name: str
     convex: bool
     feature_map: str | None = None
     settings: tuple[str, ...] = ()
+    width: Callable[[Any, int], int] | None = None
+
+    def layer_width(self, settings: Any, inputs: int) -> int:
+        """The width of the convex layer's input (before the bias) for ``inputs`` features:
+        an upper bound for the kernel model, whose nodes may send fewer landmarks."""
+        return int(inputs) if self.width is None else int(self.width(settings, int(inputs)))
 
     @property
     def layerwise(self) -> bool:
@@ -56,6 +66,10 @@ class ModelKind:
             rf = meta.get("random_features") or {}
             return (f"logistic on {rf.get('rf-map', cfg.get('rf-map'))} random features, "
                     f"D={rf.get('rf-dim', cfg.get('rf-dim'))}")
+        if self.feature_map == "kernel":
+            fmap = meta.get("feature_map") or {}
+            return (f"logistic on the rows and {fmap.get('landmarks', cfg.get('landmarks'))} "
+                    f"Nystrom features, D={fmap.get('dim', '?')}")
         if self.layerwise:
             return (f"MLP hidden {cfg['hidden']} -> aggregated {results.get('hidden_widths')}, "
                     f"eps_j={cfg['eps-neuron']}, m_eps={cfg['clusters']}")
@@ -64,11 +78,16 @@ class ModelKind:
 
 LOGISTIC_KIND = ModelKind("logistic", convex=True)
 RANDOM_FEATURES_KIND = ModelKind("random-features", convex=True, feature_map="random-features",
-                            settings=("rf-map", "rf-dim", "rf-bandwidth"))
+                                 settings=("rf-map", "rf-dim", "rf-bandwidth"),
+                                 width=lambda s, inputs: int(s.rf_dim or 0))
+KERNEL_KIND = ModelKind("kernel", convex=True, feature_map="kernel",
+                        settings=("landmarks", "rf-bandwidth"),
+                        width=lambda s, inputs: int(s.landmarks or 0) + inputs)
 MLP_KIND = ModelKind("mlp", convex=False, settings=("hidden", "dropout", "eps-neuron",
                                                "neuron-criterion", "neuron-delta", "clusters"))
 
-MODEL_KINDS: dict[str, ModelKind] = {k.name: k for k in (LOGISTIC_KIND, RANDOM_FEATURES_KIND, MLP_KIND)}
+MODEL_KINDS: dict[str, ModelKind] = {k.name: k for k in (LOGISTIC_KIND, RANDOM_FEATURES_KIND,
+                                                               KERNEL_KIND, MLP_KIND)}
 MODELS = tuple(MODEL_KINDS)
 #: the convex models' names (a softmax-linear layer on the inputs or on a map of them)
 CONVEX_MODELS = tuple(name for name, kind in MODEL_KINDS.items() if kind.convex)

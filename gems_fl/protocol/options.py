@@ -55,6 +55,8 @@ class AgreementRule:
     ranges: FeatureRanges | None = None  # standardize='ranges': the declared feature ranges
     #: model='random-features': (map, D, bandwidth or None for the sums' rule, seed)
     random_features: tuple[str, int, float | None, int] | None = None
+    #: model='kernel': (landmarks m, bandwidth or None for the sums' rule, seed)
+    kernel: tuple[int, float | None, int] | None = None
 
 
 @dataclass(frozen=True)

@@ -337,6 +337,7 @@ class Identity:
     num_test: int = 0
     columns: list[str] | None = None  # feature column names, in the node's order
     notes: list[str] = field(default_factory=list)  # how the node read its file
+    landmarks: np.ndarray | None = None  # model='kernel': its class centres (landmark round)
 
 
 def decode_identity_full(content: RecordDict) -> Identity:

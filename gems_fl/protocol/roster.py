@@ -24,6 +24,7 @@ from flwr.serverapp import Grid
 
 from gems_fl.data.agreement import NODE_FILES, DataAgreement
 from gems_fl.data.datasets import DATASET_SHAPES
+from gems_fl.data.kernel_features import KernelFeatures
 from gems_fl.data.random_features import BANDWIDTH_FACTOR, RandomFeatures, bandwidth_from_stats
 from gems_fl.data.site_columns import column_difference, vote_columns
 from gems_fl.data.site_files import (
@@ -33,6 +34,7 @@ from gems_fl.data.site_files import (
 )
 from gems_fl.naming import MAX_NODES_NAMED
 from gems_fl.protocol import wire
+from gems_fl.protocol.landmarks import collect_landmarks
 from gems_fl.protocol.options import AgreementRule, Exchange
 from gems_fl.protocol.replies import Identity, decode_identity_full, validate_replies
 
@@ -135,6 +137,13 @@ def identify_nodes(grid: Grid, node_ids: list[int], exchange: Exchange,
         if name:
             entry["node_name"] = name
     agreement, refused = agree(identities, rule)
+    landmark_report = None
+    if rule.kernel is not None and agreement is not None:
+        identities, lost, landmark_report = _landmark_round(
+            grid, exchange, rule, agreement, identities, refused)
+        rejected.extend(lost)
+        accepted = [(n, item) for n, item in accepted if n in identities]
+        agreement, refused = agree(identities, rule)
     for node_id, reason in refused.items():
         log(WARNING, "Identify: left out node %d ('%s'): %s", node_id,
             identities[node_id].name, reason)
@@ -180,7 +189,27 @@ def identify_nodes(grid: Grid, node_ids: list[int], exchange: Exchange,
                 else ", ".join(agreement.columns[:12]) + ", ...")
     roster.report = {"bytes_sent": wire.content_bytes(content) * len(node_ids),
                      "bytes_received": bytes_received, "wall_s": time.perf_counter() - t0}
+    if landmark_report is not None:
+        roster.report["landmark_round"] = landmark_report
+        roster.report["bytes_sent"] += landmark_report["bytes_sent"]
+        roster.report["bytes_received"] += landmark_report["bytes_received"]
     return roster
+
+
+def _landmark_round(grid: Grid, exchange: Exchange, rule: AgreementRule,
+                    agreement: DataAgreement, identities: dict[int, Identity],
+                    refused: dict[int, str]):
+    """``model='kernel'``: ask the nodes that fit for their class centres. Returns the
+    identities (those that answered, with their centres), the rejection entries of those
+    that did not, and the round's report."""
+    kept = {n: int(i.counts["num-train-examples"]) for n, i in identities.items() if n not in refused}
+    if not kept:
+        return identities, [], None
+    centres, lost, report = collect_landmarks(grid, exchange, agreement, kept, rule.kernel[0],
+                                              {n: identities[n].name for n in identities})
+    answered = {n: replace(i, landmarks=centres[n]) if n in centres else i
+                for n, i in identities.items() if n not in kept or n in centres}
+    return answered, lost, report
 
 
 def _same(a: dict[str, Any], b: dict[str, Any]) -> bool:
@@ -271,6 +300,8 @@ def agree(identities: dict[int, Identity], rule: AgreementRule
     features = None
     if rule.random_features is not None:
         features = _feature_map(identities, refused, columns, rule, num_features, std)
+    elif rule.kernel is not None:
+        features = _kernel_map(identities, refused, columns, rule, std)
     return DataAgreement(num_features, classes, mean, std, columns, features), refused
 
 
@@ -294,6 +325,32 @@ def _feature_map(identities: dict[int, Identity], refused: dict[int, str],
             "distance between two training rows, from %d node(s)' feature sums)", kind, dim,
             bandwidth, BANDWIDTH_FACTOR, len(kept))
     return RandomFeatures(kind, num_features, dim, float(bandwidth), seed)
+
+
+def _kernel_map(identities: dict[int, Identity], refused: dict[int, str],
+                columns: list[str] | None, rule: AgreementRule,
+                std: np.ndarray | None) -> KernelFeatures | None:
+    """The run's Nyström map: the kept nodes' class centres in their name order, the RBF
+    width as for random features. None before the landmark round (no centres yet)."""
+    kept = sorted((n for n in identities if n not in refused
+                   and identities[n].landmarks is not None and len(identities[n].landmarks)),
+                  key=lambda n: (identities[n].name, n))
+    if not kept:
+        return None
+    _, bandwidth, _ = rule.kernel
+    if bandwidth is None:
+        with_stats = [n for n in kept if identities[n].stats is not None]
+        stats = [_in_order(identities[n], columns) for n in with_stats]
+        if not stats:
+            return None
+        if std is None and rule.standardize == "node":
+            std = combine_stats(stats)[1]
+        bandwidth = bandwidth_from_stats(stats, std)
+    marks = np.concatenate([identities[n].landmarks for n in kept])
+    log(INFO, "Identify: kernel map on %d landmarks from %d node(s), D=%d (the rows and the "
+        "kernel features), RBF width %.4g", len(marks), len(kept),
+        len(marks) + marks.shape[1], bandwidth)
+    return KernelFeatures(marks, float(bandwidth))
 
 
 def _agree_columns(identities: dict[int, Identity], nodes: list[int],

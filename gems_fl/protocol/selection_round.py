@@ -24,6 +24,7 @@ from gems_fl.geometry.kinds import AggregateOptions
 from gems_fl.geometry.points import (
     AUTO,
     POINTS,
+    LeadingColumns,
     NodeStatistics,
     SummedStatistics,
     auto_points,
@@ -70,6 +71,14 @@ def candidate_points(accepted: list[NodeReply], options: AggregateOptions,
             reuse = point is first and value == options.pooled_ridge
             out.append((value, result if reuse else solve_point(
                 stats, spaces, point.name, value, ridge=options.gram_ridge, seed=options.seed)))
+    if options.linear_columns:  # the kernel model: each point on the rows alone beside
+        rows = LeadingColumns(stats, options.linear_columns)
+        for point in (points if options.gram_point != AUTO else auto_points(rows)):
+            if point.missing(rows) or point.regularisation is None:
+                continue
+            for value in point.values(ridges, chosen=options.gram_point != AUTO):
+                out.append((value, solve_point(rows, spaces, point.name, value,
+                                               ridge=options.gram_ridge, seed=options.seed)))
     forget_draw()  # the gaussian candidates shared one draw of virtual rows
     return out
 
@@ -129,6 +138,7 @@ def select(server_round: int, replies: list[Message], sent_to: list[int],
     rescaled = result.method in POINTS and POINTS[result.method].rescaled
     scale = choice.temperature if scale_always or rescaled else 1.0
     table = [{"point": c.method, **_regularisation(c.method, r),
+              **({"columns": c.details["columns"]} if "columns" in c.details else {}),
               "val_accuracy": float(a), "val_loss": float(min(loss))}
              for (r, c), a, loss in zip(candidates, choice.val_accuracy, choice.val_loss)]
     details = {**result.details, "selection": {
@@ -136,8 +146,10 @@ def select(server_round: int, replies: list[Message], sent_to: list[int],
     result = result_at([r.space for r in accepted], scale * result.point, result.method,
                        details)
     best = choice.val_loss[choice.index]
-    log(INFO, "Selection round: %s, %slogit scale %g (pooled validation accuracy %.4f, "
+    log(INFO, "Selection round: %s%s, %slogit scale %g (pooled validation accuracy %.4f, "
         "cross-entropy %.4f; %d nodes); h_G lies in %s of %d spaces", result.method,
+        f" on the {result.details['columns']} rows' columns alone (the linear model)"
+        if "columns" in result.details else "",
         "" if ridge is None else f"{_WORDS[_regularisation_name(result.method)]} {ridge:g}, ", scale,
         choice.val_accuracy[choice.index], float(np.min(best)), len(decoded),
         "?" if None in result.inside else sum(result.inside), len(result.inside))

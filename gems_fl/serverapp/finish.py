@@ -121,7 +121,11 @@ def finish(context: Context, settings: Settings, run: ProtocolRun, roster: Roste
     }
     folder = Path(settings.output_dir).expanduser().resolve() / f"run-{context.run_id}"
     results["output"] = {"results": str(folder / RESULTS_FILE), "model": str(folder / MODEL_FILE)}
-    path = write_results(results, folder, run.model_state, started_at=started)
+    state = run.model_state
+    features = roster.agreement.features if roster.agreement is not None else None
+    if state is not None and features is not None:
+        state = {**state, **features.arrays()}  # the map travels with the weights
+    path = write_results(results, folder, state, started_at=started)
     print_results(results)
     log(INFO, "Results written to %s (model: %s) on the machine running the ServerApp",
         path, folder / MODEL_FILE)

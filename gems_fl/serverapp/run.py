@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from logging import INFO, WARNING
 from typing import Any
 
@@ -116,7 +116,7 @@ def load_server_side(
     if agreement.columns is not None:
         meta["columns"] = list(agreement.columns)
     if agreement.features is not None:
-        meta["random_features"] = agreement.features.to_json()
+        meta[agreement.features.JSON_KEY] = agreement.features.to_json()
     notes: list[str] = []
     if settings.dataset == NODE_FILES and settings.dp_epsilon and settings.standardize == "off":
         notes.append("dp-epsilon on the sites' own files: the features are not scaled (the "
@@ -247,6 +247,9 @@ def _train(grid: Grid, settings: Settings, roster: Roster, timing: dict[str, flo
     plan = build_plan(settings, num_nodes, num_features)
     log(INFO, "Plan: %s", plan_line(plan))
     options = server_options(settings, plan)
+    if agreement.features is not None and agreement.features.raw_columns:
+        options = replace(options, aggregate=replace(
+            options.aggregate, linear_columns=agreement.features.raw_columns))
     t_data = time.perf_counter()
     server_data, public, meta, notes = load_server_side(settings, agreement, num_nodes)
     for note in notes:

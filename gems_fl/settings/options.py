@@ -13,6 +13,7 @@ from gems_fl.geometry.choices import SUMS_ABOVE_NODES
 from gems_fl.geometry.dp import DPSpec
 from gems_fl.geometry.kinds import AggregateOptions, SpaceOptions
 from gems_fl.geometry.points import AUTO, point_named, solvable_from_sums
+from gems_fl.learning.model_kinds import KERNEL_KIND, RANDOM_FEATURES_KIND
 from gems_fl.protocol.options import AgreementRule, Exchange, NodeWork, ServerOptions
 from gems_fl.settings.values import parse_rf_bandwidth
 
@@ -32,7 +33,7 @@ READ_ONLY_WHEN = {
     "gram-rank": _gram, "label-moments": _gram, "class-grams": _gram, "class-components": _gram,
     "dp-delta": lambda s: bool(s.dp_epsilon), "dp-clip": lambda s: bool(s.dp_epsilon),
     "dp-seeded-noise": lambda s: bool(s.dp_epsilon),
-    "rf-map": lambda s: s.model_kind.feature_map is not None and bool(s.dp_epsilon),
+    "rf-map": lambda s: s.model_kind is RANDOM_FEATURES_KIND and bool(s.dp_epsilon),
     "ham10000-per-class": lambda s: s.dataset == "ham10000",
     "ham10000-cnn-epochs": lambda s: s.dataset == "ham10000",
 }
@@ -82,7 +83,7 @@ def dp_spec(settings: Settings) -> DPSpec:
     features have norm at most ``sqrt(2)`` whatever the row, so their clip is never above
     it: the noise is calibrated to the map's own bound (clipping there changes no row)."""
     clip = float(settings.dp_clip)
-    if settings.model_kind.feature_map is not None and settings.rf_map == "fourier":
+    if settings.model_kind is RANDOM_FEATURES_KIND and settings.rf_map == "fourier":
         clip = min(clip, FOURIER_NORM)
     return DPSpec(float(settings.dp_epsilon), float(settings.dp_delta), clip)
 
@@ -115,7 +116,10 @@ def agreement_rule(settings: Settings) -> AgreementRule:
                          random_features=(settings.rf_map, int(settings.rf_dim),
                                           parse_rf_bandwidth(settings.rf_bandwidth),
                                           int(settings.seed))
-                         if settings.model_kind.feature_map is not None else None)
+                         if settings.model_kind is RANDOM_FEATURES_KIND else None,
+                         kernel=(int(settings.landmarks), parse_rf_bandwidth(settings.rf_bandwidth),
+                                 int(settings.seed))
+                         if settings.model_kind is KERNEL_KIND else None)
 
 
 def exchange(settings: Settings, plan: Any = None) -> Exchange:

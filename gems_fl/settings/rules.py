@@ -7,8 +7,10 @@ import math
 from typing import Any
 
 from gems_fl.data.agreement import NODE_FILES
+from gems_fl.data.kernel_features import MIN_ROWS_PER_LANDMARK
 from gems_fl.geometry.choices import SPACE_R_MAX
 from gems_fl.geometry.points import CENTERS, CLASS_GRAMS, LABELS, point_named, solvable_from_sums
+from gems_fl.learning.model_kinds import KERNEL_KIND
 from gems_fl.settings.checks import SettingsError
 from gems_fl.settings.values import parse_gram_rank
 
@@ -106,7 +108,14 @@ def _differential_privacy(settings: Settings) -> None:
 
 def _random_features(settings: Settings) -> None:
     """Under ``dp-epsilon`` the identity round sends no feature sums: the random-feature
-    map's bandwidth must be given."""
+    map's bandwidth must be given; the kernel model's landmarks (class centres the nodes
+    send unnoised) have no privacy account, so it does not run under DP."""
+    if settings.model_kind is KERNEL_KIND and settings.dp_epsilon:
+        raise SettingsError(
+            f"model='kernel' with dp-epsilon={settings.dp_epsilon:g}: the kernel map's landmarks "
+            "are class centres each node sends without noise (means of at least "
+            f"{MIN_ROWS_PER_LANDMARK} of its rows), which no privacy budget accounts for; use "
+            "model='random-features' (its map is drawn from the seed) or 'logistic' under DP")
     if settings.model_kind.feature_map is not None and settings.dp_epsilon \
             and str(settings.rf_bandwidth).strip().lower() == "auto":
         raise SettingsError(
@@ -133,14 +142,15 @@ def _dataset_shape(settings: Settings) -> None:
     """``num-features`` and ``classes`` pin ``node-files`` runs; a named dataset has its own."""
     from gems_fl.data.site_files import parse_classes
 
-    rf = settings.model_kind.feature_map is not None
+    kind = settings.model_kind
     if settings.dataset == NODE_FILES:
-        _gram_rank(settings, settings.rf_dim if rf else settings.num_features)
+        if settings.num_features or kind.width is not None and kind.width(settings, 0):
+            _gram_rank(settings, kind.layer_width(settings, settings.num_features))
         return
     from gems_fl.data.datasets import DATASET_SHAPES
 
     features, count = DATASET_SHAPES[settings.dataset]
-    _gram_rank(settings, settings.rf_dim if rf else features)
+    _gram_rank(settings, kind.layer_width(settings, features))
     classes = parse_classes(settings.classes)
     if settings.num_features not in (0, features):
         raise SettingsError(f"num-features={settings.num_features} but dataset='{settings.dataset}' "

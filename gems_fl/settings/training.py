@@ -43,11 +43,14 @@ class TrainingSettings:
 
     model: str = setting(
         LOGISTIC_KIND.name,
-        '`logistic` (convex: the spaces round, then the selection round: `[ROUND 1/2]`, '
-        '`[ROUND 2/2]`), `random-features` (the same on a random-feature map of the inputs, '
-        'from the seed: `rf-map`, `rf-dim`; docs/random-features.md) or `mlp` '
-        '(one round per hidden layer, the output layer, the selection round)',
-        one_of(MODELS), node=True, user=True)
+        '`logistic`, `random-features` (on a random-feature map of the inputs), `kernel` (on '
+        'the rows beside Nyström features of the RBF kernel: `landmarks`) or `mlp` (one round '
+        'per hidden layer, then the output layer)',
+        one_of(MODELS), node=True, user=True,
+        detail='The convex models (`logistic`, `random-features`, `kernel`) run the spaces '
+        'round, then the selection round (`[ROUND 1/2]`, `[ROUND 2/2]`); `random-features` '
+        'draws its map from the seed (`rf-map`, `rf-dim`), `kernel` takes its landmarks from '
+        'class centres the nodes send in a landmark round (docs/random-features.md)')
     rf_map: str = setting(
         'fourier',
         _ROW_RF,
@@ -56,9 +59,16 @@ class TrainingSettings:
         2048,
         _ROW_RF,
         positive)
+    landmarks: int = setting(
+        2000,
+        "`model='kernel'`: how many landmarks m the Nyström map takes: k-means centres of each "
+        "class of each node's training rows, in proportion to its rows, each the mean of at "
+        "least 5 rows (sent by the nodes in the landmark round); the model is the logistic "
+        "model on the rows beside the m kernel features (docs/random-features.md)",
+        positive)
     rf_bandwidth: str = setting(
         'auto',
-        "`model='random-features'`: the map's bandwidth s (its inputs are divided by it, "
+        "`model='random-features'` and `model='kernel'`: the RBF width s (its inputs are divided by it, "
         "after `standardize`); `auto`: 0.6 times the RMS distance between two training rows, "
         "from the per-feature sums the nodes send in the identity round (measured on "
         "Fashion-MNIST's validation rows: results/benchmarks/random_features.json). Under "

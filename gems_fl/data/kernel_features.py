@@ -1,0 +1,197 @@
+"""Nyström features of the RBF kernel on landmarks the nodes summarize (``model='kernel'``).
+
+``z(x) = [x, K(x, L) P]`` with ``K(x, l) = exp(-|x - l|^2 / (2 s^2))`` on ``m`` landmarks
+``L`` and ``P = K(L, L)^{-1/2}`` (on the eigenvalues above a floor), so that
+``z(x) z(y)^T`` approximates the kernel on the span of the landmarks (Williams and
+Seeger 2001). The rows themselves (``x``, already scaled as the run agreed) sit beside the
+kernel features: the model class contains the logistic model, so the kernel model is never
+a poorer class than the linear one on the user's data.
+
+The landmarks are summaries, never rows: each node runs k-means on each class of its
+training rows (:func:`class_centres`), its number of centres in proportion to its rows
+(``m`` times its share of the run's rows), and sends the centres that are each the mean of
+at least :data:`MIN_ROWS_PER_LANDMARK` rows. The server stacks them in the nodes' name order
+and sends them with every later message; each node and the saved model compute ``P`` from
+them (float64 ``eigh`` of an ``m``-square matrix, once per process and landmark set).
+
+Everything downstream (Gram spaces, points, refinement, secure sums, node-side
+verification) sees ``z(x)`` as the features: the convex protocol is unchanged.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import warnings
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+__all__ = ["MIN_ROWS_PER_LANDMARK", "KernelFeatures", "class_centres", "landmark_quotas"]
+
+MIN_ROWS_PER_LANDMARK = 5  # a landmark is the mean of at least this many of a node's rows
+EIGEN_FLOOR = 1e-6  # eigenvalues of K(L, L) below this times the largest are raised to it
+CHUNK_ROWS = 2048  # rows mapped at once: bounds the (rows x m) temporaries
+MAP_NAME = "kernel"
+
+
+@dataclass(frozen=True)
+class KernelFeatures:
+    """One Nyström map: the landmarks ``(m, d)`` (float32, in the run's scaled units), the
+    RBF width ``s``, and whether the rows sit beside the kernel features (``raw``)."""
+
+    landmarks: np.ndarray
+    bandwidth: float
+    raw: bool = True
+    _projection: list = field(default_factory=list, init=False, repr=False, compare=False)
+
+    JSON_KEY = "feature_map"  # results.json's dataset record names the map by it
+
+    def __post_init__(self) -> None:
+        marks = np.ascontiguousarray(self.landmarks, dtype=np.float32)
+        if marks.ndim != 2 or len(marks) < 1 or marks.shape[1] < 1:
+            raise ValueError(f"the kernel map needs landmarks as a non-empty (m, d) array, got "
+                             f"shape {marks.shape}")
+        if not np.all(np.isfinite(marks)):
+            raise ValueError("the kernel map's landmarks hold NaN or infinite values")
+        if not np.isfinite(self.bandwidth) or self.bandwidth <= 0:
+            raise ValueError(f"rf-bandwidth={self.bandwidth!r} must be a positive number")
+        marks.flags.writeable = False
+        object.__setattr__(self, "landmarks", marks)
+
+    @property
+    def num_landmarks(self) -> int:
+        return int(self.landmarks.shape[0])
+
+    @property
+    def num_inputs(self) -> int:
+        return int(self.landmarks.shape[1])
+
+    @property
+    def dim(self) -> int:
+        """The width of ``z(x)``: the landmarks' count, plus the inputs when ``raw``."""
+        return self.num_landmarks + (self.num_inputs if self.raw else 0)
+
+    @property
+    def raw_columns(self) -> int:
+        """How many of ``z(x)``'s leading columns are the rows themselves."""
+        return self.num_inputs if self.raw else 0
+
+    def digest(self) -> str:
+        """A short hash of the landmarks (results and logs name the set by it)."""
+        return hashlib.sha256(self.landmarks.tobytes()).hexdigest()[:16]
+
+    def projection(self) -> np.ndarray:
+        """``P = K(L, L)^{-1/2}`` as float32 ``(m, m)``, computed once."""
+        if not self._projection:
+            gram = self._kernel(self.landmarks.astype(np.float64), self.landmarks.astype(np.float64))
+            values, vectors = np.linalg.eigh(gram)
+            values = np.maximum(values, EIGEN_FLOOR * max(float(values[-1]), 1e-300))
+            self._projection.append((vectors / np.sqrt(values)).astype(np.float32))
+        return self._projection[0]
+
+    def _kernel(self, x: np.ndarray, marks: np.ndarray) -> np.ndarray:
+        sq = (np.einsum("ij,ij->i", x, x)[:, None] + np.einsum("ij,ij->i", marks, marks)[None, :]
+              - 2.0 * (x @ marks.T))
+        np.maximum(sq, 0.0, out=sq)
+        sq *= -0.5 / (self.bandwidth ** 2)
+        return np.exp(sq, out=sq)
+
+    def transform(self, x: np.ndarray) -> np.ndarray:
+        """``z(x)`` of shape ``(n, dim)``, float32."""
+        x = np.asarray(x, dtype=np.float32)
+        if x.ndim != 2 or x.shape[1] != self.num_inputs:
+            raise ValueError(f"the kernel map takes {self.num_inputs} features, got an array of "
+                             f"shape {x.shape}")
+        proj = self.projection()
+        out = np.empty((len(x), self.dim), dtype=np.float32)
+        start_k = self.num_inputs if self.raw else 0
+        if self.raw:
+            out[:, :self.num_inputs] = x
+        for start in range(0, len(x), CHUNK_ROWS):
+            part = self._kernel(x[start:start + CHUNK_ROWS], self.landmarks)
+            out[start:start + CHUNK_ROWS, start_k:] = part @ proj
+        return out
+
+    def to_config(self) -> dict[str, Any]:
+        """The map as message config keys (the landmarks as float32 bytes)."""
+        return {"feature-map": MAP_NAME, "kernel-landmarks": self.landmarks.tobytes(),
+                "kernel-shape": [self.num_landmarks, self.num_inputs],
+                "rf-bandwidth": float(self.bandwidth), "kernel-raw": bool(self.raw)}
+
+    def to_json(self) -> dict[str, Any]:
+        """What results.json records (the landmarks themselves travel in the model file)."""
+        return {"feature-map": MAP_NAME, "landmarks": self.num_landmarks,
+                "inputs": self.num_inputs, "dim": self.dim, "rf-bandwidth": float(self.bandwidth),
+                "raw": bool(self.raw), "landmarks-sha256": self.digest()}
+
+    def arrays(self) -> dict[str, np.ndarray]:
+        """What a saved model carries beside its weights."""
+        return {"feature-map.landmarks": self.landmarks}
+
+    @classmethod
+    def from_config(cls, config: Mapping[str, Any]) -> KernelFeatures | None:
+        """The map a message's config carries; None without one."""
+        if config.get("feature-map") != MAP_NAME:
+            return None
+        m, d = (int(v) for v in config["kernel-shape"])
+        marks = np.frombuffer(bytes(config["kernel-landmarks"]), dtype=np.float32)
+        if marks.size != m * d:
+            raise ValueError(f"the kernel map's landmarks hold {marks.size} numbers, not {m} x {d}")
+        return cls(marks.reshape(m, d), float(config["rf-bandwidth"]), bool(config["kernel-raw"]))
+
+    @classmethod
+    def from_saved(cls, meta: Mapping[str, Any], arrays: Mapping[str, np.ndarray]
+                   ) -> KernelFeatures | None:
+        """The map a saved model carries (``meta``: results.json's record of it)."""
+        if meta.get("feature-map") != MAP_NAME:
+            return None
+        if "feature-map.landmarks" not in arrays:
+            raise ValueError("the model file lacks the kernel map's landmarks "
+                             "('feature-map.landmarks')")
+        out = cls(np.asarray(arrays["feature-map.landmarks"]), float(meta["rf-bandwidth"]),
+                  bool(meta.get("raw", True)))
+        if meta.get("landmarks-sha256") and meta["landmarks-sha256"] != out.digest():
+            raise ValueError("the model file's landmarks differ from those its results record "
+                             "(landmarks-sha256): the two files are from different runs")
+        return out
+
+
+def landmark_quotas(labels: np.ndarray, share: float, min_rows: int = MIN_ROWS_PER_LANDMARK
+                    ) -> dict[int, int]:
+    """``{class: number of centres}`` for a node: ``share`` (the run's landmarks per training
+    row) times the class's rows, rounded, at most one per ``min_rows`` rows."""
+    classes, counts = np.unique(np.asarray(labels), return_counts=True)
+    return {int(c): min(int(round(n * share)), int(n) // min_rows)
+            for c, n in zip(classes, counts)}
+
+
+def class_centres(x: np.ndarray, y: np.ndarray, share: float, seed: int,
+                  min_rows: int = MIN_ROWS_PER_LANDMARK) -> tuple[np.ndarray, np.ndarray]:
+    """A node's landmarks: k-means centres of each class's rows (``share`` centres per row,
+    :func:`landmark_quotas`), keeping those that are each the mean of at least ``min_rows``
+    rows. Returns ``(centres (k, d) float32, rows per centre (k,))``, classes in order."""
+    from sklearn.cluster import KMeans
+    from sklearn.exceptions import ConvergenceWarning
+
+    x = np.asarray(x, dtype=np.float32)
+    y = np.asarray(y)
+    centres, sizes = [], []
+    for label, k in landmark_quotas(y, share, min_rows).items():
+        if k < 1:
+            continue
+        rows = x[y == label]
+        with warnings.catch_warnings():  # repeated rows: fewer distinct clusters, dropped below
+            warnings.simplefilter("ignore", ConvergenceWarning)
+            fit = KMeans(n_clusters=k, n_init=1, max_iter=100, random_state=seed).fit(rows)
+        counts = np.bincount(fit.labels_, minlength=k)
+        keep = counts >= min_rows
+        # the mean of each kept cluster's own rows: exactly what the centre claims to be
+        means = np.stack([rows[fit.labels_ == j].mean(axis=0) for j in np.flatnonzero(keep)]) \
+            if keep.any() else np.zeros((0, x.shape[1]), np.float32)
+        centres.append(means.astype(np.float32))
+        sizes.append(counts[keep])
+    if not centres:
+        return np.zeros((0, x.shape[1]), np.float32), np.zeros(0, np.int64)
+    return np.concatenate(centres), np.concatenate(sizes).astype(np.int64)

@@ -1,0 +1,121 @@
+"""The landmark round of ``model='kernel'``: after the identity round, each node sends
+class centres of its training rows, which become the Nyström map's landmarks.
+
+Server -> client (message type ``query``)::
+
+    "config":  ConfigRecord  the node config, the agreement (scaling, classes) and
+                             ``landmark-share``: landmarks per training row of the run
+
+Client -> server::
+
+    "landmarks": ArrayRecord  "centres" (k x d, float32: k-means centres of each class's
+                              scaled training rows, classes in order) and "sizes" (k,
+                              int64: the rows each is the mean of, every one at least
+                              :data:`~gems_fl.data.kernel_features.MIN_ROWS_PER_LANDMARK`)
+
+No row leaves a node: each centre is the mean of at least that many of its rows. The
+server checks each reply (shape, finite values, sizes, no more centres than the node's
+share allows) and rejects a bad one naming the node; the run goes on with the others.
+"""
+
+from __future__ import annotations
+
+import time
+from logging import INFO
+from typing import Any
+
+import numpy as np
+from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MessageType, RecordDict
+from flwr.common.logger import log
+from flwr.serverapp import Grid
+
+from gems_fl.data.agreement import DataAgreement
+from gems_fl.data.kernel_features import MIN_ROWS_PER_LANDMARK, class_centres
+from gems_fl.protocol import wire
+from gems_fl.protocol.options import Exchange
+from gems_fl.protocol.replies import ReplyError, validate_replies
+
+__all__ = ["SHARE_KEY", "collect_landmarks", "decode_landmarks", "encode_landmarks",
+           "is_landmark_query", "landmarks_content"]
+
+SHARE_KEY = "landmark-share"
+LANDMARKS_KEY = "landmarks"
+
+
+def is_landmark_query(config: dict[str, Any]) -> bool:
+    """Whether a query message asks for the node's landmarks (not its identity)."""
+    return SHARE_KEY in config
+
+
+def landmarks_content(x_train: np.ndarray, y_train: np.ndarray, share: float,
+                      seed: int) -> RecordDict:
+    """A node's answer: the class centres of its (scaled) training rows."""
+    centres, sizes = class_centres(x_train, y_train, share, seed)
+    return encode_landmarks(centres, sizes)
+
+
+def encode_landmarks(centres: np.ndarray, sizes: np.ndarray) -> RecordDict:
+    return RecordDict({LANDMARKS_KEY: ArrayRecord({
+        "centres": Array(np.ascontiguousarray(centres, dtype=np.float32)),
+        "sizes": Array(np.ascontiguousarray(sizes, dtype=np.int64))})})
+
+
+def decode_landmarks(content: RecordDict, num_features: int, most: int) -> tuple[np.ndarray, np.ndarray]:
+    """A landmark reply, checked: ``(centres (k, num_features) float32, sizes (k,))``.
+
+    Raises :class:`ReplyError` naming what is wrong: a missing record, a wrong shape,
+    values that are not finite, a centre of fewer rows than the minimum, or more centres
+    than ``most`` (the node's share of the run's landmarks allows)."""
+    record = content.array_records.get(LANDMARKS_KEY)
+    if record is None or "centres" not in record or "sizes" not in record:
+        raise ReplyError(f"landmark reply lacks a '{LANDMARKS_KEY}' ArrayRecord with 'centres' "
+                         "and 'sizes'")
+    centres, sizes = record["centres"].numpy(), record["sizes"].numpy()
+    if centres.ndim != 2 or centres.shape[1] != num_features or sizes.shape != (len(centres),):
+        raise ReplyError(f"landmark reply has centres of shape {centres.shape} and sizes of shape "
+                         f"{sizes.shape}; the run has {num_features} features")
+    if not np.all(np.isfinite(centres)):
+        raise ReplyError("landmark reply holds NaN or infinite values")
+    if len(sizes) and int(sizes.min()) < MIN_ROWS_PER_LANDMARK:
+        raise ReplyError(f"landmark reply has a centre of {int(sizes.min())} row(s); each must be "
+                         f"the mean of at least {MIN_ROWS_PER_LANDMARK}")
+    if len(centres) > most:
+        raise ReplyError(f"landmark reply has {len(centres)} centres; the node's share allows "
+                         f"at most {most}")
+    return centres.astype(np.float32), sizes.astype(np.int64)
+
+
+def collect_landmarks(grid: Grid, exchange: Exchange, agreement: DataAgreement,
+                      rows: dict[int, int], landmarks: int, names: dict[int, str]
+                      ) -> tuple[dict[int, np.ndarray], list[dict[str, object]], dict[str, Any]]:
+    """Ask each node of ``rows`` (``{node id: training rows}``) for its class centres,
+    ``landmarks`` in all, in proportion to the rows.
+
+    Returns ``({node id: centres}, rejected, report)``; ``report`` has the round's bytes
+    and wall time.
+    """
+    t0 = time.perf_counter()
+    share = landmarks / max(sum(rows.values()), 1)
+    config = {**exchange.node_config, **agreement.to_config(), SHARE_KEY: float(share)}
+    content = RecordDict({wire.CONFIG_KEY: ConfigRecord(config)})
+    nodes = sorted(rows)
+    messages = [Message(content=content, message_type=MessageType.QUERY, dst_node_id=n,
+                        group_id="landmarks", ttl=exchange.round_timeout) for n in nodes]
+    replies = list(grid.send_and_receive(messages, timeout=exchange.round_timeout))
+
+    most = int(share * max(rows.values())) + agreement.num_classes  # rounding, per class
+
+    def check(reply: RecordDict):
+        return decode_landmarks(reply, agreement.num_features, most)
+
+    accepted, rejected = validate_replies(replies, nodes, check, log_prefix="Landmarks: ",
+                                          names=names, messages=messages)
+    centres = {node_id: item[0] for node_id, item in accepted}
+    total = sum(len(c) for c in centres.values())
+    log(INFO, "Landmarks: %d class centres from %d node(s) (each the mean of at least %d rows)",
+        total, len(centres), MIN_ROWS_PER_LANDMARK)
+    report = {"bytes_sent": wire.content_bytes(content) * len(nodes),
+              "bytes_received": sum(wire.content_bytes(r.content) for r in replies
+                                    if not r.has_error()),
+              "wall_s": time.perf_counter() - t0, "landmarks": total}
+    return centres, rejected, report

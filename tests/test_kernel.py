@@ -1,0 +1,162 @@
+"""model='kernel': the Nyström map, the nodes' class centres, the landmark round, and the
+model a user takes home."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from flwr.app import Message
+
+from gems_fl.api import GEMSModel, load_model
+from gems_fl.data.kernel_features import (
+    MIN_ROWS_PER_LANDMARK,
+    KernelFeatures,
+    class_centres,
+    landmark_quotas,
+)
+from gems_fl.protocol import landmarks as landmark_round
+from gems_fl.protocol import wire
+from gems_fl.protocol.replies import ReplyError
+from gems_fl.settings import Settings, SettingsError
+from tests.helpers import run_in_process
+
+
+def _rbf(a, b, s):
+    return np.exp(-((a[:, None, :] - b[None, :, :]) ** 2).sum(-1) / (2 * s * s))
+
+
+def test_the_map_is_the_rows_beside_the_nystrom_features():
+    rng = np.random.default_rng(0)
+    marks, x = rng.normal(size=(12, 5)), rng.normal(size=(30, 5))
+    fmap = KernelFeatures(marks, 2.0)
+    z = fmap.transform(x)
+    assert z.shape == (30, 5 + 12) and fmap.dim == 17
+    np.testing.assert_allclose(z[:, :5], x.astype(np.float32))
+    # on the landmarks the map reproduces the kernel exactly; elsewhere its projection
+    kz = fmap.transform(marks)[:, 5:]
+    np.testing.assert_allclose(kz @ kz.T, _rbf(marks, marks, 2.0), atol=1e-4)
+    k_xl = _rbf(x, marks, 2.0)
+    approx = k_xl @ np.linalg.solve(_rbf(marks, marks, 2.0), k_xl.T)
+    np.testing.assert_allclose(z[:, 5:] @ z[:, 5:].T, approx, atol=1e-3)
+    assert KernelFeatures(marks, 2.0, raw=False).transform(x).shape == (30, 12)
+
+
+def test_the_map_travels_in_a_config_and_a_saved_model_and_refuses_a_mismatch():
+    marks = np.random.default_rng(1).normal(size=(7, 3))
+    fmap = KernelFeatures(marks, 0.7)
+    back = KernelFeatures.from_config(fmap.to_config())
+    assert back.digest() == fmap.digest() and back.bandwidth == 0.7
+    x = np.random.default_rng(2).normal(size=(4, 3))
+    np.testing.assert_array_equal(back.transform(x), fmap.transform(x))
+    saved = KernelFeatures.from_saved(fmap.to_json(), fmap.arrays())
+    assert saved.digest() == fmap.digest()
+    other = {"feature-map.landmarks": marks[:6]}
+    with pytest.raises(ValueError, match="different runs"):
+        KernelFeatures.from_saved(fmap.to_json(), other)
+    with pytest.raises(ValueError, match="NaN"):
+        KernelFeatures(np.full((2, 3), np.nan), 1.0)
+    with pytest.raises(ValueError, match="positive"):
+        KernelFeatures(marks, 0.0)
+    with pytest.raises(ValueError, match="takes 3 features"):
+        fmap.transform(np.zeros((2, 4)))
+
+
+def test_class_centres_are_means_of_enough_rows_in_proportion_to_each_class():
+    rng = np.random.default_rng(3)
+    x = rng.normal(size=(400, 4)).astype(np.float32)
+    y = np.repeat([0, 1, 2], [300, 90, 10])
+    assert landmark_quotas(y, 0.1) == {0: 30, 1: 9, 2: 1}
+    assert landmark_quotas(y, 0.5) == {0: 60, 1: 18, 2: 2}  # one per MIN_ROWS rows at most
+    centres, sizes = class_centres(x, y, 0.1, seed=0)
+    assert len(centres) == len(sizes) <= 40 and sizes.min() >= MIN_ROWS_PER_LANDMARK
+    assert sizes.sum() <= len(y)
+    again = class_centres(x, y, 0.1, seed=0)
+    np.testing.assert_array_equal(centres, again[0])
+    # each centre is the mean of rows of one class: a class of one point is its mean
+    same = np.ones((20, 4), np.float32)
+    c, s = class_centres(same, np.zeros(20), 0.2, seed=0)
+    np.testing.assert_allclose(c, 1.0)
+    assert s.sum() == 20
+
+
+@pytest.mark.parametrize("how, reason", [
+    ("nan", "NaN"), ("shape", "shape"), ("small", "at least"), ("many", "at most")])
+def test_a_malformed_landmark_reply_is_refused_naming_why(how, reason):
+    centres, sizes = np.zeros((3, 4), np.float32), np.full(3, 10)
+    if how == "nan":
+        centres[0, 0] = np.nan
+    elif how == "shape":
+        centres = np.zeros((3, 5), np.float32)
+    elif how == "small":
+        sizes[1] = 2
+    with pytest.raises(ReplyError, match=reason):
+        landmark_round.decode_landmarks(landmark_round.encode_landmarks(centres, sizes), 4,
+                                        most=2 if how == "many" else 10)
+
+
+def test_the_kernel_model_runs_end_to_end_and_the_saved_model_predicts_raw_rows(tmp_path):
+    results = run_in_process(3, tmp_path, model="kernel", landmarks=150,
+                             **{"label-division": "dirichlet:0.5"})
+    fmap = results["dataset"]["feature_map"]
+    assert 0 < fmap["landmarks"] <= 150 and fmap["dim"] == 64 + fmap["landmarks"]
+    assert results["identify"]["landmark_round"]["landmarks"] == fmap["landmarks"]
+    assert results["rows"]["GEMS"]["accuracy"] > 0.9
+    model = load_model(tmp_path / "run-1")
+    assert isinstance(model.features, KernelFeatures) and model.features.dim == fmap["dim"]
+    from sklearn.datasets import load_digits
+    x, y = load_digits(return_X_y=True)
+    assert (model.predict(x / 16.0).astype(int) == y).mean() > 0.9
+    again = load_model(model.save(tmp_path / "saved"))
+    np.testing.assert_allclose(again.logits(x[:20] / 16.0), model.logits(x[:20] / 16.0))
+
+
+def test_a_node_that_sends_bad_landmarks_is_left_out_and_the_run_goes_on(tmp_path):
+    from client_app import app as client_app
+
+    def app(msg: Message, context):
+        reply = client_app(msg, context)
+        config = msg.content.config_records.get(wire.CONFIG_KEY, {})
+        if landmark_round.is_landmark_query(dict(config)) and context.node_id == 1001:
+            return Message(content=landmark_round.encode_landmarks(
+                np.full((2, 64), np.nan, np.float32), np.full(2, 10)), reply_to=msg)
+        return reply
+
+    results = run_in_process(3, tmp_path, client=app, model="kernel", landmarks=100,
+                             **{"required-nodes": 2})
+    rejected = [r for r in results["rejected"] if "NaN" in r["reason"]]
+    assert [r["node_id"] for r in rejected] == [1001]
+    assert len(results["participants"]) == 2 and results["verification"]["good_enough"] == 2
+
+
+def test_the_kernel_model_is_refused_under_dp_with_a_reason():
+    with pytest.raises(SettingsError, match="landmarks"):
+        Settings(model="kernel", dp_epsilon=4.0, rf_bandwidth="5", standardize="off")
+
+
+def test_the_estimator_fits_a_kernel_model():
+    from sklearn.datasets import load_digits
+
+    from gems_fl.estimator import GEMSClassifier
+    x, y = load_digits(return_X_y=True)
+    clf = GEMSClassifier(model="kernel").fit(x[:1200] / 16.0, y[:1200],
+                                             sites=np.arange(1200) % 3)
+    assert isinstance(clf.model_, GEMSModel) and isinstance(clf.model_.features, KernelFeatures)
+    assert clf.score(x[1200:] / 16.0, y[1200:]) > 0.85
+
+
+@pytest.mark.parametrize("division", ["iid", "dirichlet:0.5"])
+def test_the_selection_round_may_keep_the_linear_model_so_the_kernel_model_is_no_worse(
+        tmp_path, division):
+    """On the nodes' validation rows h_G of the kernel model scores at least what the
+    logistic model's pooled and LDA points score there: those points, on the rows alone,
+    are among its candidates."""
+    kernel = run_in_process(3, tmp_path / "k", model="kernel", **{"label-division": division})
+    table = kernel["intersection"]["selection"]["candidates"]
+    linear = [c for c in table if c.get("columns") == 64]
+    assert linear and len(linear) < len(table)
+    kept = max(c["val_accuracy"] for c in table)
+    assert kept >= max(c["val_accuracy"] for c in linear)
+    logistic = run_in_process(3, tmp_path / "l", model="logistic", **{"label-division": division})
+    same = [c for c in logistic["intersection"]["selection"]["candidates"]
+            if c["point"] in ("pooled", "lda")]
+    assert kept >= max(c["val_accuracy"] for c in same) - 1e-9
