@@ -37,6 +37,8 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 from envelope import print_table, write_envelope
 
 RIDGES = (1e-6, 1e-5, 1e-4, 1e-3, 1e-2)
+POINT_RIDGES = (1e-8, 1e-7, 1e-6, 1e-5, 1e-4, 1e-3, 1e-2)  # absolute, on the mean Gram matrix
+POINT_SHRINKAGES = (1e-6, 1e-5, 1e-4, 1e-3, 1e-2)  # relative to tr(S_w) / d
 
 
 def _splits(seed: int):
@@ -58,7 +60,26 @@ def site_landmarks(splits, count: int, seed: int, alpha: float = 0.1, nodes: int
     return np.concatenate(marks)
 
 
-def ridge_fit(splits, mapped, dim: int) -> dict:
+def point_grid(gram, moments, rows, z_val, y_val, z_test, y_test) -> dict:
+    """The product's pooled and LDA points (``gems_fl.geometry.pooled``) on the exact pooled
+    sums, at each value of a wide grid: which regularisation the features want."""
+    import torch
+
+    from gems_fl.geometry.pooled import pooled_lda, pooled_point
+
+    mean_gram, mean_moments = (gram / rows).numpy(), (moments / rows).T.numpy()
+    out = {}
+    for name, solve, values in (("pooled", pooled_point, POINT_RIDGES),
+                                ("lda", pooled_lda, POINT_SHRINKAGES)):
+        for value in values:
+            w = torch.as_tensor(solve([mean_gram], [mean_moments], [1.0], value)).T
+            out[f"{name} {value:g}"] = {
+                "val_accuracy": float(((z_val @ w).argmax(1).numpy() == y_val).mean()),
+                "test_accuracy": float(((z_test @ w).argmax(1).numpy() == y_test).mean())}
+    return out
+
+
+def ridge_fit(splits, mapped, dim: int, points: bool = False) -> dict:
     import torch
 
     gram = torch.zeros(dim + 1, dim + 1, dtype=torch.float64)
@@ -75,6 +96,9 @@ def ridge_fit(splits, mapped, dim: int) -> dict:
         gram += z.T @ z
         moments += z.T @ y
     z_val, z_test = with_bias(splits.val_x), with_bias(splits.test_x)
+    if points:
+        return point_grid(gram, moments, len(splits.train_y), z_val, splits.val_y, z_test,
+                          splits.test_y)
     scale = torch.trace(gram) / (dim + 1)
     best = None
     for ridge in RIDGES:
@@ -87,7 +111,7 @@ def ridge_fit(splits, mapped, dim: int) -> dict:
 
 
 def central(args) -> list[dict]:
-    from gems_fl.data.kernel_features import KernelFeatures
+    from gems_fl.data.kernel_features import KernelFeatures, row_scale
     from gems_fl.data.random_features import bandwidth_from_stats
     from gems_fl.data.site_files import feature_stats
 
@@ -111,17 +135,33 @@ def central(args) -> list[dict]:
                     rng = np.random.default_rng(seed)
                     marks = splits.train_x[rng.choice(len(splits.train_y), count, replace=False)]
                 pick_s = time.perf_counter() - t0
-                for raw in ([True, False] if args.no_raw else [True]):
-                    fmap = KernelFeatures(marks, bandwidth, raw=raw)
+                variants = [(True, s) for s in args.raw_scales] + ([(False, "1")] if args.no_raw else [])
+                for raw, scale_name in variants:
+                    scale = row_scale(float(np.mean(np.einsum("ij,ij->i", splits.train_x, splits.train_x))),
+                                      splits.num_features) \
+                        if scale_name == "unit" else float(scale_name)
+                    fmap = KernelFeatures(marks, bandwidth, raw=raw, raw_scale=scale)
                     t1 = time.perf_counter()
+                    if args.points:
+                        grid = ridge_fit(splits, fmap.transform, fmap.dim, points=True)
+                        records.append({"model": "kernel", "landmarks": len(marks), "seed": seed,
+                                        "raw_scale": scale_name, "points": grid})
+                        for key, r in grid.items():
+                            print(f"{key}: val {r['val_accuracy']:.4f} test {r['test_accuracy']:.4f}")
+                        write_envelope("kernel", args.out, records)
+                        continue
                     best = ridge_fit(splits, fmap.transform, fmap.dim)
                     records.append({"model": "kernel", "source": source, "landmarks": len(marks),
-                                    "raw": raw, "dim": fmap.dim, "seed": seed, **best,
+                                    "raw": raw, "raw_scale": scale_name if raw else None,
+                                    "dim": fmap.dim, "seed": seed, **best,
                                     "landmark_s": pick_s, "wall_s": time.perf_counter() - t1})
                     print(records[-1], flush=True)
                     write_envelope("kernel", args.out, records)
+    if args.points:
+        return records
     print_table(["model", "landmarks (source)", "rows beside", "D", "validation", "test", "ridge"],
-                [[r["model"], f"{r['landmarks']} ({r['source']})", "yes" if r["raw"] else "no",
+                [[r["model"], f"{r['landmarks']} ({r['source']})",
+                  f"x {r.get('raw_scale')}" if r["raw"] and r.get("raw_scale") else "yes" if r["raw"] else "no",
                   r["dim"], f"{r['val_accuracy']:.4f}", f"{r['test_accuracy']:.4f}", r["ridge"]]
                  for r in records])
     return records
@@ -144,6 +184,8 @@ def one_run(division: str, nodes: int, seed: int, extra: dict) -> dict:
             "point": results["intersection"]["method"],
             "bytes_up_per_node": sum(up) / nodes, "bytes_down_per_node": sum(down) / nodes,
             "wall_s": wall, "good_enough": results["verification"]["good_enough"],
+            "plan": results.get("plan"),
+            "candidates": (results["intersection"].get("selection") or {}).get("candidates"),
             "timing_s": results.get("timing_s")}
 
 
@@ -160,7 +202,10 @@ def federated(args) -> list[dict]:
                       f"good enough {r['good_enough']}, {r['wall_s']:.0f} s", flush=True)
                 write_envelope("kernel", args.out, records)
             if args.fedavg:
-                records.append(fedavg(spec, int(nodes), seed, args))
+                one_shot = next(r["accuracy"] for r in records if r.get("division") == spec
+                                and r.get("seed") == seed and "good_enough" in r
+                                and not r["settings"].get("refine-rounds"))
+                records.append(fedavg(spec, int(nodes), seed, args, one_shot))
                 write_envelope("kernel", args.out, records)
     print_table(["division", "seed", "refine", "m", "D", "test accuracy", "good enough",
                  "MB up / node", "MB down / node", "wall s"],
@@ -179,7 +224,9 @@ def federated(args) -> list[dict]:
     return records
 
 
-def fedavg(spec: str, nodes: int, seed: int, args) -> dict:
+def fedavg(spec: str, nodes: int, seed: int, args, gems: float) -> dict:
+    """FedAvg-SGD on the kernel model's features, the rate tuned on the pooled validation
+    rows; ``gems``: the one-shot accuracy it is compared with."""
     from gems_fl.evaluation.fedavg import run_sgd
     from tests.helpers import app_defaults
     cfg = {**app_defaults(), "dataset": "fashion-mnist", "label-division": spec, "seed": seed,
@@ -188,18 +235,13 @@ def fedavg(spec: str, nodes: int, seed: int, args) -> dict:
     curve = run_sgd(cfg, nodes, "fedavg", args.fedavg, grid=tuple(args.lr_grid),
                     tune_rounds=args.tune_rounds)
     acc = list(curve.accuracy)
-    gems = next((r["accuracy"] for r in args_records(args) if r["division"] == spec
-                 and r["seed"] == seed), None)
     best = max(range(len(acc)), key=acc.__getitem__) + 1
     return {"method": "fedavg", "division": spec, "nodes": nodes, "seed": seed, "lr": curve.lr,
             "accuracy": acc, "best_round": best,
-            "rounds_to_gems": next((i + 1 for i, a in enumerate(acc) if gems and a >= gems), None),
+            "gems_one_shot": gems,
+            "rounds_to_gems": next((i + 1 for i, a in enumerate(acc) if a >= gems), None),
             "bytes_up_per_node": [b / nodes for b in curve.bytes_up],
             "tuning": curve.tuning, "wall_s": time.perf_counter() - t0}
-
-
-def args_records(args) -> list[dict]:
-    return getattr(args, "records", [])
 
 
 def _settings(pairs: list[str]) -> dict:
@@ -223,7 +265,11 @@ def main() -> None:
     c.add_argument("--landmarks", type=int, nargs="+", default=[2000])
     c.add_argument("--sources", nargs="+", default=["centres", "random"], choices=["centres", "random"])
     c.add_argument("--no-raw", action="store_true", help="also without the rows beside")
+    c.add_argument("--raw-scales", nargs="+", default=["unit"],
+                   help="factors on the rows beside: numbers, or unit (one over their RMS norm)")
     c.add_argument("--linear", action="store_true", help="also the ridge on the rows alone")
+    c.add_argument("--points", action="store_true",
+                   help="instead: the pooled and LDA points at each value of a wide grid")
     c.add_argument("--seeds", type=int, nargs="+", default=[0])
     c.add_argument("--out", default=str(ROOT / "results/benchmarks/kernel_central.json"))
     f = sub.add_parser("federated")

@@ -34,10 +34,10 @@ def test_the_map_is_the_rows_beside_the_nystrom_features():
     np.testing.assert_allclose(z[:, :5], x.astype(np.float32))
     # on the landmarks the map reproduces the kernel exactly; elsewhere its projection
     kz = fmap.transform(marks)[:, 5:]
-    np.testing.assert_allclose(kz @ kz.T, _rbf(marks, marks, 2.0), atol=1e-4)
+    np.testing.assert_allclose(kz @ kz.T / 12, _rbf(marks, marks, 2.0), atol=1e-4)
     k_xl = _rbf(x, marks, 2.0)
     approx = k_xl @ np.linalg.solve(_rbf(marks, marks, 2.0), k_xl.T)
-    np.testing.assert_allclose(z[:, 5:] @ z[:, 5:].T, approx, atol=1e-3)
+    np.testing.assert_allclose(z[:, 5:] @ z[:, 5:].T / 12, approx, atol=1e-3)
     assert KernelFeatures(marks, 2.0, raw=False).transform(x).shape == (30, 12)
 
 
@@ -160,3 +160,50 @@ def test_the_selection_round_may_keep_the_linear_model_so_the_kernel_model_is_no
     same = [c for c in logistic["intersection"]["selection"]["candidates"]
             if c["point"] in ("pooled", "lda")]
     assert kept >= max(c["val_accuracy"] for c in same) - 1e-9
+
+
+def test_secure_aggregation_runs_the_kernel_model(tmp_path):
+    results = run_in_process(3, tmp_path, model="kernel", landmarks=60,
+                             **{"label-division": "iid", "baselines": "none",
+                                "secure-aggregation": True})
+    assert results["privacy"]["secure_aggregation"]
+    assert results["rows"]["GEMS"]["accuracy"] > 0.85
+    assert results["dataset"]["feature_map"]["landmarks"] <= 60
+
+
+def test_the_classifier_fits_the_kernel_model_on_unscaled_sites_and_saves_the_map(tmp_path):
+    """Wine's features lie on very different scales: the federated scaling comes first;
+    the landmarks are centres of the scaled rows, the rows beside scaled to unit RMS norm."""
+    from gems_fl.estimator import GEMSClassifier
+    from tests.test_api import _wine_sites
+
+    sites, x_test, y_test = _wine_sites()
+    clf = GEMSClassifier(eps=0.5, model="kernel", settings={"landmarks": 20}).fit(sites)
+    features = clf.model_.features
+    assert isinstance(features, KernelFeatures) and features.num_inputs == 13
+    assert 0 < features.num_landmarks <= 20 and features.dim == 13 + features.num_landmarks
+    # 13 standardised features: E|x|^2 = 13, so each already has mean square 1
+    assert features.raw_scale == pytest.approx(1.0, rel=1e-6)
+    assert np.abs(features.landmarks).max() < 10  # centres in the scaled units
+    assert clf.score(x_test, y_test) > 0.85
+    loaded = load_model(clf.save(tmp_path / "model"))
+    np.testing.assert_array_equal(loaded.features.landmarks, features.landmarks)
+    np.testing.assert_array_equal(loaded.logits(x_test), clf.decision_function(x_test))
+
+
+def test_fedavg_trains_on_the_kernel_models_features():
+    from gems_fl.evaluation.fedavg import feature_map, run_federated
+    from tests.helpers import FAST, app_defaults
+
+    cfg = {**app_defaults(), **FAST, "model": "kernel", "landmarks": 40}
+    fmap = feature_map(Settings.from_run_config(cfg), 3, _digits_splits(cfg))
+    assert isinstance(fmap, KernelFeatures) and fmap.dim == 64 + fmap.num_landmarks
+    curve = run_federated(cfg, 3, "fedavg", num_rounds=3, local_epochs=5)
+    per_round = np.diff([0, *curve.bytes_up])
+    assert per_round[0] > 3 * (fmap.dim + 1) * 10 * 4  # three models of the mapped width
+    assert curve.accuracy[-1] > 0.3
+
+
+def _digits_splits(cfg):
+    from gems_fl.data import load_dataset
+    return load_dataset("digits", seed=int(cfg["seed"]))

@@ -1,9 +1,9 @@
 """Nyström features of the RBF kernel on landmarks the nodes summarize (``model='kernel'``).
 
-``z(x) = [x, K(x, L) P]`` with ``K(x, l) = exp(-|x - l|^2 / (2 s^2))`` on ``m`` landmarks
-``L`` and ``P = K(L, L)^{-1/2}`` (on the eigenvalues above a floor), so that
-``z(x) z(y)^T`` approximates the kernel on the span of the landmarks (Williams and
-Seeger 2001). The rows themselves (``x``, already scaled as the run agreed) sit beside the
+``z(x) = [a x, K(x, L) P]`` with ``K(x, l) = exp(-|x - l|^2 / (2 s^2))`` on ``m`` landmarks
+``L`` and ``P = sqrt(m) K(L, L)^{-1/2}`` (on the eigenvalues above a floor), so that the
+kernel block's inner products approximate ``m`` times the kernel on the span of the
+landmarks (Williams and Seeger 2001); ``a`` scales the rows (:func:`row_scale`). The rows themselves (``x``, already scaled as the run agreed) sit beside the
 kernel features: the model class contains the logistic model, so the kernel model is never
 a poorer class than the linear one on the user's data.
 
@@ -28,7 +28,8 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["MIN_ROWS_PER_LANDMARK", "KernelFeatures", "class_centres", "landmark_quotas"]
+__all__ = ["MIN_ROWS_PER_LANDMARK", "KernelFeatures", "class_centres", "landmark_quotas",
+           "mean_square_norm", "row_scale"]
 
 MIN_ROWS_PER_LANDMARK = 5  # a landmark is the mean of at least this many of a node's rows
 EIGEN_FLOOR = 1e-6  # eigenvalues of K(L, L) below this times the largest are raised to it
@@ -44,6 +45,7 @@ class KernelFeatures:
     landmarks: np.ndarray
     bandwidth: float
     raw: bool = True
+    raw_scale: float = 1.0  # the rows beside are multiplied by it (row_scale)
     _projection: list = field(default_factory=list, init=False, repr=False, compare=False)
 
     JSON_KEY = "feature_map"  # results.json's dataset record names the map by it
@@ -57,6 +59,8 @@ class KernelFeatures:
             raise ValueError("the kernel map's landmarks hold NaN or infinite values")
         if not np.isfinite(self.bandwidth) or self.bandwidth <= 0:
             raise ValueError(f"rf-bandwidth={self.bandwidth!r} must be a positive number")
+        if not np.isfinite(self.raw_scale) or self.raw_scale <= 0:
+            raise ValueError(f"the kernel map's raw_scale={self.raw_scale!r} must be positive")
         marks.flags.writeable = False
         object.__setattr__(self, "landmarks", marks)
 
@@ -78,17 +82,24 @@ class KernelFeatures:
         """How many of ``z(x)``'s leading columns are the rows themselves."""
         return self.num_inputs if self.raw else 0
 
+    def describe(self) -> str:
+        """The map in words, for the run plan."""
+        return (f"{self.num_landmarks} landmarks: class centres the nodes sent; "
+                f"{'the rows beside, ' if self.raw else ''}D={self.dim}, RBF width {self.bandwidth:.4g}")
+
     def digest(self) -> str:
         """A short hash of the landmarks (results and logs name the set by it)."""
         return hashlib.sha256(self.landmarks.tobytes()).hexdigest()[:16]
 
     def projection(self) -> np.ndarray:
-        """``P = K(L, L)^{-1/2}`` as float32 ``(m, m)``, computed once."""
+        """``P = sqrt(m) K(L, L)^{-1/2}`` as float32 ``(m, m)``, computed once."""
         if not self._projection:
             gram = self._kernel(self.landmarks.astype(np.float64), self.landmarks.astype(np.float64))
             values, vectors = np.linalg.eigh(gram)
             values = np.maximum(values, EIGEN_FLOOR * max(float(values[-1]), 1e-300))
-            self._projection.append((vectors / np.sqrt(values)).astype(np.float32))
+            # sqrt(m): a kernel feature's mean square about 1, as a scaled row feature's
+            scale = np.sqrt(self.num_landmarks / values)
+            self._projection.append((vectors * scale).astype(np.float32))
         return self._projection[0]
 
     def _kernel(self, x: np.ndarray, marks: np.ndarray) -> np.ndarray:
@@ -108,7 +119,7 @@ class KernelFeatures:
         out = np.empty((len(x), self.dim), dtype=np.float32)
         start_k = self.num_inputs if self.raw else 0
         if self.raw:
-            out[:, :self.num_inputs] = x
+            out[:, :self.num_inputs] = x * np.float32(self.raw_scale)
         for start in range(0, len(x), CHUNK_ROWS):
             part = self._kernel(x[start:start + CHUNK_ROWS], self.landmarks)
             out[start:start + CHUNK_ROWS, start_k:] = part @ proj
@@ -118,13 +129,15 @@ class KernelFeatures:
         """The map as message config keys (the landmarks as float32 bytes)."""
         return {"feature-map": MAP_NAME, "kernel-landmarks": self.landmarks.tobytes(),
                 "kernel-shape": [self.num_landmarks, self.num_inputs],
-                "rf-bandwidth": float(self.bandwidth), "kernel-raw": bool(self.raw)}
+                "rf-bandwidth": float(self.bandwidth), "kernel-raw": bool(self.raw),
+                "kernel-raw-scale": float(self.raw_scale)}
 
     def to_json(self) -> dict[str, Any]:
         """What results.json records (the landmarks themselves travel in the model file)."""
         return {"feature-map": MAP_NAME, "landmarks": self.num_landmarks,
                 "inputs": self.num_inputs, "dim": self.dim, "rf-bandwidth": float(self.bandwidth),
-                "raw": bool(self.raw), "landmarks-sha256": self.digest()}
+                "raw": bool(self.raw), "raw-scale": float(self.raw_scale),
+                "landmarks-sha256": self.digest()}
 
     def arrays(self) -> dict[str, np.ndarray]:
         """What a saved model carries beside its weights."""
@@ -139,7 +152,8 @@ class KernelFeatures:
         marks = np.frombuffer(bytes(config["kernel-landmarks"]), dtype=np.float32)
         if marks.size != m * d:
             raise ValueError(f"the kernel map's landmarks hold {marks.size} numbers, not {m} x {d}")
-        return cls(marks.reshape(m, d), float(config["rf-bandwidth"]), bool(config["kernel-raw"]))
+        return cls(marks.reshape(m, d), float(config["rf-bandwidth"]), bool(config["kernel-raw"]),
+                   float(config.get("kernel-raw-scale", 1.0)))
 
     @classmethod
     def from_saved(cls, meta: Mapping[str, Any], arrays: Mapping[str, np.ndarray]
@@ -151,11 +165,38 @@ class KernelFeatures:
             raise ValueError("the model file lacks the kernel map's landmarks "
                              "('feature-map.landmarks')")
         out = cls(np.asarray(arrays["feature-map.landmarks"]), float(meta["rf-bandwidth"]),
-                  bool(meta.get("raw", True)))
+                  bool(meta.get("raw", True)), float(meta.get("raw-scale", 1.0)))
         if meta.get("landmarks-sha256") and meta["landmarks-sha256"] != out.digest():
             raise ValueError("the model file's landmarks differ from those its results record "
                              "(landmarks-sha256): the two files are from different runs")
         return out
+
+
+def row_scale(mean_square_norm: float, num_inputs: int) -> float:
+    """The factor on the rows beside the kernel features: ``sqrt(d / E|x|^2)``, so that a
+    row feature's mean square is 1 on average, as a kernel feature's about is (the kernel
+    block is scaled by ``sqrt(m)``: its rows have norm at most ``sqrt(m)``). Both blocks
+    then weigh alike in the Gram statistics: unscaled rows of many features would fill the
+    top of their spectrum (a rank-r factor would leave the kernel block to its diagonal)
+    and the LDA shrinkage, relative to the trace, would smother the kernel block; and the
+    pooled ridges, absolute, mean what they mean for standardised rows."""
+    if mean_square_norm <= 0:
+        return 1.0
+    return float(np.sqrt(num_inputs / mean_square_norm))
+
+
+def mean_square_norm(stats: list[tuple[int, np.ndarray, np.ndarray]], mean: np.ndarray | None,
+                     std: np.ndarray | None) -> float:
+    """``E|x|^2`` of the pooled rows as the nodes scale them (``(x - mean) / std``; None:
+    unscaled), from their per-feature sums only."""
+    from gems_fl.data.site_files import pooled_moments
+
+    centre, var = pooled_moments(stats)
+    if mean is not None:
+        centre = centre - mean
+    if std is not None:
+        centre, var = centre / std, var / np.square(std)
+    return float(np.sum(var + np.square(centre)))
 
 
 def landmark_quotas(labels: np.ndarray, share: float, min_rows: int = MIN_ROWS_PER_LANDMARK

@@ -81,6 +81,10 @@ class RandomFeatures:
 
     raw_columns = 0  # no column of z(x) is a row's own feature
 
+    def describe(self) -> str:
+        """The map in words, for the run plan."""
+        return f"{self.kind} random features, D={self.dim}, bandwidth {self.bandwidth:.4g}"
+
     def arrays(self) -> dict[str, np.ndarray]:
         """What a saved model carries beside its weights: nothing, the seed draws the map."""
         return {}

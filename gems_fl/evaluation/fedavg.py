@@ -39,10 +39,12 @@ from flwr.serverapp.strategy import FedAvg, FedProx
 from torch import nn
 
 from gems_fl.data import FeatureOptions, load_dataset, node_data, parse_division
+from gems_fl.data.agreement import feature_map_from_config
+from gems_fl.data.kernel_features import KernelFeatures, class_centres, mean_square_norm, row_scale
 from gems_fl.data.nodes import cast_node_arrays, load_node_data
 from gems_fl.data.random_features import RandomFeatures, bandwidth_from_stats
 from gems_fl.data.site_files import feature_stats
-from gems_fl.learning.model_kinds import model_kind
+from gems_fl.learning.model_kinds import KERNEL_KIND, model_kind
 from gems_fl.learning.train import OPTIMIZERS, accuracy, fine_tune, set_default_device
 from gems_fl.protocol.inprocess import InProcessGrid
 from gems_fl.settings import Settings
@@ -67,7 +69,7 @@ def train(msg: Message, context: Context) -> Message:
     set_default_device(settings.device)
     data = cast_node_arrays(load_node_data(settings, context.node_config))
     config = msg.content["config"]
-    features = RandomFeatures.from_config(config)
+    features = feature_map_from_config(config)
     x_train = data.x_train if features is None else features.transform(data.x_train)
     model = make_model(settings, x_train.shape[1], data.num_classes)
     model.load_state_dict(msg.content["arrays"].to_torch_state_dict())
@@ -124,15 +126,24 @@ def pooled_validation(settings: Settings, num_nodes: int, splits) -> tuple[np.nd
     return (np.concatenate([p[2] for p in parts]), np.concatenate([p[3] for p in parts]))
 
 
-def feature_map(settings: Settings, num_nodes: int, splits) -> RandomFeatures | None:
-    """The random-feature map a GEMS run with these settings agrees on (None for the
-    other models): ``rf-bandwidth`` as set, or from the nodes' pooled training sums."""
-    if model_kind(settings.model).feature_map is None:
+def feature_map(settings: Settings, num_nodes: int, splits) -> RandomFeatures | KernelFeatures | None:
+    """The feature map a GEMS run with these settings agrees on (None for the other
+    models): ``rf-bandwidth`` as set, or from the nodes' pooled training sums; the kernel
+    model's landmarks are the class centres its nodes would send, in their order."""
+    kind = model_kind(settings.model)
+    if kind.feature_map is None:
         return None
+    parts = [p for p in _node_parts(settings, num_nodes, splits) if len(p[0])]
     bandwidth = parse_rf_bandwidth(settings.rf_bandwidth)
     if bandwidth is None:
-        stats = [feature_stats(p[0]) for p in _node_parts(settings, num_nodes, splits) if len(p[0])]
-        bandwidth = bandwidth_from_stats(stats)
+        bandwidth = bandwidth_from_stats([feature_stats(p[0]) for p in parts])
+    if kind is KERNEL_KIND:
+        share = int(settings.landmarks) / sum(len(p[1]) for p in parts)
+        marks = np.concatenate([class_centres(p[0], p[1], share, int(settings.seed))[0]
+                                for p in parts])
+        scale = row_scale(mean_square_norm([feature_stats(p[0]) for p in parts], None, None),
+                          splits.num_features)
+        return KernelFeatures(marks, float(bandwidth), raw_scale=scale)
     return RandomFeatures(settings.rf_map, splits.num_features, int(settings.rf_dim),
                           float(bandwidth), int(settings.seed))
 

@@ -52,12 +52,13 @@ AUTO_GRAM_RANK_MIN = 32
 AUTO_GRAM_RANK_SHARE = 16
 
 
-def gram_rank_for(setting: int | str, size: int) -> int:
+def gram_rank_for(setting: int | str, size: int, share: int = AUTO_GRAM_RANK_SHARE) -> int:
     """The rank a ``size x size`` Gram reply uses under ``gram-rank=setting``: 0 (the
     whole matrix) or r > 0 (a rank-r factor and the residual diagonal). ``auto`` compresses
-    only where the factor form is smaller than the triangle (``size > 2 r + 1``)."""
+    only where the factor form is smaller than the triangle (``size > 2 r + 1``), at rank
+    ``size / share`` (the model's: :attr:`~gems_fl.learning.model_kinds.ModelKind.gram_rank_share`)."""
     if str(setting).strip().lower() == "auto":
-        rank = max(AUTO_GRAM_RANK_MIN, -(-int(size) // AUTO_GRAM_RANK_SHARE))
+        rank = max(AUTO_GRAM_RANK_MIN, -(-int(size) // int(share)))
         return rank if int(size) > 2 * rank + 1 else 0
     return int(setting)
 

@@ -171,6 +171,7 @@ class LeadingColumns:
     def __init__(self, stats: Statistics, columns: int) -> None:
         self.stats, self.columns = stats, int(columns)
         self.num_classes, self.weights = stats.num_classes, stats.weights
+        self.width = 0  # the whole layer's inputs and bias, known once the inputs are read
 
     def provides(self) -> frozenset[str]:
         return frozenset({LABELS} & self.stats.provides())
@@ -180,7 +181,8 @@ class LeadingColumns:
 
     def pooled_inputs(self) -> tuple[list[np.ndarray], list[np.ndarray], list[float]]:
         grams, moments, counts = self.stats.pooled_inputs()
-        keep = self._keep(np.asarray(grams[0]).shape[0])
+        self.width = np.asarray(grams[0]).shape[0]
+        keep = self._keep(self.width)
         return ([np.asarray(g)[np.ix_(keep, keep)] for g in grams],
                 [np.asarray(m)[:, keep] for m in moments], counts)
 
@@ -193,10 +195,10 @@ class LeadingColumns:
     def mixture_moments(self):
         raise ValueError("class components are not restricted to the leading columns")
 
-    def embed(self, matrix: np.ndarray, width: int) -> np.ndarray:
-        """``matrix`` ``(C, columns + 1)`` as a ``(C, width)`` point: zeros elsewhere."""
-        out = np.zeros((matrix.shape[0], width), dtype=np.float64)
-        out[:, self._keep(width)] = matrix
+    def embed(self, matrix: np.ndarray) -> np.ndarray:
+        """``matrix`` ``(C, columns + 1)`` as a point of the whole layer: zeros elsewhere."""
+        out = np.zeros((matrix.shape[0], self.width), dtype=np.float64)
+        out[:, self._keep(self.width)] = matrix
         return out
 
 
@@ -342,7 +344,7 @@ def solve_point(stats: Statistics, spaces: Sequence[Any], name: str, value: floa
     matrix = point.solve(stats, ridge if point.regularisation is None else float(value), seed,
                          details)
     if isinstance(stats, LeadingColumns):
-        matrix = stats.embed(matrix, spaces[0].matrix.shape[1])
+        matrix = stats.embed(matrix)
         details["columns"] = stats.columns
         stats = stats.stats
     if not isinstance(stats, NodeStatistics):

@@ -40,6 +40,10 @@ class ModelKind:
     width : callable or None
         ``width(settings, inputs)``: the convex layer's input width for a run with
         ``inputs`` features (None: the inputs themselves).
+    gram_rank_share : int
+        ``gram-rank=auto``: the factor's rank is the Gram matrix's size over this. The
+        kernel features' spectrum is flatter than the rows' or random features': 5
+        (results/benchmarks/kernel.json).
     """
 
     name: str
@@ -47,6 +51,7 @@ class ModelKind:
     feature_map: str | None = None
     settings: tuple[str, ...] = ()
     width: Callable[[Any, int], int] | None = None
+    gram_rank_share: int = 16
 
     def layer_width(self, settings: Any, inputs: int) -> int:
         """The width of the convex layer's input (before the bias) for ``inputs`` features:
@@ -82,7 +87,7 @@ RANDOM_FEATURES_KIND = ModelKind("random-features", convex=True, feature_map="ra
                                  width=lambda s, inputs: int(s.rf_dim or 0))
 KERNEL_KIND = ModelKind("kernel", convex=True, feature_map="kernel",
                         settings=("landmarks", "rf-bandwidth"),
-                        width=lambda s, inputs: int(s.landmarks or 0) + inputs)
+                        width=lambda s, inputs: int(s.landmarks or 0) + inputs, gram_rank_share=5)
 MLP_KIND = ModelKind("mlp", convex=False, settings=("hidden", "dropout", "eps-neuron",
                                                "neuron-criterion", "neuron-delta", "clusters"))
 

@@ -24,7 +24,7 @@ from flwr.serverapp import Grid
 
 from gems_fl.data.agreement import NODE_FILES, DataAgreement
 from gems_fl.data.datasets import DATASET_SHAPES
-from gems_fl.data.kernel_features import KernelFeatures
+from gems_fl.data.kernel_features import KernelFeatures, mean_square_norm, row_scale
 from gems_fl.data.random_features import BANDWIDTH_FACTOR, RandomFeatures, bandwidth_from_stats
 from gems_fl.data.site_columns import column_difference, vote_columns
 from gems_fl.data.site_files import (
@@ -301,7 +301,7 @@ def agree(identities: dict[int, Identity], rule: AgreementRule
     if rule.random_features is not None:
         features = _feature_map(identities, refused, columns, rule, num_features, std)
     elif rule.kernel is not None:
-        features = _kernel_map(identities, refused, columns, rule, std)
+        features = _kernel_map(identities, refused, columns, rule, mean, std)
     return DataAgreement(num_features, classes, mean, std, columns, features), refused
 
 
@@ -328,29 +328,28 @@ def _feature_map(identities: dict[int, Identity], refused: dict[int, str],
 
 
 def _kernel_map(identities: dict[int, Identity], refused: dict[int, str],
-                columns: list[str] | None, rule: AgreementRule,
+                columns: list[str] | None, rule: AgreementRule, mean: np.ndarray | None,
                 std: np.ndarray | None) -> KernelFeatures | None:
     """The run's Nyström map: the kept nodes' class centres in their name order, the RBF
-    width as for random features. None before the landmark round (no centres yet)."""
+    width as for random features, the rows beside scaled to unit RMS norm (both from the
+    nodes' feature sums). None before the landmark round (no centres yet)."""
     kept = sorted((n for n in identities if n not in refused
                    and identities[n].landmarks is not None and len(identities[n].landmarks)),
                   key=lambda n: (identities[n].name, n))
-    if not kept:
+    stats = [_in_order(identities[n], columns) for n in kept if identities[n].stats is not None]
+    if not kept or not stats:
         return None
+    if std is None and rule.standardize == "node":
+        mean, std = combine_stats(stats)  # each node's own scaling, pooled: near enough
     _, bandwidth, _ = rule.kernel
     if bandwidth is None:
-        with_stats = [n for n in kept if identities[n].stats is not None]
-        stats = [_in_order(identities[n], columns) for n in with_stats]
-        if not stats:
-            return None
-        if std is None and rule.standardize == "node":
-            std = combine_stats(stats)[1]
         bandwidth = bandwidth_from_stats(stats, std)
     marks = np.concatenate([identities[n].landmarks for n in kept])
+    scale = row_scale(mean_square_norm(stats, mean, std), marks.shape[1])
     log(INFO, "Identify: kernel map on %d landmarks from %d node(s), D=%d (the rows and the "
         "kernel features), RBF width %.4g", len(marks), len(kept),
         len(marks) + marks.shape[1], bandwidth)
-    return KernelFeatures(marks, float(bandwidth))
+    return KernelFeatures(marks, float(bandwidth), raw_scale=scale)
 
 
 def _agree_columns(identities: dict[int, Identity], nodes: list[int],

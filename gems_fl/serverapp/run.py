@@ -77,7 +77,8 @@ def plan_line(plan: RunPlan) -> str:
     form = ("" if plan.layer_size is None or plan.space != "gram" else
             f"; Gram replies {'whole' if plan.gram_rank == 0 else f'rank {plan.gram_rank}'}"
             f"{', with class Gram matrices' if plan.class_grams is True else ''}")
-    return (f"{plan.model} on {plan.nodes} nodes: {point}{form}; the server holds "
+    model = f"{plan.model} ({plan.features})" if plan.features else plan.model
+    return (f"{model} on {plan.nodes} nodes: {point}{form}; the server holds "
             f"{plan.server_holds}; comparison rows: {plan.baselines}")
 
 
@@ -245,6 +246,8 @@ def _train(grid: Grid, settings: Settings, roster: Roster, timing: dict[str, flo
     num_features, num_classes = agreement.model_features, agreement.num_classes
     num_nodes = len(roster.participants)
     plan = build_plan(settings, num_nodes, num_features)
+    if agreement.features is not None:
+        plan = replace(plan, features=agreement.features.describe())
     log(INFO, "Plan: %s", plan_line(plan))
     options = server_options(settings, plan)
     if agreement.features is not None and agreement.features.raw_columns:

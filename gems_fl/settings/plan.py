@@ -61,6 +61,7 @@ class RunPlan:
     baselines: str
     profile: str
     device: str
+    features: str = ""  # the feature map the identity round agreed on, in words
 
     def to_dict(self) -> dict[str, Any]:
         """The plan as ``results.json`` holds it."""
@@ -88,7 +89,8 @@ def build_plan(settings: Settings, num_nodes: int, num_features: int) -> RunPlan
         options = replace(options, class_grams="true")  # the point needs them at any size
     if settings.model_kind.convex:
         size = num_features + 1
-        rank = gram_rank_for(options.gram_rank, size) if gram else 0
+        rank = gram_rank_for(options.gram_rank, size, settings.model_kind.gram_rank_share) \
+            if gram else 0
         sent = gram and options.label_moments and class_grams_for(
             options.class_grams, size, options.gram_rank)
         if settings.model_kind.feature_map is not None and options.class_grams == "auto":
