@@ -21,6 +21,7 @@ on the test set. :func:`run_sgd` tunes, then runs the full curve at the chosen r
 
 from __future__ import annotations
 
+import json
 import time
 from dataclasses import dataclass, field
 
@@ -62,6 +63,19 @@ def make_model(settings: Settings, num_features: int, num_classes: int) -> nn.Mo
     return settings.new_model(num_features, num_classes)
 
 
+_MAPPED: dict[str, np.ndarray] = {}  # a node's mapped training rows, for its later rounds
+
+
+def _mapped(data, features, node_config) -> np.ndarray:
+    """``features`` of the node's training rows, mapped once per process and map."""
+    key = json.dumps([dict(node_config), features.to_json()], sort_keys=True, default=str)
+    if key not in _MAPPED:
+        if len(_MAPPED) >= 32:
+            _MAPPED.clear()
+        _MAPPED[key] = features.transform(data.x_train)
+    return _MAPPED[key]
+
+
 @fedavg_client_app.train()
 def train(msg: Message, context: Context) -> Message:
     """Train the received model on this node's partition; reply with it and its size."""
@@ -70,7 +84,7 @@ def train(msg: Message, context: Context) -> Message:
     data = cast_node_arrays(load_node_data(settings, context.node_config))
     config = msg.content["config"]
     features = feature_map_from_config(config)
-    x_train = data.x_train if features is None else features.transform(data.x_train)
+    x_train = data.x_train if features is None else _mapped(data, features, context.node_config)
     model = make_model(settings, x_train.shape[1], data.num_classes)
     model.load_state_dict(msg.content["arrays"].to_torch_state_dict())
     round_index = int(config["server-round"])
@@ -126,6 +140,19 @@ def pooled_validation(settings: Settings, num_nodes: int, splits) -> tuple[np.nd
     return (np.concatenate([p[2] for p in parts]), np.concatenate([p[3] for p in parts]))
 
 
+_KERNEL_MAPS: dict[str, KernelFeatures] = {}
+
+
+def _kernel_map(settings: Settings, parts, bandwidth: float, num_inputs: int) -> KernelFeatures:
+    """The kernel map a GEMS run agrees on: each node's class centres, in node order."""
+    share = int(settings.landmarks) / sum(len(p[1]) for p in parts)
+    marks = np.concatenate([class_centres(p[0], p[1], share, int(settings.seed))[0]
+                            for p in parts])
+    scale = row_scale(mean_square_norm([feature_stats(p[0]) for p in parts], None, None),
+                      num_inputs)
+    return KernelFeatures(marks, bandwidth, raw_scale=scale)
+
+
 def feature_map(settings: Settings, num_nodes: int, splits) -> RandomFeatures | KernelFeatures | None:
     """The feature map a GEMS run with these settings agrees on (None for the other
     models): ``rf-bandwidth`` as set, or from the nodes' pooled training sums; the kernel
@@ -138,12 +165,11 @@ def feature_map(settings: Settings, num_nodes: int, splits) -> RandomFeatures | 
     if bandwidth is None:
         bandwidth = bandwidth_from_stats([feature_stats(p[0]) for p in parts])
     if kind is KERNEL_KIND:
-        share = int(settings.landmarks) / sum(len(p[1]) for p in parts)
-        marks = np.concatenate([class_centres(p[0], p[1], share, int(settings.seed))[0]
-                                for p in parts])
-        scale = row_scale(mean_square_norm([feature_stats(p[0]) for p in parts], None, None),
-                          splits.num_features)
-        return KernelFeatures(marks, float(bandwidth), raw_scale=scale)
+        key = json.dumps([settings.to_config(), num_nodes, float(bandwidth)], sort_keys=True,
+                         default=str)
+        if key not in _KERNEL_MAPS:  # k-means on every node: once per settings
+            _KERNEL_MAPS[key] = _kernel_map(settings, parts, float(bandwidth), splits.num_features)
+        return _KERNEL_MAPS[key]
     return RandomFeatures(settings.rf_map, splits.num_features, int(settings.rf_dim),
                           float(bandwidth), int(settings.seed))
 

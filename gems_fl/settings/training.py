@@ -43,14 +43,14 @@ class TrainingSettings:
 
     model: str = setting(
         LOGISTIC_KIND.name,
-        '`logistic`, `random-features` (on a random-feature map of the inputs), `kernel` (on '
-        'the rows beside Nyström features of the RBF kernel: `landmarks`) or `mlp` (one round '
-        'per hidden layer, then the output layer)',
+        '`logistic`, `random-features` (on a random-feature map of the inputs; '
+        'docs/random-features.md), `kernel` (on the rows beside Nyström features of the RBF '
+        'kernel; docs/kernel.md) or `mlp` (one round per hidden layer, then the output layer)',
         one_of(MODELS), node=True, user=True,
         detail='The convex models (`logistic`, `random-features`, `kernel`) run the spaces '
         'round, then the selection round (`[ROUND 1/2]`, `[ROUND 2/2]`); `random-features` '
         'draws its map from the seed (`rf-map`, `rf-dim`), `kernel` takes its landmarks from '
-        'class centres the nodes send in a landmark round (docs/random-features.md)')
+        'class centres the nodes send in a landmark round (docs/kernel.md)')
     rf_map: str = setting(
         'fourier',
         _ROW_RF,
@@ -64,7 +64,7 @@ class TrainingSettings:
         "`model='kernel'`: how many landmarks m the Nyström map takes: k-means centres of each "
         "class of each node's training rows, in proportion to its rows, each the mean of at "
         "least 5 rows (sent by the nodes in the landmark round); the model is the logistic "
-        "model on the rows beside the m kernel features (docs/random-features.md)",
+        "model on the rows beside the m kernel features (docs/kernel.md)",
         positive)
     rf_bandwidth: str = setting(
         'auto',
