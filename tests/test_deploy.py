@@ -107,6 +107,17 @@ def test_nn_over_tls_equals_the_simulation(federation, sites, tmp_path):
         [r["bytes_received"] for r in simulated["rounds"]]
 
 
+def test_kernel_model_over_tls_equals_the_simulation(federation, sites, tmp_path):
+    """The landmark round between SuperNode processes: the same centres, map and model
+    as in simulation; the saved model carries the landmarks."""
+    kernel = {"model": "kernel", "landmarks": 60}
+    deployed = _run(federation, tmp_path, **kernel)["results"]
+    simulated = run_in_process(NUM_NODES, tmp_path / "sim", node_configs=sites, **kernel)
+    _assert_same(deployed, simulated)
+    assert deployed["dataset"]["feature_map"] == simulated["dataset"]["feature_map"]
+    assert "feature-map.landmarks" in np.load(Path(deployed["output"]["model"])).files
+
+
 def test_node_whose_data_has_the_wrong_features_is_rejected(federation, tmp_path):
     rng = np.random.default_rng(0)
     bad = _write_site(tmp_path / "bad.npz", (rng.random((40, 32)), rng.integers(0, 10, 40),

@@ -207,3 +207,30 @@ def test_fedavg_trains_on_the_kernel_models_features():
 def _digits_splits(cfg):
     from gems_fl.data import load_dataset
     return load_dataset("digits", seed=int(cfg["seed"]))
+
+
+def test_the_landmarks_travel_once_and_a_node_that_lost_them_is_left_out_naming_why(tmp_path):
+    """Round 1 carries the landmarks; later messages name them by their hash, and each node
+    maps its rows with those it kept. A node whose state was lost answers an error."""
+    from client_app import app as client_app
+    from gems_fl.data.kernel_features import DIGEST_KEY, LANDMARKS_KEY
+    from gems_fl.protocol.landmarks import KEPT_KEY
+
+    seen = []
+
+    def app(msg: Message, context):
+        config = dict(msg.content.config_records.get(wire.CONFIG_KEY, {}))
+        if config.get("feature-map") == "kernel":
+            seen.append((msg.metadata.message_type, LANDMARKS_KEY in config, DIGEST_KEY in config))
+            if wire.CANDIDATES_KEY in msg.content.array_records and context.node_id == 1002:
+                del context.state.config_records[KEPT_KEY]  # e.g. a restarted node
+        return client_app(msg, context)
+
+    results = run_in_process(3, tmp_path, client=app, model="kernel", landmarks=80,
+                             **{"required-nodes": 2})
+    assert seen[:3] == [("train", True, False)] * 3  # round 1: the landmarks themselves
+    assert seen[3:] and all(not whole and digest for _, whole, digest in seen[3:])
+    lost = [x for r in results["rounds"] for x in r.get("rejected", [])
+            if x["node_id"] == 1002]
+    assert lost and "keeps no kernel landmarks of hash" in lost[0]["reason"]
+    assert results["verification"]["good_enough"] == 2

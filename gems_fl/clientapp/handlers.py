@@ -43,6 +43,10 @@ def node_settings(config: Mapping[str, Any], context: Context) -> Settings:
 
 def _node_data(settings: Settings, config: Mapping[str, Any], context: Context) -> NodeData:
     node_config = own_node_config(context.node_config, settings.site_files)
+    try:
+        config = landmarks.with_kept_landmarks(dict(config), context.state)
+    except ValueError as exc:
+        raise NodeDataError(f"node '{node_name(node_config)}': {exc}") from None
     agreement = DataAgreement.from_config(config)
     return LOADED.get(settings, node_config, agreement,
                       lambda: cast_node_arrays(load_node_data(settings, node_config, agreement)))

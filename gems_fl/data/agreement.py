@@ -69,8 +69,10 @@ class DataAgreement:
             return x
         return self.features.transform(x)
 
-    def to_config(self) -> dict[str, Any]:
-        """Extra ``config`` keys for the train and evaluate messages."""
+    def to_config(self, landmarks: bool = True) -> dict[str, Any]:
+        """Extra ``config`` keys for the train and evaluate messages (``landmarks=False``:
+        the kernel map's landmarks by their hash only, for the messages after a node got
+        them)."""
         out: dict[str, Any] = {FEATURES_KEY: int(self.num_features),
                                CLASSES_KEY: [str(c) for c in self.classes]}
         if self.mean is not None and self.std is not None:
@@ -79,7 +81,8 @@ class DataAgreement:
         if self.columns is not None:
             out[COLUMNS_KEY] = list(self.columns)
         if self.features is not None:
-            out.update(self.features.to_config())
+            out.update(self.features.to_config(landmarks) if isinstance(self.features, KernelFeatures)
+                       else self.features.to_config())
         return out
 
     def to_json(self) -> dict[str, Any]:

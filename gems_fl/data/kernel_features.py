@@ -35,6 +35,8 @@ MIN_ROWS_PER_LANDMARK = 5  # a landmark is the mean of at least this many of a n
 EIGEN_FLOOR = 1e-6  # eigenvalues of K(L, L) below this times the largest are raised to it
 CHUNK_ROWS = 2048  # rows mapped at once: bounds the (rows x m) temporaries
 MAP_NAME = "kernel"
+LANDMARKS_KEY = "kernel-landmarks"  # config key: the landmarks, float32 bytes
+DIGEST_KEY = "kernel-landmarks-sha256"  # config key: their hash, where a node keeps them
 
 
 @dataclass(frozen=True)
@@ -125,9 +127,13 @@ class KernelFeatures:
             out[start:start + CHUNK_ROWS, start_k:] = part @ proj
         return out
 
-    def to_config(self) -> dict[str, Any]:
-        """The map as message config keys (the landmarks as float32 bytes)."""
-        return {"feature-map": MAP_NAME, "kernel-landmarks": self.landmarks.tobytes(),
+    def to_config(self, landmarks: bool = True) -> dict[str, Any]:
+        """The map as message config keys: the landmarks as float32 bytes, or
+        (``landmarks=False``) only their hash, for a node that keeps them from an earlier
+        message of the run (:mod:`gems_fl.protocol.landmarks`)."""
+        held = ({LANDMARKS_KEY: self.landmarks.tobytes()} if landmarks
+                else {DIGEST_KEY: self.digest()})
+        return {"feature-map": MAP_NAME, **held,
                 "kernel-shape": [self.num_landmarks, self.num_inputs],
                 "rf-bandwidth": float(self.bandwidth), "kernel-raw": bool(self.raw),
                 "kernel-raw-scale": float(self.raw_scale)}
@@ -149,7 +155,10 @@ class KernelFeatures:
         if config.get("feature-map") != MAP_NAME:
             return None
         m, d = (int(v) for v in config["kernel-shape"])
-        marks = np.frombuffer(bytes(config["kernel-landmarks"]), dtype=np.float32)
+        if LANDMARKS_KEY not in config:
+            raise ValueError("the message names the kernel map's landmarks by their hash "
+                             f"({config.get(DIGEST_KEY)}) but carries none")
+        marks = np.frombuffer(bytes(config[LANDMARKS_KEY]), dtype=np.float32)
         if marks.size != m * d:
             raise ValueError(f"the kernel map's landmarks hold {marks.size} numbers, not {m} x {d}")
         return cls(marks.reshape(m, d), float(config["rf-bandwidth"]), bool(config["kernel-raw"]),

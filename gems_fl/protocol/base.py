@@ -102,23 +102,31 @@ class GEMSBase(Strategy):
     extra_config : dict, optional
         Keys added to the node config in every train message (the identity round's
         :class:`gems_fl.data.agreement.DataAgreement`).
+    later_config : dict, optional
+        The same after round 1 (default: ``extra_config``): the kernel map's landmarks
+        by their hash.
     """
 
     def __init__(self, options: ServerOptions, participants: list[int] | None = None,
                  names: Mapping[int, str] | None = None,
-                 extra_config: Mapping[str, Any] | None = None) -> None:
+                 extra_config: Mapping[str, Any] | None = None,
+                 later_config: Mapping[str, Any] | None = None) -> None:
         self.options = options
         self.extra_config = dict(extra_config or {})  # the data agreement, for every node
+        # after round 1: the same agreement, the kernel map's landmarks by their hash only
+        self.later_config = dict(self.extra_config if later_config is None else later_config)
         self.participants = participants
         self.names = dict(names or {})
         self.outcome: ConvexOutcome | None = None
         self._messages: list[Message] = []
         self._t0 = 0.0
 
-    def node_config(self) -> dict[str, Any]:
+    def node_config(self, first: bool = False) -> dict[str, Any]:
         """What every train message's config record carries: the nodes' settings and
-        the data agreement."""
-        return {**self.options.exchange.node_config, **self.extra_config}
+        the data agreement (whole in round 1, ``first``; later the kernel map's landmarks
+        by their hash, which the nodes keep from round 1)."""
+        return {**self.options.exchange.node_config,
+                **(self.extra_config if first else self.later_config)}
 
     def _send(self, content: RecordDict, nodes: list[int], server_round: int) -> list[Message]:
         """One train message per node; each lives ``round-timeout`` seconds (its TTL), so

@@ -20,6 +20,7 @@ share allows) and rejects a bad one naming the node; the run goes on with the ot
 
 from __future__ import annotations
 
+import hashlib
 import time
 from logging import INFO
 from typing import Any
@@ -30,13 +31,14 @@ from flwr.common.logger import log
 from flwr.serverapp import Grid
 
 from gems_fl.data.agreement import DataAgreement
-from gems_fl.data.kernel_features import MIN_ROWS_PER_LANDMARK, class_centres
+from gems_fl.data.kernel_features import DIGEST_KEY, MIN_ROWS_PER_LANDMARK, class_centres
+from gems_fl.data.kernel_features import LANDMARKS_KEY as LANDMARKS_KEY_CONFIG
 from gems_fl.protocol import wire
 from gems_fl.protocol.options import Exchange
 from gems_fl.protocol.replies import ReplyError, validate_replies
 
 __all__ = ["SHARE_KEY", "collect_landmarks", "decode_landmarks", "encode_landmarks",
-           "is_landmark_query", "landmarks_content"]
+           "is_landmark_query", "landmarks_content", "with_kept_landmarks"]
 
 SHARE_KEY = "landmark-share"
 LANDMARKS_KEY = "landmarks"
@@ -119,3 +121,31 @@ def collect_landmarks(grid: Grid, exchange: Exchange, agreement: DataAgreement,
                                     if not r.has_error()),
               "wall_s": time.perf_counter() - t0, "landmarks": total}
     return centres, rejected, report
+
+
+#: a node's state record holding the kernel map's landmarks between the messages of a run
+KEPT_KEY = "gems-kernel-landmarks"
+
+
+def with_kept_landmarks(config: dict[str, Any], state: RecordDict) -> dict[str, Any]:
+    """A message's config with the kernel map's landmarks: those it carries are kept in
+    the node's ``state`` (round 1); a later message names them by their hash and gets them
+    from there.
+
+    Raises ``ValueError`` where the node keeps no landmarks of that hash (a node that did
+    not take part in round 1, or whose state was lost): the node answers with that error
+    and the server leaves it out of the round, naming it.
+    """
+    if config.get("feature-map") != "kernel":
+        return config
+    if LANDMARKS_KEY_CONFIG in config:
+        state.config_records[KEPT_KEY] = ConfigRecord({
+            "digest": hashlib.sha256(bytes(config[LANDMARKS_KEY_CONFIG])).hexdigest()[:16],
+            "landmarks": bytes(config[LANDMARKS_KEY_CONFIG])})
+        return config
+    wanted = str(config.get(DIGEST_KEY, ""))
+    kept = state.config_records.get(KEPT_KEY)
+    if kept is None or str(kept["digest"]) != wanted:
+        raise ValueError(f"this node keeps no kernel landmarks of hash {wanted} (it got none in "
+                         "this run's round 1, or its state was lost); it cannot map its rows")
+    return {**config, LANDMARKS_KEY_CONFIG: bytes(kept["landmarks"])}

@@ -64,8 +64,9 @@ class GEMS(GEMSBase):
     def __init__(self, options: ServerOptions, shapes: dict[str, tuple[int, ...]],
                  participants: list[int] | None = None,
                  names: Mapping[int, str] | None = None,
-                 extra_config: Mapping[str, Any] | None = None) -> None:
-        super().__init__(options, participants, names, extra_config)
+                 extra_config: Mapping[str, Any] | None = None,
+                 later_config: Mapping[str, Any] | None = None) -> None:
+        super().__init__(options, participants, names, extra_config, later_config)
         self.shapes = shapes
         self.rounds: list[dict[str, Any]] = []
         self.point: np.ndarray | None = None  # h_G, then refined by each refinement round
@@ -113,7 +114,7 @@ class GEMS(GEMSBase):
             log(INFO, "Round 1: %d nodes; the server keeps only the sums of their Gram "
                 "statistics (server-grams=%s), and each node checks h_G against its own "
                 "space", len(self._sent_to), self.options.server_grams)
-        config = self.node_config()
+        config = self.node_config(first=True)
         if self.options.secure_aggregation:
             config[SECURE_PREPARE_KEY] = 1
         content = wire.encode_config(config)

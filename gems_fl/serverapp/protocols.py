@@ -51,8 +51,10 @@ from gems_fl.settings import Settings
 MAX_LOCALS_SENT = 20
 
 
-def extra_config(roster: Roster) -> dict[str, Any]:
-    return roster.agreement.to_config() if roster.agreement is not None else {}
+def extra_config(roster: Roster, first: bool = False) -> dict[str, Any]:
+    """The agreement every message carries: whole in round 1 (``first``), the kernel map's
+    landmarks by their hash after it (each node keeps them from round 1)."""
+    return roster.agreement.to_config(landmarks=first) if roster.agreement is not None else {}
 
 
 def assemble_mlp(
@@ -80,7 +82,8 @@ def run_convex(grid: Grid, settings: Settings, options: ServerOptions, roster: R
     refinement rounds (``test_accuracy`` scores the model after each round, if given)."""
     strategy = GEMS(options, param_shapes(num_features, num_classes),
                     participants=roster.participants, names=roster.names,
-                    extra_config=extra_config(roster))
+                    extra_config=extra_config(roster, first=True),
+                    later_config=extra_config(roster))
     scores: dict[int, float] = {}
 
     def evaluate(server_round: int, arrays: ArrayRecord) -> MetricRecord | None:
