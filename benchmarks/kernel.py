@@ -184,6 +184,8 @@ def one_run(division: str, nodes: int, seed: int, extra: dict) -> dict:
             "point": results["intersection"]["method"],
             "bytes_up_per_node": sum(up) / nodes, "bytes_down_per_node": sum(down) / nodes,
             "wall_s": wall, "good_enough": results["verification"]["good_enough"],
+            "one_shot_accuracy": next((r["test_accuracy"] for r in results.get("refinement", [])
+                                       if r["kind"] == "selection"), None),
             "plan": results.get("plan"),
             "candidates": (results["intersection"].get("selection") or {}).get("candidates"),
             "timing_s": results.get("timing_s")}
@@ -194,7 +196,7 @@ def federated(args) -> list[dict]:
     for text in args.divisions:
         spec, _, nodes = text.rpartition(":")
         for seed in args.seeds:
-            for refine in sorted({0, args.refine}):
+            for refine in ([] if args.one_shot is not None else sorted({0, args.refine})):
                 extra = {"refine-rounds": refine, **_settings(args.set)}
                 records.append(one_run(spec, int(nodes), seed, extra))
                 r = records[-1]
@@ -202,9 +204,10 @@ def federated(args) -> list[dict]:
                       f"good enough {r['good_enough']}, {r['wall_s']:.0f} s", flush=True)
                 write_envelope("kernel", args.out, records)
             if args.fedavg:
-                one_shot = next(r["accuracy"] for r in records if r.get("division") == spec
-                                and r.get("seed") == seed and "good_enough" in r
-                                and not r["settings"].get("refine-rounds"))
+                one_shot = args.one_shot if args.one_shot is not None else next(
+                    r["accuracy"] for r in records if r.get("division") == spec
+                    and r.get("seed") == seed and "good_enough" in r
+                    and not r["settings"].get("refine-rounds"))
                 records.append(fedavg(spec, int(nodes), seed, args, one_shot))
                 write_envelope("kernel", args.out, records)
     print_table(["division", "seed", "refine", "m", "D", "test accuracy", "good enough",
@@ -277,6 +280,8 @@ def main() -> None:
     f.add_argument("--seeds", type=int, nargs="+", default=[0])
     f.add_argument("--refine", type=int, default=0)
     f.add_argument("--fedavg", type=int, default=0, metavar="ROUNDS")
+    f.add_argument("--one-shot", type=float, default=None, metavar="ACCURACY",
+                   help="with --fedavg: GEMS's one-shot accuracy measured before (no GEMS run)")
     f.add_argument("--lr-grid", type=float, nargs="+", default=[0.03, 0.1, 0.3, 1.0])
     f.add_argument("--tune-rounds", type=int, default=10)
     f.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE")

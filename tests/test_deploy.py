@@ -110,7 +110,7 @@ def test_nn_over_tls_equals_the_simulation(federation, sites, tmp_path):
 def test_kernel_model_over_tls_equals_the_simulation(federation, sites, tmp_path):
     """The landmark round between SuperNode processes: the same centres, map and model
     as in simulation; the saved model carries the landmarks."""
-    kernel = {"model": "kernel", "landmarks": 60}
+    kernel = {"model": "kernel", "kernel-landmarks": 60}
     deployed = _run(federation, tmp_path, **kernel)["results"]
     simulated = run_in_process(NUM_NODES, tmp_path / "sim", node_configs=sites, **kernel)
     _assert_same(deployed, simulated)

@@ -95,7 +95,7 @@ def test_a_malformed_landmark_reply_is_refused_naming_why(how, reason):
 
 
 def test_the_kernel_model_runs_end_to_end_and_the_saved_model_predicts_raw_rows(tmp_path):
-    results = run_in_process(3, tmp_path, model="kernel", landmarks=150,
+    results = run_in_process(3, tmp_path, model="kernel", **{"kernel-landmarks": 150},
                              **{"label-division": "dirichlet:0.5"})
     fmap = results["dataset"]["feature_map"]
     assert 0 < fmap["landmarks"] <= 150 and fmap["dim"] == 64 + fmap["landmarks"]
@@ -121,7 +121,7 @@ def test_a_node_that_sends_bad_landmarks_is_left_out_and_the_run_goes_on(tmp_pat
                 np.full((2, 64), np.nan, np.float32), np.full(2, 10)), reply_to=msg)
         return reply
 
-    results = run_in_process(3, tmp_path, client=app, model="kernel", landmarks=100,
+    results = run_in_process(3, tmp_path, client=app, model="kernel", **{"kernel-landmarks": 100},
                              **{"required-nodes": 2})
     rejected = [r for r in results["rejected"] if "NaN" in r["reason"]]
     assert [r["node_id"] for r in rejected] == [1001]
@@ -163,7 +163,7 @@ def test_the_selection_round_may_keep_the_linear_model_so_the_kernel_model_is_no
 
 
 def test_secure_aggregation_runs_the_kernel_model(tmp_path):
-    results = run_in_process(3, tmp_path, model="kernel", landmarks=60,
+    results = run_in_process(3, tmp_path, model="kernel", **{"kernel-landmarks": 60},
                              **{"label-division": "iid", "baselines": "none",
                                 "secure-aggregation": True})
     assert results["privacy"]["secure_aggregation"]
@@ -178,7 +178,7 @@ def test_the_classifier_fits_the_kernel_model_on_unscaled_sites_and_saves_the_ma
     from tests.test_api import _wine_sites
 
     sites, x_test, y_test = _wine_sites()
-    clf = GEMSClassifier(eps=0.5, model="kernel", settings={"landmarks": 20}).fit(sites)
+    clf = GEMSClassifier(eps=0.5, model="kernel", settings={"kernel-landmarks": 20}).fit(sites)
     features = clf.model_.features
     assert isinstance(features, KernelFeatures) and features.num_inputs == 13
     assert 0 < features.num_landmarks <= 20 and features.dim == 13 + features.num_landmarks
@@ -195,7 +195,7 @@ def test_fedavg_trains_on_the_kernel_models_features():
     from gems_fl.evaluation.fedavg import feature_map, run_federated
     from tests.helpers import FAST, app_defaults
 
-    cfg = {**app_defaults(), **FAST, "model": "kernel", "landmarks": 40}
+    cfg = {**app_defaults(), **FAST, "model": "kernel", "kernel-landmarks": 40}
     fmap = feature_map(Settings.from_run_config(cfg), 3, _digits_splits(cfg))
     assert isinstance(fmap, KernelFeatures) and fmap.dim == 64 + fmap.num_landmarks
     curve = run_federated(cfg, 3, "fedavg", num_rounds=3, local_epochs=5)
@@ -226,7 +226,7 @@ def test_the_landmarks_travel_once_and_a_node_that_lost_them_is_left_out_naming_
                 del context.state.config_records[KEPT_KEY]  # e.g. a restarted node
         return client_app(msg, context)
 
-    results = run_in_process(3, tmp_path, client=app, model="kernel", landmarks=80,
+    results = run_in_process(3, tmp_path, client=app, model="kernel", **{"kernel-landmarks": 80},
                              **{"required-nodes": 2})
     assert seen[:3] == [("train", True, False)] * 3  # round 1: the landmarks themselves
     assert seen[3:] and all(not whole and digest for _, whole, digest in seen[3:])

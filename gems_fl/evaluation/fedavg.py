@@ -145,7 +145,7 @@ _KERNEL_MAPS: dict[str, KernelFeatures] = {}
 
 def _kernel_map(settings: Settings, parts, bandwidth: float, num_inputs: int) -> KernelFeatures:
     """The kernel map a GEMS run agrees on: each node's class centres, in node order."""
-    share = int(settings.landmarks) / sum(len(p[1]) for p in parts)
+    share = int(settings.kernel_landmarks) / sum(len(p[1]) for p in parts)
     marks = np.concatenate([class_centres(p[0], p[1], share, int(settings.seed))[0]
                             for p in parts])
     scale = row_scale(mean_square_norm([feature_stats(p[0]) for p in parts], None, None),

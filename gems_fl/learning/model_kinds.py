@@ -73,7 +73,7 @@ class ModelKind:
                     f"D={rf.get('rf-dim', cfg.get('rf-dim'))}")
         if self.feature_map == "kernel":
             fmap = meta.get("feature_map") or {}
-            return (f"logistic on the rows and {fmap.get('landmarks', cfg.get('landmarks'))} "
+            return (f"logistic on the rows and {fmap.get('landmarks', cfg.get('kernel-landmarks'))} "
                     f"Nystrom features, D={fmap.get('dim', '?')}")
         if self.layerwise:
             return (f"MLP hidden {cfg['hidden']} -> aggregated {results.get('hidden_widths')}, "
@@ -86,8 +86,8 @@ RANDOM_FEATURES_KIND = ModelKind("random-features", convex=True, feature_map="ra
                                  settings=("rf-map", "rf-dim", "rf-bandwidth"),
                                  width=lambda s, inputs: int(s.rf_dim or 0))
 KERNEL_KIND = ModelKind("kernel", convex=True, feature_map="kernel",
-                        settings=("landmarks", "rf-bandwidth"),
-                        width=lambda s, inputs: int(s.landmarks or 0) + inputs, gram_rank_share=5)
+                        settings=("kernel-landmarks", "rf-bandwidth"),
+                        width=lambda s, inputs: int(s.kernel_landmarks or 0) + inputs, gram_rank_share=5)
 MLP_KIND = ModelKind("mlp", convex=False, settings=("hidden", "dropout", "eps-neuron",
                                                "neuron-criterion", "neuron-delta", "clusters"))
 

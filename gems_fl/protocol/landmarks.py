@@ -31,7 +31,7 @@ from flwr.common.logger import log
 from flwr.serverapp import Grid
 
 from gems_fl.data.agreement import DataAgreement
-from gems_fl.data.kernel_features import DIGEST_KEY, MIN_ROWS_PER_LANDMARK, class_centres
+from gems_fl.data.kernel_features import DIGEST_KEY, MAP_NAME, MIN_ROWS_PER_LANDMARK, class_centres
 from gems_fl.data.kernel_features import LANDMARKS_KEY as LANDMARKS_KEY_CONFIG
 from gems_fl.protocol import wire
 from gems_fl.protocol.options import Exchange
@@ -136,7 +136,7 @@ def with_kept_landmarks(config: dict[str, Any], state: RecordDict) -> dict[str, 
     not take part in round 1, or whose state was lost): the node answers with that error
     and the server leaves it out of the round, naming it.
     """
-    if config.get("feature-map") != "kernel":
+    if config.get("feature-map") != MAP_NAME:
         return config
     if LANDMARKS_KEY_CONFIG in config:
         state.config_records[KEPT_KEY] = ConfigRecord({

@@ -117,7 +117,7 @@ def agreement_rule(settings: Settings) -> AgreementRule:
                                           parse_rf_bandwidth(settings.rf_bandwidth),
                                           int(settings.seed))
                          if settings.model_kind is RANDOM_FEATURES_KIND else None,
-                         kernel=(int(settings.landmarks), parse_rf_bandwidth(settings.rf_bandwidth),
+                         kernel=(int(settings.kernel_landmarks), parse_rf_bandwidth(settings.rf_bandwidth),
                                  int(settings.seed))
                          if settings.model_kind is KERNEL_KIND else None)
 

@@ -59,8 +59,8 @@ class TrainingSettings:
         2048,
         _ROW_RF,
         positive)
-    landmarks: int = setting(
-        2000,
+    kernel_landmarks: int = setting(
+        3000,
         "`model='kernel'`: how many landmarks m the Nyström map takes: k-means centres of each "
         "class of each node's training rows, in proportion to its rows, each the mean of at "
         "least 5 rows (sent by the nodes in the landmark round); the model is the logistic "
