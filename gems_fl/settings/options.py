@@ -137,8 +137,9 @@ def server_options(settings: Settings, plan: Any) -> ServerOptions:
     the nodes receive, what the server holds, the refinement penalty)."""
     return ServerOptions(
         exchange=exchange(settings, plan), seed=int(settings.seed),
-        space=space_options(settings) if plan.layer_size is None or settings.space != "gram"
-        else replace(space_options(settings), gram_rank=plan.gram_rank),  # as the nodes send
+        # the rank the plan resolved, as the nodes send it (unread by spaces of other kinds)
+        space=space_options(settings) if plan.layer_size is None
+        else replace(space_options(settings), gram_rank=plan.gram_rank),
         aggregate=aggregate_options(settings),
         pooled_ridges=tuple(settings.pooled_ridges), selects=bool(settings.refine_rounds)
         or wants_ridge_choice(settings), refine_rounds=int(settings.refine_rounds),
