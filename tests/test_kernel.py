@@ -128,9 +128,46 @@ def test_a_node_that_sends_bad_landmarks_is_left_out_and_the_run_goes_on(tmp_pat
     assert len(results["participants"]) == 2 and results["verification"]["good_enough"] == 2
 
 
-def test_the_kernel_model_is_refused_under_dp_with_a_reason():
-    with pytest.raises(SettingsError, match="landmarks"):
-        Settings(model="kernel", dp_epsilon=4.0, rf_bandwidth="5", standardize="off")
+def test_under_dp_the_kernel_model_needs_the_servers_public_rows():
+    with pytest.raises(SettingsError, match="public-samples above 0"):
+        Settings(model="kernel", dp_epsilon=4.0, public_samples=0, standardize="off")
+    with pytest.raises(SettingsError, match="public-data"):
+        Settings(model="kernel", dp_epsilon=4.0, dataset="node-files", standardize="off")
+    Settings(model="kernel", dp_epsilon=4.0, public_samples=100, standardize="off")
+
+
+def test_under_dp_the_landmarks_are_the_servers_public_rows_and_no_node_sends_any(tmp_path):
+    """dp-epsilon: no landmark round; the map's landmarks are the server's public sample
+    (rows no node holds), its width and scale from them; nodes send only noised sums."""
+    from gems_fl.data.agreement import DataAgreement
+    from gems_fl.evaluation.server_data import public_landmark_rows
+
+    asked = []
+
+    def app(msg: Message, context):
+        asked.append(dict(wire.decode_config(msg.content)))
+        from client_app import app as real
+        return real(msg, context)
+
+    overrides = {"kernel-landmarks": 500, "public-samples": 120, "dp-epsilon": 8.0,
+                 "dp-seeded-noise": True, "label-division": "dirichlet:0.5", "seed": 3}
+    results = run_in_process(3, tmp_path, client=app, model="kernel", **overrides)
+    assert not any(landmark_round.SHARE_KEY in c for c in asked)
+    assert results["identify"].get("landmark_round") is None
+    fmap = results["dataset"]["feature_map"]
+    assert fmap["landmarks-from"] == "the server's public rows" and fmap["landmarks"] == 120
+    assert results["privacy"]["dp"]["epsilon"] == 8.0
+    public, _ = public_landmark_rows(
+        Settings(dataset="digits", public_samples=120, seed=3, standardize="off"),
+        DataAgreement(64, [str(i) for i in range(10)], None, None, None, None))
+    marks = load_model(tmp_path / "run-1").features.landmarks
+    np.testing.assert_array_equal(np.sort(marks, axis=0), np.sort(public, axis=0))
+    assert results["rows"]["GEMS"]["accuracy"] > 0.5
+    # more rows than landmarks asked: class centres of the public rows, each class's
+    # count rounded (so within half a landmark per class of those asked)
+    again = run_in_process(3, tmp_path / "fewer", model="kernel",
+                           **{**overrides, "kernel-landmarks": 40})
+    assert abs(again["dataset"]["feature_map"]["landmarks"] - 40) <= 10 / 2
 
 
 def test_the_estimator_fits_a_kernel_model():

@@ -34,6 +34,9 @@ __all__ = ["MIN_ROWS_PER_LANDMARK", "KernelFeatures", "class_centres", "landmark
 MIN_ROWS_PER_LANDMARK = 5  # a landmark is the mean of at least this many of a node's rows
 EIGEN_FLOOR = 1e-6  # eigenvalues of K(L, L) below this times the largest are raised to it
 CHUNK_ROWS = 2048  # rows mapped at once: bounds the (rows x m) temporaries
+#: the last projection solved, by landmarks and width: in a simulation every node and the
+#: server build the same map from the config, and its eigendecomposition costs seconds
+_PROJECTIONS: dict[tuple[bytes, float], np.ndarray] = {}
 MAP_NAME = "kernel"
 LANDMARKS_KEY = "kernel-landmarks"  # config key: the landmarks, float32 bytes
 DIGEST_KEY = "kernel-landmarks-sha256"  # config key: their hash, where a node keeps them
@@ -48,6 +51,8 @@ class KernelFeatures:
     bandwidth: float
     raw: bool = True
     raw_scale: float = 1.0  # the rows beside are multiplied by it (row_scale)
+    #: where the landmarks came from, in words (the run plan and results.json say it)
+    source: str = field(default="class centres the nodes sent", compare=False)
     _projection: list = field(default_factory=list, init=False, repr=False, compare=False)
 
     JSON_KEY = "feature_map"  # results.json's dataset record names the map by it
@@ -86,7 +91,7 @@ class KernelFeatures:
 
     def describe(self) -> str:
         """The map in words, for the run plan."""
-        return (f"{self.num_landmarks} landmarks: class centres the nodes sent; "
+        return (f"{self.num_landmarks} landmarks: {self.source}; "
                 f"{'the rows beside, ' if self.raw else ''}D={self.dim}, RBF width {self.bandwidth:.4g}")
 
     def digest(self) -> str:
@@ -96,13 +101,22 @@ class KernelFeatures:
     def projection(self) -> np.ndarray:
         """``P = sqrt(m) K(L, L)^{-1/2}`` as float32 ``(m, m)``, computed once."""
         if not self._projection:
-            gram = self._kernel(self.landmarks.astype(np.float64), self.landmarks.astype(np.float64))
-            values, vectors = np.linalg.eigh(gram)
-            values = np.maximum(values, EIGEN_FLOOR * max(float(values[-1]), 1e-300))
-            # sqrt(m): a kernel feature's mean square about 1, as a scaled row feature's
-            scale = np.sqrt(self.num_landmarks / values)
-            self._projection.append((vectors * scale).astype(np.float32))
+            key = (self.landmarks.tobytes(), float(self.bandwidth))
+            if key not in _PROJECTIONS:  # the nodes of one process share the map
+                _PROJECTIONS.clear()
+                _PROJECTIONS[key] = self._solve_projection()
+            self._projection.append(_PROJECTIONS[key])
         return self._projection[0]
+
+    def _solve_projection(self) -> np.ndarray:
+        gram = self._kernel(self.landmarks.astype(np.float64), self.landmarks.astype(np.float64))
+        values, vectors = np.linalg.eigh(gram)
+        values = np.maximum(values, EIGEN_FLOOR * max(float(values[-1]), 1e-300))
+        # sqrt(m): a kernel feature's mean square about 1, as a scaled row feature's
+        scale = np.sqrt(self.num_landmarks / values)
+        out = (vectors * scale).astype(np.float32)
+        out.flags.writeable = False
+        return out
 
     def _kernel(self, x: np.ndarray, marks: np.ndarray) -> np.ndarray:
         sq = (np.einsum("ij,ij->i", x, x)[:, None] + np.einsum("ij,ij->i", marks, marks)[None, :]
@@ -143,7 +157,7 @@ class KernelFeatures:
         return {"feature-map": MAP_NAME, "landmarks": self.num_landmarks,
                 "inputs": self.num_inputs, "dim": self.dim, "rf-bandwidth": float(self.bandwidth),
                 "raw": bool(self.raw), "raw-scale": float(self.raw_scale),
-                "landmarks-sha256": self.digest()}
+                "landmarks-sha256": self.digest(), "landmarks-from": self.source}
 
     def arrays(self) -> dict[str, np.ndarray]:
         """What a saved model carries beside its weights."""

@@ -93,6 +93,33 @@ def load_server_data(
 
 
 
+def public_landmark_rows(settings: Settings, agreement) -> tuple[np.ndarray, np.ndarray]:
+    """The server's own public rows for the kernel map's landmarks under ``dp-epsilon``,
+    scaled as the nodes scale theirs (the agreement's scaling; ``node``: the rows' own),
+    with their class indices: the ``public-data`` file, else (a named dataset) the public
+    sample a simulation's server draws (``public-samples`` rows no node holds)."""
+    from gems_fl.data.agreement import NODE_FILES
+    from gems_fl.data.site_files import combine_stats, feature_stats
+
+    if settings.public_data.strip():
+        public = load_public_data(settings, agreement)
+        return public.x, public.y
+    if settings.dataset == NODE_FILES:
+        raise ValueError("model='kernel' under dp-epsilon takes its landmarks from the server's "
+                         "public rows: give the server a public-data file of the sites' features")
+    splits = load_dataset(settings.dataset, seed=settings.seed, data_dir=settings.data_dir or None,
+                          features=FeatureOptions.from_settings(settings))
+    x, y = draw_public_sample(splits.public_x, splits.public_y,
+                              min(settings.public_samples, len(splits.public_y)), settings.seed)
+    x = np.asarray(x, dtype=np.float64)
+    if agreement.mean is not None:
+        x = (x - agreement.mean) / agreement.std
+    elif settings.standardize == "node" and len(x):
+        mean, std = combine_stats([feature_stats(x)])
+        x = (x - mean) / std
+    return x.astype(np.float32), np.asarray(y)
+
+
 @dataclass
 class PublicData:
     """The server's own ``public-data`` file: a sample to tune on (``x``, ``y``) and

@@ -9,9 +9,11 @@ They are built from the run settings and the run plan in
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
+
+import numpy as np
 
 from gems_fl.data.feature_ranges import FeatureRanges
 from gems_fl.geometry.dp import DPSpec
@@ -57,6 +59,10 @@ class AgreementRule:
     random_features: tuple[str, int, float | None, int] | None = None
     #: model='kernel': (landmarks m, bandwidth or None for the sums' rule, seed)
     kernel: tuple[int, float | None, int] | None = None
+    #: model='kernel' under dp-epsilon: ``agreement -> (rows, labels)``, the server's own
+    #: public rows scaled as the nodes scale theirs; the landmarks, the RBF width and the
+    #: rows' scale come from them, and no landmark round runs (nothing of a node's unnoised)
+    public_rows: Callable[[Any], tuple[np.ndarray, np.ndarray]] | None = None
 
 
 @dataclass(frozen=True)

@@ -24,11 +24,12 @@ from flwr.serverapp import Grid
 
 from gems_fl.data.agreement import NODE_FILES, DataAgreement
 from gems_fl.data.datasets import DATASET_SHAPES
-from gems_fl.data.kernel_features import KernelFeatures, mean_square_norm, row_scale
+from gems_fl.data.kernel_features import KernelFeatures, class_centres, mean_square_norm, row_scale
 from gems_fl.data.random_features import BANDWIDTH_FACTOR, RandomFeatures, bandwidth_from_stats
 from gems_fl.data.site_columns import column_difference, vote_columns
 from gems_fl.data.site_files import (
     combine_stats,
+    feature_stats,
     parse_classes,
     sort_classes,
 )
@@ -138,7 +139,7 @@ def identify_nodes(grid: Grid, node_ids: list[int], exchange: Exchange,
             entry["node_name"] = name
     agreement, refused = agree(identities, rule)
     landmark_report = None
-    if rule.kernel is not None and agreement is not None:
+    if rule.kernel is not None and rule.public_rows is None and agreement is not None:
         identities, lost, landmark_report = _landmark_round(
             grid, exchange, rule, agreement, identities, refused)
         rejected.extend(lost)
@@ -300,6 +301,10 @@ def agree(identities: dict[int, Identity], rule: AgreementRule
     features = None
     if rule.random_features is not None:
         features = _feature_map(identities, refused, columns, rule, num_features, std)
+    elif rule.kernel is not None and rule.public_rows is not None:
+        if any(n not in refused for n in identities):
+            features = _public_kernel_map(
+                rule, DataAgreement(num_features, classes, mean, std, columns, None))
     elif rule.kernel is not None:
         features = _kernel_map(identities, refused, columns, rule, mean, std)
     return DataAgreement(num_features, classes, mean, std, columns, features), refused
@@ -350,6 +355,32 @@ def _kernel_map(identities: dict[int, Identity], refused: dict[int, str],
         "kernel features), RBF width %.4g", len(marks), len(kept),
         len(marks) + marks.shape[1], bandwidth)
     return KernelFeatures(marks, float(bandwidth), raw_scale=scale)
+
+
+def _public_kernel_map(rule: AgreementRule, agreement: DataAgreement) -> KernelFeatures:
+    """The Nyström map from the server's own public rows (``dp-epsilon``): the rows
+    themselves as landmarks where they are no more than asked, else k-means centres of
+    each class's rows; the RBF width and the rows' scale from the same rows. Nothing a
+    node holds enters the map, so no privacy budget is spent on it."""
+    count, bandwidth, seed = rule.kernel
+    rows, labels = rule.public_rows(agreement)
+    rows = np.asarray(rows, dtype=np.float32)
+    if rows.ndim != 2 or len(rows) < 2 or rows.shape[1] != agreement.num_features:
+        raise ValueError(f"model='kernel' under dp-epsilon takes its landmarks from the server's "
+                         f"public rows, and it holds {len(rows)} of shape {rows.shape}; give "
+                         f"the server at least 2 rows of {agreement.num_features} features "
+                         "(public-samples in a simulation, public-data otherwise)")
+    marks = rows if len(rows) <= count else class_centres(
+        rows, np.asarray(labels), count / len(rows), seed, min_rows=1)[0]
+    stats = [feature_stats(rows)]  # already scaled as the nodes scale theirs
+    if bandwidth is None:
+        bandwidth = bandwidth_from_stats(stats)
+    scale = row_scale(mean_square_norm(stats, None, None), marks.shape[1])
+    log(INFO, "Identify: kernel map on %d landmarks from the server's %d public rows, D=%d "
+        "(the rows and the kernel features), RBF width %.4g", len(marks), len(rows),
+        len(marks) + marks.shape[1], bandwidth)
+    return KernelFeatures(marks, float(bandwidth), raw_scale=scale,
+                          source="the server's public rows")
 
 
 def _agree_columns(identities: dict[int, Identity], nodes: list[int],

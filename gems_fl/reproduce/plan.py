@@ -132,7 +132,7 @@ class Options:
 LATER_SETTINGS = {"baselines": "all", "profile": "product", "min-good-enough": "0",
                   "site-wait": 60.0, "min-rows": 10, "feature-ranges": "",
                   "rf-map": "fourier", "rf-dim": 2048, "rf-bandwidth": "auto",
-                  "val-fraction": 0.2, "id-columns": "auto", "kernel-landmarks": 3000}
+                  "val-fraction": 0.2, "id-columns": "auto", "kernel-landmarks": 4000}
 #: Settings retired after trials were stored, with the one value every trial ran with (and
 #: that the code still computes): they stay in the key, so the stored trials keep their names.
 RETIRED_SETTINGS = {"gram-weighting": "samples"}

@@ -12,6 +12,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from functools import partial
 from logging import INFO, WARNING
 from typing import Any
 
@@ -34,6 +35,7 @@ from gems_fl.evaluation.server_data import (
     ServerData,
     load_public_data,
     load_server_data,
+    public_landmark_rows,
     scale_server_data,
 )
 from gems_fl.geometry.gram_sums import complete_membership
@@ -163,8 +165,10 @@ def run_server(grid: Grid, context: Context) -> dict[str, Any]:
     expected = wanted if isinstance(wanted, int) else len(wanted) if wanted else 0
     node_ids = wait_for_nodes(grid, max(settings.min_replies, expected), settings.site_wait)
     waited = time.perf_counter() - t_wait
-    roster = identify_nodes(grid, node_ids, exchange(settings), agreement_rule(settings),
-                            registered_names(grid))
+    rule = agreement_rule(settings)
+    if rule.kernel is not None and settings.dp_epsilon:  # no node's centres: its own rows
+        rule = replace(rule, public_rows=partial(public_landmark_rows, settings))
+    roster = identify_nodes(grid, node_ids, exchange(settings), rule, registered_names(grid))
     missing = missing_before_training(roster.present(), roster.participants, roster.names,
                                       roster.rejected, wanted, waited)
     if missing:

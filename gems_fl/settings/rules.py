@@ -108,15 +108,20 @@ def _differential_privacy(settings: Settings) -> None:
 
 def _random_features(settings: Settings) -> None:
     """Under ``dp-epsilon`` the identity round sends no feature sums: the random-feature
-    map's bandwidth must be given; the kernel model's landmarks (class centres the nodes
-    send unnoised) have no privacy account, so it does not run under DP."""
-    if settings.model_kind is KERNEL_KIND and settings.dp_epsilon:
+    map's bandwidth must be given; the kernel model's landmarks come from the server's own
+    public rows (class centres the nodes would send have no privacy account), so the server
+    must hold some."""
+    if settings.model_kind is KERNEL_KIND and settings.dp_epsilon and not (
+            settings.public_data.strip()
+            or (settings.dataset != NODE_FILES and settings.public_samples > 0)):
         raise SettingsError(
-            f"model='kernel' with dp-epsilon={settings.dp_epsilon:g}: the kernel map's landmarks "
-            "are class centres each node sends without noise (means of at least "
-            f"{MIN_ROWS_PER_LANDMARK} of its rows), which no privacy budget accounts for; use "
-            "model='random-features' (its map is drawn from the seed) or 'logistic' under DP")
-    if settings.model_kind.feature_map is not None and settings.dp_epsilon \
+            f"model='kernel' with dp-epsilon={settings.dp_epsilon:g} takes its landmarks from the "
+            "server's own public rows (the class centres nodes send otherwise, means of at least "
+            f"{MIN_ROWS_PER_LANDMARK} of their rows, have no privacy account), and the server "
+            "holds none: set public-samples above 0 (a named dataset) or public-data (a file of "
+            "the sites' features)")
+    if settings.model_kind.feature_map is not None and settings.model_kind is not KERNEL_KIND \
+            and settings.dp_epsilon \
             and str(settings.rf_bandwidth).strip().lower() == "auto":
         raise SettingsError(
             f"model='random-features' with dp-epsilon={settings.dp_epsilon:g}: rf-bandwidth "

@@ -60,11 +60,11 @@ class TrainingSettings:
         _ROW_RF,
         positive)
     kernel_landmarks: int = setting(
-        3000,
+        4000,
         "`model='kernel'`: how many landmarks m the Nyström map takes: k-means centres of each "
-        "class of each node's training rows, in proportion to its rows, each the mean of at "
-        "least 5 rows (sent by the nodes in the landmark round); the model is the logistic "
-        "model on the rows beside the m kernel features (docs/kernel.md)",
+        "class of each node's rows, each the mean of at least 5 rows (under `dp-epsilon`: the "
+        "server's public rows); the model is the logistic model on the rows beside the m "
+        "kernel features (docs/kernel.md)",
         positive)
     rf_bandwidth: str = setting(
         'auto',
