@@ -251,6 +251,9 @@ def _settings(pairs: list[str]) -> dict:
     out = {}
     for pair in pairs:
         key, _, value = pair.partition("=")
+        if value.lower() in ("true", "false"):
+            out[key] = value.lower() == "true"
+            continue
         for kind in (int, float):
             try:
                 value = kind(value)

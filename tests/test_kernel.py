@@ -128,6 +128,16 @@ def test_a_node_that_sends_bad_landmarks_is_left_out_and_the_run_goes_on(tmp_pat
     assert len(results["participants"]) == 2 and results["verification"]["good_enough"] == 2
 
 
+def test_a_node_takes_a_factor_rank_above_the_rows_own_width():
+    """The plan's rank follows the mapped width (D = inputs + landmarks); a node's settings
+    do not carry the landmark count, so its check must not compare the rank with the raw
+    784 inputs (every node of a run at rank >= 785 was refused before)."""
+    config = {**Settings(model="kernel", dataset="fashion-mnist").for_nodes(), "gram-rank": 850}
+    assert Settings.from_node_config(config).gram_rank == 850
+    with pytest.raises(SettingsError, match="gram-rank=4785"):
+        Settings(model="kernel", dataset="fashion-mnist", gram_rank=4785)
+
+
 def test_under_dp_the_kernel_model_needs_the_servers_public_rows():
     with pytest.raises(SettingsError, match="public-samples above 0"):
         Settings(model="kernel", dp_epsilon=4.0, public_samples=0, standardize="off")

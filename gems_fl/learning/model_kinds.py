@@ -55,7 +55,8 @@ class ModelKind:
 
     def layer_width(self, settings: Any, inputs: int) -> int:
         """The width of the convex layer's input (before the bias) for ``inputs`` features:
-        an upper bound for the kernel model, whose nodes may send fewer landmarks."""
+        an upper bound for the kernel model, whose nodes may send fewer landmarks; 0 where
+        the settings do not say it (a node's, for the kernel model)."""
         return int(inputs) if self.width is None else int(self.width(settings, int(inputs)))
 
     @property
@@ -87,7 +88,10 @@ RANDOM_FEATURES_KIND = ModelKind("random-features", convex=True, feature_map="ra
                                  width=lambda s, inputs: int(s.rf_dim or 0))
 KERNEL_KIND = ModelKind("kernel", convex=True, feature_map="kernel",
                         settings=("kernel-landmarks", "rf-bandwidth"),
-                        width=lambda s, inputs: int(s.kernel_landmarks or 0) + inputs, gram_rank_share=5)
+                        # 0 (not known) where the count is not given: a node's settings
+                        # do not carry it (the map in its messages says the width)
+                        width=lambda s, inputs: int(s.kernel_landmarks) + inputs
+                        if s.kernel_landmarks else 0, gram_rank_share=5)
 MLP_KIND = ModelKind("mlp", convex=False, settings=("hidden", "dropout", "eps-neuron",
                                                "neuron-criterion", "neuron-delta", "clusters"))
 
