@@ -37,6 +37,9 @@ SECANT_FLOOR = 0.05
 # alone above SUMS_ABOVE_NODES nodes where the point needs nothing else
 SERVER_GRAMS = ("auto", "nodes", "sums")
 SUMS_ABOVE_NODES = 100
+# ... and wherever the nodes' (D + 1)-square float64 matrices would take more than this: 100
+# nodes of the kernel model (D = 4,246) would hold 14 GB, and the run was killed for memory
+SERVER_MATRIX_BYTES = 4 * 2 ** 30
 NO_INTERSECTION_FALLBACKS = ("min-penalty", "mean")
 # Each kind's default upper end of the radius bisection, in the units of its radius
 # (gems_fl.geometry.kinds says which). 4000 is the paper's R_max; gram keeps the bound its

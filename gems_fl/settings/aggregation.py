@@ -14,6 +14,7 @@ from gems_fl.geometry.choices import (
     POOLED_RIDGES,
     REFINE_METHODS,
     SERVER_GRAMS,
+    SERVER_MATRIX_BYTES,
     SUMS_ABOVE_NODES,
 )
 from gems_fl.geometry.points import GRAM_POINTS
@@ -79,7 +80,9 @@ class AggregationSettings:
         'the number of nodes; each node then checks h_G against its own space in the '
         'evaluate round. `sums` needs a gram-point solvable from sums (any but `mixture`). '
         '`auto`: `sums` above '
-        f'{SUMS_ABOVE_NODES} nodes where the settings allow it, else `nodes`',
+        f'{SUMS_ABOVE_NODES} nodes, or where the nodes\' matrices would take more than '
+        f'{SERVER_MATRIX_BYTES // 2 ** 30} GiB (the kernel model at many nodes), where the '
+        'settings allow it, else `nodes`',
         one_of(SERVER_GRAMS))
     refine_rounds: int = setting(
         0,

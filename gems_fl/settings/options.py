@@ -9,7 +9,7 @@ from typing import Any
 
 from gems_fl.data.feature_ranges import read_feature_ranges
 from gems_fl.data.random_features import FOURIER_NORM
-from gems_fl.geometry.choices import SUMS_ABOVE_NODES
+from gems_fl.geometry.choices import SERVER_MATRIX_BYTES, SUMS_ABOVE_NODES
 from gems_fl.geometry.dp import DPSpec
 from gems_fl.geometry.kinds import AggregateOptions, SpaceOptions
 from gems_fl.geometry.points import AUTO, point_named, solvable_from_sums
@@ -65,17 +65,18 @@ def aggregate_options(settings: Settings) -> AggregateOptions:
         pooled_ridge=point_named(settings.gram_point).value(settings.pooled_ridges))
 
 
-def holds_sums(settings: Settings, num_nodes: int) -> bool:
+def holds_sums(settings: Settings, num_nodes: int, layer_size: int = 0) -> bool:
     """Whether the server keeps only the sums of the nodes' Gram statistics
-    (``server-grams``): ``sums``, or ``auto`` above ``SUMS_ABOVE_NODES`` nodes for the
-    logistic model when the point needs no single node's matrix; always under secure
-    aggregation and DP."""
+    (``server-grams``): ``sums``, or ``auto`` above ``SUMS_ABOVE_NODES`` nodes, or where
+    the nodes' ``layer_size``-square matrices would take more than ``SERVER_MATRIX_BYTES``,
+    when the point needs no single node's matrix; always under secure aggregation and DP."""
     if settings.server_grams == "nodes" or settings.space != "gram" \
             or not settings.model_kind.convex:
         return False
     if settings.server_grams == "sums" or settings.secure_aggregation or settings.dp_epsilon:
         return True
-    return num_nodes > SUMS_ABOVE_NODES and solvable_from_sums(settings.gram_point)
+    large = num_nodes > SUMS_ABOVE_NODES or num_nodes * layer_size ** 2 * 8 > SERVER_MATRIX_BYTES
+    return large and solvable_from_sums(settings.gram_point)
 
 
 def dp_spec(settings: Settings) -> DPSpec:

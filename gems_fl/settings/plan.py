@@ -107,7 +107,7 @@ def build_plan(settings: Settings, num_nodes: int, num_features: int) -> RunPlan
             "auto: per merged width (the factor where it is smaller than the matrix)"
         sent = ("false" if options.class_grams == "false" or not options.label_moments else
                 f"{options.class_grams}: whole up to a merged width of {CLASS_GRAMS_AUTO_MAX - 1}")
-    sums = holds_sums(settings, num_nodes)
+    sums = holds_sums(settings, num_nodes, size or 0)
     # what the nodes are asked to send; the mixture point also needs a node that splits a
     # class into components, which only its data says: `points` are the most it chooses among
     asked = set() if settings.dp_epsilon else {CENTERS}  # noised sums hold no W_k G_k
