@@ -78,7 +78,8 @@ def evaluate_rows(
         log(INFO, "Global: training on all %d node training samples pooled", len(data.train_y))
         torch.manual_seed(settings.seed)
         global_model = settings.new_model(num_features, num_classes)
-        report = settings.local_recipe.train(global_model, data.train_x, data.train_y, settings.seed)
+        report = settings.local_recipe.train(global_model, data.with_all_rows().train_x, data.train_y,
+                                             settings.seed)
         rows["Global"] = row(global_model, epochs=report.epochs)
         log(INFO, "Global: %d epochs, test accuracy %.4f", report.epochs, rows["Global"]["accuracy"])
 

@@ -332,7 +332,7 @@ def evaluate_baselines(run: ProtocolRun, data: ServerData | None, settings: Sett
         run.extra["fine_tuning"] = fine_tuning_curve(
             run.gems_model, list(run.local_models.values()), run.averaged,
             lambda: settings.new_model(num_features, num_classes),
-            (data.pool_x, data.pool_y), (data.test_x, data.test_y), settings)
+            (data.with_all_rows().pool_x, data.pool_y), (data.test_x, data.test_y), settings)
     return rows
 
 
