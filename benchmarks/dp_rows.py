@@ -31,6 +31,9 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from envelope import print_table, write_envelope
 
+#: the tiny run CI makes of this script (``python3 benchmarks/smoke.py``)
+SMOKE = [["--rows", "250", "--epsilons", "8"]]
+
 SITES = 4
 
 

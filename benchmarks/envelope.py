@@ -4,9 +4,11 @@ beside its records, so a committed result says how to reproduce it."""
 from __future__ import annotations
 
 import json
+import os
 import platform
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -22,16 +24,31 @@ def print_table(header: list[str], rows: list[list], right: int | None = None) -
         print("| " + " | ".join(str(c) for c in row) + " |")
 
 
-def write_envelope(benchmark: str, out: str | Path, records: list[dict]) -> Path:
-    """Write ``records`` to ``out`` with the benchmark's name, its command line, the
-    checkout's commit and the machine; returns the path."""
+def _commit() -> str:
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT,
                             capture_output=True, text=True, check=False).stdout.strip()
+    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT,
+                           capture_output=True, text=True, check=False).stdout.strip()
+    return commit + ("+changes" if dirty and commit else "")
+
+
+#: the code a benchmark runs is the checkout's when it started (a commit made while it
+#: runs does not change what it measured), so the commit is read once, at import
+STARTED_AT = _commit()
+_T0 = time.perf_counter()
+
+
+def write_envelope(benchmark: str, out: str | Path, records: list[dict]) -> Path:
+    """Write ``records`` to ``out`` with the benchmark's name, its command line, the
+    commit checked out when it started (``+changes``: with uncommitted edits), the machine
+    and the wall time so far; returns the path."""
     path = Path(out)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps({
-        "benchmark": benchmark, "commit": commit,
+        "benchmark": benchmark, "commit": STARTED_AT,
         "command": f"python3 benchmarks/{benchmark}.py " + " ".join(sys.argv[1:]),
-        "machine": f"{platform.machine()}, {platform.node()}, python {platform.python_version()}",
+        "machine": f"{platform.machine()}, {platform.node()}, python {platform.python_version()}, "
+                   f"{os.cpu_count()} cpus",
+        "wall_s": round(time.perf_counter() - _T0, 1),
         "records": records}, indent=1) + "\n")
     return path

@@ -36,6 +36,12 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from envelope import print_table, write_envelope
 
+#: tiny runs that CI makes of this script (``python3 benchmarks/smoke.py``): every code path
+#: of the commands above, in seconds, on digits or a few landmarks
+SMOKE = [["central", "--landmarks", "40", "--sources", "random", "--linear"],
+         ["federated", "--divisions", "dirichlet:0.5:3", "--set", "dataset=digits",
+          "kernel-landmarks=60"]]
+
 RIDGES = (1e-6, 1e-5, 1e-4, 1e-3, 1e-2)
 POINT_RIDGES = (1e-8, 1e-7, 1e-6, 1e-5, 1e-4, 1e-3, 1e-2)  # absolute, on the mean Gram matrix
 POINT_SHRINKAGES = (1e-6, 1e-5, 1e-4, 1e-3, 1e-2)  # relative to tr(S_w) / d

@@ -30,6 +30,9 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from envelope import print_table, write_envelope
 
+#: the tiny run CI makes of this script (``python3 benchmarks/smoke.py``)
+SMOKE = [["--cases", "50:256", "300:256"]]
+
 
 def one_case(rows: int, dim: int) -> dict:
     import torch
