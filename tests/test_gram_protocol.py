@@ -330,3 +330,30 @@ def test_the_run_plan_resolves_every_auto_and_matches_what_the_run_did(tmp_path)
     assert plan["baselines"] == "cheap" and plan["device"] == "cpu"
     dp = run_in_process(3, tmp_path / "dp", **{"dp-epsilon": 4.0, "min-good-enough": "0"})["plan"]
     assert dp["server_holds"] == "sums" and "closed-form" not in dp["points"]
+
+
+def test_a_factor_reply_is_rebuilt_without_a_proof_and_an_overflowing_one_is_refused():
+    """A rank-r reply is F F^T + diag(r): PSD by its form, so the server solves no
+    Cholesky for it; scales that overflow the factor are refused, naming why."""
+    from gems_fl.geometry.gram import from_factor, from_half, half_factor, low_rank_factor, residual_diagonal
+
+    x = np.random.default_rng(0).standard_normal((40, 4))
+    g = gram_matrix(x)
+    f = low_rank_factor(g, 2)
+    kept = from_half(*half_factor(f))
+    residual = residual_diagonal(g, kept)
+
+    def reply():
+        return wire.encode_reply({"weight": np.zeros((3, 4)), "bias": np.zeros(3)}, None,
+                                 radius=2.0, certified_radius=0.5, eps=0.4, num_train_examples=40,
+                                 num_val_examples=10, local_val_accuracy=0.9, gram_factor=kept,
+                                 gram_residual=residual)
+
+    space, _ = replies.decode_reply(reply(), SHAPES, "gram", 2)
+    np.testing.assert_allclose(space.gram, from_factor(kept, residual), rtol=1e-6)
+    content = reply()
+    vectors = content.array_records["gram"]["vectors"].numpy()
+    content.array_records["gram"] = wire.array_record({
+        "vectors": vectors, "scales": np.full(2, 1e200), "residual": residual})
+    with pytest.raises(replies.ReplyError, match="infinite"):
+        replies.decode_reply(content, SHAPES, "gram", 2)

@@ -215,7 +215,8 @@ def _read_labels(content: RecordDict, shapes: dict[str, tuple[int, ...]], rank: 
 
 
 def _read_gram(content: RecordDict, n: int, rank: int) -> np.ndarray:
-    """The Gram matrix of a reply, checked: finite, the right shape, symmetric, PSD."""
+    """The Gram matrix of a reply, checked: finite, the right shape, symmetric, PSD (a
+    factor reply is both by its form once its parts are checked)."""
     record = content.array_records.get(GRAM_KEY)
     if record is None:
         raise ReplyError(f"'{GRAM_KEY}' is not an ArrayRecord")
@@ -246,13 +247,14 @@ def _read_gram(content: RecordDict, n: int, rank: int) -> np.ndarray:
             if residual.shape != (n,) or not np.all(np.isfinite(residual)) or residual.min() < 0:
                 raise ValueError(f"residual must be {n} finite values >= 0 (the diagonal of "
                                  f"G - F F^T); got shape {residual.shape}")
-            arr = from_half(arr, scales)
-            gram = from_factor(arr, residual)
-        else:
-            if arr.shape != (n * (n + 1) // 2,):
-                raise ValueError(f"triangle has shape {arr.shape}, expected ({n * (n + 1) // 2},) "
-                                 f"for a {n} x {n} matrix")
-            gram = unpack_triangle(arr, n)
+            # F F^T + diag(r), r >= 0: symmetric and PSD by its form, so no proof is solved
+            # for it (at D = 4,246 that Cholesky cost seconds per reply); a float32 F that
+            # overflowed is refused by from_factor, and its square stays finite in float64
+            return from_factor(from_half(arr, scales), residual)
+        if arr.shape != (n * (n + 1) // 2,):
+            raise ValueError(f"triangle has shape {arr.shape}, expected ({n * (n + 1) // 2},) "
+                             f"for a {n} x {n} matrix")
+        gram = unpack_triangle(arr, n)
         check_gram(gram, n)
     except ValueError as exc:
         raise ReplyError(f"'{GRAM_KEY}': {exc}") from None
