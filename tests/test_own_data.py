@@ -510,3 +510,19 @@ def test_check_data_and_the_identity_round_break_a_column_tie_alike(tmp_path):
     together = out.getvalue().split("together:")[1]
     rejected = [line for line in together.splitlines() if "REJECTED" in line]
     assert [line.split()[1] for line in rejected] == paths[:2], out.getvalue()
+
+
+def test_under_dp_the_kernel_model_takes_its_landmarks_from_the_public_data_file(tmp_path, sites):
+    """Sites' own files under dp-epsilon: the kernel map's landmarks are the server's
+    public-data rows (scaled as the sites' rows are), not the sites' centres."""
+    x, y = blobs(60, 13, 7)
+    np.savez(tmp_path / "public.npz", x=x, y=y)
+    results = run_in_process(3, tmp_path / "out", node_configs=sites,
+                             **{**OWN, "space": "gram", "eps": 0.4}, model="kernel",
+                             **{"public-data": str(tmp_path / "public.npz"), "dp-epsilon": 8.0,
+                                "dp-seeded-noise": True, "kernel-landmarks": 100,
+                                "standardize": "node"})
+    fmap = results["dataset"]["feature_map"]
+    assert fmap["landmarks-from"] == "the server's public rows" and fmap["landmarks"] == 60
+    assert results["identify"].get("landmark_round") is None
+    assert results["privacy"]["dp"]["epsilon"] == 8.0 and len(results["participants"]) == 3
