@@ -236,7 +236,7 @@ def federated(args) -> list[dict]:
 def fedavg(spec: str, nodes: int, seed: int, args, gems: float) -> dict:
     """FedAvg-SGD on the kernel model's features, the rate tuned on the pooled validation
     rows; ``gems``: the one-shot accuracy it is compared with."""
-    from gems_fl.evaluation.fedavg import run_sgd
+    from gems_lab.fedavg import run_sgd
     from tests.helpers import app_defaults
     cfg = {**app_defaults(), "dataset": "fashion-mnist", "label-division": spec, "seed": seed,
            "model": "kernel", "public-samples": 0, **_settings(args.set)}

@@ -105,7 +105,7 @@ def central(dim: int, factor: float, kind: str, seed: int) -> dict:
 def run_fedavg(args: argparse.Namespace, out: Path) -> None:
     """FedAvg-SGD on the same random-feature model (the map a GEMS run with these settings
     agrees on), its rate chosen on the pooled validation splits, never on test."""
-    from gems_fl.evaluation.fedavg import run_sgd
+    from gems_lab.fedavg import run_sgd
 
     rows = []
     for text in args.divisions:

@@ -12,7 +12,7 @@ is built from what each form of the statistics would deliver:
 - ``whole``: every node's Gram matrix, a float32 triangle (``gram-rank=0``);
 - ``rank r`` (``--ranks``; ``auto`` is the run's default): the float16 rank-r factor
   plus the residual diagonal each node sends (``kinds.node_gram``, the node's own code);
-- ``cg t``: ``t`` rounds of Gram products (:func:`gems_fl.geometry.products.lda_by_products`):
+- ``cg t``: ``t`` rounds of Gram products (:func:`gems_lab.products.lda_by_products`):
   a round of label moments and the Gram diagonal, then one ``(D, C)`` float32 block
   down and one up per round; the accuracy after every round is kept
   (``--rounds``; the table shows the first round within 0.1 and 0.5 point of ``whole``).
@@ -41,12 +41,12 @@ sys.path.insert(0, str(ROOT))  # run from a checkout without installing it
 
 from gems_fl.data import load_dataset, node_data, parse_division
 from gems_fl.data.random_features import RandomFeatures
-from gems_fl.evaluation.fedavg import feature_map
 from gems_fl.geometry import choices
 from gems_fl.geometry.kinds import node_gram
 from gems_fl.geometry.pooled import pooled_lda
-from gems_fl.geometry.products import lda_by_products
 from gems_fl.settings import Settings
+from gems_lab.fedavg import feature_map
+from gems_lab.products import lda_by_products
 
 FLOAT32, FLOAT16 = 4, 2
 

@@ -1,7 +1,8 @@
 """The source tree's house rules, checked on the code itself: imports only go one way (no
-circle, also none hidden in a function body or an ``if TYPE_CHECKING`` block), every
-package names its public face in ``__all__``, and no module imports another's
-``_``-prefixed name (what is really shared gets a public name)."""
+circle, also none hidden in a function body or an ``if TYPE_CHECKING`` block; the product
+``gems_fl`` never imports the lab ``gems_lab``), every package names its public face in
+``__all__``, and no module imports another's ``_``-prefixed name (what is really shared
+gets a public name)."""
 
 from __future__ import annotations
 
@@ -11,27 +12,34 @@ from pathlib import Path
 from tests.helpers import ROOT
 
 PACKAGE = ROOT / "gems_fl"
+LAB = ROOT / "gems_lab"
+OURS = ("gems_fl", "gems_lab")
 
 
 def _modules() -> dict[str, Path]:
     out = {}
-    for path in PACKAGE.rglob("*.py"):
+    for path in [*PACKAGE.rglob("*.py"), *LAB.rglob("*.py")]:
         name = ".".join(path.relative_to(ROOT).with_suffix("").parts)
         out[name.removesuffix(".__init__")] = path
     return out
 
 
+def _ours(module: str) -> bool:
+    return module.split(".")[0] in OURS
+
+
 def _imports(path: Path, modules: dict[str, Path]) -> list[tuple[str, str]]:
-    """Every ``gems_fl`` import of ``path``, wherever it sits: (module, name or '')."""
+    """Every ``gems_fl``/``gems_lab`` import of ``path``, wherever it sits: (module, name
+    or '')."""
     found = []
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module \
-                and node.module.startswith("gems_fl"):
+                and _ours(node.module):
             for alias in node.names:
                 sub = f"{node.module}.{alias.name}"
                 found.append((sub, "") if sub in modules else (node.module, alias.name))
         elif isinstance(node, ast.Import):
-            found += [(a.name, "") for a in node.names if a.name.startswith("gems_fl")]
+            found += [(a.name, "") for a in node.names if _ours(a.name)]
     return found
 
 
@@ -81,8 +89,28 @@ def test_the_cycle_finder_finds_a_circle():
     assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
 
 
+def test_the_product_never_imports_the_lab():
+    """The product (``gems_fl``, the two app files) reaches the lab only through the entry
+    points of ``gems_fl.extensions``: installed without the lab, it runs unchanged."""
+    modules = _modules()
+    files = [*PACKAGE.rglob("*.py"), ROOT / "server_app.py", ROOT / "client_app.py"]
+    found = [f"{path.relative_to(ROOT)} imports {module}"
+             for path in files for module, _ in _imports(path, modules)
+             if module.split(".")[0] == "gems_lab"]
+    assert found == []
+    text_imports = [str(path.relative_to(ROOT)) for path in files
+                    if "gems_lab" in path.read_text() and "import_module" in path.read_text()]
+    assert text_imports == []  # nor by name at run time
+
+
+def test_the_house_rule_sees_a_hidden_lab_import(tmp_path):
+    probe = tmp_path / "probe.py"
+    probe.write_text("def f():\n    from gems_lab.reproduce import plan\n    import gems_lab\n")
+    assert _imports(probe, _modules()) == [("gems_lab.reproduce.plan", ""), ("gems_lab", "")]
+
+
 def test_every_package_names_its_public_face():
-    for init in PACKAGE.rglob("__init__.py"):
+    for init in [*PACKAGE.rglob("__init__.py"), *LAB.rglob("__init__.py")]:
         tree = ast.parse(init.read_text())
         names = [t.id for node in tree.body if isinstance(node, (ast.Assign, ast.AnnAssign))
                  for t in (node.targets if isinstance(node, ast.Assign) else [node.target])
@@ -92,7 +120,8 @@ def test_every_package_names_its_public_face():
 
 def test_no_module_imports_another_modules_private_name():
     modules = _modules()
-    files = [*PACKAGE.rglob("*.py"), *(ROOT / "tests").glob("*.py"), *(ROOT / "benchmarks").glob("*.py")]
+    files = [*PACKAGE.rglob("*.py"), *LAB.rglob("*.py"), *(ROOT / "tests").glob("*.py"),
+             *(ROOT / "benchmarks").glob("*.py")]
     private = sorted(
         f"{path.relative_to(ROOT)}: {module}{'.' + name if name else ''}"
         for path in files for module, name in _imports(path, modules)

@@ -250,7 +250,7 @@ def test_the_classifier_fits_the_kernel_model_on_unscaled_sites_and_saves_the_ma
 
 
 def test_fedavg_trains_on_the_kernel_models_features():
-    from gems_fl.evaluation.fedavg import feature_map, run_federated
+    from gems_lab.fedavg import feature_map, run_federated
     from tests.helpers import FAST, app_defaults
 
     cfg = {**app_defaults(), **FAST, "model": "kernel", "kernel-landmarks": 40}

@@ -5,7 +5,7 @@ import pytest
 
 from gems_fl.geometry.gram import gram_matrix
 from gems_fl.geometry.pooled import pooled_lda
-from gems_fl.geometry.products import lda_by_products
+from gems_lab.products import lda_by_products
 
 
 def _nodes(seed=0, features=6, classes=3, held=3):

@@ -20,8 +20,8 @@ from gems_fl.data.random_features import (
     bandwidth_from_stats,
 )
 from gems_fl.data.site_files import feature_stats
-from gems_fl.evaluation.fedavg import feature_map, run_federated
 from gems_fl.settings import Settings, SettingsError
+from gems_lab.fedavg import feature_map, run_federated
 from tests.helpers import FAST, ROOT, app_defaults, run_in_process
 
 DIGEST = ("import hashlib, sys; from gems_fl.data.random_features import RandomFeatures; "

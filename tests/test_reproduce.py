@@ -13,20 +13,20 @@ import pytest
 import torch
 
 from gems_fl.data import load_dataset, parse_division
-from gems_fl.evaluation import fedavg as fedavg_module
-from gems_fl.evaluation.fedavg import FederatedCurve, choose_lr, run_federated, run_sgd
-from gems_fl.evaluation.fine_tuning import CURVE_ROWS, nested_samples
 from gems_fl.learning import train as train_module
 from gems_fl.learning.models import build_model
 from gems_fl.learning.train import train_until_converged
 from gems_fl.learning.train_cache import ENV_VAR
 from gems_fl.protocol.wire import content_bytes
-from gems_fl.reproduce import Options, expected_files
-from gems_fl.reproduce.plan import build_plan
-from gems_fl.reproduce.report import mean_std
-from gems_fl.reproduce.report_federated import rounds_to_reach
 from gems_fl.settings import Settings, SettingsError
-from tests.helpers import FAST, app_defaults, run_in_process
+from gems_lab import fedavg as fedavg_module
+from gems_lab.fedavg import FederatedCurve, choose_lr, run_federated, run_sgd
+from gems_lab.fine_tuning import CURVE_ROWS, nested_samples
+from gems_lab.reproduce import Options, expected_files
+from gems_lab.reproduce.plan import build_plan
+from gems_lab.reproduce.report import mean_std
+from gems_lab.reproduce.report_federated import rounds_to_reach
+from tests.helpers import FAST, ROOT, app_defaults, run_in_process
 
 # --- plan -----------------------------------------------------------------------------
 
@@ -115,7 +115,7 @@ def test_plan_intersection_grid_gives_each_node_its_eps():
 
 
 def test_point_counts_names_the_kept_points_most_often_first():
-    from gems_fl.reproduce.report import point_counts
+    from gems_lab.reproduce.report import point_counts
 
     assert point_counts(["pooled", "gaussian", "gaussian", None]) == "gaussian 2, ? 1, pooled 1"
     assert point_counts(["lda"]) == "lda 1"
@@ -516,7 +516,7 @@ def test_the_first_full_dirichlet_plan_keeps_its_trials_and_order():
 
 
 def test_the_seed_note_counts_the_tuned_rows_that_kept_a_fresh_model(tmp_path):
-    from gems_fl.reproduce.report import Report
+    from gems_lab.reproduce.report import Report
 
     def record(seed, fresh=None, **config):
         tuned = {"accuracy": 0.8, **({} if fresh is None else {"fresh": fresh})}
@@ -532,8 +532,8 @@ def test_the_seed_note_counts_the_tuned_rows_that_kept_a_fresh_model(tmp_path):
 
 def test_a_trial_records_the_commit_of_the_code_that_ran_it(tmp_path):
     from gems_fl.evaluation.results import git_commit
-    from gems_fl.reproduce.plan import Trial
-    from gems_fl.reproduce.runner import execute
+    from gems_lab.reproduce.plan import Trial
+    from gems_lab.reproduce.runner import execute
 
     trial = Trial("fedavg", {"dataset": "digits", "model": "logistic", "seed": 0}, 2,
                   federated={"rounds": 1, "local_epochs": 1, "proximal_mu": 0.0})
@@ -545,8 +545,8 @@ def test_a_trial_records_the_commit_of_the_code_that_ran_it(tmp_path):
 
 
 def test_a_stored_trial_without_its_commit_takes_it_from_its_run_and_keeps_it(tmp_path):
-    from gems_fl.reproduce.plan import Trial
-    from gems_fl.reproduce.runner import run_trials
+    from gems_lab.reproduce.plan import Trial
+    from gems_lab.reproduce.runner import run_trials
 
     trial = Trial("gems", {"dataset": "digits", "seed": 0}, 2, labels={"seed": 0})
     stored = {"kind": "gems", "labels": {"seed": 0, "gram_rank": 5}, "studies": [1],
@@ -571,7 +571,7 @@ def test_a_stored_trial_without_its_commit_takes_it_from_its_run_and_keeps_it(tm
 
 
 def test_the_report_header_says_which_commits_computed_the_trials():
-    from gems_fl.reproduce import commits_line
+    from gems_lab.reproduce import commits_line
 
     records = [{"git_commit": "a" * 40, "git_dirty": False}] * 2 + [
         {"git_commit": "b" * 40, "git_dirty": True}, {}]
@@ -580,7 +580,8 @@ def test_the_report_header_says_which_commits_computed_the_trials():
 
 
 def test_gram_ranks_flag_is_parsed_and_validated():
-    from gems_fl.running.cli import main, parse_gram_ranks
+    from gems_fl.running.cli import main
+    from gems_lab.cli import parse_gram_ranks
 
     assert parse_gram_ranks("5,auto,0") == (5, "auto", 0)
     assert parse_gram_ranks("none") == ()
@@ -596,3 +597,27 @@ def test_no_gram_rank_sweep_plans_no_rank_trials_and_expects_no_rank_files():
     assert len(plan) == len(options.setups()) * len(options.spaces) * len(options.seeds)
     assert not any("gram_rank" in t.labels for t in plan)
     assert not any(f.startswith("study1_gram_rank") for f in expected_files(options))
+
+
+def test_the_committed_tables_regenerate_bit_for_bit_from_the_stored_trials(tmp_path):
+    """`gems-fl reproduce` on the committed trials of results/reproduction (all stored:
+    none runs again) writes every committed study table and JSON unchanged."""
+    import shutil
+
+    from gems_lab.reproduce import Options, reproduce
+    from gems_lab.reproduce.plan import build_plan
+
+    committed = ROOT / "results" / "reproduction"
+    meta = json.loads((committed / "results.json").read_text())["meta"]["options"]
+    options = Options(**{k: tuple(tuple(x) if isinstance(x, list) else x for x in v)
+                         if isinstance(v, list) else v for k, v in meta.items()})
+    missing = [t.name for t in build_plan(options)
+               if not (committed / "trials" / f"{t.name}.json").exists()]
+    assert missing == []  # a trial key that changed would rerun, not regenerate
+    shutil.copytree(committed / "trials", tmp_path / "trials")
+    reproduce(options, tmp_path, jobs=1, command="test")
+    tables = sorted(p.name for p in committed.glob("study*_*.*") if p.suffix in (".md", ".json"))
+    assert tables
+    changed = [name for name in tables
+               if (tmp_path / name).read_bytes() != (committed / name).read_bytes()]
+    assert changed == []

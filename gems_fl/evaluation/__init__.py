@@ -1,5 +1,5 @@
-"""What a run reports: the baselines (one path for both model kinds), the fine-tuning
-study, FedAvg/FedProx, and the results tables and JSON.
+"""What a run reports: the baselines (one path for both model kinds), and the results
+tables and JSON (the studies, FedAvg/FedProx among them, are the lab's: ``gems_lab``).
 
 Imports protocol, learning, data and settings; never running.
 """
@@ -7,8 +7,6 @@ Imports protocol, learning, data and settings; never running.
 #: the public modules (each says what it exports)
 __all__ = [
     "baselines",
-    "fedavg",
-    "fine_tuning",
     "local_models",
     "results",
     "results_bundle",

@@ -30,7 +30,6 @@ from gems_fl.evaluation.baselines import (
     skipped_rows,
     tune_on_public,
 )
-from gems_fl.evaluation.fine_tuning import fine_tuning_curve
 from gems_fl.evaluation.server_data import (
     ServerData,
     load_public_data,
@@ -38,6 +37,7 @@ from gems_fl.evaluation.server_data import (
     public_landmark_rows,
     scale_server_data,
 )
+from gems_fl.extensions import StudyInputs, study
 from gems_fl.geometry.gram_sums import complete_membership
 from gems_fl.learning.models import (
     model_from_vector,
@@ -329,10 +329,10 @@ def evaluate_baselines(run: ProtocolRun, data: ServerData | None, settings: Sett
     rows = evaluate_rows(Candidates(run.gems_model, run.local_models, run.averaged,
                                     ensemble=layerwise), data, settings)
     if settings.tune_sizes:
-        run.extra["fine_tuning"] = fine_tuning_curve(
+        run.extra["fine_tuning"] = study("fine-tuning")(StudyInputs(
             run.gems_model, list(run.local_models.values()), run.averaged,
             lambda: settings.new_model(num_features, num_classes),
-            (data.with_all_rows().pool_x, data.pool_y), (data.test_x, data.test_y), settings)
+            (data.with_all_rows().pool_x, data.pool_y), (data.test_x, data.test_y), settings))
     return rows
 
 

@@ -2,7 +2,7 @@
 converged check), seeds 0-4: ``python3 run.py``; trials already stored are reused."""
 from pathlib import Path
 
-from gems_fl.reproduce import Options, reproduce
+from gems_lab.reproduce import Options, reproduce
 
 if __name__ == "__main__":
     options = Options(studies=(1,), ks=(5,), spaces=("ellipsoid", "ball"), k2_split="")

@@ -4,7 +4,7 @@ of the public sample prefers it. Seeds 0-4: ``python3 run.py``; trials already s
 reused. The same cells without it: ``../study1-k5-paper-spaces``."""
 from pathlib import Path
 
-from gems_fl.reproduce import Options, reproduce
+from gems_lab.reproduce import Options, reproduce
 
 if __name__ == "__main__":
     options = Options(studies=(1,), ks=(5,), spaces=("ellipsoid", "ball"), k2_split="")

@@ -6,7 +6,7 @@ resumes."""
 import sys
 from pathlib import Path
 
-from gems_fl.reproduce import Options, reproduce
+from gems_lab.reproduce import Options, reproduce
 
 if __name__ == "__main__":
     seeds = tuple(range(int(sys.argv[1]) if len(sys.argv) > 1 else 1))

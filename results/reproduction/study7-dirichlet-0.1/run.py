@@ -1,7 +1,7 @@
 """Study 7, reduced to fit this session: Dirichlet(0.1), K = 5 and 20, seeds 0 and 1."""
 from pathlib import Path
 
-from gems_fl.reproduce import Options, reproduce
+from gems_lab.reproduce import Options, reproduce
 
 if __name__ == "__main__":
     options = Options(studies=(7,), seeds=(0, 1), dirichlet_alphas=(0.1,), dirichlet_ks=(5, 20))

@@ -20,7 +20,7 @@ import time
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
-from gems_fl.evaluation.fedavg import choose_lr
+from gems_lab.fedavg import choose_lr
 
 
 def next_rate(top: float) -> float:

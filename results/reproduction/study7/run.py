@@ -11,7 +11,7 @@ outcomes)."""
 import sys
 from pathlib import Path
 
-from gems_fl.reproduce import Options, reproduce
+from gems_lab.reproduce import Options, reproduce
 
 if __name__ == "__main__":
     args = [a for a in sys.argv[1:] if not a.startswith("--")]

@@ -12,12 +12,12 @@ import shutil
 import time
 from pathlib import Path
 
-from gems_fl.reproduce.plan import STUDIES, Options, build_plan
-from gems_fl.reproduce.report import Report
-from gems_fl.reproduce.report_dirichlet import dirichlet_section
-from gems_fl.reproduce.report_federated import federated_section
-from gems_fl.reproduce.runner import run_trials
 from gems_fl.settings import Settings
+from gems_lab.reproduce.plan import STUDIES, Options, build_plan
+from gems_lab.reproduce.report import Report
+from gems_lab.reproduce.report_dirichlet import dirichlet_section
+from gems_lab.reproduce.report_federated import federated_section
+from gems_lab.reproduce.runner import run_trials
 
 __all__ = ["Options", "STUDIES", "commits_line", "expected_files", "reproduce"]
 

@@ -9,7 +9,7 @@ import matplotlib.ticker
 import numpy as np
 
 from gems_fl.learning.model_kinds import LOGISTIC_KIND, MLP_KIND
-from gems_fl.reproduce.report import Report, main_rows, markdown, mean_std, row_accuracy, select_records
+from gems_lab.reproduce.report import Report, main_rows, markdown, mean_std, row_accuracy, select_records
 
 
 def other_bytes(record: dict) -> float:

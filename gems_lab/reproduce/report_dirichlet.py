@@ -7,7 +7,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 
 from gems_fl.learning.model_kinds import LOGISTIC_KIND, MLP_KIND
-from gems_fl.reproduce.report import (
+from gems_lab.reproduce.report import (
     Report,
     cells_by_space,
     markdown,
@@ -17,7 +17,7 @@ from gems_fl.reproduce.report import (
     select_records,
     verified_cell,
 )
-from gems_fl.reproduce.report_federated import fed_name, other_bytes, rounds_to_reach
+from gems_lab.reproduce.report_federated import fed_name, other_bytes, rounds_to_reach
 
 
 def gems_bytes(record: dict) -> float:

@@ -14,8 +14,8 @@ import matplotlib.pyplot as plt
 import matplotlib.ticker
 import numpy as np
 
-from gems_fl.reproduce.plan import LATER_SETTINGS
 from gems_fl.settings import Settings
+from gems_lab.reproduce.plan import LATER_SETTINGS
 
 BASELINES = ("Global", "Local", "Averaged")
 NN_BASELINES = ("Global", "Local", "Averaged", "Ensemble")

@@ -3,7 +3,7 @@
 Each trial runs the real apps in-process (see :mod:`gems_fl.protocol.inprocess`): GEMS trials
 call :func:`gems_fl.serverapp.run_server`, the function ``server_app.py`` calls, with an
 in-process Grid whose nodes run :func:`gems_fl.clientapp.build_client_app`, the
-ClientApp ``client_app.py`` serves; FedAvg/FedProx trials use :mod:`gems_fl.evaluation.fedavg`. A trial's
+ClientApp ``client_app.py`` serves; FedAvg/FedProx trials use :mod:`gems_lab.fedavg`. A trial's
 outcome is written to ``trials/<name>.json`` as soon as it finishes, so an interrupted
 reproduction resumes where it stopped, and a finished trial is never run twice. Each
 outcome records the git commit of the code that computed it (``git_commit``,
@@ -32,7 +32,7 @@ from rich.progress import (
 
 from gems_fl.evaluation.results import RESULTS_FILE, git_commit
 from gems_fl.learning.train_cache import ENV_VAR as CACHE_ENV_VAR
-from gems_fl.reproduce.plan import Trial
+from gems_lab.reproduce.plan import Trial
 
 
 def _compact_gems(results: dict, exchanges: list[dict]) -> dict:
@@ -70,10 +70,10 @@ def execute(trial: Trial, work_dir: str) -> dict:
     from flwr.app import Context, RecordDict
 
     from gems_fl.clientapp import build_client_app
-    from gems_fl.evaluation.fedavg import run_federated, run_sgd
     from gems_fl.evaluation.results import RESULTS_FILE
     from gems_fl.protocol.inprocess import InProcessGrid
     from gems_fl.serverapp import run_server
+    from gems_lab.fedavg import run_federated, run_sgd
 
     t0 = time.perf_counter()
     log_path = Path(work_dir) / "logs" / f"{trial.name}.log"

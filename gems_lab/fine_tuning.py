@@ -27,6 +27,7 @@ import torch
 from flwr.common.logger import log
 from torch import nn
 
+from gems_fl.extensions import StudyInputs
 from gems_fl.learning.train import accuracy
 from gems_fl.settings import Settings
 
@@ -79,3 +80,10 @@ def fine_tuning_curve(
     return {"sizes": list(sizes), "accuracy": curve, "epochs": settings.tune_epochs,
             "stop": settings.tune_stop, "max_epochs": settings.tune_max_epochs,
             "lr": settings.tune_lr, "tuned_layers": settings.tune_layers}
+
+
+def study(inputs: StudyInputs) -> dict[str, object]:
+    """The ``fine-tuning`` study of the ``gems_fl.studies`` entry point: the run's
+    :func:`fine_tuning_curve` (the ServerApp runs it when ``tune-curve`` is set)."""
+    return fine_tuning_curve(inputs.gems_model, inputs.local_models, inputs.averaged_model,
+                             inputs.fresh_model, inputs.pool, inputs.test, inputs.settings)
