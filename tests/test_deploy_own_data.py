@@ -326,7 +326,7 @@ def test_registered_sites_are_expected_named_before_their_first_run_and_a_useles
         # seeded noise: the same release, so the same verdict, on every run (fresh noise at
         # epsilon 0.01 once left h_G good enough on both of these easy sites)
         proc = _submit(fed, f"dataset='node-files' evaluate-on-server=false dp-epsilon=0.001 "
-                            f"dp-seeded-noise=true "
+                            f"lab='dp-seeded-noise=true' "
                             f"output-dir='{server_side}'", "--output-dir", str(home))
         output, _ = proc.communicate(timeout=400)
     assert proc.returncode == 4, output[-4000:]

@@ -621,3 +621,19 @@ def test_the_committed_tables_regenerate_bit_for_bit_from_the_stored_trials(tmp_
     changed = [name for name in tables
                if (tmp_path / name).read_bytes() != (committed / name).read_bytes()]
     assert changed == []
+
+
+def test_a_trial_key_holds_the_frozen_settings_and_a_newer_one_only_away_from_its_default(
+        monkeypatch):
+    from gems_lab.reproduce import plan
+
+    config = plan.Options().trial_config(seed=0)
+    key = json.loads(plan.Trial("gems", config, 5).key)[1]
+    assert set(key) == set(plan.TRIAL_KEY_SETTINGS) | set(plan.RETIRED_SETTINGS)
+    # a setting the product adds later (max-width played as one): out of the key at its
+    # default, so no stored trial is renamed; in it where a trial sets another value
+    monkeypatch.setattr(plan, "TRIAL_KEY_SETTINGS",
+                        tuple(k for k in plan.TRIAL_KEY_SETTINGS if k != "max-width"))
+    assert "max-width" not in json.loads(plan.Trial("gems", config, 5).key)[1]
+    wider = plan.Trial("gems", {**config, "max-width": 150}, 5)
+    assert json.loads(wider.key)[1]["max-width"] == 150

@@ -7,14 +7,55 @@ from dataclasses import fields
 import pytest
 
 from gems_fl.running.cli import main
-from gems_fl.settings import Settings, SettingsError
+from gems_fl.settings import LAB_KEY, Settings, SettingsError, lab_keys, product_keys
 from tests.helpers import app_defaults
 
 
 def test_pyproject_config_and_settings_have_the_same_keys_and_defaults():
+    """The app's config holds the product's settings and the one ``lab`` text; the
+    research switches are the other fields."""
     defaults = app_defaults()
-    assert set(defaults) == {f.name.replace("_", "-") for f in fields(Settings)}
+    assert set(defaults) == set(product_keys()) | {LAB_KEY}
+    assert set(product_keys()) | set(lab_keys()) == {f.name.replace("_", "-")
+                                                     for f in fields(Settings)}
+    assert len(defaults) <= 45
     assert Settings.from_run_config(defaults) == Settings()
+
+
+def test_the_lab_text_sets_research_switches():
+    settings = Settings.from_run_config(
+        {**app_defaults(), "lab": "tune-curve=100,200 tune-stop=fixed tune-epochs=7 "
+                                  "tune-fresh=false gram-ridge=0.01 profile='paper'"})
+    assert (settings.tune_sizes, settings.tune_stop, settings.tune_epochs) == ([100, 200], "fixed", 7)
+    assert (settings.tune_fresh, settings.gram_ridge, settings.profile) == (False, 0.01, "paper")
+    # the same switches given directly (in-process callers) make the same settings
+    direct = Settings.from_run_config({"tune-curve": "100,200", "tune-stop": "fixed",
+                                       "tune-epochs": 7, "tune-fresh": False,
+                                       "gram-ridge": 0.01, "profile": "paper"})
+    assert direct == settings
+    assert "lab" not in settings.to_config()  # the trial keys see the switches, not the text
+
+
+@pytest.mark.parametrize("text, message", [
+    ("eps=0.5", "'eps' is a product setting, not a research switch"),
+    ("tune-epoch=5", "'tune-epoch' is not a research switch \\(did you mean 'tune-epochs'"),
+    ("tune-epochs=many", "tune-epochs='many' has type str, expected int"),
+    ("tune-curve", "'tune-curve' is not key=value"),
+])
+def test_a_bad_lab_text_names_the_key(text, message):
+    with pytest.raises(SettingsError, match=message):
+        Settings.from_run_config({"lab": text})
+
+
+def test_a_switch_given_twice_with_two_values_is_refused():
+    with pytest.raises(SettingsError, match="tune-epochs is given twice"):
+        Settings.from_run_config({"tune-epochs": 3, "lab": "tune-epochs=4"})
+
+
+def test_cli_points_a_research_switch_to_the_lab_setting(capsys):
+    assert main(["run", "--run-config", "tune-curve='100,200'"]) == 2
+    err = capsys.readouterr().err
+    assert "research switch(es)" in err and "lab='tune-curve=100,200'" in err
 
 
 @pytest.mark.parametrize(
@@ -67,8 +108,9 @@ def test_readme_documents_every_setting():
         return {key for line in rows for key in re.findall(r"`([a-z0-9-]+)`", line.split("|")[1])}
 
     assert set(user_keys()) <= documented("README.md")
-    assert set(app_defaults()) <= documented("docs/settings.md"), \
-        sorted(set(app_defaults()) - documented("docs/settings.md"))
+    every = set(product_keys()) | set(lab_keys())
+    assert every <= documented("docs/settings.md"), sorted(every - documented("docs/settings.md"))
+    assert "lab='" in (ROOT / "docs" / "settings.md").read_text()  # how the switches are set
 
 
 # ---- what the nodes receive ---------------------------------------------------------------

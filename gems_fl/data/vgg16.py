@@ -28,7 +28,7 @@ IMAGENET_STD = (0.229, 0.224, 0.225)
 HOW_TO_GET_WEIGHTS = (
     "Download torchvision's ImageNet VGG-16 weights "
     "(https://download.pytorch.org/models/vgg16-397923af.pth) and give the file with the run "
-    "setting `vgg16-weights` (e.g. --run-config \"vgg16-weights='/path/vgg16-397923af.pth'\"); "
+    "setting `vgg16-weights` (e.g. --run-config \"lab='vgg16-weights=/path/vgg16-397923af.pth'\"); "
     "any state dict with torchvision's `features.*` keys (or the same keys without the "
     "`features.` prefix) works. Alternatively install torchvision on a machine with internet "
     "and leave `vgg16-weights` empty: the weights VGG16_Weights.IMAGENET1K_V1 are then fetched."

@@ -34,14 +34,18 @@ def settings_epilog(width: int = 100) -> str:
 
     from gems_fl.settings.doc import meaning
 
-    head = {True: ["run settings (--run-config \"key=value ...\"; quote text values: "
-                   "\"dataset='fashion-mnist'\"):"],
-            False: ["", "more settings: the internals and research switches (docs/settings.md):"]}
+    heads = {"user": ["run settings (--run-config \"key=value ...\"; quote text values: "
+                      "\"dataset='fashion-mnist'\"):"],
+             "more": ["", "more settings: the internals (docs/settings.md):"],
+             "lab": ["", "research switches of the paper's studies, inside one setting: "
+                     "--run-config \"lab='tune-curve=100,200 profile=paper'\":"]}
     lines: list[str] = []
-    for user in (True, False):
-        lines.extend(head[user])
+    for group, head in heads.items():
+        lines.extend(head)
         for field in fields(Settings):
-            if field.metadata["user"] != user:
+            kind = ("lab" if field.metadata["lab"] else "user" if field.metadata["user"]
+                    else "more")
+            if kind != group:
                 continue
             key = field.name.replace("_", "-")
             default = (json.dumps(field.default) if isinstance(field.default, (str, bool))

@@ -5,12 +5,12 @@ anything starts."""
 from __future__ import annotations
 
 import difflib
-import re
 import tomllib
 from pathlib import Path
 from typing import Any
 
-from gems_fl.settings import Settings
+from gems_fl.settings import LAB_KEY, Settings, lab_keys
+from gems_fl.settings.lab import parse_pairs
 
 
 def app_config(app_dir: Path) -> dict[str, Any]:
@@ -20,9 +20,6 @@ def app_config(app_dir: Path) -> dict[str, Any]:
         raise FileNotFoundError(f"no pyproject.toml in {app_dir}: pass the app folder")
     with path.open("rb") as f:
         return tomllib.load(f)["tool"]["flwr"]["app"]["config"]
-
-
-PAIR = re.compile(r"""(\S+?)=('[^']*'|"[^"]*"|\S+)""")
 
 
 def parse_run_config(text: str | None) -> dict[str, Any]:
@@ -41,21 +38,7 @@ def parse_run_config(text: str | None) -> dict[str, Any]:
                 return dict(tomllib.load(f))
         except (OSError, tomllib.TOMLDecodeError) as exc:
             raise ValueError(f"--run-config {text}: cannot read it as TOML ({exc})") from None
-    result: dict[str, Any] = {}
-    rest = PAIR.sub(" ", text).strip()
-    if rest:
-        raise ValueError(f"--run-config: {rest.split()[0]!r} is not key=value; write e.g. "
-                         "--run-config \"eps=0.5 dataset='fashion-mnist'\"")
-    for key, value in PAIR.findall(text):
-        try:
-            parsed = tomllib.loads(f"{key} = {value}")
-        except tomllib.TOMLDecodeError:
-            bare = value.strip("'\"")
-            raise ValueError(
-                f"--run-config: {key}={value} is not a number, true/false or a quoted string; "
-                f"quote text values: --run-config \"{key}='{bare}'\"") from None
-        result.update(parsed)
-    return result
+    return parse_pairs(text, where="--run-config", bare_text=False)
 
 
 def refuse_unknown(overrides: dict[str, Any], known: Any) -> None:
@@ -64,6 +47,12 @@ def refuse_unknown(overrides: dict[str, Any], known: Any) -> None:
     unknown = sorted(set(overrides) - set(known))
     if not unknown:
         return
+    switches = [key for key in unknown if key in lab_keys()]
+    if switches and LAB_KEY in known:
+        pairs = " ".join(f"{key}={overrides[key]}" for key in switches)
+        raise ValueError(f"{', '.join(repr(k) for k in switches)}: research switch(es) of the "
+                         f"paper's studies, set inside the one lab setting: --run-config "
+                         f"\"lab='{pairs}'\" (docs/settings.md, 'Research switches')")
     parts = []
     for key in unknown:
         close = difflib.get_close_matches(key, sorted(known), n=3, cutoff=0.6)

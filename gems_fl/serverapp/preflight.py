@@ -206,7 +206,7 @@ def check_division(settings: Settings, num_nodes: int) -> None:
         raise PreflightError(
             f"label-division {settings.label_division!r}: class {label} is held by nodes "
             f"{', '.join(map(str, nodes))}{more}; give each class to one node, or set "
-            "--run-config \"allow-overlap=true\" to split its samples among them")
+            "--run-config \"lab='allow-overlap=true'\" to split its samples among them")
 
 
 def is_explicit_division(spec: str) -> bool:

@@ -1,7 +1,8 @@
 """Run settings: one declaration per setting, one validated object built from them.
 
 Every key of ``[tool.flwr.app.config]`` in ``pyproject.toml`` is one field of
-:class:`Settings` (``-`` becomes ``_``), declared with :func:`~gems_fl.settings.checks.setting`
+:class:`Settings` (``-`` becomes ``_``), besides ``lab``: the text that sets the research
+switches (fields declared ``lab=True``, :mod:`.lab`). Each field is declared with :func:`~gems_fl.settings.checks.setting`
 in the module of its group (:mod:`.data`, :mod:`.training`, :mod:`.spaces`,
 :mod:`.aggregation`, :mod:`.privacy`, :mod:`.operation`): its default (hence its type), its
 meaning, its constraint, and whether nodes need it. From those declarations come the
@@ -25,6 +26,7 @@ from gems_fl.learning.widths import parse_hidden
 from gems_fl.settings.aggregation import AggregationSettings
 from gems_fl.settings.checks import SettingsError, coerce, key_of
 from gems_fl.settings.data import DataSettings
+from gems_fl.settings.lab import LAB_KEY, expand_lab
 from gems_fl.settings.operation import PAPER_PROFILE, OperationSettings
 from gems_fl.settings.privacy import PrivacySettings
 from gems_fl.settings.rules import check_rules
@@ -35,7 +37,7 @@ from gems_fl.settings.values import parse_pooled_ridge, parse_refine_l2, parse_t
 if TYPE_CHECKING:
     from torch import nn
 
-__all__ = ["Settings", "SettingsError", "node_keys"]
+__all__ = ["LAB_KEY", "Settings", "SettingsError", "lab_keys", "node_keys", "product_keys"]
 
 #: Paths only a partitioned dataset's nodes read (the files a simulation cuts into
 #: partitions); nodes on their own files (``node-files``) never receive them.
@@ -92,9 +94,10 @@ class Settings(OperationSettings, PrivacySettings, AggregationSettings, SpaceSet
         """Build settings from a Flower run config (keys as in ``pyproject.toml``).
 
         Unknown keys are ignored (Flower passes the whole app config); each known key
-        must have the type of its default.
+        must have the type of its default. The ``lab`` text is read into the research
+        switches it names (:func:`~gems_fl.settings.lab.expand_lab`).
         """
-        return cls(**_known(run_config))
+        return cls(**_known(expand_lab(run_config, lab_keys(), product_keys())))
 
     @classmethod
     def from_node_config(cls, config: Mapping[str, Any]) -> Settings:
@@ -191,6 +194,17 @@ _DEFAULTS = {f.name: f.default for f in fields(Settings)}
 def node_keys() -> tuple[str, ...]:
     """The keys of the settings nodes receive."""
     return tuple(key_of(f) for f in fields(Settings) if f.metadata["node"])
+
+
+def lab_keys() -> tuple[str, ...]:
+    """The research switches (declared ``lab=True``): set inside the ``lab`` setting."""
+    return tuple(key_of(f) for f in fields(Settings) if f.metadata["lab"])
+
+
+def product_keys() -> tuple[str, ...]:
+    """The product's settings: the keys of the app's ``[tool.flwr.app.config]`` besides
+    ``lab``."""
+    return tuple(key_of(f) for f in fields(Settings) if not f.metadata["lab"])
 
 
 def _known(config: Mapping[str, Any], node_only: bool = False) -> dict[str, Any]:

@@ -29,7 +29,7 @@ class AggregationSettings:
     clusters: int = setting(
         75,
         'm_eps, k-means clusters over all neurons of all nodes',
-        positive)
+        positive, lab=True)
     max_width: int = setting(
         0,
         'MLP: the most neurons a merged hidden layer may have (0: no bound). Above it, the '
@@ -42,7 +42,7 @@ class AggregationSettings:
         1e-06,
         '`gram` only: ridge added to the weighted sum of Gram matrices in the closed-form '
         'center (relative to one mean Gram matrix)',
-        at_least(0))
+        at_least(0), lab=True)
     gram_point: str = setting(
         'auto',
         '`gram` only: `auto` (the default) lets the selection round choose, on the nodes\' '
@@ -57,7 +57,7 @@ class AggregationSettings:
         'named point is used with its regularisation from `pooled-ridge` (the pooled ridge, '
         'the LDA shrinkage among 1e-3, 1e-2, 1e-1, or the gaussian fit\'s L2 among 1e-6, '
         '1e-5, 1e-4, 1e-3 with `pooled-ridge=auto`)',
-        one_of(GRAM_POINTS))
+        one_of(GRAM_POINTS), lab=True)
     pooled_ridge: str = setting(
         'auto',
         '`gram-point` `auto` and `pooled`: ridge of the pooled least-squares fit, '
@@ -65,12 +65,12 @@ class AggregationSettings:
         'after the spaces sends the point for each of '
         + ', '.join(f'{r:g}' for r in POOLED_RIDGES)
         + ' and keeps the one with the best pooled validation accuracy',
-        parses(parse_pooled_ridge))
+        parses(parse_pooled_ridge), lab=True)
     no_intersection: str = setting(
         'min-penalty',
         "fallback when the spaces do not intersect: `min-penalty` (minimise the paper's "
         'objective) or `mean`',
-        one_of(NO_INTERSECTION_FALLBACKS))
+        one_of(NO_INTERSECTION_FALLBACKS), lab=True)
     server_grams: str = setting(
         'auto',
         "`gram`, logistic model: what the server keeps of the nodes' Gram matrices. `nodes`: "
@@ -83,7 +83,7 @@ class AggregationSettings:
         f'{SUMS_ABOVE_NODES} nodes, or where the nodes\' matrices would take more than '
         f'{SERVER_MATRIX_BYTES // 2 ** 30} GiB (the kernel model at many nodes), where the '
         'settings allow it, else `nodes`',
-        one_of(SERVER_GRAMS))
+        one_of(SERVER_GRAMS), lab=True)
     refine_rounds: int = setting(
         0,
         '`gram`: R refinement rounds after the one-shot `h_G` (the logistic model, or the '
@@ -100,7 +100,7 @@ class AggregationSettings:
         'report there did not rise, and otherwise goes back with a plain step; `monotone` '
         'takes plain Bohning steps from the current model (the pooled objective never '
         'increases)',
-        one_of(REFINE_METHODS))
+        one_of(REFINE_METHODS), lab=True)
     refine_l2: float | str = setting(
         'auto',
         '`refine-rounds`: the objective the steps minimise is the pooled cross-entropy plus '
@@ -109,4 +109,4 @@ class AggregationSettings:
         f'loss. `auto`: {DEFAULT_REFINE_L2:g} for the logistic model (the best pooled '
         "validation accuracy, README \"Refinement rounds\"), 0 for the MLP's output layer "
         '(not chosen there; that penalty lowered it in the run measured)',
-        parses(parse_refine_l2))
+        parses(parse_refine_l2), lab=True)

@@ -25,7 +25,7 @@ USER_MEANING_MAX = 300
 
 
 def setting(default: Any, meaning: str, check: Check | None = None, *, node: bool = False,
-            user: bool = False, detail: str = "") -> Any:
+            user: bool = False, lab: bool = False, detail: str = "") -> Any:
     """Declare one run setting (a dataclass field with its description as metadata).
 
     ``meaning`` is the settings table's text (backticks for code); settings that share
@@ -34,13 +34,18 @@ def setting(default: Any, meaning: str, check: Check | None = None, *, node: boo
     the others stay on the server. ``user=True``: a choice a user makes (the README's
     table and the head of ``gems-fl run --help``; its meaning at most
     :data:`USER_MEANING_MAX` characters); the others are the internals and research
-    switches of ``docs/settings.md``. ``detail``: more words for ``docs/settings.md``.
+    switches of ``docs/settings.md``. ``lab=True``: a research switch of the paper's
+    studies: not in the app's ``[tool.flwr.app.config]``; a run sets it inside the one
+    ``lab`` setting (``--run-config "lab='tune-curve=100,200'"``, see :func:`expand_lab`).
+    ``detail``: more words for ``docs/settings.md``.
     """
+    if user and lab:
+        raise ValueError(f"a research switch (lab=True) is not a user's setting: {meaning[:60]}")
     if user and len(meaning) > USER_MEANING_MAX:
         raise ValueError(f"a user setting's meaning has at most {USER_MEANING_MAX} characters "
                          f"({len(meaning)}): move the rest to detail=: {meaning[:60]}...")
     return field(default=default, metadata={"meaning": meaning, "check": check, "node": node,
-                                            "user": user, "detail": detail})
+                                            "user": user, "lab": lab, "detail": detail})
 
 
 def key_of(f: Field) -> str:

@@ -53,7 +53,7 @@ class DataSettings:
         False,
         'an explicit `label-division` may give a class to several nodes (its samples are '
         'split among them); otherwise that is refused before the run starts, as a likely '
-        'typo')
+        'typo', lab=True)
     num_features: int = setting(
         0,
         "`dataset='node-files'`: the number of features every node's file must have; 0: "
@@ -124,18 +124,18 @@ class DataSettings:
         '',
         "CIFAR-10: a local VGG-16 state dict (torchvision's `vgg16-397923af.pth`); empty: "
         'torchvision fetches `VGG16_Weights.IMAGENET1K_V1` (needs torchvision and internet)',
-        node=True)
+        node=True, lab=True)
     feature_cache_dir: str = setting(
         '',
         "where extracted CIFAR-10 / HAM10000 features (and HAM10000's decoded images) are "
         'cached; empty: `~/.cache/gems-fl/features` (`$XDG_CACHE_HOME/gems-fl/features` '
         'when set)',
-        node=True)
+        node=True, lab=True)
     ham10000_per_class: int = setting(
         2000,
         _ROW_HAM10000_PER_CLASS,
-        at_least(4, "every class needs an image in each of train, public, val and test"), node=True)
+        at_least(4, "every class needs an image in each of train, public, val and test"), node=True, lab=True)
     ham10000_cnn_epochs: int = setting(
         10,
         _ROW_HAM10000_PER_CLASS,
-        positive, node=True)
+        positive, node=True, lab=True)

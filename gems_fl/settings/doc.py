@@ -9,7 +9,7 @@ import sys
 from dataclasses import fields
 from typing import Any
 
-from gems_fl.settings import Settings
+from gems_fl.settings import Settings, lab_keys
 from gems_fl.settings.checks import key_of
 
 __all__ = ["format_default", "meaning", "reference_markdown", "settings_markdown",
@@ -19,9 +19,18 @@ REFERENCE_INTRO = """# Settings reference
 
 Every run setting, generated from its declaration under `gems_fl/settings/`
 (`python -m gems_fl.settings.doc --reference` prints this page; a test checks it). The
-README's table lists the user's choices; the rest below are the internals of the radius
-searches, the Gram points, refinement and tuning, and the paper-compatibility switches
-that `profile='paper'` sets. Every one stays settable with `--run-config "key=value"`.
+README's table lists the user's choices; then the product's internals, each settable
+with `--run-config "key=value"`; then the research switches of the paper's studies (the
+fine-tuning recipe, the paper's search and neuron constants, the Gram points and their
+ridges, `profile='paper'`), which are not in the app's `pyproject.toml` and reach a run
+inside the one `lab` setting:
+
+```bash
+gems-fl run --nodes 5 --run-config "lab='tune-curve=100,200 tune-stop=fixed profile=paper'"
+```
+
+Inside `lab`, `key=value` pairs separated by spaces; a value is a number, `true`/`false`
+or text (quotes optional). A product setting or an unknown key there is refused, naming it.
 """
 
 
@@ -30,13 +39,15 @@ def settings_table(user_only: bool = False) -> list[tuple[tuple[str, ...], tuple
     neighbouring settings with the same meaning share a row. ``user_only``: the user's
     settings (the README's table); else every setting, with its detail."""
     rows: list[tuple[tuple[str, ...], tuple[Any, ...], str]] = []
+    group = None
     for f in fields(Settings):
         if user_only and not f.metadata["user"]:
             continue
         text = f.metadata["meaning"]
         if not user_only and f.metadata["detail"]:
             text = f"{text}. {f.metadata['detail']}"
-        if rows and rows[-1][2] == text:
+        same_group = group == (group := (f.metadata["user"], f.metadata["lab"]))
+        if rows and rows[-1][2] == text and same_group:
             keys, defaults, _ = rows[-1]
             rows[-1] = ((*keys, key_of(f)), (*defaults, f.default), text)
         else:
@@ -68,12 +79,14 @@ def settings_markdown() -> str:
 
 def reference_markdown() -> str:
     """``docs/settings.md``: every setting, user's first, with its detail."""
-    user = set(user_keys())
+    user, lab = set(user_keys()), set(lab_keys())
     rows = settings_table()
     first = [r for r in rows if r[0][0] in user]
-    rest = [r for r in rows if r[0][0] not in user]
+    rest = [r for r in rows if r[0][0] not in user | lab]
+    switches = [r for r in rows if r[0][0] in lab]
     return (f"{REFERENCE_INTRO}\n## The user's settings\n\n{_markdown(first)}\n\n"
-            f"## Internals and research switches\n\n{_markdown(rest)}\n")
+            f"## Internals\n\n{_markdown(rest)}\n\n"
+            f"## Research switches (inside `lab`)\n\n{_markdown(switches)}\n")
 
 
 def user_keys() -> tuple[str, ...]:

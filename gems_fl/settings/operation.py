@@ -75,7 +75,7 @@ class OperationSettings:
         '`product` (the defaults measured best here) or `paper`: the paper\'s recipe for every '
         'setting still at its product default (' + ', '.join(f'`{k}={v}`'.replace('False', 'false')
                                                           for k, v in PAPER_PROFILE.items()) + ')',
-        one_of(PROFILES), user=True)
+        one_of(PROFILES), lab=True)
     output_dir: str = setting(
         'gems-results',
         'results go to `<output-dir>/run-<run id>/`',

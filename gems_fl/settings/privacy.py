@@ -54,4 +54,4 @@ class PrivacySettings:
         '`dp-epsilon`: draw the noise from the run\'s seed (repeatable experiments) instead '
         "of the operating system's entropy. A server that knows the seed can subtract the "
         'noise: no privacy against it',
-        node=True)
+        node=True, lab=True)

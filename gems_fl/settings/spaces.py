@@ -37,35 +37,35 @@ class SpaceSettings:
         0.0,
         'upper end of the radius bisection, in the units of the space kind\'s radius; 0: the '
         'kind\'s own bound (see docs/method.md)',
-        at_least(0, "0: the space kind's own bound"), node=True)
+        at_least(0, "0: the space kind's own bound"), node=True, lab=True)
     delta: float = setting(
         0.01,
         'bisection stops at this width',
-        positive, node=True)
+        positive, node=True, lab=True)
     ellipsoid_c: float = setting(
         0.1,
         'c of appendix A: shortest axis relative to the longest',
-        in_range(0, 1, "it is the shortest ellipsoid axis relative to the longest (appendix A's c)", closed="right"), node=True)
+        in_range(0, 1, "it is the shortest ellipsoid axis relative to the longest (appendix A's c)", closed="right"), node=True, lab=True)
     ellipsoid_floor: str = setting(
         'quantile',
         'ellipsoid axes `max(F_ref / F_i, c)`: `quantile` takes F_ref as the 5 % quantile '
         "of the nonzero Fisher entries; `paper` is appendix A's min over all entries, "
         'which collapses every axis to c when some entry is 0',
-        one_of(ELLIPSOID_FLOORS), node=True)
+        one_of(ELLIPSOID_FLOORS), node=True, lab=True)
     eps_neuron: float = setting(
         0.1,
         "eps_j: a perturbed neuron is good enough while its outputs on the node's "
         'validation inputs deviate by at most this',
-        positive, node=True)
+        positive, node=True, lab=True)
     neuron_criterion: str = setting(
         'rms',
         "deviation of a neuron's outputs: `rms` (root mean square) or `paper` (L2 norm "
         "divided by N, the paper's eq. 3)",
-        one_of(NEURON_CRITERIA), node=True)
+        one_of(NEURON_CRITERIA), node=True, lab=True)
     neuron_delta: float = setting(
         0.01,
         'bisection width of the per-neuron radius search',
-        positive, node=True)
+        positive, node=True, lab=True)
     gram_rank: int | str = setting(
         'auto',
         "`gram` only: how a node's Gram matrix travels. 0: the whole matrix (upper triangle, "
@@ -82,7 +82,7 @@ class SpaceSettings:
         '`gram` only: nodes also send their label moments (mean of `e_y [x, 1]^T` over their '
         'training rows, one model\'s size) and class counts; every `gram-point` but `closed-form` '
         'needs them',
-        node=True)
+        node=True, lab=True)
     class_grams: str = setting(
         'auto',
         '`gram` with `label-moments`: nodes also send the Gram matrix of each class they hold '
@@ -97,7 +97,7 @@ class SpaceSettings:
         'docs/random-features.md). Under '
         '`secure-aggregation` they travel whole through SecAgg+ as sums per class, with '
         '`auto` up to 256 inputs; not with `dp-epsilon`',
-        one_of(CLASS_GRAMS), node=True)
+        one_of(CLASS_GRAMS), node=True, lab=True)
     class_components: int = setting(
         4,
         '`class-grams` sent whole (up to 256 inputs: the MLP\'s output layer): each node '
@@ -107,4 +107,4 @@ class SpaceSettings:
         'a mixture of Gaussians per class, and `gaussian` adds them up (README "Good-enough '
         'spaces"). The factor form (above 256 inputs) sends one per class; with '
         '`server-grams=sums` the server adds a class\'s clusters up. 1: one per class',
-        at_least(1, "1: one Gram matrix per class"), node=True)
+        at_least(1, "1: one Gram matrix per class"), node=True, lab=True)

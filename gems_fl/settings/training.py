@@ -54,7 +54,7 @@ class TrainingSettings:
     rf_map: str = setting(
         'fourier',
         _ROW_RF,
-        one_of(MAPS), node=True)  # nodes: DP's clip for Fourier features
+        one_of(MAPS), node=True, lab=True)  # nodes: DP's clip for Fourier features
     rf_dim: int = setting(
         2048,
         _ROW_RF,
@@ -73,7 +73,7 @@ class TrainingSettings:
         "from the per-feature sums the nodes send in the identity round (measured on "
         "Fashion-MNIST's validation rows: results/benchmarks/random_features.json). Under "
         "`dp-epsilon` those sums would leave the nodes unnoised: give a number",
-        parses(parse_rf_bandwidth))
+        parses(parse_rf_bandwidth), lab=True)
     hidden: str = setting(
         'auto',
         _ROW_HIDDEN,
@@ -111,11 +111,11 @@ class TrainingSettings:
     tune_epochs: int = setting(
         5,
         _ROW_TUNE_EPOCHS,
-        at_least(0))
+        at_least(0), lab=True)
     tune_lr: float = setting(
         0.001,
         _ROW_TUNE_EPOCHS,
-        positive)
+        positive, lab=True)
     tune_stop: str = setting(
         'holdout',
         'how fine-tuning (GEMS tuned, Raw, the fine-tuning study) stops: `holdout` holds out '
@@ -124,27 +124,27 @@ class TrainingSettings:
         'improved) and, for a trained start, the factor it is shrunk by first (1, 0.5, 0.2 '
         'or 0), then tunes that long on the whole sample; '
         "`fixed` runs exactly `tune-epochs` epochs on all of it (the paper's recipe)",
-        one_of(TUNE_STOPS))
+        one_of(TUNE_STOPS), lab=True)
     tune_max_epochs: int = setting(
         50,
         '`tune-stop=holdout`: at most this many fine-tuning epochs',
-        at_least(0))
+        at_least(0), lab=True)
     tune_layers: str = setting(
         'auto',
         "MLP fine-tuning: the `last` layer only (the paper's choice), `all`, or `auto`: "
         'both, keeping the one that scores better on the held-out 20 % (with `tune-stop=fixed`, '
         'which holds nothing out: `last`)',
-        one_of(TUNE_LAYERS))
+        one_of(TUNE_LAYERS), lab=True)
     tune_fresh: bool = setting(
         True,
         '`tune-stop=holdout`, GEMS tuned: also train a fresh model until convergence (Raw '
         "converged's recipe) on the same 80 % and keep it instead where it scores better "
         'on the held-out 20 % (`results.json` says which was kept: `fresh`); `false`: '
-        'the tuned GEMS model always')
+        'the tuned GEMS model always', lab=True)
     tune_curve: str = setting(
         '',
         'Fine-tuning study: comma-separated public sample sizes (e.g. `100,200,500`); the '
         'server then tunes GEMS, each Local model, Averaged and a fresh Raw model '
         'identically on nested samples of each size and writes the curve to `results.json` '
         '(`fine_tuning`). Empty: off',
-        parses(parse_tune_curve))
+        parses(parse_tune_curve), lab=True)

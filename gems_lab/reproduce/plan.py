@@ -125,10 +125,28 @@ class Options:
         return cfg
 
 
-#: Settings added after trials were stored, with the value every stored trial ran with (or
-#: computes the same with: min-rows applies to own-data sites only, which no trial has,
-#: no trial declares feature-ranges, and the wait before the identity round changes no result): at that value they stay out of
-#: a trial's key, so the stored trials keep their names.
+#: The settings whose values every stored trial's key holds, frozen with the stored trials.
+#: A trial's key does not follow the product's settings list: a setting added since enters
+#: a key only where the trial sets it away from its default, so adding a setting renames
+#: no stored trial and this module need not learn it. (The price: changing such a setting's
+#: default does not rerun stored trials; ``gems-fl reproduce --fresh`` does.)
+TRIAL_KEY_SETTINGS = (
+    "dataset", "data-dir", "site-files", "label-division", "allow-overlap", "num-features",
+    "classes", "label-column", "standardize", "public-data", "vgg16-weights",
+    "feature-cache-dir", "ham10000-per-class", "ham10000-cnn-epochs", "model", "hidden",
+    "dropout", "local-lr", "batch-size", "local-max-epochs", "local-patience", "device",
+    "public-samples", "tune-epochs", "tune-lr", "tune-stop", "tune-max-epochs", "tune-layers",
+    "tune-fresh", "tune-curve", "space", "eps", "num-directions", "r-max", "delta",
+    "ellipsoid-c", "ellipsoid-floor", "eps-neuron", "neuron-criterion", "neuron-delta",
+    "gram-rank", "label-moments", "class-grams", "class-components", "clusters", "max-width",
+    "gram-ridge", "gram-point", "pooled-ridge", "no-intersection", "server-grams",
+    "refine-rounds", "refine-method", "refine-l2", "secure-aggregation", "secure-threshold",
+    "dp-epsilon", "dp-delta", "dp-clip", "dp-seeded-noise", "seed", "min-replies",
+    "required-nodes", "round-timeout", "evaluate-on-server", "output-dir")
+#: Settings added after the first trials were stored and before the freeze above, with
+#: the value every stored trial ran with (or computes the same with: min-rows applies to
+#: own-data sites only, which no trial has, no trial declares feature-ranges, and the wait
+#: before the identity round changes no result): at that value they stay out of a key.
 LATER_SETTINGS = {"baselines": "all", "profile": "product", "min-good-enough": "0",
                   "site-wait": 60.0, "min-rows": 10, "feature-ranges": "",
                   "rf-map": "fourier", "rf-dim": 2048, "rf-bandwidth": "auto",
@@ -136,6 +154,7 @@ LATER_SETTINGS = {"baselines": "all", "profile": "product", "min-good-enough": "
 #: Settings retired after trials were stored, with the one value every trial ran with (and
 #: that the code still computes): they stay in the key, so the stored trials keep their names.
 RETIRED_SETTINGS = {"gram-weighting": "samples"}
+_DEFAULTS = Settings().to_config()
 
 
 @dataclass
@@ -158,9 +177,12 @@ class Trial:
         key spelled out at its default value names the same trial as one left out.
         """
         settings = Settings.from_run_config(self.run_config).to_config()
-        for key, value in LATER_SETTINGS.items():
-            if settings.get(key) == value:
-                del settings[key]
+        for key, value in list(settings.items()):
+            if key in LATER_SETTINGS:
+                if value == LATER_SETTINGS[key]:
+                    del settings[key]
+            elif key not in TRIAL_KEY_SETTINGS and value == _DEFAULTS[key]:
+                del settings[key]  # a setting newer than the stored trials, at its default
         settings.update(RETIRED_SETTINGS)
         return json.dumps([self.kind, settings, self.num_nodes, self.node_configs,
                            self.federated], sort_keys=True)
