@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import random
 import re
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -26,6 +25,7 @@ from gems_lab.reproduce import Options, expected_files
 from gems_lab.reproduce.plan import build_plan
 from gems_lab.reproduce.report import mean_std
 from gems_lab.reproduce.report_federated import rounds_to_reach
+from gems_lab.reproduce.store import TrialStore
 from tests.helpers import FAST, ROOT, app_defaults, run_in_process
 
 # --- plan -----------------------------------------------------------------------------
@@ -442,14 +442,15 @@ def test_reproduce_quick_writes_every_table_and_plot_with_every_row(tmp_path):
     # A second invocation with 2 seeds for study 4 (its 2 trials a seed: the cheapest
     # study) reuses seed 0's stored trials untouched, runs only seed 1's, and reports
     # every seed.
-    stored = {p.name: p.stat().st_mtime_ns for p in (out / "trials").glob("*.json")}
-    planned = {f"{t.name}.json" for t in build_plan(Options.quick_preset(seeds=(0, 1),
-                                                                         studies=(4,)))}
+    stored = TrialStore(out).load()
+    assert sorted(p.name for p in (out / "trials").iterdir()) == [
+        f"study{n}.jsonl" for n in (1, 2, 4, 5, 6, 7)]  # one file per study (3: in 1's)
+    planned = {t.name for t in build_plan(Options.quick_preset(seeds=(0, 1), studies=(4,)))}
     assert main(["reproduce", "--quick", "--seeds", "2", "--studies", "4",
                  "--out", str(out)]) == 0
-    now = {p.name: p.stat().st_mtime_ns for p in (out / "trials").glob("*.json")}
+    now = TrialStore(out).load()
     assert set(now) - set(stored) == planned - set(stored) != set()
-    assert all(now[name] == stored[name] for name in planned & set(stored))
+    assert all(now[name] == stored[name] for name in set(stored))  # untouched
     sizes = json.loads((out / "study4_model_size.json").read_text())
     assert len(sizes["grid"]) == len(options.size_grid)
     assert all(len(cell["accuracy"]) == 2 for cell in sizes["grid"])
@@ -511,8 +512,8 @@ def test_the_first_full_dirichlet_plan_keeps_its_trials_and_order():
     assert len(old) == 210
     names = [t.name for t in build_plan(options)]
     assert names[:len(old)] == old
-    stored = Path(__file__).resolve().parents[1] / "results" / "reproduction" / "study7" / "trials"
-    assert {p.stem for p in stored.glob("*.json")} <= set(names)
+    stored = TrialStore(ROOT / "results" / "reproduction" / "study7").load()
+    assert len(stored) == 420 and set(stored) <= set(names)
 
 
 def test_the_seed_note_counts_the_tuned_rows_that_kept_a_fresh_model(tmp_path):
@@ -551,9 +552,7 @@ def test_a_stored_trial_without_its_commit_takes_it_from_its_run_and_keeps_it(tm
     trial = Trial("gems", {"dataset": "digits", "seed": 0}, 2, labels={"seed": 0})
     stored = {"kind": "gems", "labels": {"seed": 0, "gram_rank": 5}, "studies": [1],
               "outcome": {}, "wall_s": 1.0}
-    (tmp_path / "trials").mkdir()
-    path = tmp_path / "trials" / f"{trial.name}.json"
-    path.write_text(json.dumps(stored))
+    TrialStore(tmp_path).add(trial.name, stored)
     run = tmp_path / "runs" / trial.name / "run-1"
     run.mkdir(parents=True)
     (run / "results.json").write_text(json.dumps({"run": {"git_commit": "abc1234def",
@@ -562,12 +561,45 @@ def test_a_stored_trial_without_its_commit_takes_it_from_its_run_and_keeps_it(tm
     assert ran == 0 and records[0]["git_commit"] == "abc1234def"
     # The labels and studies are this plan's, not those an earlier plan stored.
     assert records[0]["labels"] == {"seed": 0} and records[0]["studies"] == []
-    assert json.loads(path.read_text())["git_commit"] == "abc1234def"  # written back
+    kept = TrialStore(tmp_path).load()[trial.name]
+    assert kept["git_commit"] == "abc1234def"  # written back, with the stored labels
+    assert kept["labels"] == stored["labels"]
     # Without its run on disk, a stored trial stays as it was: nothing is made up.
     other = Trial("gems", {"dataset": "digits", "seed": 1}, 2, labels={"seed": 1})
-    (tmp_path / "trials" / f"{other.name}.json").write_text(json.dumps(stored))
+    TrialStore(tmp_path).add(other.name, stored)
     records, ran = run_trials([other], tmp_path, jobs=1)
     assert ran == 0 and "git_commit" not in records[0]
+
+
+def test_one_file_per_trial_is_packed_into_the_study_files_unchanged(tmp_path):
+    from gems_lab.reproduce.plan import Trial
+    from gems_lab.reproduce.runner import run_trials
+
+    trials = [Trial("gems", {"dataset": "digits", "seed": s}, 2, labels={"seed": s},
+                    studies={s + 1}) for s in range(3)]
+    records = {t.name: {"kind": "gems", "studies": [t.seed + 1], "outcome": {"x": t.seed},
+                        "git_commit": "abc"} for t in trials}
+    (tmp_path / "trials").mkdir()
+    for name, record in records.items():
+        (tmp_path / "trials" / f"{name}.json").write_text(json.dumps(record))
+    out, ran = run_trials(trials, tmp_path, jobs=1)
+    assert ran == 0 and [r["outcome"] for r in out] == [{"x": 0}, {"x": 1}, {"x": 2}]
+    assert sorted(p.name for p in (tmp_path / "trials").iterdir()) == [
+        "study1.jsonl", "study2.jsonl", "study3.jsonl"]
+    assert TrialStore(tmp_path).load() == records
+
+
+def test_a_study_file_cut_short_by_a_crash_loses_only_its_last_trial(tmp_path, caplog):
+    store = TrialStore(tmp_path)
+    store.add("a", {"studies": [1], "outcome": 1})
+    store.add("b", {"studies": [1], "outcome": 2})
+    path = tmp_path / "trials" / "study1.jsonl"
+    path.write_text(path.read_text()[:-9])  # the second line half written
+    assert store.load() == {"a": {"studies": [1], "outcome": 1}}
+    assert "cut short" in caplog.text
+    path.write_text('{"broken\n' + path.read_text())  # not the last line: refused
+    with pytest.raises(ValueError, match="line 1 is not a stored trial"):
+        store.load()
 
 
 def test_the_report_header_says_which_commits_computed_the_trials():
@@ -611,9 +643,10 @@ def test_the_committed_tables_regenerate_bit_for_bit_from_the_stored_trials(tmp_
     meta = json.loads((committed / "results.json").read_text())["meta"]["options"]
     options = Options(**{k: tuple(tuple(x) if isinstance(x, list) else x for x in v)
                          if isinstance(v, list) else v for k, v in meta.items()})
-    missing = [t.name for t in build_plan(options)
-               if not (committed / "trials" / f"{t.name}.json").exists()]
+    stored = TrialStore(committed).load()
+    missing = [t.name for t in build_plan(options) if t.name not in stored]
     assert missing == []  # a trial key that changed would rerun, not regenerate
+    assert len(list((committed / "trials").iterdir())) <= 7  # a few files per study
     shutil.copytree(committed / "trials", tmp_path / "trials")
     reproduce(options, tmp_path, jobs=1, command="test")
     tables = sorted(p.name for p in committed.glob("study*_*.*") if p.suffix in (".md", ".json"))

@@ -37,8 +37,10 @@ def settings_epilog(width: int = 100) -> str:
     heads = {"user": ["run settings (--run-config \"key=value ...\"; quote text values: "
                       "\"dataset='fashion-mnist'\"):"],
              "more": ["", "more settings: the internals (docs/settings.md):"],
-             "lab": ["", "research switches of the paper's studies, inside one setting: "
-                     "--run-config \"lab='tune-curve=100,200 profile=paper'\":"]}
+             "lab": ["", "research switches of the paper's studies, inside one setting "
+                     "(docs/settings.md):", '  lab = ""',
+                     "      key=value pairs of the switches below, e.g. --run-config "
+                     "\"lab='tune-curve=100,200 profile=paper'\""]}
     lines: list[str] = []
     for group, head in heads.items():
         lines.extend(head)

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import tomli_w
 
-from gems_fl.settings import Settings
+from gems_fl.settings import LAB_KEY, Settings
 from gems_fl.settings.checks import key_of
 
 PUBLISHER = "gems-fl"
@@ -35,7 +35,8 @@ def is_flower_app(folder: Path) -> bool:
 
 
 def app_pyproject() -> dict:
-    """The packaged app's ``pyproject.toml``: every run setting at its default."""
+    """The packaged app's ``pyproject.toml``: every product setting at its default, and the
+    empty ``lab`` text (the research switches at theirs)."""
     from importlib.metadata import PackageNotFoundError, version
 
     try:
@@ -46,7 +47,8 @@ def app_pyproject() -> dict:
         "project": {"name": "gems-fl-app", "version": release, "license": "Apache-2.0",
                     "description": "GEMS as a Flower app (the one the gems-fl package carries)"},
         "tool": {"flwr": {"app": {"publisher": PUBLISHER, "components": COMPONENTS,
-                                  "config": {key_of(f): f.default for f in fields(Settings)}}}},
+                                  "config": {**{key_of(f): f.default for f in fields(Settings)
+                                                if not f.metadata["lab"]}, LAB_KEY: ""}}}},
     }
 
 

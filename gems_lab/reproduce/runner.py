@@ -4,7 +4,8 @@ Each trial runs the real apps in-process (see :mod:`gems_fl.protocol.inprocess`)
 call :func:`gems_fl.serverapp.run_server`, the function ``server_app.py`` calls, with an
 in-process Grid whose nodes run :func:`gems_fl.clientapp.build_client_app`, the
 ClientApp ``client_app.py`` serves; FedAvg/FedProx trials use :mod:`gems_lab.fedavg`. A trial's
-outcome is written to ``trials/<name>.json`` as soon as it finishes, so an interrupted
+outcome is stored (:mod:`.store`: one JSON Lines file per study under ``trials/``) as soon
+as it finishes, so an interrupted
 reproduction resumes where it stopped, and a finished trial is never run twice. Each
 outcome records the git commit of the code that computed it (``git_commit``,
 ``git_dirty``): a reproduction that spans several invocations says which code each
@@ -33,6 +34,7 @@ from rich.progress import (
 from gems_fl.evaluation.results import RESULTS_FILE, git_commit
 from gems_fl.learning.train_cache import ENV_VAR as CACHE_ENV_VAR
 from gems_lab.reproduce.plan import Trial
+from gems_lab.reproduce.store import TrialStore
 
 
 def _compact_gems(results: dict, exchanges: list[dict]) -> dict:
@@ -147,22 +149,25 @@ def run_trials(trials: list[Trial], work_dir: Path, jobs: int) -> tuple[list[dic
     Returns all outcomes in plan order and how many trials this call actually ran.
     """
     work_dir.mkdir(parents=True, exist_ok=True)
-    (work_dir / "trials").mkdir(exist_ok=True)
     os.environ[CACHE_ENV_VAR] = str(work_dir / "cache")  # inherited by the workers
+    store = TrialStore(work_dir)
+    stored_records = store.load()
+    changed = False
     done: dict[str, dict] = {}
     for trial in trials:
-        path = work_dir / "trials" / f"{trial.name}.json"
-        if path.exists():
-            stored = json.loads(path.read_text())
+        if trial.name in stored_records:
+            stored = stored_records[trial.name]
             if "git_commit" not in stored:
                 stored = _with_commit(stored, work_dir / "runs" / trial.name)
                 if "git_commit" in stored:  # kept, for a checkout without the runs
-                    path.write_text(json.dumps(stored))
+                    stored_records[trial.name] = stored
+                    changed = True
             # This plan's studies and labels: a label an earlier plan stored (a rank of a
             # sweep this one skips) is not this report's.
-            stored["studies"] = sorted(trial.studies)
-            stored["labels"] = dict(trial.labels)
+            stored = {**stored, "studies": sorted(trial.studies), "labels": dict(trial.labels)}
             done[trial.name] = stored
+    if changed or store.has_legacy_files:
+        store.write_all(stored_records)
     todo = [t for t in trials if t.name not in done]
     columns = (TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
                TimeElapsedColumn(), TextColumn("{task.fields[last]}"))
@@ -187,7 +192,7 @@ def run_trials(trials: list[Trial], work_dir: Path, jobs: int) -> tuple[list[dic
                         raise RuntimeError(
                             f"trial {trial.name} ({trial.kind}, {trial.labels}) failed: {exc}; "
                             f"its log is {work_dir / 'logs' / (trial.name + '.log')}") from exc
-                    (work_dir / "trials" / f"{trial.name}.json").write_text(json.dumps(record))
+                    store.add(trial.name, record)
                     done[trial.name] = record
                     line = f"{trial.kind} {trial.labels} {record['wall_s']:.1f}s"
                     progress.update(task, advance=1, last=line)
