@@ -30,6 +30,12 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # run from a checkout without installing it
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from envelope import default_out, write_envelope
+
+#: a run of seconds that benchmarks/smoke.py (and CI) runs so this script cannot rot
+SMOKE = [["--dataset", "digits", "--cases", "paper:3", "--components", "1", "2"]]
 
 from gems_fl.data import load_dataset, node_data, parse_division
 from gems_fl.geometry.choices import GAUSSIAN_L2S
@@ -37,7 +43,8 @@ from gems_fl.geometry.components import component_grams, mixture_moments
 from gems_fl.geometry.virtual import gaussian_point, pooled_class_moments
 
 
-def merged_model(division: str, nodes: int, seed: int, runs: Path) -> tuple[Path, float | None]:
+def merged_model(division: str, nodes: int, seed: int, runs: Path,
+                 dataset: str = "fashion-mnist") -> tuple[Path, float | None]:
     """The run's ``gems_model.npz`` (run through the apps unless kept) and its GEMS
     accuracy (None when reused)."""
     from flwr.app import Context, RecordDict
@@ -47,11 +54,12 @@ def merged_model(division: str, nodes: int, seed: int, runs: Path) -> tuple[Path
     from gems_fl.running.run_config import app_config
     from gems_fl.serverapp import run_server
 
-    out = runs / f"{division.replace('/', '-').replace(',', '')}-{nodes}-seed{seed}"
+    out = runs / f"{'' if dataset == 'fashion-mnist' else dataset + '-'}" \
+                 f"{division.replace('/', '-').replace(',', '')}-{nodes}-seed{seed}"
     found = sorted(out.glob("run-*/gems_model.npz"))
     if found:
         return found[0], None
-    cfg = {**app_config(ROOT), "model": "mlp", "dataset": "fashion-mnist", "public-samples": 0,
+    cfg = {**app_config(ROOT), "model": "mlp", "dataset": dataset, "public-samples": 0,
            "label-division": division, "seed": seed, "output-dir": str(out)}
     grid = InProcessGrid(client_app, nodes, cfg)
     ctx = Context(run_id=1, node_id=1, node_config={}, state=RecordDict(), run_config=cfg)
@@ -59,14 +67,15 @@ def merged_model(division: str, nodes: int, seed: int, runs: Path) -> tuple[Path
     return sorted(out.glob("run-*/gems_model.npz"))[0], results["rows"]["GEMS"]["accuracy"]
 
 
-def study(division: str, nodes: int, seed: int, components: list[int], runs: Path) -> dict:
-    path, gems = merged_model(division, nodes, seed, runs)
+def study(division: str, nodes: int, seed: int, components: list[int], runs: Path,
+          dataset: str = "fashion-mnist") -> dict:
+    path, gems = merged_model(division, nodes, seed, runs, dataset)
     model = np.load(path)
     if "hidden.1.weight" in model:
         raise SystemExit(f"{path}: more than one hidden layer; this study takes one")
     w1, b1 = (model[k].astype(np.float64) for k in ("hidden.0.weight", "hidden.0.bias"))
     features = lambda a: np.maximum(np.asarray(a, np.float64) @ w1.T + b1, 0.0)
-    splits = load_dataset("fashion-mnist", seed=seed)
+    splits = load_dataset(dataset, seed=seed)
     parts = [node_data(splits, parse_division(division, nodes, splits.num_classes), i, seed)
              for i in range(nodes)]
     train = [(features(p[0]), np.asarray(p[1])) for p in parts]
@@ -110,20 +119,22 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, nargs="+", default=[0])
     parser.add_argument("--cases", nargs="+", default=["paper:5"])
     parser.add_argument("--components", type=int, nargs="+", default=[1, 2, 4, 8])
-    parser.add_argument("--runs", type=Path, default=ROOT / "benchmarks" / "out" / "component_runs")
-    parser.add_argument("--out", type=Path,
-                        default=ROOT / "benchmarks" / "out" / "class_components.json")
+    parser.add_argument("--runs", type=Path, default=None,
+                        help="where the merged MLP runs are kept (default: beside --out)")
+    parser.add_argument("--out", type=Path, default=Path(default_out("class_components")))
+    parser.add_argument("--dataset", default="fashion-mnist")
     args = parser.parse_args()
-    done = json.loads(args.out.read_text())["studies"] if args.out.exists() else []
+    runs = args.runs or args.out.parent / "class_components_runs"
+    stored = json.loads(args.out.read_text()) if args.out.exists() else {}
+    done = stored["records"][0]["studies"] if "records" in stored else stored.get("studies", [])
     for seed in args.seeds:
         for case in args.cases:
             division, nodes = case.rsplit(":", 1)
             if any(s["division"] == division and s["nodes"] == int(nodes) and s["seed"] == seed
                    for s in done):
                 continue
-            done.append(study(division, int(nodes), seed, args.components, args.runs))
-            args.out.parent.mkdir(parents=True, exist_ok=True)
-            args.out.write_text(json.dumps({"studies": done}, indent=2) + "\n")
+            done.append(study(division, int(nodes), seed, args.components, runs, args.dataset))
+            write_envelope("class_components", args.out, {"studies": done}, seeds=args.seeds)
     gs = sorted({r["components"] for s in done for r in s["rows"]})
     print("\n| division | K | seeds | " + " | ".join(f"G={g} val / test" for g in gs) + " |")
     print("| --- | --- | --- | " + " | ".join("---" for _ in gs) + " |")

@@ -11,21 +11,24 @@ sums and the selection round keeps the best on the nodes' validation data. ``non
 plain run (``dp-epsilon=0``). The noise is seeded (``dp-seeded-noise=true``) so that the
 table repeats; a run without it draws other noise every time. Prints GEMS test accuracy,
 the point kept, the noise std and the accountant's epsilon, on how many nodes h_G is good
-enough, and writes JSON (``--out``, default ``benchmarks/out/dp.json``).
+enough, and writes JSON (``--out``, default ``results/benchmarks/dp.json``).
 ``public-samples=0``: no tuning on public data.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import sys
 import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # run from a checkout without installing it
+
+from envelope import default_out, write_envelope
+
+#: a run of seconds that benchmarks/smoke.py (and CI) runs so this script cannot rot
+SMOKE = [["--dataset", "digits", "--divisions", "paper", "--epsilons", "8"]]
 
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
@@ -37,9 +40,10 @@ DIVISIONS = [("paper", 5), ("dirichlet:0.1", 5)]
 EPSILONS = [0.5, 1.0, 4.0, 8.0, 0.0]  # 0: no DP
 
 
-def one_run(division: str, nodes: int, seed: int, epsilon: float, clip: float | None) -> dict:
+def one_run(division: str, nodes: int, seed: int, epsilon: float, clip: float | None,
+            dataset: str = "fashion-mnist") -> dict:
     with tempfile.TemporaryDirectory() as out:
-        cfg = {**app_defaults(), "dataset": "fashion-mnist", "label-division": division,
+        cfg = {**app_defaults(), "dataset": dataset, "label-division": division,
                "seed": seed, "public-samples": 0, "output-dir": out, "dp-epsilon": epsilon,
                "dp-seeded-noise": True, **({"dp-clip": clip} if clip else {})}
         results, grid, wall = run_apps(cfg, nodes)
@@ -62,17 +66,17 @@ def main() -> None:
     parser.add_argument("--epsilons", type=float, nargs="+", default=EPSILONS,
                         help="0: the plain run")
     parser.add_argument("--clip", type=float, default=None, help="dp-clip (default: the run's)")
-    parser.add_argument("--out", default=str(ROOT / "benchmarks" / "out" / "dp.json"))
+    parser.add_argument("--out", default=default_out("dp"))
+    parser.add_argument("--dataset", default="fashion-mnist")
     args = parser.parse_args()
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
     divisions = [(d, k) for d, k in DIVISIONS if d in args.divisions]
     runs = []
     for division, nodes in divisions:
         for seed in args.seeds:
             for eps in args.epsilons:
-                runs.append(one_run(division, nodes, seed, eps, args.clip))
-                save(out, args, runs, [])  # every run kept, should the rest not finish
+                runs.append(one_run(division, nodes, seed, eps, args.clip, args.dataset))
+                write_envelope("dp", args.out, {"clip": args.clip, "runs": runs, "summary": []},
+                               seeds=args.seeds)  # every run kept, should the rest not finish
                 r = runs[-1]
                 print(f"{division} K={nodes} seed {seed} epsilon {eps or 'none'}: GEMS "
                       f"{r['accuracy']:.4f} ({r['point']}, ridge {r['pooled_ridge']}), good "
@@ -96,14 +100,9 @@ def main() -> None:
             print(f"| {division} K={nodes} | {eps or 'none'} | {row['accuracy']:.4f} | "
                   f"{row['min']:.4f} | {row['max']:.4f} | {std} | "
                   f"{row['good_enough']}/{row['nodes_total']} |")
-    save(out, args, runs, summary)
-    print(f"wrote {out}")
-
-
-def save(out: Path, args: argparse.Namespace, runs: list[dict], summary: list[dict]) -> None:
-    out.write_text(json.dumps({"machine": {"cores": os.cpu_count(), "loadavg": os.getloadavg()},
-                               "seeds": args.seeds, "clip": args.clip, "runs": runs,
-                               "summary": summary}, indent=2))
+    write_envelope("dp", args.out, {"clip": args.clip, "runs": runs, "summary": summary},
+                   seeds=args.seeds)
+    print(f"wrote {args.out}")
 
 
 if __name__ == "__main__":

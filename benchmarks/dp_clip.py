@@ -10,13 +10,12 @@ run's selection round scores are solved from the sums: the pooled ridge point fo
 the best pooled validation accuracy (the nodes' validation splits) is kept, as the run
 keeps it; its test accuracy is printed beside, and chose nothing. The clip with the best
 mean validation accuracy is the one to default to. Writes JSON (``--out``, default
-``benchmarks/out/dp_clip.json``).
+``results/benchmarks/dp_clip.json``).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
@@ -24,6 +23,12 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # run from a checkout without installing it
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from envelope import default_out, write_envelope
+
+#: a run of seconds that benchmarks/smoke.py (and CI) runs so this script cannot rot
+SMOKE = [["--seeds", "0", "--epsilons", "8", "--clips", "5"]]
 
 from gems_fl.data import load_dataset, node_data, parse_division
 from gems_fl.geometry.choices import DP_POOLED_RIDGES, LDA_SHRINKAGES
@@ -61,7 +66,7 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, nargs="+", default=[0])
     parser.add_argument("--epsilons", type=float, nargs="+", default=[1.0, 8.0])
     parser.add_argument("--clips", type=float, nargs="+", default=[1, 2, 3, 5, 10, 15])
-    parser.add_argument("--out", default=str(ROOT / "benchmarks" / "out" / "dp_clip.json"))
+    parser.add_argument("--out", default=default_out("dp_clip"))
     args = parser.parse_args()
     runs = []
     for seed in args.seeds:
@@ -84,9 +89,7 @@ def main() -> None:
                    "test": float(np.mean([r["test"] for r in rs]))}
             summary.append(row)
             print(f"| {eps:g} | {clip:g} | {row['val']:.4f} | {row['test']:.4f} |")
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps({"seeds": args.seeds, "runs": runs,
-                                          "summary": summary}, indent=2))
+    write_envelope("dp_clip", args.out, {"runs": runs, "summary": summary}, seeds=args.seeds)
     print(f"wrote {args.out}")
 
 

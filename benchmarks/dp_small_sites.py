@@ -27,7 +27,6 @@ Prints a table and writes JSON.
 from __future__ import annotations
 
 import argparse
-import json
 import re
 import statistics
 import sys
@@ -37,6 +36,12 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # run from a checkout without installing it
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from envelope import default_out, write_envelope
+
+#: a run of seconds that benchmarks/smoke.py (and CI) runs so this script cannot rot
+SMOKE = [["--seeds", "0"]]
 
 from benchmarks.standardize import DATA, load, run, write_sites
 
@@ -63,7 +68,7 @@ def documented_ranges(name: str, folder: Path) -> Path:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4])
-    parser.add_argument("--out", default=str(ROOT / "results" / "benchmarks" / "dp_small_sites.json"))
+    parser.add_argument("--out", default=default_out("dp_small_sites"))
     args = parser.parse_args()
     records = []
     t0 = time.perf_counter()
@@ -100,9 +105,7 @@ def main() -> None:
                       f"{statistics.mean(r['gems_val'] for r in rows):.3f} | "
                       f"{statistics.mean(acc):.3f} ± {statistics.pstdev(acc):.3f} | "
                       f"{sum(r['good_enough'] for r in rows)}/{sum(r['sites'] for r in rows)} |")
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps({"benchmark": "dp_small_sites", "seeds": args.seeds,
-                                          "records": records}, indent=1) + "\n")
+    write_envelope("dp_small_sites", args.out, records, seeds=args.seeds)
     print(f"wrote {args.out}")
 
 

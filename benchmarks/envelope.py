@@ -38,10 +38,12 @@ STARTED_AT = _commit()
 _T0 = time.perf_counter()
 
 
-def write_envelope(benchmark: str, out: str | Path, records: list[dict]) -> Path:
+def write_envelope(benchmark: str, out: str | Path, records: list[dict] | dict, *,
+                   seeds: list[int] | None = None, settings: dict | None = None) -> Path:
     """Write ``records`` to ``out`` with the benchmark's name, its command line, the
-    commit checked out when it started (``+changes``: with uncommitted edits), the machine
-    and the wall time so far; returns the path."""
+    commit checked out when it started (``+changes``: with uncommitted edits), the machine,
+    the seeds and run settings it used (where it has them) and the wall time so far;
+    returns the path. A dict of records (a benchmark's own shape) is kept as one record."""
     path = Path(out)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps({
@@ -49,6 +51,12 @@ def write_envelope(benchmark: str, out: str | Path, records: list[dict]) -> Path
         "command": f"python3 benchmarks/{benchmark}.py " + " ".join(sys.argv[1:]),
         "machine": f"{platform.machine()}, {platform.node()}, python {platform.python_version()}, "
                    f"{os.cpu_count()} cpus",
+        "seeds": seeds, "settings": settings,
         "wall_s": round(time.perf_counter() - _T0, 1),
-        "records": records}, indent=1) + "\n")
+        "records": records if isinstance(records, list) else [records]}, indent=1) + "\n")
     return path
+
+
+def default_out(benchmark: str) -> str:
+    """Where a benchmark's result goes unless ``--out`` says otherwise: the one folder."""
+    return str(ROOT / "results" / "benchmarks" / f"{benchmark}.json")

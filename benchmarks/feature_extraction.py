@@ -3,7 +3,7 @@
     python benchmarks/feature_extraction.py                  # defaults below
     python benchmarks/feature_extraction.py --vgg-images 500 --ham-images 300
 
-Prints a table and writes benchmarks/out/feature_extraction.json.
+Prints a table and writes results/benchmarks/feature_extraction.json.
 
 The real datasets are not on this machine, so each step is timed on generated inputs
 of the real sizes and the time per image is multiplied by the real counts; the totals
@@ -24,9 +24,9 @@ from __future__ import annotations
 
 import argparse
 import io
-import json
 import os
 import platform
+import sys
 import time
 from pathlib import Path
 
@@ -35,6 +35,12 @@ import torch
 from PIL import Image
 from rich.console import Console
 from rich.table import Table
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # run from a checkout without installing it
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from envelope import default_out, write_envelope
 
 from gems_fl.data.augment import augment
 from gems_fl.data.cifar10 import vgg_input
@@ -49,7 +55,9 @@ from gems_fl.data.ham10000 import (
 )
 from gems_fl.data.vgg16 import VGG16Features
 
-OUT = Path(__file__).resolve().parent / "out"
+#: a run of seconds that benchmarks/smoke.py (and CI) runs so this script cannot rot
+SMOKE = [["--vgg-images", "2", "--ham-jpegs", "2", "--ham-images", "8"]]
+
 
 CIFAR10_IMAGES = 60000
 HAM10000_IMAGES = 10015
@@ -124,6 +132,7 @@ def main() -> None:
     parser.add_argument("--vgg-images", type=int, default=2000)
     parser.add_argument("--ham-jpegs", type=int, default=200)
     parser.add_argument("--ham-images", type=int, default=1000)
+    parser.add_argument("--out", default=default_out("feature_extraction"))
     args = parser.parse_args()
 
     import tempfile
@@ -157,14 +166,11 @@ def main() -> None:
     ham_sum = sum(r["extrapolated_seconds"] for r in records[1:])
     table.add_row("HAM10000: all steps", "", "", "", "", f"{ham_sum:.0f}")
     Console(width=160).print(table)
-    OUT.mkdir(exist_ok=True)
-    out = OUT / "feature_extraction.json"
-    out.write_text(json.dumps({
+    out = write_envelope("feature_extraction", args.out, {
         "machine": {"cpus": os.cpu_count(), "torch_threads": torch.get_num_threads(),
                     "platform": platform.platform(), "torch": torch.__version__},
         "args": vars(args), "rows": records, "ham10000_total_extrapolated_seconds": ham_sum,
-        "ham10000_augmented_copies": copies, "ham10000_cnn_fit_images": fit_images,
-    }, indent=2))
+        "ham10000_augmented_copies": copies, "ham10000_cnn_fit_images": fit_images})
     print(f"wrote {out}")
 
 

@@ -24,7 +24,6 @@ once, shared by every fit) is timed apart.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from pathlib import Path
@@ -35,6 +34,12 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # run from a checkout without installing it
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from envelope import default_out, write_envelope
+
+#: a run of seconds that benchmarks/smoke.py (and CI) runs so this script cannot rot
+SMOKE = [["--fits", "now"]]
 
 from gems_fl.data.datasets import DEFAULT_FASHION_MNIST_DIR
 from gems_fl.data.idx import read_idx
@@ -81,8 +86,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--fits", default="now,autograd,plain-300",
                         help="comma-separated: now, autograd, plain-300")
-    parser.add_argument("--out", type=Path,
-                        default=ROOT / "results" / "benchmarks" / "gaussian_fit.json")
+    parser.add_argument("--out", type=Path, default=Path(default_out("gaussian_fit")))
     args = parser.parse_args()
     names = [f.strip() for f in args.fits.split(",") if f.strip()]
     unknown = sorted(set(names) - {"now", "autograd", "plain-300"})
@@ -135,9 +139,8 @@ def main() -> None:
                 rows.append({"fit": name, "l2": l2, "loss": loss, "test_accuracy": acc,
                              "seconds": seconds})
                 print(f"{name:>10} {l2:>7.0e} {loss:>8.5f} {acc:>8.4f} {seconds:>8.1f}", flush=True)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({"fits": rows, "draw_seconds": draw_seconds, "threads": threads},
-                                   indent=2) + "\n")
+    write_envelope("gaussian_fit", args.out,
+                   {"fits": rows, "draw_seconds": draw_seconds, "threads": threads})
 
 
 if __name__ == "__main__":

@@ -28,7 +28,6 @@ JSON (``--out``).
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from pathlib import Path
@@ -38,6 +37,12 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # run from a checkout without installing it
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from envelope import default_out, write_envelope
+
+#: a run of seconds that benchmarks/smoke.py (and CI) runs so this script cannot rot
+SMOKE = [["--dataset", "digits", "--division", "paper:3", "--forms", "full", "shared"]]
 
 from gems_fl.data import load_dataset, node_data, parse_division
 from gems_fl.geometry.choices import GAUSSIAN_L2S
@@ -89,10 +94,11 @@ def main() -> None:
     parser.add_argument("--forms", nargs="+",
                         default=["full", "shared", "lowrank:25", "lowrank:50", "project:100"])
     parser.add_argument("--mlp", type=Path, help="a run's gems_model.npz (one hidden layer)")
-    parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "out" / "gaussian_gap.json")
+    parser.add_argument("--out", type=Path, default=Path(default_out("gaussian_gap")))
+    parser.add_argument("--dataset", default="fashion-mnist")
     args = parser.parse_args()
     spec, k = args.division.rsplit(":", 1)
-    splits = load_dataset("fashion-mnist", seed=args.seed)
+    splits = load_dataset(args.dataset, seed=args.seed)
     division = parse_division(spec, int(k), splits.num_classes)
     nodes = [node_data(splits, division, i, args.seed)[:2] for i in range(int(k))]
     nodes = [(np.asarray(x, np.float64), np.asarray(y)) for x, y in nodes]
@@ -127,10 +133,9 @@ def main() -> None:
                      "seconds": time.perf_counter() - t0})
         print(f"{form}: " + ", ".join(f"L2 {l2:g} {a:.4f}" for l2, a in zip(GAUSSIAN_L2S, acc)),
               flush=True)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({"seed": args.seed, "division": args.division,
-                                    "features": "mlp" if args.mlp else "pixels",
-                                    "rows": rows}, indent=2) + "\n")
+    write_envelope("gaussian_gap", args.out, {"division": args.division,
+                                              "features": "mlp" if args.mlp else "pixels",
+                                              "rows": rows}, seeds=[args.seed])
     print("\n| rows | " + " | ".join(f"L2 {l2:g}" for l2 in GAUSSIAN_L2S) + " |")
     print("| --- | " + " | ".join("---" for _ in GAUSSIAN_L2S) + " |")
     for r in rows:

@@ -15,7 +15,7 @@ matrices (section "2c" of the README). A case is
 ``DIVISION:NODES``. Prints per run the
 test accuracy, the point the selection round kept, the output round's bytes up per node
 and on how many nodes ``h_G`` passed the nodes' own check; writes JSON after every run
-(``--out``, default ``benchmarks/out/gaussian_point_mlp.json``; runs already there are
+(``--out``, default ``results/benchmarks/gaussian_point_mlp.json``; runs already there are
 skipped, so an interrupted benchmark resumes).
 """
 
@@ -30,15 +30,21 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # run from a checkout without installing it
+
+from envelope import default_out, write_envelope
+
+#: a run of seconds that benchmarks/smoke.py (and CI) runs so this script cannot rot
+SMOKE = [["--dataset", "digits", "--cases", "paper:3"]]
 sys.path.insert(0, str(ROOT / "benchmarks"))  # the run through the apps
 
 from gram_rank_mlp import mlp_run
 
 
-def run_once(division: str, nodes: int, seed: int, class_grams: str, model: str) -> dict:
+def run_once(division: str, nodes: int, seed: int, class_grams: str, model: str,
+             dataset: str = "fashion-mnist") -> dict:
     results, wall, output = mlp_run({"label-division": division, "seed": seed,
                                      "class-grams": class_grams, "model": model,
-                                     "baselines": "all"}, nodes)
+                                     "baselines": "all", "dataset": dataset}, nodes)
     ver = results["verification"]
     widths = results.get("hidden_widths") or [None]
     return {"model": model, "division": division, "nodes": nodes, "seed": seed,
@@ -65,20 +71,21 @@ def main() -> None:
     parser.add_argument("--model", choices=("mlp", "logistic"), default="mlp",
                         help="logistic: the convex model on pixels (class Gram matrices "
                              "in factor form there)")
-    parser.add_argument("--out", type=Path,
-                        default=ROOT / "benchmarks" / "out" / "gaussian_point_mlp.json")
+    parser.add_argument("--out", type=Path, default=Path(default_out("gaussian_point_mlp")))
+    parser.add_argument("--dataset", default="fashion-mnist")
     args = parser.parse_args()
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    rows = json.loads(args.out.read_text())["runs"] if args.out.exists() else []
+    stored = json.loads(args.out.read_text()) if args.out.exists() else {}
+    rows = stored["records"] if "records" in stored else stored.get("runs", [])
     for seed in args.seeds:
         for case in args.cases:
             division, nodes = case.rsplit(":", 1)
             case_key = (args.model, division, int(nodes), args.class_grams)
             if any(_case(r) == case_key and r["seed"] == seed for r in rows):
                 continue
-            row = run_once(division, int(nodes), seed, args.class_grams, args.model)
+            row = run_once(division, int(nodes), seed, args.class_grams, args.model,
+                           args.dataset)
             rows.append(row)
-            args.out.write_text(json.dumps({"runs": rows}, indent=2) + "\n")
+            write_envelope("gaussian_point_mlp", args.out, rows, seeds=args.seeds)
             print(f"{args.model} {division} K={nodes} seed {seed} class-grams {args.class_grams}: GEMS "
                   f"{row['gems']:.4f} ({row['point']}, L2 {row['gaussian_l2']}), width {row['width']}, output round up "
                   f"{row['output_up_per_node']:,.0f} B/node, good enough "

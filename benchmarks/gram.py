@@ -19,21 +19,30 @@ from ridge least squares on one-hot targets. Medians over ``--repeats`` runs.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import statistics
+import sys
 import time
 from pathlib import Path
 
 import numpy as np
 import torch
 
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # run from a checkout without installing it
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from envelope import default_out, write_envelope
+
 from gems_fl.geometry.certify import certified_gram_radius
 from gems_fl.geometry.gram import gram_matrix
 from gems_fl.geometry.gram_merge import gram_center, minimax_gram_point
 from gems_fl.geometry.gram_search import DEFAULT_DELTA, DEFAULT_R_MAX, search_gram_radius
 from gems_fl.geometry.linalg import augment
+
+#: a run of seconds that benchmarks/smoke.py (and CI) runs so this script cannot rot
+SMOKE = [["--repeats", "1", "--nodes", "5", "--minimax-nodes", "3"]]
 
 D, C, N_TRAIN, N_VAL, P = 784, 10, 10_000, 1000, 500
 
@@ -158,7 +167,7 @@ def main() -> None:
                         help="eps = center accuracy minus this")
     parser.add_argument("--nodes", type=int, default=100)
     parser.add_argument("--minimax-nodes", type=int, default=10)
-    parser.add_argument("--out", type=Path, default=Path("gram-benchmark.json"))
+    parser.add_argument("--out", type=Path, default=Path(default_out("gram")))
     parser.add_argument("--threads", type=int, default=0,
                         help="torch threads (0: torch's default). On a shared, loaded "
                              "machine 1 thread gives far steadier timings")
@@ -198,7 +207,7 @@ def main() -> None:
           f"{mm['iterations']} iterations, converged={mm['converged']}, "
           f"max scaled distance {mm['max_scaled_distance']:.6g} "
           f"(lower bound {mm['lower_bound']:.6g})")
-    args.out.write_text(json.dumps(report, indent=2) + "\n")
+    write_envelope("gram", args.out, report)
     print(f"written: {args.out}")
 
 

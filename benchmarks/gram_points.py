@@ -25,7 +25,7 @@ applied, as a run with ``refine-rounds`` does) with the run's ``refine-method`` 
 the gradient on the union of their training rows, and the curvature the pooled Gram
 matrix of the decoded replies (``refinement_offline.refine``, the protocol's step rule).
 
-Prints a table and writes JSON (``--out``, default ``benchmarks/out/gram_points.json``).
+Prints a table and writes JSON (``--out``, default ``results/benchmarks/gram_points.json``).
 """
 
 from __future__ import annotations
@@ -40,6 +40,11 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # run from a checkout without installing it
+
+from envelope import default_out, write_envelope
+
+#: a run of seconds that benchmarks/smoke.py (and CI) runs so this script cannot rot
+SMOKE = [["--dataset", "digits", "--divisions", "paper:3", "--refine", "5"]]
 sys.path.insert(0, str(ROOT / "benchmarks"))  # refinement_offline's step rule
 
 from gems_fl.data import load_dataset, node_data, parse_division
@@ -69,10 +74,10 @@ def _correct(w: np.ndarray, x: np.ndarray, y: np.ndarray) -> int:
 
 
 def trial(division_spec: str, num_nodes: int, seed: int, refine_steps: int = 0,
-          gram_rank: str = "0") -> dict:
-    settings = Settings(dataset="fashion-mnist", label_division=division_spec, seed=seed,
+          gram_rank: str = "0", dataset: str = "fashion-mnist") -> dict:
+    settings = Settings(dataset=dataset, label_division=division_spec, seed=seed,
                         label_moments=True, gram_rank=gram_rank)
-    splits = load_dataset("fashion-mnist", seed=seed)
+    splits = load_dataset(dataset, seed=seed)
     division = parse_division(division_spec, num_nodes, splits.num_classes)
     work = node_work(settings)
     shapes = {"weight": (10, splits.num_features), "bias": (10,)}
@@ -167,22 +172,23 @@ def main() -> None:
                         help="the nodes' Gram form (setting gram-rank; default 0, the whole matrix)")
     parser.add_argument("--resume", action="store_true",
                         help="keep the trials already in --out and run only the others")
-    parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "out" / "gram_points.json")
+    parser.add_argument("--out", type=Path, default=Path(default_out("gram_points")))
+    parser.add_argument("--dataset", default="fashion-mnist")
     args = parser.parse_args()
     divisions = DIVISIONS if not args.divisions else [
         (d.rsplit(":", 1)[0], int(d.rsplit(":", 1)[1])) for d in args.divisions]
-    rows = json.loads(args.out.read_text())["trials"] if args.resume and args.out.exists() else []
+    stored = json.loads(args.out.read_text()) if args.resume and args.out.exists() else {}
+    rows = stored["records"][0]["trials"] if "records" in stored else stored.get("trials", [])
     done = {(r["division"], r["nodes"], r["seed"]) for r in rows}
-    args.out.parent.mkdir(parents=True, exist_ok=True)
     with compute_threads():
         for seed in args.seeds:  # seed-major: a stopped run still covers every division
             for spec, k in divisions:
                 if (spec, k, seed) in done:
                     continue
-                row = trial(spec, k, seed, args.refine, args.gram_rank)
+                row = trial(spec, k, seed, args.refine, args.gram_rank, args.dataset)
                 rows.append(row)
-                args.out.write_text(json.dumps({"seeds": args.seeds, "trials": rows,
-                                                "complete": False}, indent=2) + "\n")
+                write_envelope("gram_points", args.out, {"trials": rows, "complete": False},
+                               seeds=args.seeds)
                 cells = "  ".join(f"{p} {v['accuracy']:.3f} ({v['good_enough']}/{k})"
                                   for p, v in row["points"].items())
                 if "refined" in row:
@@ -190,8 +196,7 @@ def main() -> None:
                         f"{row['refined']['test'][i]:.3f}" for i in (0, 4, -1))
                 print(f"{spec} K={k} seed {seed}: averaged {row['averaged']:.3f}  {cells}",
                       flush=True)
-    args.out.write_text(json.dumps({"seeds": args.seeds, "trials": rows, "complete": True},
-                                   indent=2) + "\n")
+    write_envelope("gram_points", args.out, {"trials": rows, "complete": True}, seeds=args.seeds)
     print()
     refined = [f"refined {args.refine}"] if args.refine else []
     print("| division | K | Averaged | " + " | ".join([*POINTS, *refined]) + " |")

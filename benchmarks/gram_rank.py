@@ -12,7 +12,7 @@ searched in that space), its reply goes through the wire format and the server's
 and the server forms the run's default point (the selection round emulated as in
 ``gram_points.py``) and the closed-form center from the decoded replies. Prints bytes up
 per node (the reply as Flower counts it) and mean test accuracy, and writes JSON
-(``--out``, default ``benchmarks/out/gram_rank.json``).
+(``--out``, default ``results/benchmarks/gram_rank.json``).
 """
 
 from __future__ import annotations
@@ -28,6 +28,12 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # run from a checkout without installing it
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from envelope import default_out, write_envelope
+
+#: a run of seconds that benchmarks/smoke.py (and CI) runs so this script cannot rot
+SMOKE = [["--dataset", "digits", "--ranks", "0", "auto"]]
 
 from gram_points import _correct, _selected
 
@@ -47,9 +53,10 @@ DIVISIONS = [("paper", 5), ("dirichlet:0.1", 5), ("dirichlet:0.5", 5)]
 RANKS: tuple[int | str, ...] = ("auto", 99, 0)  # 0: the full matrix; --ranks to change
 
 
-def trial(spec: str, num_nodes: int, seed: int, ranks: tuple) -> dict:
-    settings = Settings(dataset="fashion-mnist", label_division=spec, seed=seed)
-    splits = load_dataset("fashion-mnist", seed=seed)
+def trial(spec: str, num_nodes: int, seed: int, ranks: tuple,
+          dataset: str = "fashion-mnist") -> dict:
+    settings = Settings(dataset=dataset, label_division=spec, seed=seed)
+    splits = load_dataset(dataset, seed=seed)
     division = parse_division(spec, num_nodes, splits.num_classes)
     work = node_work(settings)
     shapes = {"weight": (10, splits.num_features), "bias": (10,)}
@@ -92,25 +99,26 @@ def trial(spec: str, num_nodes: int, seed: int, ranks: tuple) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seeds", type=int, nargs="+", default=[0])
-    parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "out" / "gram_rank.json")
+    parser.add_argument("--out", type=Path, default=Path(default_out("gram_rank")))
+    parser.add_argument("--dataset", default="fashion-mnist")
     parser.add_argument("--resume", action="store_true", help="keep the trials in --out")
     parser.add_argument("--ranks", nargs="+", default=[str(r) for r in RANKS],
                         help="gram-rank values to compare (0: the full matrix)")
     args = parser.parse_args()
     ranks = tuple(r if r == "auto" else int(r) for r in args.ranks)
     rows_note = {"note": "auto = rank max(32, ceil(size / 16)) in float16 (50 for 785)"}
-    rows = json.loads(args.out.read_text())["trials"] if args.resume and args.out.exists() else []
+    stored = json.loads(args.out.read_text()) if args.resume and args.out.exists() else {}
+    rows = stored["records"][0]["trials"] if "records" in stored else stored.get("trials", [])
     done = {(r["division"], r["nodes"], r["seed"]) for r in rows}
-    args.out.parent.mkdir(parents=True, exist_ok=True)
     with compute_threads():
         for seed in args.seeds:
             for spec, k in DIVISIONS:
                 if (spec, k, seed) in done:
                     continue
-                row = trial(spec, k, seed, ranks)
+                row = trial(spec, k, seed, ranks, args.dataset)
                 rows.append(row)
-                args.out.write_text(json.dumps({**rows_note, "seeds": args.seeds, "trials": rows},
-                                               indent=2) + "\n")
+                write_envelope("gram_rank", args.out, {**rows_note, "trials": rows},
+                               seeds=args.seeds)
                 cells = "  ".join(f"r={r} {v['bytes_up_per_node'] / 1e3:.0f} KB {v['auto']['accuracy']:.3f}"
                                   for r, v in row["ranks"].items())
                 print(f"{spec} K={k} seed {seed}: {cells}", flush=True)

@@ -10,13 +10,12 @@ run's defaults except ``model='mlp'``, Fashion-MNIST, ``public-samples=0`` (untu
 factor and the residual diagonal for any merged width above 64. Prints, per division and
 rank, the output round's bytes up per node, GEMS's test accuracy and on how many nodes
 ``h_G`` passed the nodes' own check, and writes JSON (``--out``, default
-``benchmarks/out/gram_rank_mlp.json``).
+``results/benchmarks/gram_rank_mlp.json``).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import tempfile
 import time
@@ -26,6 +25,12 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # run from a checkout without installing it
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from envelope import default_out, write_envelope
+
+#: a run of seconds that benchmarks/smoke.py (and CI) runs so this script cannot rot
+SMOKE = [["--dataset", "digits", "--divisions", "paper", "--ranks", "auto"]]
 
 
 def mlp_run(overrides: dict, nodes: int) -> tuple[dict, float, dict]:
@@ -51,11 +56,12 @@ def mlp_run(overrides: dict, nodes: int) -> tuple[dict, float, dict]:
     return results, wall, output
 
 
-def run_once(division: str, seed: int, rank: str, nodes: int) -> dict:
+def run_once(division: str, seed: int, rank: str, nodes: int,
+             dataset: str = "fashion-mnist") -> dict:
     from gems_fl.geometry.choices import gram_rank_for
 
     results, wall, output = mlp_run({"label-division": division, "seed": seed,
-                                     "gram-rank": rank}, nodes)
+                                     "gram-rank": rank, "dataset": dataset}, nodes)
     width = results["hidden_widths"][-1]
     ver = results["verification"]
     return {"division": division, "seed": seed, "gram_rank": rank, "nodes": nodes,
@@ -71,16 +77,16 @@ def main() -> None:
     parser.add_argument("--divisions", nargs="+", default=["paper", "dirichlet:0.1"])
     parser.add_argument("--ranks", nargs="+", default=["auto", "0"])
     parser.add_argument("--nodes", type=int, default=5)
-    parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "out" / "gram_rank_mlp.json")
+    parser.add_argument("--out", type=Path, default=Path(default_out("gram_rank_mlp")))
+    parser.add_argument("--dataset", default="fashion-mnist")
     args = parser.parse_args()
     rows = []
-    args.out.parent.mkdir(parents=True, exist_ok=True)
     for seed in args.seeds:
         for division in args.divisions:
             for rank in args.ranks:
-                row = run_once(division, seed, rank, args.nodes)
+                row = run_once(division, seed, rank, args.nodes, args.dataset)
                 rows.append(row)
-                args.out.write_text(json.dumps({"runs": rows}, indent=2) + "\n")
+                write_envelope("gram_rank_mlp", args.out, rows, seeds=args.seeds)
                 print(f"{division} seed {seed} gram-rank {rank}: width {row['width']}, rank sent "
                       f"{row['rank_sent']}, output round up {row['output_up_per_node']:,.0f} B/node, "
                       f"GEMS {row['gems']:.4f} ({row['method']}), good enough "

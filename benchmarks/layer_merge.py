@@ -3,7 +3,7 @@
     python benchmarks/layer_merge.py                 # the run's defaults, 3 repeats
     python benchmarks/layer_merge.py --repeats 5 --growth --dykstra-upto 10
 
-Prints a table and writes benchmarks/out/layer_merge.json, with the machine and its load
+Prints a table and writes results/benchmarks/layer_merge.json, with the machine and its load
 (cores, load average before and after, torch threads).
 
 Default case: the real first hidden layer of a default MLP run on Fashion-MNIST
@@ -37,10 +37,10 @@ candidate test) on the small cases as the reference it replaces.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import statistics
+import sys
 import time
 import warnings
 from pathlib import Path
@@ -51,9 +51,18 @@ from rich.console import Console
 from rich.table import Table
 from sklearn.cluster import KMeans
 
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # run from a checkout without installing it
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from envelope import default_out, write_envelope
+
 from gems_fl.geometry.layer_merge import merge_layer
 from gems_fl.learning.threads import compute_threads
 from gems_fl.settings import Settings
+
+#: a run of seconds that benchmarks/smoke.py (and CI) runs so this script cannot rot
+SMOKE = [["--repeats", "1"]]
 
 OUT = Path(__file__).resolve().parent / "out"
 DEFAULTS = Settings(dataset="fashion-mnist", model="mlp")
@@ -175,6 +184,7 @@ def main() -> None:
         default=0,
         help="also time method='dykstra' for cases with at most this many nodes",
     )
+    parser.add_argument("--out", default=default_out("layer_merge"))
     args = parser.parse_args()
 
     load_before = [round(v, 2) for v in os.getloadavg()]
@@ -235,9 +245,7 @@ def main() -> None:
             str(r["intersection_calls"]), target,
         )
     console.print(table)
-    OUT.mkdir(exist_ok=True)
-    path = OUT / "layer_merge.json"
-    path.write_text(json.dumps(report, indent=2) + "\n")
+    path = write_envelope("layer_merge", args.out, report)
     console.print(f"written: {path}")
 
 

@@ -12,7 +12,7 @@ output neuron in their ball (``dropped``), the bytes of the first round up, of t
 round (the selection round, which sends the merged hidden layers with the candidate
 output layers) down and up, of the evaluate round down, GEMS's test accuracy untuned and
 tuned on the public sample, and on how many nodes h_G passed the nodes' own check
-(validation accuracy >= eps). The JSON (``benchmarks/out/mlp_traffic.json``, with the
+(validation accuracy >= eps). The JSON (``results/benchmarks/mlp_traffic.json``, with the
 machine and its load) has every round's bytes. Targets: the downlink at N = 20 <= 10 MB
 (an earlier issue); N = 20 within 1 point of the unbounded merge (issue 20). JSON written
 before this note (``round2_down``/``round2_up``) holds the last round's bytes under that
@@ -22,24 +22,29 @@ name.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+
+from envelope import default_out, write_envelope
+
+#: a run of seconds that benchmarks/smoke.py (and CI) runs so this script cannot rot
+SMOKE = [["--dataset", "digits", "--nodes", "3", "--max-widths", "0", "--label-division", "paper"]]
 sys.path.insert(0, str(ROOT / "benchmarks"))  # inprocess_run
 
 MB = 1e6
 
 
-def run_once(nodes: int, max_width: int, division: str, seed: int, out_dir: Path) -> dict:
+def run_once(nodes: int, max_width: int, division: str, seed: int, out_dir: Path,
+             dataset: str = "fashion-mnist") -> dict:
     from inprocess_run import run_apps
 
     from gems_fl.running.run_config import app_config
 
-    cfg = {**app_config(ROOT), "model": "mlp", "dataset": "fashion-mnist",
+    cfg = {**app_config(ROOT), "model": "mlp", "dataset": dataset,
            "label-division": division, "max-width": max_width, "baselines": "all", "seed": seed,
            "output-dir": str(out_dir)}
     results, grid, wall = run_apps(cfg, nodes, run_id=nodes * 100000 + max_width)
@@ -68,14 +73,15 @@ def main() -> None:
     parser.add_argument("--max-widths", default="0,150")
     parser.add_argument("--label-division", default="classes-per-node:2")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--out", default=str(ROOT / "benchmarks" / "out" / "mlp_traffic.json"))
+    parser.add_argument("--out", default=default_out("mlp_traffic"))
+    parser.add_argument("--dataset", default="fashion-mnist")
     args = parser.parse_args()
     machine = {"cores": os.cpu_count(), "loadavg_before": os.getloadavg()}
     work = Path(args.out).parent / "mlp-traffic-runs"
     rows = []
     for n in (int(v) for v in args.nodes.split(",")):
         for w in (int(v) for v in args.max_widths.split(",")):
-            row = run_once(n, w, args.label_division, args.seed, work)
+            row = run_once(n, w, args.label_division, args.seed, work, args.dataset)
             print(f"N={n} max-width={w}: width {row['width']}, last round down "
                   f"{row['last_round_down'] / MB:.2f} MB, GEMS {row['gems']:.4f} "
                   f"({row['wall_s']:.0f} s)", flush=True)
@@ -92,10 +98,9 @@ def main() -> None:
               f"{r['last_round_down'] / MB:.2f} / {r['last_round_up'] / MB:.2f} | "
               f"{(r['evaluate_down'] or 0) / MB:.2f} | {r['gems']:.4f} | {r['gems_tuned']:.4f} | "
               f"{r['good_enough']}/{r['answered']} | {r['wall_s']:.0f} |")
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps({"machine": machine, "label_division":
-                                          args.label_division, "seed": args.seed,
-                                          "runs": rows}, indent=2))
+    write_envelope("mlp_traffic", args.out, {"machine": machine, "label_division":
+                                             args.label_division, "runs": rows},
+                   seeds=[args.seed])
 
 
 if __name__ == "__main__":

@@ -4,7 +4,7 @@
     python benchmarks/radius_search.py --real-repeats 15
     python benchmarks/radius_search.py --e2e            # plus wall time of two `gems-fl run`s
 
-Prints tables and writes benchmarks/out/radius_search.json, with the machine and its load
+Prints tables and writes results/benchmarks/radius_search.json, with the machine and its load
 (cores, load average before and after, torch threads).
 
 Warm: a logistic model trained on 10000 Fashion-MNIST training images, searched on the
@@ -34,16 +34,22 @@ search performs once; it is the floor, and "ratio" is search / floor per run.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import statistics
+import sys
 import time
 from pathlib import Path
 
 import torch
 from rich.console import Console
 from rich.table import Table
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # run from a checkout without installing it
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from envelope import default_out, write_envelope
 
 from gems_fl.data import load_dataset
 from gems_fl.data.partition import node_data, parse_division
@@ -54,6 +60,9 @@ from gems_fl.learning.models import build_model, model_to_vector
 from gems_fl.learning.threads import CORES, ENV_VAR, compute_threads
 from gems_fl.learning.train import train_until_converged
 from gems_fl.settings import Settings
+
+#: a run of seconds that benchmarks/smoke.py (and CI) runs so this script cannot rot
+SMOKE = [["--repeats", "1", "--real-repeats", "1", "--policies", "policy-1"]]
 
 OUT = Path(__file__).resolve().parent / "out"
 ROOT = Path(__file__).resolve().parents[1]
@@ -207,6 +216,7 @@ def main() -> None:
     parser.add_argument("--skip-warm", action="store_true", help="only the real sequence")
     parser.add_argument("--eps", type=float, default=0.4)
     parser.add_argument("--e2e", action="store_true", help="also time two full `gems-fl run`s")
+    parser.add_argument("--out", default=default_out("radius_search"))
     args = parser.parse_args()
     report = {"machine": machine()}
     if not args.skip_warm:
@@ -231,9 +241,7 @@ def main() -> None:
         console.print(_real_table(report, args.real_repeats))
     for name, sec in report.get("end_to_end_s", {}).items():
         console.print(f"gems-fl run: {name}: {sec:.1f} s")
-    OUT.mkdir(exist_ok=True)
-    (OUT / "radius_search.json").write_text(json.dumps(report, indent=2) + "\n")
-    console.print(f"written: {OUT / 'radius_search.json'}")
+    console.print(f"written: {write_envelope('radius_search', args.out, report)}")
 
 
 def _warm_table(report: dict) -> Table:

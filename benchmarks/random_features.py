@@ -19,13 +19,12 @@ validation and test accuracy. The validation column is what chose ``rf-bandwidth
 factor. Prints GEMS test
 accuracy, the point the selection round kept, bytes up per node (every reply of the run,
 as Flower counts it; the JSON also has both ways over all nodes), wall time and on how many nodes h_G is good enough, and writes JSON
-(``--out``, default ``benchmarks/out/random_features.json``), saved after every run.
+(``--out``, default ``results/benchmarks/random_features.json``), saved after every run.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import tempfile
@@ -33,6 +32,12 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # run from a checkout without installing it
+
+from envelope import default_out, write_envelope
+
+#: a run of seconds that benchmarks/smoke.py (and CI) runs so this script cannot rot
+SMOKE = [["--divisions", "paper:3", "--dims", "128", "--ranks", "auto", "--set", "dataset=digits"],
+         ["--central", "--dims", "64", "--factors", "0.6"]]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from inprocess_run import run_apps
@@ -121,7 +126,8 @@ def run_fedavg(args: argparse.Namespace, out: Path) -> None:
                        **curve.to_dict(),
                        "bytes_up_per_node": [b / nodes for b in curve.bytes_up]}
                 rows.append(row)
-                out.write_text(json.dumps({"args": vars(args), "fedavg": rows}, indent=1) + "\n")
+                write_envelope("random_features", out, {"args": vars(args), "fedavg": rows},
+                               seeds=args.seeds)
                 acc = curve.accuracy
                 best = max(range(len(acc)), key=acc.__getitem__)
                 edge = " (the grid's edge)" if curve.lr in (min(args.lr_grid), max(args.lr_grid)) else ""
@@ -148,7 +154,8 @@ def run_central(args: argparse.Namespace, out: Path) -> None:
         for dim in args.dims:
             for factor in args.factors:
                 rows.append(central(dim, factor, args.map, seed))
-                out.write_text(json.dumps({"args": vars(args), "central": rows}, indent=1) + "\n")
+                write_envelope("random_features", out, {"args": vars(args), "central": rows},
+                               seeds=args.seeds)
                 r = rows[-1]
                 print(f"{args.map} D={dim} factor {factor} (s={r['bandwidth']:.3f}) seed {seed}: "
                       f"val {r['val_accuracy']:.4f}, test {r['test_accuracy']:.4f} (ridge "
@@ -204,10 +211,9 @@ def main() -> None:
     parser.add_argument("--tune-rounds", type=int, default=10)
     parser.add_argument("--targets", type=float, nargs="+", default=[0.85, 0.866],
                         help="FedAvg: report the first round at these test accuracies")
-    parser.add_argument("--out", default=str(ROOT / "benchmarks" / "out" / "random_features.json"))
+    parser.add_argument("--out", default=default_out("random_features"))
     args = parser.parse_args()
     out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
     if args.central:
         run_central(args, out)
         return
@@ -231,7 +237,8 @@ def main() -> None:
         spec, nodes = parse_division(division)
         r = one_run(spec, nodes, seed, model, dim, rank, args.refine, extra)
         runs.append(r)
-        out.write_text(json.dumps({"args": vars(args), "runs": runs}, indent=1) + "\n")
+        write_envelope("random_features", out, {"args": vars(args), "runs": runs},
+                       seeds=args.seeds)
         print(f"[{i}/{len(plan)}] {division} seed {seed} {model} D={dim} gram-rank={rank}: "
               f"GEMS {r['accuracy']:.4f} ({r['point']}), {r['bytes_up_per_node'] / 1e6:.2f} MB "
               f"up per node, good enough on {r['good_enough']} of {nodes}, {r['wall_s']:.0f} s",

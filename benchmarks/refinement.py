@@ -10,7 +10,7 @@ and logit scale), then R refinement steps of each ``--methods`` and each ``--ref
 ``--model mlp`` refines the MLP's output layer on its merged hidden layers instead;
 ``--class-grams true`` starts the convex model from the gaussian point where it is kept. Prints
 each run's refinement table and writes the JSON (``--out``, default
-``benchmarks/out/refinement.json``; runs already there with the same ``--rounds`` are kept
+``results/benchmarks/refinement.json``; runs already there with the same ``--rounds`` are kept
 and not rerun, so several invocations add up in one file).
 """
 
@@ -24,6 +24,12 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # run from a checkout without installing it
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from envelope import default_out, write_envelope
+
+#: a run of seconds that benchmarks/smoke.py (and CI) runs so this script cannot rot
+SMOKE = [["--dataset", "digits", "--rounds", "2", "--divisions", "paper", "--methods", "secant"]]
 
 from gems_fl.geometry.choices import REFINE_METHODS
 
@@ -39,14 +45,16 @@ def main() -> None:
     parser.add_argument("--model", default="logistic", choices=["logistic", "mlp"])
     parser.add_argument("--refine-l2", nargs="+", default=["auto"],
                         help="refine-l2 values (default: the run's, auto)")
-    parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "out" / "refinement.json")
+    parser.add_argument("--out", type=Path, default=Path(default_out("refinement")))
+    parser.add_argument("--dataset", default="fashion-mnist")
     parser.add_argument("--class-grams", default="auto",
                         help="class-grams (true: the convex model's nodes send class Gram "
                              "matrices, so the selection round scores the gaussian point)")
     parser.add_argument("--show", type=Path, help="print the tables of a saved JSON and stop")
     args = parser.parse_args()
     if args.show:
-        print_tables(json.loads(args.show.read_text())["runs"])
+        shown = json.loads(args.show.read_text())
+        print_tables((shown["records"][0] if "records" in shown else shown)["runs"])
         return
 
     from flwr.app import Context, RecordDict
@@ -58,15 +66,16 @@ def main() -> None:
 
     # runs already in --out are kept (same rounds) and not rerun, so invocations add up
     saved = json.loads(args.out.read_text()) if args.out.exists() else {}
+    saved = saved["records"][0] if "records" in saved else saved
     runs = saved.get("runs", []) if saved.get("rounds") == args.rounds else []
     trials = [(d, s, m, l2) for d in args.divisions for s in args.seeds for m in args.methods
               for l2 in args.refine_l2]
     for division, seed, method, l2 in trials:
         key = (division, seed, args.nodes, method, args.model, l2, args.class_grams)
-        if any(_key(r) == key for r in runs):
+        if args.dataset == "fashion-mnist" and any(_key(r) == key for r in runs):
             continue
         with tempfile.TemporaryDirectory() as out:
-            cfg = {**app_config(ROOT), "dataset": "fashion-mnist", "label-division": division,
+            cfg = {**app_config(ROOT), "dataset": args.dataset, "label-division": division,
                    "seed": seed, "refine-rounds": args.rounds, "refine-method": method,
                    "public-samples": 0, "output-dir": out, "model": args.model,
                    "refine-l2": l2, "class-grams": args.class_grams, "baselines": "all"}
@@ -82,8 +91,8 @@ def main() -> None:
                      "verification": {k: results["verification"].get(k)
                                       for k in ("answered", "good_enough")},
                      "global": results["rows"]["Global"]["accuracy"]})
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps({"rounds": args.rounds, "runs": runs}, indent=2) + "\n")
+        write_envelope("refinement", args.out, {"rounds": args.rounds, "runs": runs},
+                       seeds=args.seeds)
     print_tables([r for r in runs if _key(r)[:2] in {(d, s) for d, s, *_ in trials}])
     print(f"JSON: {args.out}")
 

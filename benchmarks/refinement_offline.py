@@ -20,12 +20,17 @@ last step, the validation choice of ``refine-l2``, and writes the JSON (``--out`
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # run from a checkout without installing it
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from envelope import default_out, write_envelope
+
+#: a run of seconds that benchmarks/smoke.py (and CI) runs so this script cannot rot
+SMOKE = [["--dataset", "digits", "--steps", "5", "--methods", "secant", "--l2", "0.001"]]
 
 import numpy as np
 import torch
@@ -92,14 +97,14 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--methods", nargs="+", default=["secant", "monotone", "accelerated"])
     parser.add_argument("--l2", type=float, nargs="+", default=[0.0, 3e-4, 1e-3, 3e-3, 1e-2])
-    parser.add_argument("--out", type=Path,
-                        default=ROOT / "benchmarks" / "out" / "refinement_offline.json")
+    parser.add_argument("--out", type=Path, default=Path(default_out("refinement_offline")))
+    parser.add_argument("--dataset", default="fashion-mnist")
     args = parser.parse_args()
     torch.set_num_threads(1)
 
     rows = []
     for seed in args.seeds:
-        s = load_dataset("fashion-mnist", seed=seed)
+        s = load_dataset(args.dataset, seed=seed)
         gram = gram_matrix(s.train_x)
         lda = pooled_lda([gram], [label_moments(s.train_x, s.train_y, 10)[0]],
                          [len(s.train_y)], 1e-2)
@@ -135,10 +140,9 @@ def main() -> None:
     best = max(summary, key=lambda e: e["val"])
     print(f"\nBest on validation: {best['method']}, refine-l2 {best['refine_l2']:g} "
           f"(test {best['test']:.4f})")
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({"steps": args.steps, "ridge": RIDGE, "rows": rows,
-                                    "summary": summary, "best_on_validation": best},
-                                   indent=2) + "\n")
+    write_envelope("refinement_offline", args.out,
+                   {"steps": args.steps, "ridge": RIDGE, "rows": rows, "summary": summary,
+                    "best_on_validation": best}, seeds=args.seeds)
     print(f"JSON: {args.out}")
 
 

@@ -22,13 +22,12 @@ Test accuracy on the official 10,000 test images. Bytes are the statistics' own 
 selection and evaluate rounds of a real run come on top for every form alike. This is
 the server's arithmetic on the nodes' real rows, not a Flower run: its products are what
 each node would return, cast to float32 as the wire would carry them.
-Writes JSON (``--out``, default ``benchmarks/out/rf_uplink.json``).
+Writes JSON (``--out``, default ``results/benchmarks/rf_uplink.json``).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from pathlib import Path
@@ -38,6 +37,12 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # run from a checkout without installing it
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from envelope import default_out, write_envelope
+
+#: a run of seconds that benchmarks/smoke.py (and CI) runs so this script cannot rot
+SMOKE = [["--dataset", "digits", "--divisions", "paper:3", "--dims", "128", "--rounds", "5"]]
 
 from gems_fl.data import load_dataset, node_data, parse_division
 from gems_fl.data.random_features import RandomFeatures
@@ -61,13 +66,13 @@ def _accuracy(point: np.ndarray, z_test: torch.Tensor, y_test: np.ndarray) -> fl
 
 
 def one_division(spec: str, nodes: int, seed: int, dim: int, kind: str, ranks: list[str],
-                 rounds: int) -> dict:
+                 rounds: int, dataset: str = "fashion-mnist") -> dict:
     t0 = time.perf_counter()
-    splits = load_dataset("fashion-mnist", seed=seed)
+    splits = load_dataset(dataset, seed=seed)
     division = parse_division(spec, nodes, splits.num_classes)
     parts = [node_data(splits, division, k, seed) for k in range(nodes)]
     parts = [p for p in parts if len(p[1])]
-    run = Settings(dataset="fashion-mnist", label_division=spec, seed=seed,
+    run = Settings(dataset=dataset, label_division=spec, seed=seed,
                    model="random-features", rf_map=kind, rf_dim=dim)
     features = feature_map(run, nodes, splits)  # the map a run with these settings agrees on
     bandwidth = features.bandwidth
@@ -174,9 +179,9 @@ def main() -> None:
     parser.add_argument("--ranks", nargs="+", default=["auto"],
                         help="factor forms to compare (auto: the run's default rank)")
     parser.add_argument("--rounds", type=int, default=200, help="CG product rounds")
-    parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "out" / "rf_uplink.json")
+    parser.add_argument("--out", type=Path, default=Path(default_out("rf_uplink")))
+    parser.add_argument("--dataset", default="fashion-mnist")
     args = parser.parse_args()
-    args.out.parent.mkdir(parents=True, exist_ok=True)
     results = []
     for text in args.divisions:
         spec, _, k = text.rpartition(":")
@@ -186,11 +191,11 @@ def main() -> None:
             for dim in args.dims:
                 print(f"{spec} K={k} seed {seed} D={dim} ...", flush=True)
                 results.append(one_division(spec, int(k), seed, dim, args.map, args.ranks,
-                                            args.rounds))
+                                            args.rounds, args.dataset))
                 print_table(results[-1])
-                args.out.write_text(json.dumps({"command": " ".join(sys.argv), "args": {
+                write_envelope("rf_uplink", args.out, {"args": {
                     k2: (str(v) if isinstance(v, Path) else v) for k2, v in vars(args).items()},
-                    "runs": results}, indent=1) + "\n")
+                    "runs": results}, seeds=args.seeds)
     print(f"\nwritten to {args.out}")
 
 

@@ -4,7 +4,7 @@ accepted, bytes per round, for `gems-fl run --nodes N` as a user runs it.
     python3 benchmarks/scale.py --nodes 100 --run-config "dataset='fashion-mnist' \
         label-division='classes-per-node:2'"
 
-Prints a table and writes JSON (``--out``, default ``benchmarks/out/scale.json``). The
+Prints a table and writes JSON (``--out``, default ``results/benchmarks/scale.json``). The
 memory figure is the largest sum, over one-second samples, of the resident set sizes
 of every process whose environment carries the run's marker (the SuperLink, SuperExec,
 flwr-simulation, Ray and its workers) plus ``gems-fl`` itself.
@@ -23,6 +23,12 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # run from a checkout without installing it
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from envelope import default_out, write_envelope
+
+#: a run of seconds that benchmarks/smoke.py (and CI) runs so this script cannot rot
+SMOKE = [["--nodes", "3", "--run-config", "label-division='paper'"]]
 
 from gems_fl.running.timing import timing_line
 
@@ -97,7 +103,7 @@ def main() -> None:
     parser.add_argument("--nodes", type=int, nargs="+", default=[100])
     parser.add_argument("--run-config", default="dataset='fashion-mnist' "
                         "label-division='classes-per-node:2'")
-    parser.add_argument("--out", default=str(ROOT / "benchmarks" / "out" / "scale.json"))
+    parser.add_argument("--out", default=default_out("scale"))
     args = parser.parse_args()
     machine = {"cores": os.cpu_count(), "loadavg_before": os.getloadavg()}
     reports = []
@@ -116,8 +122,8 @@ def main() -> None:
             print(f"    time: {timing_line(r['timing_s'])}")
         for rd in r.get("rounds", []):
             print(f"    round {rd}")
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps({"machine": machine, "runs": reports}, indent=2))
+    write_envelope("scale", args.out, {"machine": machine, "runs": reports},
+                   settings={"run-config": args.run_config})
 
 
 if __name__ == "__main__":

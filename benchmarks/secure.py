@@ -9,21 +9,24 @@ defaults: plain (every node sends its Gram reply) and ``secure-aggregation=true`
 statistics travel through SecAgg+, the server holds only their sums). Prints GEMS test
 accuracy, the bytes every message carried up and down (SecAgg+'s four stages included)
 and the wall time of the GEMS rounds, and writes JSON (``--out``, default
-``benchmarks/out/secure.json``). ``public-samples=0``: the tuning rows are not what is
+``results/benchmarks/secure.json``). ``public-samples=0``: the tuning rows are not what is
 compared.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import sys
 import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # run from a checkout without installing it
+
+from envelope import default_out, write_envelope
+
+#: a run of seconds that benchmarks/smoke.py (and CI) runs so this script cannot rot
+SMOKE = [["--dataset", "digits", "--divisions", "paper"]]
 
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
@@ -57,20 +60,19 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", type=int, nargs="+", default=[0])
     parser.add_argument("--divisions", nargs="+", default=[d for d, _ in DIVISIONS])
-    parser.add_argument("--out", default=str(ROOT / "benchmarks" / "out" / "secure.json"))
+    parser.add_argument("--out", default=default_out("secure"))
     parser.add_argument("--dataset", default="fashion-mnist",
                         help="digits: a layer small enough for class Gram matrices (the "
                         "gaussian point), which SecAgg+ then carries too")
     args = parser.parse_args()
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
     divisions = [(d, k) for d, k in DIVISIONS if d in args.divisions]
     runs = []
     for division, nodes in divisions:
         for seed in args.seeds:
             for secure in (False, True):
                 runs.append(one_run(division, nodes, seed, secure, args.dataset))
-                save(out, args.seeds, runs, [])  # every run kept, should the rest not finish
+                write_envelope("secure", args.out, {"runs": runs, "summary": []},
+                               seeds=args.seeds)  # every run kept, should the rest not finish
                 r = runs[-1]
                 print(f"{division} K={nodes} seed {seed} {'secure' if secure else 'plain '}: "
                       f"GEMS {r['accuracy']:.4f} ({r['point']}), up {r['bytes_up'] / 1e6:.2f} "
@@ -94,14 +96,8 @@ def main() -> None:
             print(f"| {division} K={nodes} | {'secure' if secure else 'plain'} | "
                   f"{row['accuracy']:.4f} | {gap:.4f} | {row['mb_up']:.2f} | "
                   f"{row['mb_down']:.2f} | {row['rounds_s']:.1f} |")
-    save(out, args.seeds, runs, summary)
-    print(f"wrote {out}")
-
-
-def save(out: Path, seeds: list[int], runs: list[dict], summary: list[dict]) -> None:
-    out.write_text(json.dumps({"machine": {"cores": os.cpu_count(),
-                                           "loadavg": os.getloadavg()},
-                               "seeds": seeds, "runs": runs, "summary": summary}, indent=2))
+    write_envelope("secure", args.out, {"runs": runs, "summary": summary}, seeds=args.seeds)
+    print(f"wrote {args.out}")
 
 
 if __name__ == "__main__":

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import csv
-import json
 import statistics
 import sys
 import tempfile
@@ -29,6 +28,12 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # run from a checkout without installing it
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from envelope import default_out, write_envelope
+
+#: a run of seconds that benchmarks/smoke.py (and CI) runs so this script cannot rot
+SMOKE = [["--seeds", "0"]]
 
 DATA = {"wine": 3, "breast-cancer": 4}  # data set -> number of sites
 CHOICES = ("off", "node", "federated")
@@ -96,7 +101,7 @@ def run(configs: list[dict], standardize: str, seed: int, out: Path,
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4])
-    parser.add_argument("--out", default=str(ROOT / "results" / "benchmarks" / "standardize.json"))
+    parser.add_argument("--out", default=default_out("standardize"))
     args = parser.parse_args()
     records = []
     t0 = time.perf_counter()
@@ -120,9 +125,7 @@ def main() -> None:
             print(f"| {name} | {choice} | {statistics.mean(acc):.3f} ± {statistics.pstdev(acc):.3f} "
                   f"| {statistics.mean(r['local_mean'] for r in rows):.3f} "
                   f"| {sum(r['good_enough'] for r in rows)}/{sum(r['sites'] for r in rows)} |")
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps({"benchmark": "standardize", "seeds": args.seeds,
-                                          "records": records}, indent=1) + "\n")
+    write_envelope("standardize", args.out, records, seeds=args.seeds)
     print(f"wrote {args.out}")
 
 

@@ -12,7 +12,6 @@ JSON.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import subprocess
 import sys
@@ -22,6 +21,12 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # run from a checkout without installing it
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from envelope import default_out, write_envelope
+
+#: a run of seconds that benchmarks/smoke.py (and CI) runs so this script cannot rot
+SMOKE = [["--repeats", "1"]]
 
 
 def time_status(env: dict[str, str], repeats: int) -> tuple[list[float], str]:
@@ -44,7 +49,7 @@ def main() -> None:
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--out", default=str(ROOT / "results" / "benchmarks" / "status_latency.json"))
+    parser.add_argument("--out", default=default_out("status_latency"))
     args = parser.parse_args()
     records = {}
     with tempfile.TemporaryDirectory() as tmp:
@@ -69,9 +74,8 @@ def main() -> None:
     for label, rec in records.items():
         print(f"| {label} | {statistics.median(rec['wall_s']):.2f} s | {max(rec['wall_s']):.2f} s |")
     print("\n" + records["after one finished run"]["output"])
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps({"benchmark": "status_latency", "repeats": args.repeats,
-                                          "records": records}, indent=1) + "\n")
+    write_envelope("status_latency", args.out,
+                   [{"superlink": label, **rec} for label, rec in records.items()])
     print(f"wrote {args.out}")
 
 

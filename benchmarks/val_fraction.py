@@ -26,15 +26,18 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # run from a checkout without installing it
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from envelope import print_table, write_envelope
+from envelope import default_out, print_table, write_envelope
+
+#: a run of seconds that benchmarks/smoke.py (and CI) runs so this script cannot rot
+SMOKE = [["--dataset", "digits", "--fractions", "0.2"]]
 
 
-def sites_of(seed: int, division: str):
+def sites_of(seed: int, division: str, dataset: str = "fashion-mnist"):
     """The pooled training rows with each row's site, and the held-out val/test splits."""
     from gems_fl.data.datasets import load_dataset
     from gems_fl.data.partition import node_data, parse_division
 
-    splits = load_dataset("fashion-mnist", seed=seed)
+    splits = load_dataset(dataset, seed=seed)
     parts = parse_division(division, 5, splits.num_classes)
     xs, ys, site = [], [], []
     for k in range(5):
@@ -52,13 +55,14 @@ def main() -> None:
     parser.add_argument("--fractions", type=float, nargs="+", default=[0.1, 0.2, 0.3])
     parser.add_argument("--seeds", type=int, nargs="+", default=[0])
     parser.add_argument("--division", default="dirichlet:0.1")
-    parser.add_argument("--out", default=str(ROOT / "results" / "benchmarks" / "val_fraction.json"))
+    parser.add_argument("--out", default=default_out("val_fraction"))
+    parser.add_argument("--dataset", default="fashion-mnist")
     args = parser.parse_args()
     from gems_fl.estimator import GEMSClassifier
 
     records = []
     for seed in args.seeds:
-        x, y, site, (x_val, y_val), (x_test, y_test) = sites_of(seed, args.division)
+        x, y, site, (x_val, y_val), (x_test, y_test) = sites_of(seed, args.division, args.dataset)
         for fraction in args.fractions:
             t0 = time.monotonic()
             clf = GEMSClassifier(seed=seed, settings={"val-fraction": fraction})
@@ -77,7 +81,7 @@ def main() -> None:
                 [[f"{f:g}", f"{np.mean([r['held_out_val_accuracy'] for r in rs]):.4f}",
                   f"{np.mean([r['test_accuracy'] for r in rs]):.4f}",
                   ", ".join(r["good_enough"] for r in rs)] for f, rs in mine.items()])
-    write_envelope("val_fraction", args.out, records)
+    write_envelope("val_fraction", args.out, records, seeds=args.seeds)
 
 
 if __name__ == "__main__":

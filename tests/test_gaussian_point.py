@@ -300,3 +300,37 @@ def test_the_l2_candidates_share_one_draw_and_each_fit_is_a_fresh_one(monkeypatc
     assert len(prepared) == 2
     other = gaussian_point(*moments, l2=1e-6, seed=4, rows=2000)  # another draw
     assert len(prepared) == 3 and not np.array_equal(other, fits[1e-6])
+
+
+def test_the_l2_candidates_fitted_at_once_equal_those_fitted_one_after_another(monkeypatch):
+    """The selection round fits a point's values on the free cores at once: the same
+    candidates, bit for bit, and the virtual rows still drawn once."""
+    from gems_fl.geometry import virtual
+    from gems_fl.geometry.choices import GAUSSIAN_L2S
+    from gems_fl.geometry.kinds import AggregateOptions
+    from gems_fl.geometry.points import NodeStatistics
+    from gems_fl.protocol import selection_round
+
+    x, y = _data(11, 900)
+    parts = [np.flatnonzero(y < 2), np.flatnonzero(y >= 2)]
+    spaces = []
+    for p in parts:
+        moments, counts = label_moments(x[p], y[p], C)
+        spaces.append(GramSpace(np.zeros(C * (D + 1)), gram_matrix(x[p]), 1.0, 0.0, moments,
+                                counts, class_grams(x[p], y[p], C)))
+    stats = NodeStatistics(spaces, [len(p) for p in parts])
+    options = AggregateOptions(gram_point="auto", seed=2)
+    made = []
+    real_of = virtual._PreparedRows.of
+    monkeypatch.setattr(virtual._PreparedRows, "of",
+                        classmethod(lambda cls, *a: made.append(1) or real_of(*a)))
+    runs = {}
+    for workers in (1, 2):
+        monkeypatch.setattr(selection_round, "concurrent_workers", lambda n, w=workers: min(n, w))
+        virtual.forget_draw()
+        runs[workers] = selection_round._solve_values(stats, spaces, "gaussian",
+                                                      list(GAUSSIAN_L2S), options)
+    assert len(made) == 2  # one draw per pass, shared by its four fits
+    for one, two in zip(runs[1], runs[2]):
+        np.testing.assert_array_equal(one.point, two.point)
+        assert one.details == two.details

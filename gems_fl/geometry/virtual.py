@@ -17,6 +17,7 @@ coordinates (the pooled mean and standard deviation) and is mapped back.
 from __future__ import annotations
 
 import hashlib
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -132,6 +133,9 @@ class _Draw:
 
 
 _LAST_DRAW: list[_Draw] = []  # the last draw only: the L2 candidates of one round share it
+#: held while a draw is made: the L2 candidates, fitted at once on several threads, wait
+#: for the first one's draw instead of each making it
+_DRAW_LOCK = threading.Lock()
 
 
 def _virtual_draw(counts, means, covariances, *, seed: int, rows: int, shrinkage: float,
@@ -156,9 +160,16 @@ def _virtual_draw(counts, means, covariances, *, seed: int, rows: int, shrinkage
                  np.array([seed, rows, c], dtype=np.int64), np.array([shrinkage])):
         digest.update(np.ascontiguousarray(part).tobytes())
     key = digest.digest()
-    if _LAST_DRAW and _LAST_DRAW[0].key == key:
-        return _LAST_DRAW[0]
-    _LAST_DRAW.clear()  # free the previous draw before making the next
+    with _DRAW_LOCK:
+        if _LAST_DRAW and _LAST_DRAW[0].key == key:
+            return _LAST_DRAW[0]
+        _LAST_DRAW.clear()  # free the previous draw before making the next
+        return _make_draw(key, counts, means, covariances, classes, c, d, seed=seed, rows=rows,
+                          shrinkage=shrinkage)
+
+
+def _make_draw(key: bytes, counts, means, covariances, classes, c: int, d: int, *, seed: int,
+               rows: int, shrinkage: float) -> _Draw:
     total = counts.sum()
     mean = counts @ means / total
     spread = (np.einsum("c,cii->i", counts, covariances) + counts @ (means - mean) ** 2) / total

@@ -52,6 +52,20 @@ def policy_threads() -> int:
     return value
 
 
+def concurrent_workers(tasks: int) -> int:
+    """How many independent solves of one step (the selection round's candidates at each
+    value of a point's grid) run at once, each on one thread: as many as the cores torch
+    saw at import, at most ``tasks``; 1 when ``GEMS_FL_THREADS`` sets the count.
+
+    Why not the policy's 1: the fits share nothing and each runs serial ops on its own
+    thread (no OpenMP pool to spin), and while the server solves them the nodes wait for
+    its message, so the cores are free. The result is the same as one after another.
+    """
+    if os.environ.get(ENV_VAR, "").strip():
+        return 1
+    return max(1, min(int(tasks), CORES))
+
+
 @contextmanager
 def compute_threads(threads: int | None = None) -> Iterator[int]:
     """Run torch, BLAS and OpenMP on ``threads`` threads (default :func:`policy_threads`).
