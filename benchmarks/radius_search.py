@@ -60,6 +60,7 @@ from gems_fl.learning.models import build_model, model_to_vector
 from gems_fl.learning.threads import CORES, ENV_VAR, compute_threads
 from gems_fl.learning.train import train_until_converged
 from gems_fl.settings import Settings
+from gems_fl.settings.options import space_options
 
 #: a run of seconds that benchmarks/smoke.py (and CI) runs so this script cannot rot
 SMOKE = [["--repeats", "1", "--real-repeats", "1", "--policies", "policy-1"]]
@@ -146,7 +147,8 @@ def _node_sequence(policy: str, data: tuple, num_classes: int, settings: Setting
             axes = fisher_axes(diagonal_fisher(center, x_val), settings.ellipsoid_c)
             result = search_radius(
                 center, x_val, y_val, eps=settings.eps, num_directions=settings.num_directions,
-                r_max=settings.r_max, delta=settings.delta, seed=seed, axes=axes)
+                r_max=space_options(settings).bound, delta=settings.delta, seed=seed,
+                axes=axes)
             search_s = time.perf_counter() - t0
             xa = augment(x_val)
             u_t = sample_directions(settings.num_directions, center.shape, seed=seed)

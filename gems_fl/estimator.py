@@ -110,7 +110,7 @@ class GEMSClassifier(ClassifierMixin, BaseEstimator):
     def run_config(self) -> dict[str, Any]:
         """The run settings ``fit`` uses (validated), keys as in ``pyproject.toml``."""
         from gems_fl.running.run_config import refuse_unknown
-        from gems_fl.settings import Settings
+        from gems_fl.settings import LAB_KEY, Settings
         from gems_fl.settings.checks import key_of
 
         self._check_parameters()
@@ -119,7 +119,7 @@ class GEMSClassifier(ClassifierMixin, BaseEstimator):
         if taken:
             raise ValueError(f"settings sets {', '.join(taken)}: pass eps, model and seed as "
                              "parameters; dataset, site-files and output-dir are fit's own")
-        refuse_unknown(extra, {key_of(f) for f in fields(Settings)})
+        refuse_unknown(extra, {key_of(f) for f in fields(Settings)} | {LAB_KEY})
         config = {**extra, "eps": float(self.eps), "model": str(self.model),
                   "seed": int(self.seed), "dataset": "node-files",
                   "evaluate-on-server": bool(extra.get("evaluate-on-server", False))}

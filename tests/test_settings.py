@@ -261,3 +261,14 @@ def test_the_paper_profile_sets_the_papers_recipe_where_the_product_default_stan
     # what the nodes receive is the resolved recipe, not the profile
     nodes = Settings(profile="paper").for_nodes()
     assert nodes["ellipsoid-floor"] == "paper" and "profile" not in nodes
+
+
+def test_the_estimator_takes_research_switches_either_way():
+    from gems_fl.estimator import GEMSClassifier
+
+    for settings in ({"lab": "tune-epochs=3 gram-ridge=0.01"}, {"tune-epochs": 3, "gram-ridge": 0.01}):
+        config = GEMSClassifier(settings=settings).run_config()
+        built = Settings.from_run_config(config)
+        assert (built.tune_epochs, built.gram_ridge) == (3, 0.01)
+    with pytest.raises(SettingsError, match="'tune-epoch' is not a research switch"):
+        GEMSClassifier(settings={"lab": "tune-epoch=3"}).run_config()
