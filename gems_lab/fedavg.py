@@ -49,6 +49,7 @@ from gems_fl.learning.model_kinds import KERNEL_KIND, model_kind
 from gems_fl.learning.train import OPTIMIZERS, accuracy, fine_tune, set_default_device
 from gems_fl.protocol.inprocess import InProcessGrid
 from gems_fl.settings import Settings
+from gems_fl.settings.options import node_data_options
 from gems_fl.settings.values import parse_rf_bandwidth
 
 STRATEGIES = ("fedavg", "fedprox")
@@ -81,7 +82,7 @@ def train(msg: Message, context: Context) -> Message:
     """Train the received model on this node's partition; reply with it and its size."""
     settings = Settings.from_run_config(context.run_config)
     set_default_device(settings.device)
-    data = cast_node_arrays(load_node_data(settings, context.node_config))
+    data = cast_node_arrays(load_node_data(node_data_options(settings), context.node_config))
     config = msg.content["config"]
     features = feature_map_from_config(config)
     x_train = data.x_train if features is None else _mapped(data, features, context.node_config)

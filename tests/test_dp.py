@@ -20,6 +20,7 @@ from gems_fl.geometry.dp import (
 from gems_fl.geometry.gram import unpack_triangle
 from gems_fl.geometry.gram_sums import GramSums
 from gems_fl.settings import Settings, SettingsError
+from gems_fl.settings.options import node_data_options
 from tests.helpers import FAST, app_defaults, run_in_process
 
 COMMON = {"label-division": "classes-per-node:4"}
@@ -129,7 +130,7 @@ def test_the_server_sums_are_the_nodes_releases(tmp_path, strategies):
     spec = dp_spec(settings)
     total_g, total_m, rows = 0.0, 0.0, 0
     for k in range(3):
-        data = cast_node_arrays(load_node_data(settings, {"partition-id": k,
+        data = cast_node_arrays(load_node_data(node_data_options(settings), {"partition-id": k,
                                                           "num-partitions": 3}))
         x, y, _, _ = data.arrays
         release = node_release(x, y, data.num_classes, spec, data.seed,

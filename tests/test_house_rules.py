@@ -178,3 +178,24 @@ def test_no_model_name_is_compared_as_a_string_outside_its_registry():
             elif isinstance(node, ast.Call) and any(names_a_model(a) for a in node.args):
                 found.append(f"{path.relative_to(ROOT)}:{node.lineno} passes a model name")
     assert found == []
+
+
+#: where the run settings may be read whole: the settings package, the ServerApp, the
+#: ClientApp's handlers and the entry points outside Flower; everything else takes option
+#: objects (gems_fl.settings.options builds them)
+SETTINGS_READERS = ("gems_fl.settings", "gems_fl.serverapp", "gems_fl.clientapp",
+                    "gems_fl.running", "gems_fl.apps", "gems_fl.api", "gems_fl.estimator")
+#: not yet on option objects (issue 55): the server-side comparison rows and the seam that
+#: hands the run's settings to the lab's studies. This list may only shrink.
+SETTINGS_READERS_TO_GO = ("gems_fl.evaluation.baselines", "gems_fl.evaluation.local_models",
+                          "gems_fl.evaluation.server_data", "gems_fl.extensions")
+
+
+def test_only_the_entry_points_import_the_settings():
+    modules = _modules()
+    found = sorted(
+        name for name, path in modules.items() if name.startswith("gems_fl")
+        and not any(name == r or name.startswith(r + ".") for r in SETTINGS_READERS)
+        and any(module == "gems_fl.settings" and imported in ("", "Settings")
+                for module, imported in _imports(path, modules)))
+    assert found == sorted(SETTINGS_READERS_TO_GO)

@@ -10,6 +10,7 @@ import numpy as np
 from gems_fl.data.node_cache import NodeDataCache
 from gems_fl.data.nodes import cast_node_arrays, load_node_data
 from gems_fl.settings import Settings
+from gems_fl.settings.options import node_data_options
 from tests.sitegen import write_csv_site
 
 
@@ -21,19 +22,19 @@ def test_a_node_loads_its_file_once_per_run_and_again_when_it_changes(tmp_path):
 
     def load():
         loads.append(1)
-        return cast_node_arrays(load_node_data(settings, config))
+        return cast_node_arrays(load_node_data(node_data_options(settings), config))
 
-    first = cache.get(settings, config, None, load)
-    second = cache.get(settings, config, None, load)
+    first = cache.get(node_data_options(settings), config, None, load)
+    second = cache.get(node_data_options(settings), config, None, load)
     assert len(loads) == 1 and second is not first
     np.testing.assert_array_equal(second.x_train, first.x_train)
     first.x_train[0, 0] += 1.0  # one message's change does not reach the next
-    assert cache.get(settings, config, None, load).x_train[0, 0] == second.x_train[0, 0]
-    cache.get(Settings(dataset="node-files", evaluate_on_server=False, seed=1), config, None, load)
+    assert cache.get(node_data_options(settings), config, None, load).x_train[0, 0] == second.x_train[0, 0]
+    cache.get(node_data_options(Settings(dataset="node-files", evaluate_on_server=False, seed=1)), config, None, load)
     assert len(loads) == 2  # other settings: other data
     stat = path.stat()
     os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns + 10 ** 9))  # the file changed
-    cache.get(settings, config, None, load)
+    cache.get(node_data_options(settings), config, None, load)
     assert len(loads) == 3
 
 
@@ -49,5 +50,5 @@ def test_the_cache_keeps_at_most_its_bytes():
                                 np.zeros(1), num_classes=2)
 
     for k in range(3):
-        cache.get(settings, {"node-name": f"n{k}"}, None, data(k))
+        cache.get(node_data_options(settings), {"node-name": f"n{k}"}, None, data(k))
     assert len(cache) == 1  # each about 1 KB: only the newest fits

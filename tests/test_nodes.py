@@ -13,6 +13,7 @@ from gems_fl.data import load_dataset, node_data, parse_division
 from gems_fl.data.nodes import NodeDataError, load_node_data, load_node_file, node_name
 from gems_fl.protocol import replies, wire
 from gems_fl.settings import Settings
+from gems_fl.settings.options import node_data_options
 from tests.helpers import FAST, app_defaults, run_in_process
 
 
@@ -56,7 +57,7 @@ def test_data_that_does_not_fit_the_run_is_refused_with_the_reason(tmp_path, par
     path = _npz(tmp_path / "site.npz", *change(partition0))
     with pytest.raises(NodeDataError, match=f"node 'site-x': .*{message}".replace("[", r"\[")
                        .replace("]", r"\]")):
-        load_node_data(Settings(), {"data-path": path, "node-name": "site-x"})
+        load_node_data(node_data_options(Settings()), {"data-path": path, "node-name": "site-x"})
 
 
 def test_missing_file_missing_arrays_and_no_data_config_are_clear(tmp_path):
@@ -69,7 +70,7 @@ def test_missing_file_missing_arrays_and_no_data_config_are_clear(tmp_path):
         (tmp_path / "x.txt").write_text("1")
         load_node_file(tmp_path / "x.txt")
     with pytest.raises(NodeDataError, match="data-path="):
-        load_node_data(Settings(), {})
+        load_node_data(node_data_options(Settings()), {})
 
 
 def test_name_and_seed_come_from_the_node_config_not_the_flower_node_id(tmp_path, partition0):
@@ -147,8 +148,8 @@ def test_partition_nodes_share_one_read_only_split_per_process_and_own_their_row
     clear_dataset_cache()
     settings = Settings.from_run_config({"label-division": "iid"})
     config = {"partition-id": 1, "num-partitions": 3}
-    first = load_node_data(settings, config)
-    second = load_node_data(settings, config)
+    first = load_node_data(node_data_options(settings), config)
+    second = load_node_data(node_data_options(settings), config)
     assert shared_splits.cache_info().misses == 1 and shared_splits.cache_info().hits == 1
     from gems_fl.data import FeatureOptions
 

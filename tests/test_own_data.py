@@ -12,6 +12,7 @@ from gems_fl.data.agreement import DataAgreement
 from gems_fl.data.nodes import NodeDataError, load_node_data
 from gems_fl.data.site_files import SiteFileError, combine_stats, feature_stats, read_site_file
 from gems_fl.settings import Settings, SettingsError
+from gems_fl.settings.options import node_data_options
 from tests.helpers import run_in_process
 from tests.sitegen import CLASSES, blobs, site_config, write_csv
 
@@ -149,12 +150,12 @@ def test_label_mapping_is_shared_even_when_a_node_lacks_a_class(tmp_path):
     write_csv(tmp_path / "a_val.csv", x[only_two][:10], y[only_two][:10])
     settings = Settings(dataset="node-files", evaluate_on_server=False)
     agreement = DataAgreement(5, list(CLASSES))
-    data = load_node_data(settings, {"data-path": str(tmp_path / "a.csv")}, agreement)
+    data = load_node_data(node_data_options(settings), {"data-path": str(tmp_path / "a.csv")}, agreement)
     assert data.num_classes == 3 and data.classes == list(CLASSES)
     expected = np.array([CLASSES.index(v) for v in y[only_two]])
     np.testing.assert_array_equal(data.y_train, expected)
     # Without the agreement (the identity query) the node reports what it holds.
-    alone = load_node_data(settings, {"data-path": str(tmp_path / "a.csv")})
+    alone = load_node_data(node_data_options(settings), {"data-path": str(tmp_path / "a.csv")})
     assert alone.present_classes == ["adelie", "chinstrap"]
 
 
@@ -166,7 +167,7 @@ def test_federated_standardisation_equals_pooled_statistics(tmp_path, sites):
     np.testing.assert_allclose(mean, pooled.mean(axis=0), rtol=1e-9)
     np.testing.assert_allclose(std, pooled.std(axis=0), rtol=1e-6)
     agreement = DataAgreement(13, list(CLASSES), mean, std)
-    scaled = [load_node_data(settings, c, agreement) for c in sites]
+    scaled = [load_node_data(node_data_options(settings), c, agreement) for c in sites]
     for data, x in zip(scaled, raw):
         np.testing.assert_allclose(data.x_train, (x - mean) / std, rtol=1e-9)
         np.testing.assert_array_equal(data.scale[0], mean)
@@ -240,9 +241,9 @@ def test_csv_header_label_column_and_test_fraction(tmp_path):
     assert list(site.y["train"]) == list(y)
     assert read_site_file(path, "0").x["train"].shape == (50, 4)
     settings = Settings(dataset="node-files", evaluate_on_server=False, label_column="species")
-    data = load_node_data(settings, {"data-path": str(path), "test-fraction": 0.2})
+    data = load_node_data(node_data_options(settings), {"data-path": str(path), "test-fraction": 0.2})
     assert len(data.y_test) == 10 and len(data.y_train) == 40
-    again = load_node_data(settings, {"data-path": str(path), "test-fraction": 0.2})
+    again = load_node_data(node_data_options(settings), {"data-path": str(path), "test-fraction": 0.2})
     np.testing.assert_array_equal(data.x_test, again.x_test)  # seeded by the node
 
 
@@ -255,7 +256,7 @@ def test_node_files_settings_say_what_to_do():
         Settings(num_features=5)
     assert Settings(dataset="node-files", public_data="/x.npz").public_data == "/x.npz"
     with pytest.raises(NodeDataError, match="node 'p'"):
-        load_node_data(Settings(dataset="node-files", evaluate_on_server=False),
+        load_node_data(node_data_options(Settings(dataset="node-files", evaluate_on_server=False)),
                        {"partition-id": 0, "num-partitions": 2, "node-name": "p"})
 
 

@@ -28,7 +28,7 @@ from gems_fl.data.nodes import (
 from gems_fl.learning.train import set_default_device
 from gems_fl.protocol import landmarks, node, secure, wire
 from gems_fl.settings import Settings
-from gems_fl.settings.options import node_work
+from gems_fl.settings.options import node_data_options, node_work
 
 logger = logging.getLogger(__name__)
 #: what this process loaded, for the later messages of the run (a simulation's ClientApp
@@ -48,8 +48,9 @@ def _node_data(settings: Settings, config: Mapping[str, Any], context: Context) 
     except ValueError as exc:
         raise NodeDataError(f"node '{node_name(node_config)}': {exc}") from None
     agreement = DataAgreement.from_config(config)
-    return LOADED.get(settings, node_config, agreement,
-                      lambda: cast_node_arrays(load_node_data(settings, node_config, agreement)))
+    options = node_data_options(settings)
+    return LOADED.get(options, node_config, agreement,
+                      lambda: cast_node_arrays(load_node_data(options, node_config, agreement)))
 
 
 def handle_train(msg: Message, context: Context) -> Message:
@@ -100,7 +101,7 @@ def handle_query(msg: Message, context: Context) -> Message:
         raise NodeDataError(f"node id {context.node_id}: {exc}") from None
     source = str(node_config.get("data-path", "")) or "partition"
     try:
-        data = load_node_data(settings, node_config)
+        data = load_node_data(node_data_options(settings), node_config)
     except NodeDataError as exc:
         logger.warning("%s", exc)
         return Message(content=wire.encode_identity_error(name, f"data-path={source}", str(exc)),

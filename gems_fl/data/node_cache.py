@@ -5,7 +5,8 @@ refinement step) needs the node's rows as the identity round agreed on them: rea
 checked, scaled, mapped (random features: an ``(N, D)`` product). Loading them again for
 each message cost 12-16 s of a 2,048-feature run. :class:`NodeDataCache` keeps the
 loaded :class:`~gems_fl.data.nodes.NodeData` keyed by everything it depends on: the
-settings the message carries, the node's config, the agreement, and the file's size and
+data options the message's settings make (:class:`~gems_fl.data.nodes.NodeDataOptions`),
+the node's config, the agreement, and the file's size and
 modification time (a changed file is read again). Each message gets its own copy of the
 arrays (a copy costs milliseconds; a load, seconds), so no caller can change what the
 next message reads.
@@ -17,17 +18,14 @@ import hashlib
 import json
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
-from dataclasses import fields, replace
+from dataclasses import asdict, fields, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
 from gems_fl.data.agreement import DataAgreement
-from gems_fl.data.nodes import NodeData
-
-if TYPE_CHECKING:
-    from gems_fl.settings import Settings
+from gems_fl.data.nodes import NodeData, NodeDataOptions
 
 #: the most bytes of rows one process keeps (the oldest entries go first)
 MAX_BYTES = 2 * 2 ** 30
@@ -40,11 +38,11 @@ class NodeDataCache:
         self.max_bytes = int(max_bytes)
         self._entries: OrderedDict[str, NodeData] = OrderedDict()
 
-    def get(self, settings: Settings, node_config: Mapping[str, Any],
+    def get(self, options: NodeDataOptions, node_config: Mapping[str, Any],
             agreement: DataAgreement | None, load: Callable[[], NodeData]) -> NodeData:
         """The node's data: kept from an earlier message with the same key, else
         ``load()``. The caller gets its own copy (arrays included)."""
-        key = _key(settings, node_config, agreement)
+        key = _key(options, node_config, agreement)
         data = self._entries.get(key)
         if data is None:
             data = load()
@@ -64,7 +62,7 @@ class NodeDataCache:
             self._entries.popitem(last=False)
 
 
-def _key(settings: Settings, node_config: Mapping[str, Any],
+def _key(options: NodeDataOptions, node_config: Mapping[str, Any],
          agreement: DataAgreement | None) -> str:
     path = str(node_config.get("data-path", "")).strip()
     stamps = []
@@ -77,7 +75,7 @@ def _key(settings: Settings, node_config: Mapping[str, Any],
     agreed = None if agreement is None else {  # the kernel map's landmarks by their hash
         k: hashlib.sha256(v).hexdigest() if isinstance(v, bytes) else v
         for k, v in agreement.to_config().items()}
-    return json.dumps([settings.to_config(), dict(node_config), agreed, stamps],
+    return json.dumps([asdict(options), dict(node_config), agreed, stamps],
                       sort_keys=True, default=str)
 
 

@@ -22,7 +22,7 @@ import hashlib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
@@ -50,14 +50,30 @@ from gems_fl.data.site_files import (
     split_validation,
 )
 
-if TYPE_CHECKING:  # settings sit above data; data only reads a few attributes
-    from gems_fl.settings import Settings
-
 NPZ_KEYS = ("x_train", "y_train", "x_val", "y_val")  # plus optional x_test, y_test
 
 
 class NodeDataError(ValueError):
     """A node's config or data does not fit the run; the message says what to fix."""
+
+
+@dataclass(frozen=True)
+class NodeDataOptions:
+    """What a node's data loading reads of the run's settings
+    (``gems_fl.settings.options.node_data_options`` builds it): the dataset and how it
+    is divided, how a site file is read, and how the rows are scaled."""
+
+    dataset: str = "digits"
+    seed: int = 0
+    data_dir: str = ""
+    label_division: str = "paper"
+    num_features: int = 0
+    classes: str = ""
+    label_column: str = ""
+    id_columns: str = ID_AUTO
+    val_fraction: float = 0.2
+    standardize: str = "off"
+    features: FeatureOptions = field(default_factory=FeatureOptions)
 
 
 @dataclass
@@ -145,7 +161,7 @@ def node_name(node_config: Mapping[str, Any]) -> str:
     )
 
 
-def load_node_data(settings: Settings, node_config: Mapping[str, Any],
+def load_node_data(settings: NodeDataOptions, node_config: Mapping[str, Any],
                    agreement: DataAgreement | None = None) -> NodeData:
     """This node's data for the run, from ``data-path`` or ``partition-id``.
 
@@ -178,7 +194,7 @@ def load_node_data(settings: Settings, node_config: Mapping[str, Any],
     return data
 
 
-def _run_shape(settings: Settings, agreement: DataAgreement | None,
+def _run_shape(settings: NodeDataOptions, agreement: DataAgreement | None,
                site: SiteFile | None) -> tuple[int | None, list[str] | None, str]:
     """Features, class names and how to call the run in messages."""
     if agreement is not None:
@@ -208,7 +224,7 @@ def read_node_site(name: str, data_path: str, label_column: str = "",
         raise NodeDataError(f"node '{name}': {exc}") from None
 
 
-def _load_file_node(settings: Settings, node_config: Mapping[str, Any],
+def _load_file_node(settings: NodeDataOptions, node_config: Mapping[str, Any],
                     agreement: DataAgreement | None, name: str, seed: int,
                     data_path: str) -> NodeData:
     site = read_node_site(name, data_path, settings.label_column, settings.id_columns,
@@ -250,7 +266,7 @@ def site_notes(site: SiteFile) -> list[str]:
     return notes
 
 
-def _load_partition_node(settings: Settings, node_config: Mapping[str, Any], name: str,
+def _load_partition_node(settings: NodeDataOptions, node_config: Mapping[str, Any], name: str,
                          seed: int, has_partition: bool) -> NodeData:
     if not has_partition or "num-partitions" not in node_config:
         raise NodeDataError(
@@ -262,8 +278,7 @@ def _load_partition_node(settings: Settings, node_config: Mapping[str, Any], nam
     partition_id = int(node_config["partition-id"])
     num_partitions = int(node_config["num-partitions"])
     data_dir = str(node_config.get("data-dir", settings.data_dir)) or None
-    splits = shared_splits(settings.dataset, settings.seed, data_dir,
-                           FeatureOptions.from_settings(settings))
+    splits = shared_splits(settings.dataset, settings.seed, data_dir, settings.features)
     division = parse_division(settings.label_division, num_partitions, splits.num_classes)
     arrays = node_data(splits, division, partition_id, settings.seed)
     data = NodeData(name, seed, f"partition {partition_id} of {num_partitions}", *arrays,
@@ -287,10 +302,10 @@ def _split_test(data: NodeData, node_config: Mapping[str, Any]) -> None:
         raise NodeDataError(f"node '{data.name}': {exc}") from None
 
 
-def _standardize(data: NodeData, settings: Settings, agreement: DataAgreement | None) -> None:
+def _standardize(data: NodeData, settings: NodeDataOptions, agreement: DataAgreement | None) -> None:
     """Scale features: ``node`` with this node's training mean/std, ``federated`` with the
     mean/std the server combined from every node's sums (carried by ``agreement``)."""
-    mode = getattr(settings, "standardize", "off")
+    mode = settings.standardize
     if mode == "off":
         return
     if mode == "node":

@@ -15,7 +15,7 @@ from gems_fl.protocol.node import identity_content
 from gems_fl.protocol.replies import ReplyError, decode_identity_full
 from gems_fl.protocol.roster import agree
 from gems_fl.settings import Settings
-from gems_fl.settings.options import agreement_rule
+from gems_fl.settings.options import agreement_rule, node_data_options
 from gems_fl.settings.values import parse_required_nodes
 
 
@@ -37,7 +37,7 @@ def check_sites(settings: Settings) -> list[str]:
                                  settings.site_files)
         name = present[k] = node_name(config)
         try:
-            data = load_node_data(settings, config)
+            data = load_node_data(node_data_options(settings), config)
             content = identity_content(data, with_stats=settings.identity_sums)
             identities[k] = decode_identity_full(content)
         except (NodeDataError, ReplyError) as exc:

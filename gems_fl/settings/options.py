@@ -7,7 +7,9 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
+from gems_fl.data import FeatureOptions
 from gems_fl.data.feature_ranges import read_feature_ranges
+from gems_fl.data.nodes import NodeDataOptions
 from gems_fl.data.random_features import FOURIER_NORM
 from gems_fl.geometry.choices import SERVER_MATRIX_BYTES, SUMS_ABOVE_NODES
 from gems_fl.geometry.dp import DPSpec
@@ -18,8 +20,8 @@ from gems_fl.protocol.options import AgreementRule, Exchange, NodeWork, ServerOp
 from gems_fl.settings.values import parse_rf_bandwidth
 
 __all__ = ["READ_ONLY_WHEN", "agreement_rule", "aggregate_options", "dp_spec", "exchange",
-           "holds_sums", "node_config", "node_work", "server_options", "space_options",
-           "wants_ridge_choice"]
+           "holds_sums", "node_config", "node_data_options", "node_work", "server_options",
+           "space_options", "wants_ridge_choice"]
 
 _mlp = lambda s: s.model_kind.layerwise
 _gram = lambda s: s.space == "gram"
@@ -40,6 +42,16 @@ READ_ONLY_WHEN = {
 
 #: a :class:`gems_fl.settings.Settings` (not imported: that package imports this module)
 Settings = Any
+
+
+def node_data_options(settings: Settings) -> NodeDataOptions:
+    """What a node's data loading reads (:func:`gems_fl.data.nodes.load_node_data`)."""
+    return NodeDataOptions(
+        dataset=settings.dataset, seed=settings.seed, data_dir=settings.data_dir,
+        label_division=settings.label_division, num_features=settings.num_features,
+        classes=settings.classes, label_column=settings.label_column,
+        id_columns=settings.id_columns, val_fraction=settings.val_fraction,
+        standardize=settings.standardize, features=FeatureOptions.from_settings(settings))
 
 
 def space_options(settings: Settings) -> SpaceOptions:
