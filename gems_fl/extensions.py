@@ -26,8 +26,6 @@ if TYPE_CHECKING:
     import numpy as np
     from torch import nn
 
-    from gems_fl.settings import Settings
-
 COMMANDS_GROUP = "gems_fl.commands"
 STUDIES_GROUP = "gems_fl.studies"
 
@@ -48,7 +46,8 @@ class Command(Protocol):
 
 @dataclass(frozen=True)
 class StudyInputs:
-    """What a server-side study gets: the run's models, the server's data and settings."""
+    """What a server-side study gets: the run's models, the server's data and the run's
+    settings as a run config (the study reads what it needs of them)."""
 
     gems_model: nn.Module
     local_models: list[nn.Module]
@@ -56,7 +55,7 @@ class StudyInputs:
     fresh_model: Callable[[], nn.Module]  # a new model of the run's architecture
     pool: tuple[np.ndarray, np.ndarray]  # the server's public pool (rows, labels)
     test: tuple[np.ndarray, np.ndarray]
-    settings: Settings
+    run_config: dict[str, Any]  # the run's settings, ``{key: value}`` (Settings.to_config)
 
 
 def _entry_points(group: str) -> dict[str, metadata.EntryPoint]:

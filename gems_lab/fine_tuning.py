@@ -86,4 +86,5 @@ def study(inputs: StudyInputs) -> dict[str, object]:
     """The ``fine-tuning`` study of the ``gems_fl.studies`` entry point: the run's
     :func:`fine_tuning_curve` (the ServerApp runs it when ``tune-curve`` is set)."""
     return fine_tuning_curve(inputs.gems_model, inputs.local_models, inputs.averaged_model,
-                             inputs.fresh_model, inputs.pool, inputs.test, inputs.settings)
+                             inputs.fresh_model, inputs.pool, inputs.test,
+                             Settings.from_run_config(inputs.run_config))

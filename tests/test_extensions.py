@@ -21,9 +21,14 @@ def test_the_fine_tuning_study_is_the_labs_curve(monkeypatch):
 
     seen = {}
     monkeypatch.setattr(lab, "fine_tuning_curve", lambda *a: seen.setdefault("args", a))
-    inputs = StudyInputs("gems", ["local"], "averaged", list, ("px", "py"), ("tx", "ty"), "s")
+    from gems_fl.settings import Settings
+
+    config = Settings(tune_curve="100,200", baselines="all").to_config()
+    inputs = StudyInputs("gems", ["local"], "averaged", list, ("px", "py"), ("tx", "ty"), config)
     study("fine-tuning")(inputs)
-    assert seen["args"] == ("gems", ["local"], "averaged", list, ("px", "py"), ("tx", "ty"), "s")
+    *models, settings = seen["args"]
+    assert models == ["gems", ["local"], "averaged", list, ("px", "py"), ("tx", "ty")]
+    assert settings == Settings(tune_curve="100,200", baselines="all")
 
 
 def test_a_study_that_is_not_installed_names_what_to_install():

@@ -185,10 +185,6 @@ def test_no_model_name_is_compared_as_a_string_outside_its_registry():
 #: objects (gems_fl.settings.options builds them)
 SETTINGS_READERS = ("gems_fl.settings", "gems_fl.serverapp", "gems_fl.clientapp",
                     "gems_fl.running", "gems_fl.apps", "gems_fl.api", "gems_fl.estimator")
-#: not yet on option objects (issue 55): the server-side comparison rows and the seam that
-#: hands the run's settings to the lab's studies. This list may only shrink.
-SETTINGS_READERS_TO_GO = ("gems_fl.evaluation.baselines", "gems_fl.evaluation.local_models",
-                          "gems_fl.evaluation.server_data", "gems_fl.extensions")
 
 
 def test_only_the_entry_points_import_the_settings():
@@ -198,4 +194,4 @@ def test_only_the_entry_points_import_the_settings():
         and not any(name == r or name.startswith(r + ".") for r in SETTINGS_READERS)
         and any(module == "gems_fl.settings" and imported in ("", "Settings")
                 for module, imported in _imports(path, modules)))
-    assert found == sorted(SETTINGS_READERS_TO_GO)
+    assert found == []

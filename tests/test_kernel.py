@@ -162,6 +162,7 @@ def test_under_dp_the_landmarks_are_the_servers_public_rows_and_no_node_sends_an
     (rows no node holds), its width and scale from them; nodes send only noised sums."""
     from gems_fl.data.agreement import DataAgreement
     from gems_fl.evaluation.server_data import public_landmark_rows
+    from gems_fl.settings.options import server_data_options
 
     asked = []
 
@@ -179,7 +180,8 @@ def test_under_dp_the_landmarks_are_the_servers_public_rows_and_no_node_sends_an
     assert fmap["landmarks-from"] == "the server's public rows" and fmap["landmarks"] == 120
     assert results["privacy"]["dp"]["epsilon"] == 8.0
     public, _ = public_landmark_rows(
-        Settings(dataset="digits", public_samples=120, seed=3, standardize="off"),
+        server_data_options(Settings(dataset="digits", public_samples=120, seed=3,
+                                     standardize="off")),
         DataAgreement(64, [str(i) for i in range(10)], None, None, None, None))
     marks = load_model(tmp_path / "run-1").features.landmarks
     np.testing.assert_array_equal(np.sort(marks, axis=0), np.sort(public, axis=0))

@@ -459,9 +459,10 @@ def test_reproduce_quick_writes_every_table_and_plot_with_every_row(tmp_path):
 
 def test_tuning_pool_is_the_public_split_no_node_uses():
     from gems_fl.evaluation.server_data import load_server_data
+    from gems_fl.settings.options import server_data_options
 
     settings = Settings(dataset="digits", seed=0)
-    data, meta, _ = load_server_data(settings, parse_division("paper", 5, 10))
+    data, meta, _ = load_server_data(server_data_options(settings), parse_division("paper", 5, 10))
     splits = load_dataset("digits", seed=0)
     np.testing.assert_array_equal(data.pool_x, splits.public_x)
     np.testing.assert_array_equal(data.pool_y, splits.public_y)

@@ -26,8 +26,8 @@ from torch import nn
 
 from gems_fl.evaluation.server_data import PublicData, ServerData
 from gems_fl.learning.models import count_parameters
+from gems_fl.learning.recipe import LocalTraining, TuneRecipe
 from gems_fl.learning.train import accuracy, predict
-from gems_fl.settings import Settings
 
 ROW_NAMES = ("Global", "Local", "Averaged", "GEMS", "GEMS tuned", "Raw", "Raw converged")
 NN_ROW_NAMES = ("Global", "Local", "Averaged", "Ensemble", "GEMS", "GEMS tuned", "Raw",
@@ -36,6 +36,20 @@ NN_ROW_NAMES = ("Global", "Local", "Averaged", "Ensemble", "GEMS", "GEMS tuned",
 LEFT_OUT = {"all": (), "cheap": ("Global", "GEMS tuned", "Raw", "Raw converged"),
             "none": ("Global", "Local", "Averaged", "Ensemble", "GEMS tuned", "Raw",
                      "Raw converged")}
+
+
+@dataclass(frozen=True)
+class ComparisonOptions:
+    """What the comparison rows read of the run's settings
+    (``gems_fl.settings.options.comparison_options`` builds it)."""
+
+    seed: int
+    rows: str  # ``baselines``: cheap, all or none (see :data:`LEFT_OUT`)
+    training: LocalTraining  # the local models' kind and recipe: Global, Raw's start
+    tune: TuneRecipe  # GEMS tuned and Raw
+    tune_layers: str
+    public_samples: int
+    public_data: str
 
 
 def row_names(layerwise: bool, baselines: str = "all") -> tuple[str, ...]:
@@ -59,7 +73,7 @@ class Candidates:
 
 
 def evaluate_rows(
-    models: Candidates, data: ServerData, settings: Settings
+    models: Candidates, data: ServerData, settings: ComparisonOptions
 ) -> dict[str, dict[str, object]]:
     """Test accuracy (and parameter count) of every row; rows that cannot be computed
     say why. One path for the logistic model and the MLP."""
@@ -69,7 +83,7 @@ def evaluate_rows(
         return {"accuracy": accuracy(model, data.test_x, data.test_y),
                 "parameters": count_parameters(model), **extra}
 
-    wanted = set(row_names(models.ensemble, settings.baselines))
+    wanted = set(row_names(models.ensemble, settings.rows))
     rows: dict[str, dict[str, object]] = {}
     if "Global" in wanted and len(data.train_y) == 0:
         rows["Global"] = {"accuracy": None,
@@ -77,9 +91,9 @@ def evaluate_rows(
     elif "Global" in wanted:
         log(INFO, "Global: training on all %d node training samples pooled", len(data.train_y))
         torch.manual_seed(settings.seed)
-        global_model = settings.new_model(num_features, num_classes)
-        report = settings.local_recipe.train(global_model, data.with_all_rows().train_x, data.train_y,
-                                             settings.seed)
+        global_model = settings.training.new_model(num_features, num_classes)
+        report = settings.training.recipe.train(global_model, data.with_all_rows().train_x,
+                                                data.train_y, settings.seed)
         rows["Global"] = row(global_model, epochs=report.epochs)
         log(INFO, "Global: %d epochs, test accuracy %.4f", report.epochs, rows["Global"]["accuracy"])
 
@@ -112,7 +126,7 @@ def evaluate_rows(
         for name in ("GEMS tuned", "Raw", "Raw converged"):
             rows[name] = {"accuracy": None, "skipped": reason}
         return rows
-    tune = settings.tune_recipe
+    tune = settings.tune
     log(INFO, "GEMS tuned (tune-layers=%s) and Raw: %s on %d public samples; Raw "
         "converged: until convergence", settings.tune_layers, tune.describe(),
         len(data.public_y))
@@ -131,15 +145,16 @@ def evaluate_rows(
     raw_converged = copy.deepcopy(raw)
     report = tune.tune(raw, data.public_x, data.public_y, settings.seed)
     rows["Raw"] = row(raw, **_tuned(report))
-    report = settings.local_recipe.train(raw_converged, data.public_x, data.public_y, settings.seed)
+    report = settings.training.recipe.train(raw_converged, data.public_x, data.public_y,
+                                            settings.seed)
     rows["Raw converged"] = row(raw_converged, epochs=report.epochs)
     return rows
 
 
-def raw_start(settings: Settings, num_features: int, num_classes: int) -> nn.Module:
+def raw_start(settings: ComparisonOptions, num_features: int, num_classes: int) -> nn.Module:
     """Raw's fresh start (seeded ``seed + 1``), the same model at every call."""
     torch.manual_seed(settings.seed + 1)
-    return settings.new_model(num_features, num_classes)
+    return settings.training.new_model(num_features, num_classes)
 
 
 def _tuned(report) -> dict[str, object]:
@@ -177,13 +192,13 @@ def skipped_rows(reason: str, names: tuple[str, ...] = ROW_NAMES) -> dict[str, d
     return {name: {"accuracy": None, "skipped": reason} for name in names}
 
 
-def tune_on_public(run, public: PublicData, settings: Settings, num_features: int,
+def tune_on_public(run, public: PublicData, settings: ComparisonOptions, num_features: int,
                    num_classes: int) -> dict[str, dict[str, np.ndarray]]:
     """GEMS tuned and Raw, trained on the server's public data with the same recipe as the
     server-side rows, as state dicts for the evaluate round (the nodes score them)."""
-    if len(public.y) == 0 or not settings.tune_recipe.active:
+    if len(public.y) == 0 or not settings.tune.active:
         return {}
-    tune = settings.tune_recipe
+    tune = settings.tune
     tuned, _ = tune.tune_or_fresh(copy.deepcopy(run.gems_model), public.x, public.y,
                                   settings.seed, settings.tune_layers,
                                   lambda: raw_start(settings, num_features, num_classes))

@@ -16,15 +16,17 @@ import torch
 
 from gems_fl.data.nodes import node_seed
 from gems_fl.learning.models import MLP
+from gems_fl.learning.recipe import LocalTraining
 from gems_fl.protocol.node_layerwise import round_seed, train_local_mlp
-from gems_fl.settings import Settings
 
 
-def reproduce_local_models(settings: Settings, node_parts: list[tuple], num_classes: int) -> list[MLP]:
-    """Each node's round-1 local MLP, retrained from its data and seed."""
+def reproduce_local_models(training: LocalTraining, seed: int, node_parts: list[tuple],
+                           num_classes: int) -> list[MLP]:
+    """Each node's round-1 local MLP, retrained from its data and the run's ``seed``
+    as the node trained it (``training``: the run's local training)."""
     return [
-        train_local_mlp(x_tr, y_tr, num_classes, settings.local_training, [],
-                        round_seed(node_seed(settings.seed, k), 1))
+        train_local_mlp(x_tr, y_tr, num_classes, training, [],
+                        round_seed(node_seed(seed, k), 1))
         for k, (x_tr, y_tr, _, _) in enumerate(node_parts)
     ]
 

@@ -14,7 +14,25 @@ from flwr.common.logger import log
 from gems_fl.data import FeatureOptions, load_dataset, node_data
 from gems_fl.data.agreement import SHARED_SCALING
 from gems_fl.data.partition import division_json
-from gems_fl.settings import Settings
+
+
+@dataclass(frozen=True)
+class ServerDataOptions:
+    """What the server's data loading reads of the run's settings
+    (``gems_fl.settings.options.server_data_options`` builds it)."""
+
+    dataset: str = "digits"
+    seed: int = 0
+    data_dir: str = ""
+    features: FeatureOptions = field(default_factory=FeatureOptions)
+    public_samples: int = 1000
+    public_data: str = ""
+    label_column: str = ""
+    id_columns: str = "auto"
+    standardize: str = "off"
+    #: whether a comparison row tunes on the public sample (``baselines='all'``): then a
+    #: public pool smaller than ``public_samples`` is noted
+    tunes_on_public: bool = False
 
 
 @dataclass
@@ -73,17 +91,17 @@ def pooled_in_canonical_order(parts: list[tuple]) -> tuple[np.ndarray, np.ndarra
 
 
 def load_server_data(
-    settings: Settings, division: list[list[int]]
+    settings: ServerDataOptions, division: list[list[int]]
 ) -> tuple[ServerData, dict[str, Any], list[str]]:
     """What a simulation's server holds: pooled train (Global), test, public sample."""
     splits = load_dataset(settings.dataset, seed=settings.seed, data_dir=settings.data_dir or None,
-                          features=FeatureOptions.from_settings(settings))
+                          features=settings.features)
     num_nodes = len(division)
     parts = [node_data(splits, division, k, settings.seed) for k in range(num_nodes)]
     notes = []
     size = settings.public_samples
     if size > len(splits.public_y):
-        if settings.baselines == "all":  # only the paper's rows tune on the sample
+        if settings.tunes_on_public:  # only the paper's rows tune on the sample
             notes.append(f"public-samples={size} but {settings.dataset}'s public pool holds "
                          f"{len(splits.public_y)} samples no node uses; using all of them")
         size = len(splits.public_y)
@@ -108,7 +126,7 @@ def load_server_data(
 
 
 
-def public_landmark_rows(settings: Settings, agreement) -> tuple[np.ndarray, np.ndarray]:
+def public_landmark_rows(settings: ServerDataOptions, agreement) -> tuple[np.ndarray, np.ndarray]:
     """The server's own public rows for the kernel map's landmarks under ``dp-epsilon``,
     scaled as the nodes scale theirs (the agreement's scaling; ``node``: the rows' own),
     with their class indices: the ``public-data`` file, else (a named dataset) the public
@@ -123,7 +141,7 @@ def public_landmark_rows(settings: Settings, agreement) -> tuple[np.ndarray, np.
         raise ValueError("model='kernel' under dp-epsilon takes its landmarks from the server's "
                          "public rows: give the server a public-data file of the sites' features")
     splits = load_dataset(settings.dataset, seed=settings.seed, data_dir=settings.data_dir or None,
-                          features=FeatureOptions.from_settings(settings))
+                          features=settings.features)
     x, y = draw_public_sample(splits.public_x, splits.public_y,
                               min(settings.public_samples, len(splits.public_y)), settings.seed)
     x = np.asarray(x, dtype=np.float64)
@@ -158,7 +176,7 @@ class PublicData:
                           pool_x=self.x, pool_y=self.y)
 
 
-def load_public_data(settings: Settings, agreement) -> PublicData:
+def load_public_data(settings: ServerDataOptions, agreement) -> PublicData:
     """Read ``public-data`` (npz ``x``/``y`` [+ ``x_test``/``y_test``] or csv [+ ``_test.csv``])
     the way a node reads its file, check it against the run's agreed features and
     classes, map the labels, and scale it (federated: the nodes' mean/std; node: its own).
@@ -206,7 +224,7 @@ def load_public_data(settings: Settings, agreement) -> PublicData:
                       np.asarray(test_x, dtype=np.float32), encode_labels(test_y, agreement.classes))
 
 
-def scale_server_data(data: ServerData, agreement, settings: Settings) -> None:
+def scale_server_data(data: ServerData, agreement, settings: ServerDataOptions) -> None:
     """Scale what a simulation's server holds as the nodes scale theirs (``standardize``):
     federated with the nodes' combined mean/std, node with the pooled training rows'; then
     through the run's random-feature map, as the nodes map theirs."""
@@ -218,7 +236,7 @@ def scale_server_data(data: ServerData, agreement, settings: Settings) -> None:
         data.pending_map = agreement.map_features
 
 
-def _scale_server_data(data: ServerData, agreement, settings: Settings) -> None:
+def _scale_server_data(data: ServerData, agreement, settings: ServerDataOptions) -> None:
     from gems_fl.data.site_files import combine_stats, feature_stats
 
     if settings.standardize in SHARED_SCALING and agreement is not None and agreement.mean is not None:

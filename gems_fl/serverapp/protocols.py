@@ -168,7 +168,8 @@ def rebuild_local_mlps(run: ProtocolRun, data: ServerData, settings: Settings,
     which the protocol never sends: in simulation the server retrains them."""
     log(INFO, "Retraining each node's local MLP on the server for the Local, Averaged and "
         "Ensemble rows")
-    models = reproduce_local_models(settings, data.with_all_rows().node_parts, num_classes)
+    models = reproduce_local_models(settings.local_training, settings.seed,
+                                    data.with_all_rows().node_parts, num_classes)
     by_partition = {int(src.rsplit(" of ", 1)[0].split()[-1]): roster.names[n]
                     for n, src in roster.sources.items() if src.startswith("partition ")}
     run.local_models = {by_partition.get(k, f"partition-{k}"): m for k, m in enumerate(models)}

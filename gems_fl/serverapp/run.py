@@ -63,7 +63,13 @@ from gems_fl.serverapp.protocols import (
 )
 from gems_fl.serverapp.window import WindowedGrid
 from gems_fl.settings import Settings, SettingsError
-from gems_fl.settings.options import agreement_rule, exchange, server_options
+from gems_fl.settings.options import (
+    agreement_rule,
+    comparison_options,
+    exchange,
+    server_data_options,
+    server_options,
+)
 from gems_fl.settings.plan import RunPlan, build_plan
 from gems_fl.settings.values import parse_required_nodes
 
@@ -129,7 +135,7 @@ def load_server_side(
     server_data = None
     public = None
     if settings.public_data.strip():
-        public = load_public_data(settings, agreement)
+        public = load_public_data(server_data_options(settings), agreement)
         meta["public_data"] = {"path": settings.public_data, "samples": int(len(public.y)),
                                "test": int(len(public.test_y))}
     if settings.evaluate_on_server and settings.dataset == NODE_FILES:
@@ -139,9 +145,10 @@ def load_server_side(
         division = parse_division(settings.label_division, num_nodes, num_classes)
         log(INFO, "Loading %s on the server (pooled train for Global, test set, public "
             "sample)", settings.dataset)
-        server_data, loaded, notes = load_server_data(settings, division)
+        options = server_data_options(settings)
+        server_data, loaded, notes = load_server_data(options, division)
         meta = {**loaded, **{k: v for k, v in meta.items() if k not in loaded}}
-        scale_server_data(server_data, agreement, settings)
+        scale_server_data(server_data, agreement, options)
         if public is not None:
             server_data.public_x, server_data.public_y = public.x, public.y
     return server_data, public, meta, notes
@@ -167,7 +174,8 @@ def run_server(grid: Grid, context: Context) -> dict[str, Any]:
     waited = time.perf_counter() - t_wait
     rule = agreement_rule(settings)
     if rule.kernel is not None and settings.dp_epsilon:  # no node's centres: its own rows
-        rule = replace(rule, public_rows=partial(public_landmark_rows, settings))
+        rule = replace(rule, public_rows=partial(public_landmark_rows,
+                                                 server_data_options(settings)))
     roster = identify_nodes(grid, node_ids, exchange(settings), rule, registered_names(grid))
     missing = missing_before_training(roster.present(), roster.participants, roster.names,
                                       roster.rejected, wanted, waited)
@@ -206,7 +214,8 @@ def run_server(grid: Grid, context: Context) -> dict[str, Any]:
         run.rejected = [e for a in abandoned for e in a["rejected"]] + run.rejected
 
     if public is not None and server_data is None and settings.baselines == "all":
-        run.node_models.update(tune_on_public(run, public, settings, num_features, num_classes))
+        run.node_models.update(tune_on_public(run, public, comparison_options(settings),
+                                              num_features, num_classes))
     if settings.model_kind.layerwise and server_data is None and settings.baselines != "none":
         ask_local_mlps(grid, run, roster, settings, options, num_features, num_classes)
     t_verify = time.perf_counter()
@@ -327,12 +336,13 @@ def evaluate_baselines(run: ProtocolRun, data: ServerData | None, settings: Sett
     log(INFO, "Evaluating %s on the test set (baselines='%s')",
         ", ".join(row_names(layerwise, settings.baselines)), settings.baselines)
     rows = evaluate_rows(Candidates(run.gems_model, run.local_models, run.averaged,
-                                    ensemble=layerwise), data, settings)
+                                    ensemble=layerwise), data, comparison_options(settings))
     if settings.tune_sizes:
         run.extra["fine_tuning"] = study("fine-tuning")(StudyInputs(
             run.gems_model, list(run.local_models.values()), run.averaged,
             lambda: settings.new_model(num_features, num_classes),
-            (data.with_all_rows().pool_x, data.pool_y), (data.test_x, data.test_y), settings))
+            (data.with_all_rows().pool_x, data.pool_y), (data.test_x, data.test_y),
+            settings.to_config()))
     return rows
 
 

@@ -11,6 +11,8 @@ from gems_fl.data import FeatureOptions
 from gems_fl.data.feature_ranges import read_feature_ranges
 from gems_fl.data.nodes import NodeDataOptions
 from gems_fl.data.random_features import FOURIER_NORM
+from gems_fl.evaluation.baselines import ComparisonOptions
+from gems_fl.evaluation.server_data import ServerDataOptions
 from gems_fl.geometry.choices import SERVER_MATRIX_BYTES, SUMS_ABOVE_NODES
 from gems_fl.geometry.dp import DPSpec
 from gems_fl.geometry.kinds import AggregateOptions, SpaceOptions
@@ -19,9 +21,10 @@ from gems_fl.learning.model_kinds import KERNEL_KIND, RANDOM_FEATURES_KIND
 from gems_fl.protocol.options import AgreementRule, Exchange, NodeWork, ServerOptions
 from gems_fl.settings.values import parse_rf_bandwidth
 
-__all__ = ["READ_ONLY_WHEN", "agreement_rule", "aggregate_options", "dp_spec", "exchange",
-           "holds_sums", "node_config", "node_data_options", "node_work", "server_options",
-           "space_options", "wants_ridge_choice"]
+__all__ = ["READ_ONLY_WHEN", "agreement_rule", "aggregate_options", "comparison_options",
+           "dp_spec", "exchange",
+           "holds_sums", "node_config", "node_data_options", "node_work", "server_data_options",
+           "server_options", "space_options", "wants_ridge_choice"]
 
 _mlp = lambda s: s.model_kind.layerwise
 _gram = lambda s: s.space == "gram"
@@ -52,6 +55,24 @@ def node_data_options(settings: Settings) -> NodeDataOptions:
         classes=settings.classes, label_column=settings.label_column,
         id_columns=settings.id_columns, val_fraction=settings.val_fraction,
         standardize=settings.standardize, features=FeatureOptions.from_settings(settings))
+
+
+def comparison_options(settings: Settings) -> ComparisonOptions:
+    """What the comparison rows read (:mod:`gems_fl.evaluation.baselines`)."""
+    return ComparisonOptions(
+        seed=settings.seed, rows=settings.baselines, training=settings.local_training,
+        tune=settings.tune_recipe, tune_layers=settings.tune_layers,
+        public_samples=settings.public_samples, public_data=settings.public_data)
+
+
+def server_data_options(settings: Settings) -> ServerDataOptions:
+    """What the server's data loading reads (:mod:`gems_fl.evaluation.server_data`)."""
+    return ServerDataOptions(
+        dataset=settings.dataset, seed=settings.seed, data_dir=settings.data_dir,
+        features=FeatureOptions.from_settings(settings), public_samples=settings.public_samples,
+        public_data=settings.public_data, label_column=settings.label_column,
+        id_columns=settings.id_columns, standardize=settings.standardize,
+        tunes_on_public=settings.baselines == "all")
 
 
 def space_options(settings: Settings) -> SpaceOptions:
