@@ -76,7 +76,11 @@ def test_layerwise_run_is_deterministic(tmp_path):
 
 @pytest.mark.slow
 def test_two_hidden_layer_flwr_simulation(tmp_path):
-    cfg = " ".join(f"{k}={v!r}" if isinstance(v, str) else f"{k}={v}" for k, v in MLP_FAST.items())
+    from gems_fl.settings import lab_keys
+    from gems_fl.settings.lab import fold_lab
+
+    cfg = " ".join(f"{k}={v!r}" if isinstance(v, str) else f"{k}={v}"
+                   for k, v in fold_lab(MLP_FAST, lab_keys()).items())
     proc = subprocess.run(
         [sys.executable, "-m", "gems_fl.running.cli", "run", str(ROOT), "--nodes", "3",
          "--run-config", cfg, "--output-dir", str(tmp_path)],

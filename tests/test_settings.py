@@ -39,12 +39,28 @@ def test_the_lab_text_sets_research_switches():
 @pytest.mark.parametrize("text, message", [
     ("eps=0.5", "'eps' is a product setting, not a research switch"),
     ("tune-epoch=5", "'tune-epoch' is not a research switch \\(did you mean 'tune-epochs'"),
-    ("tune-epochs=many", "tune-epochs='many' has type str, expected int"),
+    ("tune-epochs=many", "tune-epochs=many is not int like its default 5"),
+    ("tune-fresh=yes", "tune-fresh=yes is not bool"),
     ("tune-curve", "'tune-curve' is not key=value"),
 ])
 def test_a_bad_lab_text_names_the_key(text, message):
     with pytest.raises(SettingsError, match=message):
         Settings.from_run_config({"lab": text})
+
+
+def test_a_lab_value_takes_its_switchs_type_and_a_dict_folds_back_into_lab():
+    from gems_fl.settings.lab import fold_lab
+
+    settings = Settings.from_run_config({"lab": "class-grams=true refine-l2=0.003 "
+                                                "feature-cache-dir='/a b'"})
+    assert (settings.class_grams, settings.refine_l2, settings.feature_cache_dir) == \
+        ("true", 0.003, "/a b")  # text switches stay text, whatever they look like
+    config = {"model": "mlp", "clusters": 6, "tune-fresh": False, "class-grams": "true",
+              "feature-cache-dir": "/a b/c", "lab": "tune-epochs=3"}
+    folded = fold_lab(config, lab_keys())
+    assert set(folded) == {"model", "lab"} and folded["lab"].startswith("tune-epochs=3 ")
+    assert Settings.from_run_config(folded) == Settings.from_run_config(
+        {**{k: v for k, v in config.items() if k != "lab"}, "tune-epochs": 3})
 
 
 def test_a_switch_given_twice_with_two_values_is_refused():

@@ -29,6 +29,8 @@ from gems_fl.evaluation.results import RESULTS_FILE
 from gems_fl.running.outcome import RunFailed
 from gems_fl.running.processes import flower_tool, with_flower_on_path
 from gems_fl.running.superlink import free_port, run_status
+from gems_fl.settings import lab_keys
+from gems_fl.settings.lab import fold_lab
 
 ROOT = Path(__file__).resolve().parents[2]
 MAKE_CERTS = ROOT / "deploy" / "make-certs.sh"
@@ -248,12 +250,13 @@ class TlsFederation:
 
     def run(self, app_dir: Path, run_config: dict[str, Any], timeout: float = 600.0) -> DeployedRun:
         """``flwr run app gems-tls --stream``; the run's status comes from the SuperLink.
+        ``run_config`` may name research switches as keys: they travel in ``lab``.
 
         ``flwr run`` exits 0 whatever the outcome, so the status is read with
         ``flwr ls --run-id``; the results file is loaded when the run completed.
         """
         overrides = self.workdir / f"run-config-{time.monotonic_ns()}.toml"
-        overrides.write_text(tomli_w.dumps(run_config))
+        overrides.write_text(tomli_w.dumps(fold_lab(run_config, lab_keys())))
         t0 = time.perf_counter()
         proc = subprocess.Popen([flower_tool("flwr"), "run", str(app_dir), CONNECTION, "--stream",
                                  "--run-config", str(overrides)], env=self.env,

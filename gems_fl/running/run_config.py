@@ -38,7 +38,7 @@ def parse_run_config(text: str | None) -> dict[str, Any]:
                 return dict(tomllib.load(f))
         except (OSError, tomllib.TOMLDecodeError) as exc:
             raise ValueError(f"--run-config {text}: cannot read it as TOML ({exc})") from None
-    return parse_pairs(text, where="--run-config", bare_text=False)
+    return parse_pairs(text, where="--run-config")
 
 
 def refuse_unknown(overrides: dict[str, Any], known: Any) -> None:

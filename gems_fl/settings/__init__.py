@@ -97,7 +97,7 @@ class Settings(OperationSettings, PrivacySettings, AggregationSettings, SpaceSet
         must have the type of its default. The ``lab`` text is read into the research
         switches it names (:func:`~gems_fl.settings.lab.expand_lab`).
         """
-        return cls(**_known(expand_lab(run_config, lab_keys(), product_keys())))
+        return cls(**_known(expand_lab(run_config, _LAB_DEFAULTS, product_keys())))
 
     @classmethod
     def from_node_config(cls, config: Mapping[str, Any]) -> Settings:
@@ -189,6 +189,7 @@ class Settings(OperationSettings, PrivacySettings, AggregationSettings, SpaceSet
 
 
 _DEFAULTS = {f.name: f.default for f in fields(Settings)}
+_LAB_DEFAULTS = {key_of(f): f.default for f in fields(Settings) if f.metadata["lab"]}
 
 
 def node_keys() -> tuple[str, ...]:
