@@ -56,7 +56,7 @@ def test_a_lab_value_takes_its_switchs_type_and_a_dict_folds_back_into_lab():
     assert (settings.class_grams, settings.refine_l2, settings.feature_cache_dir) == \
         ("true", 0.003, "/a b")  # text switches stay text, whatever they look like
     config = {"model": "mlp", "clusters": 6, "tune-fresh": False, "class-grams": "true",
-              "feature-cache-dir": "/a b/c", "lab": "tune-epochs=3"}
+              "feature-cache-dir": "C:\\a b\\c's", "lab": "tune-epochs=3"}
     folded = fold_lab(config, lab_keys())
     assert set(folded) == {"model", "lab"} and folded["lab"].startswith("tune-epochs=3 ")
     assert Settings.from_run_config(folded) == Settings.from_run_config(

@@ -15,7 +15,6 @@ type (a number, ``true``/``false``, text with quotes optional). In-process calle
 from __future__ import annotations
 
 import difflib
-import json
 import re
 import tomllib
 from collections.abc import Collection, Mapping
@@ -119,7 +118,14 @@ def fold_lab(config: Mapping[str, Any], lab_keys: Collection[str]) -> dict[str, 
 
 
 def _lab_value(value: Any) -> str:
+    """A switch's value as ``lab`` text that :func:`expand_lab` reads back unchanged: bare,
+    else in the quotes it does not hold (``_typed`` strips them; nothing is escaped)."""
     if isinstance(value, bool):
         return "true" if value else "false"
     text = str(value)
-    return text if text and not any(c in text for c in " \t'\"=") else json.dumps(text)
+    if text and not any(c in text for c in " \t'\"="):
+        return text
+    for quote in "\"'":
+        if quote not in text:
+            return f"{quote}{text}{quote}"
+    raise ValueError(f"{value!r} holds both quote marks: it cannot travel in the lab text")
