@@ -153,31 +153,72 @@ def test_the_geometry_and_the_protocol_never_read_the_settings():
     assert found == []
 
 
-def test_no_model_name_is_compared_as_a_string_outside_its_registry():
-    """A model is one registered object (gems_fl.learning.model_kinds): code asks the kind
-    (``settings.model_kind.layerwise``), never compares or passes a model's name as text,
-    so the next model is one object and its tests."""
+def _named(node: ast.AST, names: frozenset[str]) -> bool:
+    """Whether ``node`` is one of ``names`` as a literal, or a literal tuple/list/set
+    holding one."""
+    if isinstance(node, ast.Constant) and node.value in names:
+        return True
+    return isinstance(node, (ast.Tuple, ast.List, ast.Set)) and any(
+        isinstance(e, ast.Constant) and e.value in names for e in node.elts)
+
+
+def _names_as_text(path: Path, names: frozenset[str], calls: bool) -> list[str]:
+    """Where ``path`` compares one of ``names`` as text (``calls``: or passes one to a
+    call)."""
+    found = []
+    where = path.relative_to(ROOT) if path.is_relative_to(ROOT) else path
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Compare) and any(
+                _named(side, names) for side in (node.left, *node.comparators)):
+            found.append(f"{where}:{node.lineno} compares {ast.unparse(node)}")
+        elif calls and isinstance(node, ast.Call) and any(_named(a, names) for a in node.args):
+            found.append(f"{where}:{node.lineno} passes {ast.unparse(node)}")
+    return found
+
+
+def _registered_names() -> list[tuple[str, frozenset[str], tuple[Path, ...], bool]]:
+    """(what, its names, its registry's modules, whether passing a name to a call counts
+    too). Models: a name is never passed around either; kinds and points: their names
+    double as wire record names and result keys (``record["gram"]``), so only
+    comparisons count."""
+    from gems_fl.geometry.choices import SPACE_KINDS
+    from gems_fl.geometry.points import POINTS
     from gems_fl.learning.model_kinds import MODELS
 
-    registry = PACKAGE / "learning" / "model_kinds.py"
+    geometry = PACKAGE / "geometry"
+    return [("model", frozenset(MODELS), (PACKAGE / "learning" / "model_kinds.py",), True),
+            ("space kind", frozenset(SPACE_KINDS),
+             (geometry / "choices.py", geometry / "kinds.py"), False),
+            ("point", frozenset(POINTS), (geometry / "points.py",), False)]
+
+
+def _sources() -> list[Path]:
+    return [*PACKAGE.rglob("*.py"), *LAB.rglob("*.py"), ROOT / "server_app.py",
+            ROOT / "client_app.py"]
+
+
+def test_no_model_kind_or_point_name_is_compared_as_a_string_outside_its_registry():
+    """A model, a space kind and a Gram point are each one registered object
+    (gems_fl.learning.model_kinds, gems_fl.geometry.choices/kinds, gems_fl.geometry.points):
+    code asks the object (``settings.model_kind.layerwise``,
+    ``settings.space_kind.statistics``, ``point_named(name).needs``), never compares a
+    name as text, in the product or the lab, so the next one is one object and its
+    tests."""
     found = []
-
-    def names_a_model(node: ast.AST) -> bool:
-        if isinstance(node, ast.Constant) and node.value in MODELS:
-            return True
-        return isinstance(node, (ast.Tuple, ast.List, ast.Set)) and any(
-            isinstance(e, ast.Constant) and e.value in MODELS for e in node.elts)
-
-    for path in PACKAGE.rglob("*.py"):
-        if path == registry:
-            continue
-        for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.Compare) and any(
-                    names_a_model(side) for side in (node.left, *node.comparators)):
-                found.append(f"{path.relative_to(ROOT)}:{node.lineno} compares a model name")
-            elif isinstance(node, ast.Call) and any(names_a_model(a) for a in node.args):
-                found.append(f"{path.relative_to(ROOT)}:{node.lineno} passes a model name")
+    for what, names, registry, calls in _registered_names():
+        for path in _sources():
+            if path not in registry:
+                found += [f"{line} (a {what} name)" for line in _names_as_text(path, names, calls)]
     assert found == []
+
+
+def test_the_name_rule_sees_a_comparison_and_a_name_in_a_tuple(tmp_path):
+    probe = tmp_path / "probe.py"
+    probe.write_text('def f(s, kinds):\n    return s.space == "gram" or "lda" in kinds '
+                     'or s.model in ("x", "mlp")\n')
+    lines = {what: _names_as_text(probe, names, calls)
+             for what, names, _, calls in _registered_names()}
+    assert [len(v) for v in lines.values()] == [1, 1, 1]
 
 
 #: where the run settings may be read whole: the settings package, the ServerApp, the

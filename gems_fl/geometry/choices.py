@@ -1,8 +1,50 @@
 """The named choices of the geometry, as plain constants: settings validate against them
 without importing numpy-heavy or torch modules."""
 
-SPACE_KINDS = ("ball", "ellipsoid", "gram")
-PAPER_SPACE_KINDS = ("ball", "ellipsoid")  # the paper's parameter-space spaces
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class KindTraits:
+    """What code outside the geometry asks of a space kind, without loading it (the kind
+    itself, with its search and aggregation, is :func:`gems_fl.geometry.kinds.space_kind`,
+    which carries these traits): code asks ``kind_traits(name).statistics``, never compares
+    a kind's name.
+
+    Attributes
+    ----------
+    name : str
+        The ``space`` setting's value.
+    statistics : bool
+        Built from the layer's training statistics (Gram matrix, label moments): the server
+        solves ``h_G`` from them as a point, the nodes check it against their own space, and
+        the selection round, refinement, DP and secure sums apply.
+    fisher_axes : bool
+        Shaped by the diagonal Fisher information (``ellipsoid-c``, ``ellipsoid-floor``).
+    """
+
+    name: str
+    statistics: bool = False
+    fisher_axes: bool = False
+
+
+SPACE_KIND_TRAITS = {t.name: t for t in (
+    KindTraits("ball"),  # the paper's
+    KindTraits("ellipsoid", fisher_axes=True),  # the paper's
+    KindTraits("gram", statistics=True),
+)}
+SPACE_KINDS = tuple(SPACE_KIND_TRAITS)
+
+
+def kind_traits(name: str) -> KindTraits:
+    """The traits of the space kind ``name`` (``ValueError`` naming the known ones)."""
+    try:
+        return SPACE_KIND_TRAITS[str(name)]
+    except KeyError:
+        raise ValueError(f"space kind {name!r} is not one of {', '.join(SPACE_KINDS)}") from None
+
 ELLIPSOID_FLOORS = ("quantile", "paper")
 # gram-point gaussian / mixture / auto: the L2 penalties of the fit to the virtual rows the selection
 # round scores (standardised units; the first is the one used without that round)

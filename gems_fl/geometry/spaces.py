@@ -14,7 +14,6 @@ from dataclasses import dataclass
 import numpy as np
 
 from gems_fl.geometry.checks import check_scalar
-from gems_fl.geometry.choices import PAPER_SPACE_KINDS, SPACE_KINDS  # noqa: F401 - re-exported
 from gems_fl.geometry.components import class_totals
 
 # Tolerances of the membership test: relative to the radius, and absolute.

@@ -21,6 +21,8 @@ from gems_fl.geometry.gram import unpack_triangle
 from gems_fl.protocol import wire
 
 RELEASE_KEY = "dp-release"
+#: the arrays of a DP release: the noised Gram triangle and label-moment sums
+RELEASE_ARRAYS = ("gram", "moments")
 #: Where a node keeps its one draw between round 1 and SecAgg+ (secure aggregation).
 RELEASE_STATE_KEY = "gems-dp-release"
 #: The noise's own stream: the run seed's node seed offset, so it is not the training's.
@@ -75,9 +77,9 @@ def decode_release_reply(content: RecordDict, num_classes: int, size: int):
                          f"{sorted(expected)} (a node under dp-epsilon sends no model)")
     metrics = read_metrics(content)
     record = content.array_records[RELEASE_KEY]
-    if set(record.keys()) != {"gram", "moments"}:
+    if set(record.keys()) != set(RELEASE_ARRAYS):
         raise ReplyError(f"'{RELEASE_KEY}' arrays {sorted(record.keys())}: expected "
-                         "['gram', 'moments']")
+                         f"{sorted(RELEASE_ARRAYS)}")
     triangle = np.asarray(record["gram"].numpy(), dtype=np.float64)
     moments = np.asarray(record["moments"].numpy(), dtype=np.float64)
     if triangle.shape != (size * (size + 1) // 2,) or moments.shape != (num_classes, size):

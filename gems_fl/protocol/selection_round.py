@@ -17,7 +17,7 @@ import numpy as np
 from flwr.app import Message
 from flwr.common.logger import log
 
-from gems_fl.geometry.choices import DEFAULT_REFINE_L2, REFINE_METHODS
+from gems_fl.geometry.choices import DEFAULT_REFINE_L2, REFINE_METHODS, kind_traits
 from gems_fl.geometry.gram_merge import gram_result
 from gems_fl.geometry.gram_sums import GramSums, summed_result
 from gems_fl.geometry.intersect import IntersectionResult
@@ -54,11 +54,11 @@ def candidate_points(accepted: list[NodeReply], options: AggregateOptions,
     """What the selection round scores. ``gram-point=auto``: every registered point the
     statistics allow (:func:`~gems_fl.geometry.points.auto_points`), each at every value of
     its grid (the pooled point: ``ridges``, the run's pooled ridges); a named point: that
-    point at each of its values; the closed-form center, or a space of another kind:
+    point at each of its values; the closed-form center, or a kind not built from statistics:
     ``result`` alone (only its logit scale is then chosen). ``result`` is reused where it
     is the candidate. ``sums``: the server holds only the sums of the Gram statistics, and
     every candidate is solved from them."""
-    if options.kind != "gram" or (options.gram_point != AUTO
+    if not kind_traits(options.kind).statistics or (options.gram_point != AUTO
                                   and point_named(options.gram_point).regularisation is None):
         return [(None, result)]
     spaces = [r.space for r in accepted]

@@ -38,6 +38,7 @@ from gems_fl.evaluation.server_data import (
     scale_server_data,
 )
 from gems_fl.extensions import StudyInputs, study
+from gems_fl.geometry.choices import kind_traits
 from gems_fl.geometry.gram_sums import complete_membership
 from gems_fl.learning.models import (
     model_from_vector,
@@ -82,7 +83,7 @@ def plan_line(plan: RunPlan) -> str:
     point = (plan.points[0] if len(plan.points) == 1 else
              f"the selection round chooses among {', '.join(plan.points)}") if plan.points \
         else f"{plan.space} spaces"
-    form = ("" if plan.layer_size is None or plan.space != "gram" else
+    form = ("" if plan.layer_size is None or not kind_traits(plan.space).statistics else
             f"; Gram replies {'whole' if plan.gram_rank == 0 else f'rank {plan.gram_rank}'}"
             f"{', with class Gram matrices' if plan.class_grams is True else ''}")
     model = f"{plan.model} ({plan.features})" if plan.features else plan.model
@@ -287,7 +288,7 @@ def own_spaces(run: ProtocolRun, settings: Settings, num_features: int, num_clas
                ) -> dict[int, tuple[dict[str, np.ndarray], float]] | None:
     """For the convex model's Gram spaces: every accepted node's own center and radius,
     which the evaluate round sends back so that the node checks h_G against its space."""
-    if not settings.model_kind.convex or settings.space != "gram":
+    if not settings.model_kind.convex or not settings.space_kind.statistics:
         return None
     return {r.node_id: (None if r.space.center is None else  # secure: the space it kept
                         (vector_to_state(r.space.center, num_features, num_classes),

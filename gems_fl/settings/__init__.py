@@ -19,6 +19,7 @@ from dataclasses import InitVar, asdict, dataclass, fields
 from typing import TYPE_CHECKING, Any
 
 from gems_fl.data.agreement import NODE_FILES, resolve_standardize
+from gems_fl.geometry.choices import KindTraits, kind_traits
 from gems_fl.geometry.points import CLASS_GRAMS, point_named
 from gems_fl.learning.model_kinds import ModelKind, model_kind
 from gems_fl.learning.recipe import LocalTraining, TrainRecipe, TuneRecipe
@@ -166,6 +167,12 @@ class Settings(OperationSettings, PrivacySettings, AggregationSettings, SpaceSet
     def model_kind(self) -> ModelKind:
         """The registered model the run trains (:mod:`gems_fl.learning.model_kinds`)."""
         return model_kind(self.model)
+
+    @property
+    def space_kind(self) -> KindTraits:
+        """What the run's space kind is (:class:`~gems_fl.geometry.choices.KindTraits`):
+        code asks ``settings.space_kind.statistics``, never compares the name."""
+        return kind_traits(self.space)
 
     @property
     def identity_sums(self) -> bool:

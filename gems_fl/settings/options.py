@@ -27,14 +27,14 @@ __all__ = ["READ_ONLY_WHEN", "agreement_rule", "aggregate_options", "comparison_
            "server_options", "space_options", "wants_ridge_choice"]
 
 _mlp = lambda s: s.model_kind.layerwise
-_gram = lambda s: s.space == "gram"
+_gram = lambda s: s.space_kind.statistics
+_axes = lambda s: s.space_kind.fisher_axes
 #: node settings that only some runs' node code reads, and the runs that read them; the
 #: other runs' messages leave them out (a node then holds the default, which it never reads)
 READ_ONLY_WHEN = {
     "hidden": _mlp, "dropout": _mlp, "eps-neuron": _mlp, "neuron-criterion": _mlp,
     "neuron-delta": _mlp,
-    "ellipsoid-c": lambda s: s.space == "ellipsoid",
-    "ellipsoid-floor": lambda s: s.space == "ellipsoid",
+    "ellipsoid-c": _axes, "ellipsoid-floor": _axes,
     "gram-rank": _gram, "label-moments": _gram, "class-grams": _gram, "class-components": _gram,
     "dp-delta": lambda s: bool(s.dp_epsilon), "dp-clip": lambda s: bool(s.dp_epsilon),
     "dp-seeded-noise": lambda s: bool(s.dp_epsilon),
@@ -103,7 +103,7 @@ def holds_sums(settings: Settings, num_nodes: int, layer_size: int = 0) -> bool:
     (``server-grams``): ``sums``, or ``auto`` above ``SUMS_ABOVE_NODES`` nodes, or where
     the nodes' ``layer_size``-square matrices would take more than ``SERVER_MATRIX_BYTES``,
     when the point needs no single node's matrix; always under secure aggregation and DP."""
-    if settings.server_grams == "nodes" or settings.space != "gram" \
+    if settings.server_grams == "nodes" or not settings.space_kind.statistics \
             or not settings.model_kind.convex:
         return False
     if settings.server_grams == "sums" or settings.secure_aggregation or settings.dp_epsilon:
@@ -135,7 +135,7 @@ def node_work(settings: Settings) -> NodeWork:
 def wants_ridge_choice(settings: Settings) -> bool:
     """Whether the settings leave a choice to the selection round: the point
     (``gram-point=auto``) or its regularisation (``pooled-ridge=auto``)."""
-    return settings.space == "gram" and (settings.gram_point == AUTO or (
+    return settings.space_kind.statistics and (settings.gram_point == AUTO or (
         point_named(settings.gram_point).regularisation is not None
         and len(settings.pooled_ridges) > 1))
 
@@ -194,7 +194,7 @@ def node_config(settings: Settings, plan: Any) -> dict[str, Any]:
     replies carry only noised sums (DP)."""
     out = {key: value for key, value in settings.for_nodes().items()
            if key not in READ_ONLY_WHEN or READ_ONLY_WHEN[key](settings)}
-    if settings.space != "gram":
+    if not settings.space_kind.statistics:
         return out
     if plan.layer_size is not None:  # the logistic model: the layer's size is known
         out["gram-rank"] = int(plan.gram_rank)

@@ -83,7 +83,7 @@ def refine_l2_for(settings: Settings) -> float:
 def build_plan(settings: Settings, num_nodes: int, num_features: int) -> RunPlan:
     """The plan of a run of ``settings`` on ``num_nodes`` nodes holding ``num_features``
     features (the identity round's agreement)."""
-    gram = settings.space == "gram"
+    gram = settings.space_kind.statistics
     options = space_options(settings)
     if options.class_grams == "auto" and CLASS_GRAMS in point_named(settings.gram_point).needs:
         options = replace(options, class_grams="true")  # the point needs them at any size

@@ -37,17 +37,17 @@ def check_rules(settings: Settings, node_only: bool) -> None:
                 f"tune-curve={settings.tune_curve!r} is the paper's fine-tuning study, which "
                 f"tunes on the server: set baselines='all' (now {settings.baselines!r})")
         needs = point_named(settings.gram_point).needs
-        if settings.space == "gram" and LABELS in needs and not settings.label_moments:
+        if settings.space_kind.statistics and LABELS in needs and not settings.label_moments:
             raise SettingsError(
                 f"gram-point='{settings.gram_point}' fits the labels of all nodes from their "
                 "label moments: set label-moments=true, or gram-point='closed-form'")
-        if settings.space == "gram" and CLASS_GRAMS in needs and settings.class_grams == "false":
+        if settings.space_kind.statistics and CLASS_GRAMS in needs and settings.class_grams == "false":
             raise SettingsError(
                 f"gram-point='{settings.gram_point}' fits virtual rows of each class's "
                 "Gaussians, from the nodes' class Gram matrices: set class-grams to 'auto' or "
                 "'true'")
         _server_grams(settings)
-        if settings.refine_rounds and settings.space != "gram":
+        if settings.refine_rounds and not settings.space_kind.statistics:
             raise SettingsError(
                 f"refine-rounds={settings.refine_rounds} steps with the nodes' Gram matrices: "
                 "set space='gram', or refine-rounds=0")
@@ -134,7 +134,7 @@ def _random_features(settings: Settings) -> None:
 def _not_from_sums(settings: Settings) -> list[str]:
     """The settings that need more than the sums of the Gram statistics, each with why."""
     wrong = []
-    if settings.space != "gram" or not settings.model_kind.convex:
+    if not settings.space_kind.statistics or not settings.model_kind.convex:
         wrong.append(f"space='{settings.space}', model='{settings.model}' (needs the logistic "
                      "model's Gram spaces: the MLP's layer merge needs every node's neurons)")
     if not solvable_from_sums(settings.gram_point):
@@ -169,7 +169,7 @@ def _gram_rank(settings: Settings, features: int) -> None:
     """A rank-r factor of the logistic model's (d+1) x (d+1) Gram matrix is smaller
     than the matrix only for r < d + 1 (``features`` 0: not known before the run)."""
     rank = parse_gram_rank(settings.gram_rank)
-    if settings.space != "gram" or not settings.model_kind.convex or not features \
+    if not settings.space_kind.statistics or not settings.model_kind.convex or not features \
             or rank == "auto" or rank < features + 1:
         return
     raise SettingsError(

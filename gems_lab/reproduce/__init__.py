@@ -12,6 +12,7 @@ import shutil
 import time
 from pathlib import Path
 
+from gems_fl.geometry.choices import kind_traits
 from gems_fl.settings import Settings
 from gems_lab.reproduce.plan import STUDIES, Options, build_plan
 from gems_lab.reproduce.report import Report
@@ -25,7 +26,7 @@ __all__ = ["Options", "STUDIES", "commits_line", "expected_files", "reproduce"]
 def expected_files(options: Options) -> list[str]:
     """The files a finished reproduction of ``options.studies`` must contain."""
     rank = (["study1_gram_rank.md", "study1_gram_rank.json", "study1_gram_rank.png"]
-            if "gram" in options.spaces and options.gram_ranks else [])
+            if any(kind_traits(s).statistics for s in options.spaces) and options.gram_ranks else [])
     files = {1: ["study1_convex.md", "study1_convex.json", "study1_convex.png", *rank],
              2: ["study2_nn.md", "study2_nn.json", "study2_nn.png"],
              3: ["study3_fine_tuning.md", "study3_fine_tuning.json",

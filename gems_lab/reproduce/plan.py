@@ -25,6 +25,7 @@ import hashlib
 import json
 from dataclasses import dataclass, field
 
+from gems_fl.geometry.choices import kind_traits
 from gems_fl.learning.model_kinds import LOGISTIC_KIND
 from gems_fl.settings import Settings
 from gems_fl.settings.operation import PAPER_PROFILE, PROFILES
@@ -214,7 +215,7 @@ def build_plan(options: Options) -> list[Trial]:
             node_configs: list[dict] | None = None, optimizer: str = "adam") -> None:
         settings = Settings.from_run_config(options.trial_config(**cfg))
         if (kind == "gems" and num_nodes == 5 and curve and settings.public_samples > 0
-                and settings.space == "ellipsoid" and settings.label_division == "paper"):
+                and settings.space_kind.fisher_axes and settings.label_division == "paper"):
             cfg = {**cfg, "tune-curve": curve}
         for seed in options.seeds:
             federated = {} if kind == "gems" else {
@@ -241,11 +242,11 @@ def build_plan(options: Options) -> list[Trial]:
         for space in options.spaces:
             add(1, "gems", {**convex, **division(spec), "space": space}, k,
                 {"K": k, "division": spec, "space": space, "model": "logistic"})
-    if 1 in wanted and "gram" in options.spaces:
+    for space in [s for s in options.spaces if kind_traits(s).statistics] if 1 in wanted else ():
         for rank in options.gram_ranks:
             # auto is the default: the K=5 gram trial itself
-            cfg = {**convex, "space": "gram", **({"gram-rank": rank} if rank != "auto" else {})}
-            add(1, "gems", cfg, 5, {"K": 5, "division": "paper", "space": "gram",
+            cfg = {**convex, "space": space, **({"gram-rank": rank} if rank != "auto" else {})}
+            add(1, "gems", cfg, 5, {"K": 5, "division": "paper", "space": space,
                                     "model": "logistic", "gram_rank": rank})
     for k, spec in options.setups() if 2 in wanted else ():
         for space in options.nn_spaces:
