@@ -27,7 +27,9 @@ def print_table(header: list[str], rows: list[list], right: int | None = None) -
 def _commit() -> str:
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT,
                             capture_output=True, text=True, check=False).stdout.strip()
-    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT,
+    # results (this folder's own output among them) are not the code that ran
+    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--", ".",
+                            ":(exclude)results"], cwd=ROOT,
                            capture_output=True, text=True, check=False).stdout.strip()
     return commit + ("+changes" if dirty and commit else "")
 

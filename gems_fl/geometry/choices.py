@@ -70,7 +70,8 @@ LDA_SHRINKAGES = (1e-3, 1e-2, 1e-1)
 # plain Bohning steps
 REFINE_METHODS = ("secant", "monotone")
 # refine-l2: the L2 penalty of the refined objective, relative to the mean diagonal of the
-# pooled Gram matrix (benchmarks/refinement_offline.py: best pooled validation accuracy)
+# pooled Gram matrix (best pooled validation accuracy: results/benchmarks/refinement_offline.json,
+# by refinement_offline.py, a benchmark retired after commit c4a7c72)
 DEFAULT_REFINE_L2 = 3e-3
 # refine-method=secant: the smallest curvature scale, so a step is at most 1/0.05 = 20
 # Bohning steps long
@@ -92,7 +93,8 @@ SPACE_R_MAX = {"ball": 4000.0, "ellipsoid": 4000.0, "gram": 4000.0}
 # diagonal of the rest, r = max(AUTO_GRAM_RANK_MIN, ceil(size / AUTO_GRAM_RANK_SHARE)), when
 # size > 2 r + 1; else whole. Rank 50 of Fashion-MNIST's 785 is the smallest form measured
 # within 0.5 point of the whole matrix at 5 seeds on the paper's K=5, Dirichlet(0.1) and
-# Dirichlet(0.5) (benchmarks/gram_rank.py; rank 25 lost 0.7 and 1.4 points).
+# Dirichlet(0.5) (results/benchmarks/gram_rank.json, by gram_rank.py, retired after commit
+# c4a7c72; rank 25 lost 0.7 and 1.4 points).
 AUTO_GRAM_RANK_MIN = 32
 AUTO_GRAM_RANK_SHARE = 16
 

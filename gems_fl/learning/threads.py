@@ -6,7 +6,8 @@ axes) and of the server (layer merge, fine-tuning, evaluation) runs inside
 (numpy, scikit-learn) to :func:`policy_threads` for the whole step.
 
 Why one count for the whole step, and why 1 by default (measured with
-``benchmarks/radius_search.py`` on a 2-core machine shared with other processes):
+``radius_search.py``, a benchmark retired after commit c4a7c72, on a 2-core machine shared
+with other processes):
 
 - Switching counts between training and search is what made the node's search slow:
   training ran under 1 thread, the search then ran on 2, and the first products after
