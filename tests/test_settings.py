@@ -288,3 +288,17 @@ def test_the_estimator_takes_research_switches_either_way():
         assert (built.tune_epochs, built.gram_ridge) == (3, 0.01)
     with pytest.raises(SettingsError, match="'tune-epoch' is not a research switch"):
         GEMSClassifier(settings={"lab": "tune-epoch=3"}).run_config()
+
+
+def test_the_space_kind_is_asked_not_named():
+    """settings.space_kind answers what the rest of the package asks of the kind; its
+    names are those the geometry's registry builds spaces for."""
+    from gems_fl.geometry.choices import SPACE_KINDS, kind_traits
+    from gems_fl.geometry.kinds import space_kind
+
+    assert [space_kind(name).name for name in SPACE_KINDS] == list(SPACE_KINDS)
+    traits = {name: Settings(space=name).space_kind for name in SPACE_KINDS}
+    assert [name for name, t in traits.items() if t.statistics] == ["gram"]
+    assert [name for name, t in traits.items() if t.fisher_axes] == ["ellipsoid"]
+    with pytest.raises(ValueError, match="ball, ellipsoid, gram"):
+        kind_traits("sphere")

@@ -10,8 +10,8 @@ from dataclasses import dataclass
 class KindTraits:
     """What code outside the geometry asks of a space kind, without loading it (the kind
     itself, with its search and aggregation, is :func:`gems_fl.geometry.kinds.space_kind`,
-    which carries these traits): code asks ``kind_traits(name).statistics``, never compares
-    a kind's name.
+    registered under the same names): code asks ``kind_traits(name).statistics``, never
+    compares a kind's name.
 
     Attributes
     ----------

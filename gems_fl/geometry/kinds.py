@@ -157,12 +157,6 @@ class SpaceKind:
     # the intersection; a Gram point is checked by the nodes themselves instead
     outside_is_fault = True
 
-    @property
-    def traits(self) -> choices.KindTraits:
-        """What code outside the geometry asks of this kind (:class:`~gems_fl.geometry.
-        choices.KindTraits`)."""
-        return choices.kind_traits(self.name)
-
     def build(self, center: np.ndarray, train: tuple[np.ndarray, np.ndarray] | None,
               val_inputs: np.ndarray, y_val: np.ndarray, options: SpaceOptions,
               seed: int) -> LayerSpace:
