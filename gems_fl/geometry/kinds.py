@@ -159,7 +159,9 @@ class SpaceKind:
 
     def build(self, center: np.ndarray, train: tuple[np.ndarray, np.ndarray] | None,
               val_inputs: np.ndarray, y_val: np.ndarray, options: SpaceOptions,
-              seed: int) -> LayerSpace:
+              seed: int, gram: np.ndarray | None = None) -> LayerSpace:
+        """The space around ``center``; ``gram``: the training inputs' exact Gram matrix,
+        where the caller holds it already (a kind built from it skips computing it)."""
         raise NotImplementedError
 
     def make(self, center: np.ndarray, radius: float, certified: float,
@@ -202,7 +204,7 @@ class _Parameter(SpaceKind):
               options: SpaceOptions) -> np.ndarray | None:
         return None
 
-    def build(self, center, train, val_inputs, y_val, options, seed) -> LayerSpace:
+    def build(self, center, train, val_inputs, y_val, options, seed, gram=None) -> LayerSpace:
         center = np.asarray(center, dtype=np.float64)
         axes = self._axes(center, val_inputs, options)
         search = search_radius(center, val_inputs, y_val, eps=options.eps,
@@ -239,10 +241,10 @@ class Gram(SpaceKind):
     optional_records = ("labels",)  # the label moments, sent with label-moments=true
     needs_train_inputs = True
 
-    def build(self, center, train, val_inputs, y_val, options, seed) -> LayerSpace:
+    def build(self, center, train, val_inputs, y_val, options, seed, gram=None) -> LayerSpace:
         center = np.asarray(center, dtype=np.float64)
         train_inputs, train_labels = train
-        gram, factor, residual = node_gram(train_inputs, options.gram_rank)
+        gram, factor, residual = node_gram(train_inputs, options.gram_rank, exact=gram)
         moments, counts = (label_moments(train_inputs, train_labels, center.shape[0])
                            if options.label_moments else (None, None))
         per_class, sent_classes, parts = None, None, None
@@ -305,13 +307,15 @@ class Gram(SpaceKind):
         return f"h_G ({method}) inside {sum(known)} of {len(inside)} Gram spaces{unknown}"
 
 
-def node_gram(train_inputs: np.ndarray, gram_rank: int | str = 0
+def node_gram(train_inputs: np.ndarray, gram_rank: int | str = 0,
+              exact: np.ndarray | None = None
               ) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None]:
     """A node's Gram matrix as its space uses it, ``(gram, factor, residual)``: the
-    exact matrix of ``[x, 1]`` over ``train_inputs``, or with ``gram_rank`` the rank-r
-    factor plus the residual diagonal (the form the server receives; ``factor`` and
-    ``residual`` None for the whole matrix)."""
-    gram = gram_matrix(train_inputs)
+    exact matrix of ``[x, 1]`` over ``train_inputs`` (``exact``, where the caller
+    computed it already), or with ``gram_rank`` the rank-r factor plus the residual
+    diagonal (the form the server receives; ``factor`` and ``residual`` None for the
+    whole matrix)."""
+    gram = gram_matrix(train_inputs) if exact is None else exact
     rank = choices.gram_rank_for(gram_rank, gram.shape[0])
     if rank <= 0:
         return gram, None, None
@@ -334,9 +338,11 @@ def space_kind(name: str) -> SpaceKind:
 
 def build_layer_space(center: np.ndarray, train: tuple[np.ndarray, np.ndarray] | None,
                       val_inputs: np.ndarray, y_val: np.ndarray, options: SpaceOptions,
-                      seed: int) -> LayerSpace:
+                      seed: int, gram: np.ndarray | None = None) -> LayerSpace:
     """The good-enough space of the ``(C, n)`` layer ``center`` (bias last) on the node's
     inputs to that layer: ``train = (inputs (M, n - 1), labels (M,))`` for the Gram matrix
     and label moments (``None`` for the other kinds), ``val_inputs`` ``(N, n - 1)`` and
-    ``y_val`` ``(N,)`` for the radius search and the certified radius."""
-    return space_kind(options.kind).build(center, train, val_inputs, y_val, options, seed)
+    ``y_val`` ``(N,)`` for the radius search and the certified radius; ``gram``: the
+    training inputs' exact Gram matrix where the caller holds it (the exact solve's)."""
+    return space_kind(options.kind).build(center, train, val_inputs, y_val, options, seed,
+                                          gram=gram)

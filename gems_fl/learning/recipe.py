@@ -189,15 +189,34 @@ def _score(report: TrainReport) -> tuple[float, float]:
     return report.holdout_score or (-float("inf"), -float("inf"))
 
 
+#: how a site fits a convex model: ``exact`` (its convex problem solved to a gradient
+#: tolerance, :mod:`gems_fl.learning.exact`) or ``adam`` (the paper's epochs)
+LOCAL_SOLVES = ("exact", "adam")
+
+
 @dataclass(frozen=True)
 class LocalTraining:
     """How a node builds and trains its local model: the model kind, its hidden widths
-    and dropout (MLP), and the recipe it is trained with until convergence."""
+    and dropout (MLP), the recipe it is trained with until convergence, and whether a
+    convex model is solved exactly instead (``solve``, one of :data:`LOCAL_SOLVES`)."""
 
     model: str
     hidden: tuple[int, ...]
     dropout: float
     recipe: TrainRecipe
+    solve: str = "adam"
+
+    def __post_init__(self) -> None:
+        if self.solve not in LOCAL_SOLVES:
+            raise ValueError(f"solve={self.solve!r} is not one of {', '.join(LOCAL_SOLVES)}")
+
+    @property
+    def exact(self) -> bool:
+        """Whether the local model is solved exactly: a convex model with ``solve='exact'``
+        (the MLP always trains by epochs)."""
+        from gems_fl.learning.model_kinds import model_kind
+
+        return self.solve == "exact" and model_kind(self.model).convex
 
     def new_model(self, num_features: int, num_classes: int,
                   hidden: list[int] | tuple[int, ...] | None = None) -> nn.Module:

@@ -19,10 +19,12 @@ from flwr.app import Context, Message, RecordDict
 
 from gems_fl.data.nodes import NodeData
 from gems_fl.data.site_files import feature_stats
+from gems_fl.geometry.gram import gram_matrix
 from gems_fl.geometry.kinds import LayerSpace, build_layer_space
 from gems_fl.geometry.refine import softmax_gradient
 from gems_fl.geometry.selection import score_candidates
 from gems_fl.geometry.spaces import GramSpace, Space
+from gems_fl.learning.exact import SolveReport, solve_softmax
 from gems_fl.learning.model_kinds import model_kind
 from gems_fl.learning.models import model_to_vector, state_to_vector, vector_to_state
 from gems_fl.learning.threads import compute_threads
@@ -44,13 +46,19 @@ logger = logging.getLogger(__name__)
 
 @dataclass
 class LocalSpace:
-    """A node's trained model, its good-enough space and how they were obtained."""
+    """A node's trained model, its good-enough space and how they were obtained
+    (``training``: the epochs' report, or the exact solve's)."""
 
     layer: LayerSpace
-    training: TrainReport
+    training: TrainReport | SolveReport
     num_train: int
     num_val: int
     val_accuracy: float
+
+    @property
+    def solve_metrics(self) -> dict[str, float] | None:
+        """The exact solve's report as reply metrics (None: trained by epochs)."""
+        return self.training.to_metrics() if isinstance(self.training, SolveReport) else None
 
     @property
     def space(self) -> Space | GramSpace:
@@ -66,23 +74,34 @@ def build_local_space(
     work: NodeWork,
     seed: int,
 ) -> LocalSpace:
-    """Train the local model and find its good-enough space (``work.space``).
+    """Fit the local model and find its good-enough space (``work.space``).
 
-    The radius is searched on the validation split with Q = accuracy >= ``eps``; a
-    model that already fails Q at its center gets radius 0.
+    A convex model is solved exactly where ``work.training.exact`` (else trained by the
+    recipe's epochs). The radius is searched on the validation split with Q = accuracy >=
+    ``eps``; a model that already fails Q at its center gets radius 0.
     """
-    torch.manual_seed(seed)
     num_features = x_train.shape[1]
-    model = work.training.new_model(num_features, num_classes)
-    report = work.training.recipe.train(model, x_train, y_train, seed)
-    center = model_to_vector(model).reshape(num_classes, num_features + 1)
-    layer = build_layer_space(center, (x_train, y_train), x_val, y_val, work.space, seed)
+    gram = None
+    if work.training.exact:  # the Gram matrix preconditions the solve and shapes the space
+        gram = gram_matrix(x_train)
+        center, report = solve_softmax(x_train, y_train, num_classes, gram=gram)
+        val_accuracy = float(np.mean(np.argmax(np.asarray(x_val, dtype=np.float64) @ center[:, :-1].T
+                                               + center[:, -1], axis=1) == np.asarray(y_val)))
+    else:
+        torch.manual_seed(seed)
+        model = work.training.new_model(num_features, num_classes)
+        report = work.training.recipe.train(model, x_train, y_train, seed)
+        center = model_to_vector(model).reshape(num_classes, num_features + 1)
+        val_accuracy = accuracy(model, x_val, y_val)
+    layer = build_layer_space(center, (x_train, y_train), x_val, y_val, work.space, seed,
+                              gram=gram)
     return LocalSpace(layer=layer, training=report, num_train=len(y_train), num_val=len(y_val),
-                      val_accuracy=accuracy(model, x_val, y_val))
+                      val_accuracy=val_accuracy)
 
 
 def encode_layer_space(layer: LayerSpace, num_inputs: int, num_classes: int, *, eps: float,
-                       num_train: int, num_val: int, val_accuracy: float) -> RecordDict:
+                       num_train: int, num_val: int, val_accuracy: float,
+                       solve: dict[str, float] | None = None) -> RecordDict:
     """The reply for a linear layer's space (convex model or MLP output layer)."""
     to_state = lambda v: vector_to_state(v, num_inputs, num_classes)
     space = layer.space
@@ -96,6 +115,7 @@ def encode_layer_space(layer: LayerSpace, num_inputs: int, num_classes: int, *, 
         labels=((space.moments, space.class_counts, space.class_grams, layer.class_factors,
                  space.class_parts)
                 if isinstance(space, GramSpace) and space.moments is not None else None),
+        solve=solve,
     )
 
 
@@ -204,7 +224,8 @@ def _space_metrics(local: LocalSpace, eps: float) -> dict[str, float]:
     cert = local.layer.certified_radius
     return {"radius": local.space.radius, "certified-radius": -1.0 if math.isinf(cert) else cert,
             "eps": eps, "num-train-examples": local.num_train,
-            "num-val-examples": local.num_val, "local-val-accuracy": local.val_accuracy}
+            "num-val-examples": local.num_val, "local-val-accuracy": local.val_accuracy,
+            **(local.solve_metrics or {})}
 
 
 def _private_reply(context: Context, local: LocalSpace, data: NodeData, work: NodeWork,
@@ -265,7 +286,8 @@ def train_reply(msg: Message, context: Context, data: NodeData, work: NodeWork,
             reply_to=msg)
     content = encode_layer_space(local.layer, data.num_features, data.num_classes,
                                  eps=work.eps, num_train=local.num_train,
-                                 num_val=local.num_val, val_accuracy=local.val_accuracy)
+                                 num_val=local.num_val, val_accuracy=local.val_accuracy,
+                                 solve=local.solve_metrics)
     return Message(content=content, reply_to=msg)
 
 

@@ -58,7 +58,8 @@ def encode_release_reply(metrics: Mapping[str, float],
     """Round 1's reply under DP without secure aggregation: metrics and the noised sums
     (float32: the noise is orders of magnitude above float32's rounding)."""
     return RecordDict({
-        wire.METRICS_KEY: MetricRecord({k: float(metrics[k]) for k in wire.METRIC_KEYS}),
+        wire.METRICS_KEY: MetricRecord({k: float(metrics[k]) for k in
+                                        (*wire.METRIC_KEYS, *wire.SOLVE_METRIC_KEYS) if k in metrics}),
         RELEASE_KEY: wire.array_record({k: np.asarray(v, dtype=np.float32)
                                         for k, v in release.items()}),
     })

@@ -55,6 +55,7 @@ from gems_fl.protocol.wire import (
     NEURON_METRIC_KEYS,
     NEURONS_KEY,
     SELECTION_METRIC_KEYS,
+    SOLVE_METRIC_KEYS,
     STATS_KEY,
 )
 
@@ -283,13 +284,19 @@ def _read_state(content: RecordDict, key: str, shapes: dict[str, tuple[int, ...]
     return state
 
 
-def read_metrics(content: RecordDict, keys: tuple[str, ...] = METRIC_KEYS) -> dict[str, float]:
+def read_metrics(content: RecordDict, keys: tuple[str, ...] = METRIC_KEYS,
+                 optional: tuple[str, ...] = SOLVE_METRIC_KEYS) -> dict[str, float]:
+    """The reply's metrics: every one of ``keys``, and ``optional`` all or none (the exact
+    solve's report, from a node that solved its model exactly)."""
     record = content.metric_records.get(METRICS_KEY)
     if record is None:
         raise ReplyError(f"'{METRICS_KEY}' is not a MetricRecord")
-    if set(record.keys()) != set(keys):
-        missing = sorted(set(keys) - set(record.keys()))
-        extra = sorted(set(record.keys()) - set(keys))
+    present = set(record.keys())
+    if present & set(optional):
+        keys = (*keys, *optional)
+    if present != set(keys):
+        missing = sorted(set(keys) - present)
+        extra = sorted(present - set(keys))
         raise ReplyError(f"'{METRICS_KEY}' keys: missing {missing}, unexpected {extra}")
     metrics = {}
     for key in keys:
@@ -322,7 +329,7 @@ def decode_neuron_reply(
     state = _read_state(content, NEURONS_KEY, shapes)
     if np.any(state["radius"] < 0):
         raise ReplyError("'neurons.radius' has negative entries")
-    metrics = read_metrics(content, NEURON_METRIC_KEYS)
+    metrics = read_metrics(content, NEURON_METRIC_KEYS, optional=())
     centers = np.concatenate([state["weight"], state["bias"][:, None]], axis=1).astype(np.float64)
     return centers, state["radius"].astype(np.float64), metrics
 

@@ -85,6 +85,8 @@ AXES_KEY = "axes"
 METRICS_KEY = "metrics"
 METRIC_KEYS = ("radius", "certified-radius", "eps", "num-train-examples", "num-val-examples",
                "local-val-accuracy")
+#: what a node whose convex model was solved exactly adds to its metrics (gems_fl.learning.exact)
+SOLVE_METRIC_KEYS = ("solve-iterations", "solve-gradient-norm", "solve-l2")
 GRAM_KEY = "gram"
 LABELS_KEY = "labels"
 CLASS_FACTOR_KEYS = ("class-vectors", "class-scales", "class-residual")
@@ -266,8 +268,10 @@ def encode_reply(
     gram_factor: np.ndarray | None = None,
     gram_residual: np.ndarray | None = None,
     labels: tuple[np.ndarray, ...] | None = None,
+    solve: dict[str, float] | None = None,
 ) -> RecordDict:
-    """A node's reply: its good-enough space and a few counts.
+    """A node's reply: its good-enough space and a few counts (``solve``: the exact
+    solve's :data:`SOLVE_METRIC_KEYS`, where the node solved its model exactly).
 
     A Gram space sends ``G`` as its upper triangle (float32) or, with ``gram_factor``,
     as the rank-r factor ``F`` (float16 vectors and power-of-two scales,
@@ -310,6 +314,7 @@ def encode_reply(
             "num-train-examples": int(num_train_examples),
             "num-val-examples": int(num_val_examples),
             "local-val-accuracy": float(local_val_accuracy),
+            **{key: float(solve[key]) for key in SOLVE_METRIC_KEYS if solve},
         }
     )
     return RecordDict(records)

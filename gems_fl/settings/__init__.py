@@ -153,7 +153,7 @@ class Settings(OperationSettings, PrivacySettings, AggregationSettings, SpaceSet
     def local_training(self) -> LocalTraining:
         """How local models are built and trained (``model``, ``hidden``, ``dropout``, recipe)."""
         return LocalTraining(self.model, tuple(self.hidden_widths), self.dropout,
-                             self.local_recipe)
+                             self.local_recipe, solve=self.local_solve)
 
     def new_model(self, num_features: int, num_classes: int) -> nn.Module:
         """A fresh model of the configured kind (``model``, ``hidden``, ``dropout``)."""

@@ -18,7 +18,7 @@ PROFILES = ("product", "paper")
 #: paper's spaces, ellipsoid floor, neuron criterion and fine-tuning, and its full table
 PAPER_PROFILE = {"space": "ellipsoid", "ellipsoid-floor": "paper", "neuron-criterion": "paper",
                  "tune-stop": "fixed", "tune-layers": "last", "tune-fresh": False,
-                 "baselines": "all"}
+                 "baselines": "all", "local-solve": "adam"}
 
 
 @dataclass(frozen=True)

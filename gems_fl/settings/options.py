@@ -33,7 +33,7 @@ _axes = lambda s: s.space_kind.fisher_axes
 #: other runs' messages leave them out (a node then holds the default, which it never reads)
 READ_ONLY_WHEN = {
     "hidden": _mlp, "dropout": _mlp, "eps-neuron": _mlp, "neuron-criterion": _mlp,
-    "neuron-delta": _mlp,
+    "neuron-delta": _mlp, "local-solve": lambda s: s.model_kind.convex,
     "ellipsoid-c": _axes, "ellipsoid-floor": _axes,
     "gram-rank": _gram, "label-moments": _gram, "class-grams": _gram, "class-components": _gram,
     "dp-delta": lambda s: bool(s.dp_epsilon), "dp-clip": lambda s: bool(s.dp_epsilon),

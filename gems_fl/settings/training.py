@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from gems_fl.data.random_features import MAPS
 from gems_fl.learning.model_kinds import LOGISTIC_KIND, MODELS
-from gems_fl.learning.recipe import TUNE_LAYERS, TUNE_STOPS
+from gems_fl.learning.recipe import LOCAL_SOLVES, TUNE_LAYERS, TUNE_STOPS
 from gems_fl.settings.checks import at_least, in_range, one_of, parses, positive, setting
 from gems_fl.settings.values import check_hidden, parse_rf_bandwidth, parse_tune_curve
 
@@ -26,7 +26,8 @@ _ROW_RF = (
     "width D; the Gram statistics are (D + 1) square (docs/random-features.md)")
 
 _ROW_LOCAL_LR = (
-    'Adam learning rate and batch size for all training')
+    'Adam learning rate and batch size for all training by epochs (the MLP; a convex model '
+    'under `local-solve=adam`)')
 
 _ROW_LOCAL_MAX_EPOCHS = (
     'training stops when for `local-patience` epochs neither the training accuracy reached '
@@ -82,6 +83,16 @@ class TrainingSettings:
         0.5,
         _ROW_HIDDEN,
         in_range(0.0, 1.0, "a fraction of units", closed="left"), node=True, user=True)
+    local_solve: str = setting(
+        'exact',
+        "how a site fits a convex model (`logistic`, `random-features`, `kernel`): `exact` "
+        "solves its problem, mean cross-entropy plus 1e-3 / 2 times the squared weights, "
+        "full batch from zero by L-BFGS preconditioned with its own Gram matrix (Böhning's "
+        "bound) until no gradient entry exceeds 1e-4 (each reply reports the iterations and "
+        "the final gradient); `adam`: the paper's Adam epochs (`local-lr`, `batch-size`, "
+        "`local-max-epochs`, `local-patience`), as `profile='paper'` and the reproduction "
+        "run them. The MLP always trains by epochs",
+        one_of(LOCAL_SOLVES), node=True, lab=True)
     local_lr: float = setting(
         0.001,
         _ROW_LOCAL_LR,
