@@ -74,12 +74,13 @@ def test_missing_file_missing_arrays_and_no_data_config_are_clear(tmp_path):
 
 
 def test_name_and_seed_come_from_the_node_config_not_the_flower_node_id(tmp_path, partition0):
-    """A restarted SuperNode gets a new node id; its name and numbers must not change."""
+    """A restarted SuperNode gets a new node id; its name and numbers must not change.
+    (Adam's epochs: the exact solve takes no seed, so only a seeded fit shows the seed.)"""
     config = {"data-path": _npz(tmp_path / "site.npz", *partition0), "node-name": "site-a"}
     assert node_name(config) == "site-a"
     assert node_name({"partition-id": 2, "num-partitions": 3}) == "partition-2"
     assert node_name({"data-path": "/srv/hospital-b.npz"}) == "hospital-b"
-    settings = {**app_defaults(), **FAST, "space": "ball"}
+    settings = {**app_defaults(), **FAST, "space": "ball", "local-solve": "adam"}
     msg = Message(content=wire.encode_config(settings), message_type=MessageType.TRAIN,
                   dst_node_id=1, group_id="1")
     replies = [handle_train(msg, Context(run_id=1, node_id=node_id, node_config=config,

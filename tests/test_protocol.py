@@ -43,7 +43,9 @@ def test_reply_holds_exactly_the_space_and_counts(space):
     if space == "ellipsoid":
         axes = content.array_records["axes"]
         assert {k: axes[k].numpy().shape for k in axes.keys()} == {"weight": (10, 64), "bias": (10,)}
-    assert set(content.metric_records["metrics"].keys()) == set(wire.METRIC_KEYS)
+    # the exact solve's report beside the space's metrics
+    assert set(content.metric_records["metrics"].keys()) == {*wire.METRIC_KEYS,
+                                                             *wire.SOLVE_METRIC_KEYS}
     assert not content.config_records
 
 

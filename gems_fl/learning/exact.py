@@ -93,16 +93,19 @@ class _BohningInverse:
         return spread + mean / self.l2
 
 
-def solve_softmax(x: np.ndarray, y: np.ndarray, num_classes: int, *, l2: float = DEFAULT_L2,
-                  tolerance: float = DEFAULT_TOLERANCE, max_iterations: int = MAX_ITERATIONS,
+def solve_softmax(x: np.ndarray, y: np.ndarray, num_classes: int, *, l2: float | None = None,
+                  tolerance: float | None = None, max_iterations: int = MAX_ITERATIONS,
                   gram: np.ndarray | None = None) -> tuple[np.ndarray, SolveReport]:
     """Minimise mean cross-entropy ``+ l2 / 2 ||W||^2`` of the softmax-linear layer on
     ``(x, y)``; returns ``(W (C, d + 1) float64, report)``.
 
+    ``l2`` and ``tolerance`` default to :data:`DEFAULT_L2` and :data:`DEFAULT_TOLERANCE`.
     ``gram``: the rows' ``mean x~ x~^T`` where the caller holds it already (a node builds
     it for its space); computed here otherwise. Deterministic: the same rows give the same
     ``W`` bit for bit (on the same machine and thread count).
     """
+    l2 = DEFAULT_L2 if l2 is None else float(l2)
+    tolerance = DEFAULT_TOLERANCE if tolerance is None else float(tolerance)
     xt = torch.as_tensor(np.asarray(x), dtype=torch.float32)
     if xt.ndim != 2:
         raise ValueError(f"x must be 2-D (rows x features); got shape {tuple(xt.shape)}")
