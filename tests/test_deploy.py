@@ -154,9 +154,11 @@ def test_supernode_with_the_wrong_ca_cannot_join(federation, tmp_path):
     assert node.process.returncode == 1  # deploy/README.md says so
 
 
-# A victim trains for 100,000 epochs: it is still training whenever its "Receiving: train
+# A victim trains for 100,000 epochs (by Adam's epochs, its own choice: the exact solve
+# would finish in seconds): it is still training whenever its "Receiving: train
 # message" line is seen and it is killed, however loaded the machine (no race with its reply).
-TRAINS_FOREVER = {"local-max-epochs": 100000, "local-patience": 100000}
+TRAINS_FOREVER = {"local-max-epochs": 100000, "local-patience": 100000,
+                  "local-solve": "adam"}
 
 
 def _run_killing(fed: TlsFederation, victim, out: Path, **overrides):

@@ -61,7 +61,8 @@ def test_own_csv_sites_over_tls_agree_evaluate_on_nodes_and_leave_out_the_odd_on
     assert "Evaluated on the nodes' own data" in run.output
 
 
-TRAINS_FOREVER = {"local-max-epochs": 100000, "local-patience": 100000}  # see test_deploy
+TRAINS_FOREVER = {"local-max-epochs": 100000, "local-patience": 100000,
+                  "local-solve": "adam"}  # see test_deploy
 
 
 def _submit(fed: TlsFederation, overrides: str, *args: str) -> subprocess.Popen:

@@ -88,8 +88,12 @@ def test_a_node_solves_convex_models_exactly_and_the_paper_profile_keeps_adam():
     assert Settings().local_training.exact
     assert not Settings.from_run_config({"lab": "profile=paper"}).local_training.exact
     assert not Settings(model="mlp").local_training.exact  # the MLP trains by epochs
+    # auto: the kernel model's features need hundreds of iterations where Adam's epochs
+    # stop in seconds (ModelKind.exact_solve); asked for, it is solved exactly
+    assert not Settings(model="kernel").local_training.exact
+    assert Settings(model="kernel", local_solve="exact").local_training.exact
     recipe = TrainRecipe(lr=1e-3, batch_size=32, max_epochs=2, patience=1)
-    with pytest.raises(ValueError, match="solve='newton' is not one of exact, adam"):
+    with pytest.raises(ValueError, match="solve=.newton. is not one of auto, exact, adam"):
         LocalTraining("logistic", (), 0.5, recipe, solve="newton")
 
 
@@ -106,3 +110,11 @@ def test_a_nodes_reply_reports_its_solve(digits):
     metrics = read_metrics(content)
     assert metrics["solve-gradient-norm"] <= DEFAULT_TOLERANCE
     assert metrics["solve-iterations"] >= 2 and metrics["solve-l2"] == DEFAULT_L2
+
+
+def test_a_site_may_choose_epochs_for_itself():
+    """A site whose rows do not fit in memory at once trains by epochs: its own
+    ``--node-config "local-solve='adam'"`` overrides the run's exact solve."""
+    received = Settings.from_node_config(Settings().for_nodes())
+    assert received.local_training.exact
+    assert not received.for_node({"local-solve": "adam"}).local_training.exact

@@ -214,3 +214,32 @@ def test_an_evaluate_answer_without_the_own_space_check_is_refused(tmp_path):
     missing = results["verification"]["missing"]
     assert [m["node_name"] for m in missing] == ["partition-1"]
     assert "own space check" in missing[0]["reason"]
+
+
+def test_the_columns_class_grams_sum_like_the_layers_and_a_misfit_is_refused():
+    """The kernel model's sums of its leading columns' class Gram matrices give the same
+    class moments as the per-node matrices, and a node whose matrices do not fit the
+    others' columns is refused before anything of it is added."""
+    from gems_fl.geometry.gram import class_grams, gram_matrix, label_moments
+    from gems_fl.geometry.gram_sums import GramSums
+    from gems_fl.geometry.virtual import pooled_class_moments
+
+    rng = np.random.default_rng(0)
+    sums, per_node, counts_of = GramSums(3, 6), [], []
+    for n in (40, 60):
+        x, y = rng.normal(size=(n, 5)), rng.integers(0, 3, n)
+        moments, counts = label_moments(x, y, 3)
+        columns = class_grams(x[:, :2], y, 3)
+        sums.add(n, np.zeros((3, 6)), gram_matrix(x), moments, counts,
+                 column_class_grams=columns)
+        per_node.append(columns)
+        counts_of.append(counts)
+    for got, want in zip(sums.column_class_moments(), pooled_class_moments(per_node, counts_of)):
+        np.testing.assert_allclose(got, want, atol=1e-9)
+    x, y = rng.normal(size=(30, 5)), np.arange(30) % 3
+    moments, counts = label_moments(x, y, 3)
+    before = sums.nodes
+    with pytest.raises(ValueError, match="do not fit"):
+        sums.add(30, np.zeros((3, 6)), gram_matrix(x), moments, counts,
+                 column_class_grams=class_grams(x[:, :3], y, 3))
+    assert sums.nodes == before

@@ -294,3 +294,38 @@ def test_the_landmarks_travel_once_and_a_node_that_lost_them_is_left_out_naming_
             if x["node_id"] == 1002]
     assert lost and "keeps no kernel landmarks of hash" in lost[0]["reason"]
     assert results["verification"]["good_enough"] == 2
+
+
+def _label_skewed_sites(y: np.ndarray, num_sites: int, seed: int) -> np.ndarray:
+    """Each class's rows over ``num_sites`` sites by a Dirichlet(0.5) draw (seeded)."""
+    rng = np.random.default_rng(seed)
+    site = np.empty(len(y), dtype=object)
+    for c in np.unique(y):
+        rows = rng.permutation(np.flatnonzero(y == c))
+        cuts = (np.cumsum(rng.dirichlet([0.5] * num_sites))[:-1] * len(rows)).astype(int)
+        for k, part in enumerate(np.split(rows, cuts)):
+            site[part] = f"site-{k}"
+    return site
+
+
+@pytest.mark.parametrize("table", ["iris", "wine", "breast_cancer", "digits"])
+def test_on_every_bundled_table_the_kernel_models_h_g_scores_at_least_the_logistic_models(table):
+    """The kernel model contains the logistic model: its selection round scores the
+    logistic family's points on the rows' own columns, the gaussian point among them (with
+    those columns' class Gram matrices), so on the sites' validation rows its h_G is never
+    poorer than the logistic run's (DESIGN.md 3e)."""
+    import sklearn.datasets
+
+    from gems_fl.estimator import GEMSClassifier
+
+    x, y = getattr(sklearn.datasets, f"load_{table}")(return_X_y=True)
+    sites = _label_skewed_sites(y, 3, seed=0)
+    runs = {model: GEMSClassifier(model=model, seed=0, verbose=False).fit(x, y, sites=sites)
+            for model in ("logistic", "kernel")}
+    score = {m: clf.results_["verification"]["pooled_val"]["gems"] for m, clf in runs.items()}
+    assert score["kernel"] >= score["logistic"], score
+    selection = runs["kernel"].results_["intersection"]["selection"]
+    linear = {c["point"] for c in selection["candidates"] if c.get("columns") == x.shape[1]}
+    assert {"pooled", "lda", "gaussian"} <= linear
+    assert selection["family"] in ("the whole layer", "linear, on the rows' columns")
+    assert runs["kernel"].results_["plan"]["column_points"] == ["pooled", "lda", "gaussian"]

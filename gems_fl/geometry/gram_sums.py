@@ -73,16 +73,22 @@ class GramSums:
         self._with_centers = True
         self._class_grams: np.ndarray | None = None  # sum over nodes of count_kc S_kc
         self._with_class_grams: bool | None = None
+        # the kernel model: the same sums for the layer's leading columns (the rows)
+        self._column_class_grams: np.ndarray | None = None
+        self._with_column_class_grams: bool | None = None
 
     def add(self, num_train: int, center: np.ndarray, gram: np.ndarray,
             moments: np.ndarray | None = None, class_counts: np.ndarray | None = None,
-            class_grams: np.ndarray | None = None) -> None:
+            class_grams: np.ndarray | None = None, *,
+            column_class_grams: np.ndarray | None = None) -> None:
         """Add one node: its training-row count, center ``W_k`` ``(C, n)``, Gram matrix
         ``G_k`` ``(n, n)`` (a mean over its rows) and optionally its label moments
         ``M_k`` ``(C, n)`` and class counts ``(C,)``, and with them its class Gram
         matrices ``(m, n, n)`` (one per class it holds, class order). Every node adds
-        label moments, and class Gram matrices, or none does. Nothing is added when a
-        check fails."""
+        label moments, and class Gram matrices, or none does. ``column_class_grams``
+        ``(m, k + 1, k + 1)`` (the kernel model): the class Gram matrices of the layer's
+        first ``k`` inputs, likewise every node's or none. Nothing is added when a check
+        fails."""
         n_k = int(num_train)
         if n_k <= 0:
             raise ValueError(f"num_train must be a positive count; got {num_train}")
@@ -117,6 +123,22 @@ class GramSums:
                 raise ValueError(f"class Gram matrices {per_class.shape} do not fit the node's "
                                  f"{len(held)} classes with rows and the layer's size {self.size}")
             weighted = _fixed("count_kc S_kc", counts[held, None, None] * per_class)
+        with_columns = column_class_grams is not None
+        if with_columns and not labels:
+            raise ValueError("column class Gram matrices come with label moments")
+        if self._with_column_class_grams is not None and with_columns != self._with_column_class_grams:
+            raise ValueError("every node adds its columns' class Gram matrices, or none does")
+        if with_columns:
+            held = np.flatnonzero(counts > 0)
+            columns = np.asarray(column_class_grams, dtype=np.float64)
+            known = None if self._column_class_grams is None else self._column_class_grams.shape[1]
+            if columns.ndim != 3 or columns.shape[0] != len(held) or \
+                    columns.shape[1] != columns.shape[2] or columns.shape[1] > self.size or \
+                    (known is not None and columns.shape[1] != known):
+                raise ValueError(f"column class Gram matrices {columns.shape} do not fit the "
+                                 f"node's {len(held)} classes with rows"
+                                 + ("" if known is None else f" and the columns' size {known}"))
+            column_weighted = _fixed("count_kc S_kc (columns)", counts[held, None, None] * columns)
         self._gram += parts[0]
         self._center_gram += parts[1]
         if labels:
@@ -126,8 +148,14 @@ class GramSums:
             if self._class_grams is None:
                 self._class_grams = np.zeros((self.num_classes, self.size, self.size), np.int64)
             self._class_grams[held] += weighted
+        if with_columns:
+            if self._column_class_grams is None:
+                k = column_weighted.shape[1]
+                self._column_class_grams = np.zeros((self.num_classes, k, k), np.int64)
+            self._column_class_grams[held] += column_weighted
         self._with_labels = labels
         self._with_class_grams = with_grams
+        self._with_column_class_grams = with_columns
         self.nodes += 1
         self.count += n_k
 
@@ -221,6 +249,23 @@ class GramSums:
         second[seen] = _float(self._class_grams[seen]) / counts[seen, None, None]
         return counts, *class_statistics(second)
 
+    @property
+    def has_column_class_grams(self) -> bool:
+        """Whether every node added its leading columns' class Gram matrices."""
+        return bool(self._with_column_class_grams) and self._column_class_grams is not None
+
+    def column_class_moments(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """:meth:`class_moments` on the layer's leading columns (the kernel model's rows)."""
+        self._check()
+        if not self.has_column_class_grams:
+            raise ValueError("the nodes sent no class Gram matrices of their columns")
+        counts = self.class_counts.astype(np.float64)
+        seen = counts > 0
+        k = self._column_class_grams.shape[1]
+        second = np.zeros((self.num_classes, k, k))
+        second[seen] = _float(self._column_class_grams[seen]) / counts[seen, None, None]
+        return counts, *class_statistics(second)
+
     def _check(self) -> None:
         if self.nodes == 0:
             raise ValueError("no node added yet")
@@ -252,7 +297,8 @@ class GramSums:
         """Bytes the sums occupy, whatever the number of nodes."""
         return int(self._gram.nbytes + self._center_gram.nbytes + self._moments.nbytes
                    + self.class_counts.nbytes
-                   + (0 if self._class_grams is None else self._class_grams.nbytes))
+                   + (0 if self._class_grams is None else self._class_grams.nbytes)
+                   + (0 if self._column_class_grams is None else self._column_class_grams.nbytes))
 
 
 def summed_result(spaces: Sequence, point: np.ndarray, method: str,

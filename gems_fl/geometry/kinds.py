@@ -80,6 +80,12 @@ class SpaceOptions:
         Class Gram matrices sent whole: up to this many k-means components per class
         (:func:`~gems_fl.geometry.components.component_grams`); 1, and the factor form,
         one per class.
+    linear_columns : int
+        ``gram`` with label moments, the kernel model: the layer's first ``k`` inputs are
+        the rows themselves, and the node also computes the class Gram matrices of those
+        columns as the logistic model's layer would send them (whole, or in factor form
+        past :data:`~gems_fl.geometry.choices.CLASS_GRAMS_AUTO_MAX`), for the logistic
+        family's gaussian point. 0: none.
     """
 
     kind: str = "gram"
@@ -93,6 +99,7 @@ class SpaceOptions:
     label_moments: bool = False
     class_grams: str = "false"
     class_components: int = 1
+    linear_columns: int = 0
 
     def __post_init__(self) -> None:
         check_option(self.kind, "kind", choices.SPACE_KINDS)
@@ -142,6 +149,8 @@ class LayerSpace:
     residual: np.ndarray | None = None  # with it, diag(G - F F^T)
     # the class Gram matrices' factor form sent instead of them (class_factors.class_factors)
     class_factors: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
+    # the kernel model: its leading columns' class Gram matrices as sent (whole, or factors)
+    column_classes: np.ndarray | tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
 
 
 class SpaceKind:
@@ -250,20 +259,18 @@ class Gram(SpaceKind):
         per_class, sent_classes, parts = None, None, None
         if options.label_moments and choices.class_grams_for(options.class_grams,
                                                              gram.shape[0], options.gram_rank):
-            rank = choices.class_gram_rank_for(options.gram_rank, gram.shape[0])
-            if rank == 0 and options.class_components > 1:
-                per_class, parts = component_grams(train_inputs, train_labels, center.shape[0],
-                                                   options.class_components, seed)
-                if len(parts) == len(np.unique(parts[:, 0])):
-                    parts = None  # no class was split: the class Gram matrices themselves
-            else:
-                per_class = class_grams(train_inputs, train_labels, center.shape[0])
-            if rank > 0:  # the matrices the server will build from the sent factors
-                means = class_means(moments, counts)
-                labels = np.asarray(train_labels)
-                rows = [train_inputs[labels == c] for c in np.flatnonzero(counts > 0)]
-                sent_classes = class_factors(per_class, means, rank, rows)
-                per_class = class_grams_from_factors(*sent_classes, means)
+            per_class, sent_classes, parts = class_statistics(
+                train_inputs, train_labels, moments, counts, options.gram_rank,
+                options.class_components, seed)
+        column_grams, column_sent = None, None
+        if options.label_moments and options.linear_columns:
+            keep = np.r_[np.arange(options.linear_columns), gram.shape[0] - 1]
+            # the logistic model's own rule (gram-rank auto), not the wider layer's rank
+            column_grams, column_sent, _ = class_statistics(
+                np.asarray(train_inputs)[:, :options.linear_columns], train_labels,
+                moments[:, keep], counts, "auto", 1, seed)
+            if column_sent is None:
+                column_sent = column_grams
         # once, for both: from the factor form's structure (no n^3 step), else eigh
         white = (factor_whitening(factor, residual) if factor is not None else
                  eigen_whitening(torch.as_tensor(gram, dtype=torch.float64)))
@@ -274,13 +281,13 @@ class Gram(SpaceKind):
         cert = certified_gram_radius(center, gram, val_inputs, y_val, options.eps,
                                      whitening=white)
         return LayerSpace(GramSpace(center.reshape(-1), gram, search.radius, cert, moments,
-                                    counts, per_class, parts), cert, search.center_accuracy,
-                          factor, residual, sent_classes)
+                                    counts, per_class, parts, column_grams), cert,
+                          search.center_accuracy, factor, residual, sent_classes, column_sent)
 
     def make(self, center, radius, certified, extras) -> GramSpace:
         moments, counts, per_class, parts = extras.get("labels", (None, None, None, None))
         return GramSpace(center, extras["gram"], radius, certified, moments, counts, per_class,
-                         parts)
+                         parts, extras.get("column-classes"))
 
     def aggregate(self, spaces, num_train, options) -> IntersectionResult:
         return aggregate_gram(list(spaces), list(num_train), ridge=options.gram_ridge,
@@ -305,6 +312,33 @@ class Gram(SpaceKind):
         known = [v for v in inside if v is not None]
         unknown = f" ({len(inside) - len(known)} nodes did not check)" if len(known) < len(inside) else ""
         return f"h_G ({method}) inside {sum(known)} of {len(inside)} Gram spaces{unknown}"
+
+
+def class_statistics(inputs: np.ndarray, labels: np.ndarray, moments: np.ndarray,
+                     counts: np.ndarray, gram_rank: int | str, components: int, seed: int
+                     ) -> tuple[np.ndarray, tuple | None, np.ndarray | None]:
+    """A layer's class Gram matrices as its node sends them, ``(per_class, factors,
+    parts)``: whole up to :data:`~gems_fl.geometry.choices.CLASS_GRAMS_AUTO_MAX` (with
+    ``components`` > 1, one per k-means component of a class, ``parts`` ``[class, rows]``),
+    else in factor form (``factors``; ``per_class`` then the matrices the server rebuilds
+    from them). ``moments`` and ``counts``: the layer's label moments on ``inputs``."""
+    size = np.asarray(inputs).shape[1] + 1
+    num_classes = len(counts)
+    rank = choices.class_gram_rank_for(gram_rank, size)
+    parts, factors = None, None
+    if rank == 0 and components > 1:
+        per_class, parts = component_grams(inputs, labels, num_classes, components, seed)
+        if len(parts) == len(np.unique(parts[:, 0])):
+            parts = None  # no class was split: the class Gram matrices themselves
+    else:
+        per_class = class_grams(inputs, labels, num_classes)
+    if rank > 0:  # the matrices the server will build from the sent factors
+        means = class_means(moments, counts)
+        labels = np.asarray(labels)
+        rows = [inputs[labels == c] for c in np.flatnonzero(counts > 0)]
+        factors = class_factors(per_class, means, rank, rows)
+        per_class = class_grams_from_factors(*factors, means)
+    return per_class, factors, parts
 
 
 def node_gram(train_inputs: np.ndarray, gram_rank: int | str = 0,

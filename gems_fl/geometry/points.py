@@ -58,6 +58,7 @@ class Statistics(Protocol):
     """
 
     num_classes: int
+    size: int  # the layer's inputs and bias
     weights: np.ndarray
 
     def provides(self) -> frozenset[str]: ...
@@ -74,6 +75,10 @@ class Statistics(Protocol):
     def mixture_moments(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """Every node's k-means components of each class as Gaussians, and their classes."""
 
+    def column_class_moments(self) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+        """:meth:`class_moments` on the layer's leading columns (the kernel model's rows);
+        None where the nodes sent none."""
+
 
 class NodeStatistics:
     """:class:`Statistics` from every node's own space (the replies the server kept)."""
@@ -88,7 +93,7 @@ class NodeStatistics:
             if s.matrix.shape != shape:
                 raise ValueError(f"space {k} has a {s.matrix.shape} center; space 0 has {shape}")
         self.spaces, self.num_train = list(spaces), list(num_train)
-        self.num_classes = shape[0]
+        self.num_classes, self.size = shape[0], shape[1]  # the layer's inputs and bias
         self.weights = merge_weights(self.spaces, self.num_train)
 
     def provides(self) -> frozenset[str]:
@@ -125,13 +130,21 @@ class NodeStatistics:
         return mixture_moments([s.class_grams for s in self.spaces],
                                [class_parts(s) for s in self.spaces])
 
+    def column_class_moments(self) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+        from gems_fl.geometry.virtual import pooled_class_moments
+
+        grams = [getattr(s, "column_class_grams", None) for s in self.spaces]
+        if any(g is None for g in grams):
+            return None
+        return pooled_class_moments(grams, [s.class_counts for s in self.spaces])
+
 
 class SummedStatistics:
     """:class:`Statistics` from the server's running sums (no node's matrix is held)."""
 
     def __init__(self, sums: GramSums, num_train: Sequence[float]) -> None:
         self.sums = sums
-        self.num_classes = sums.num_classes
+        self.num_classes, self.size = sums.num_classes, sums.size
         self.weights = np.asarray([float(n) / sums.count for n in num_train])
 
     def provides(self) -> frozenset[str]:
@@ -157,6 +170,9 @@ class SummedStatistics:
         raise ValueError("the mixture point needs every node's class components; the sums "
                          "merge them")
 
+    def column_class_moments(self) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+        return self.sums.column_class_moments() if self.sums.has_column_class_grams else None
+
 
 Solve = Callable[[Statistics, float, int, dict], np.ndarray]
 
@@ -166,22 +182,24 @@ class LeadingColumns:
     kernel model's rows, beside its kernel features. A point solved on them is the
     logistic model's, widened back with zero weights on the other inputs
     (:meth:`embed`), so the selection round can keep the linear model where the nodes'
-    validation rows prefer it."""
+    validation rows prefer it. The class statistics of the columns (the gaussian point's)
+    are the ones the nodes sent for them, where they did."""
 
     def __init__(self, stats: Statistics, columns: int) -> None:
         self.stats, self.columns = stats, int(columns)
         self.num_classes, self.weights = stats.num_classes, stats.weights
-        self.width = 0  # the whole layer's inputs and bias, known once the inputs are read
+        self.width = int(stats.size)  # the whole layer's inputs and bias
+        self._class_moments = stats.column_class_moments()
 
     def provides(self) -> frozenset[str]:
-        return frozenset({LABELS} & self.stats.provides())
+        held = {LABELS} & self.stats.provides()
+        return frozenset(held | ({CLASS_GRAMS} if self._class_moments is not None else set()))
 
     def _keep(self, width: int) -> np.ndarray:
         return np.r_[np.arange(self.columns), width - 1]
 
     def pooled_inputs(self) -> tuple[list[np.ndarray], list[np.ndarray], list[float]]:
         grams, moments, counts = self.stats.pooled_inputs()
-        self.width = np.asarray(grams[0]).shape[0]
         keep = self._keep(self.width)
         return ([np.asarray(g)[np.ix_(keep, keep)] for g in grams],
                 [np.asarray(m)[:, keep] for m in moments], counts)
@@ -189,8 +207,13 @@ class LeadingColumns:
     def center_system(self):
         raise ValueError("the closed-form center is not restricted to the leading columns")
 
-    def class_moments(self):
-        raise ValueError("class moments are not restricted to the leading columns")
+    def class_moments(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        if self._class_moments is None:
+            raise ValueError("the nodes sent no class Gram matrices of their leading columns")
+        return self._class_moments
+
+    def column_class_moments(self):
+        return self._class_moments
 
     def mixture_moments(self):
         raise ValueError("class components are not restricted to the leading columns")

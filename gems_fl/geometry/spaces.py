@@ -110,7 +110,9 @@ class GramSpace:
     ``class_grams`` ``(m, n, n)`` its Gram matrix of each class it holds (class order,
     :func:`gems_fl.geometry.gram.class_grams`), which the ``gaussian`` point needs; with
     ``class_parts`` ``(m, 2)`` (``[class, rows]``) they are one per k-means component of
-    a class instead (:mod:`gems_fl.geometry.components`).
+    a class instead (:mod:`gems_fl.geometry.components`). ``column_class_grams`` ``(m, k +
+    1, k + 1)``: the kernel model's, the class Gram matrices of the layer's first ``k``
+    inputs (the rows themselves) and the bias, for the logistic family's gaussian point.
     """
 
     center: np.ndarray
@@ -121,6 +123,7 @@ class GramSpace:
     class_counts: np.ndarray | None = None
     class_grams: np.ndarray | None = None
     class_parts: np.ndarray | None = None
+    column_class_grams: np.ndarray | None = None
 
     def __post_init__(self) -> None:
         gram = np.asarray(self.gram, dtype=np.float64)

@@ -190,8 +190,9 @@ def _score(report: TrainReport) -> tuple[float, float]:
 
 
 #: how a site fits a convex model: ``exact`` (its convex problem solved to a gradient
-#: tolerance, :mod:`gems_fl.learning.exact`) or ``adam`` (the paper's epochs)
-LOCAL_SOLVES = ("exact", "adam")
+#: tolerance, :mod:`gems_fl.learning.exact`), ``adam`` (the paper's epochs), or ``auto``
+#: (exact where the model says it is measured faster: :attr:`ModelKind.exact_solve`)
+LOCAL_SOLVES = ("auto", "exact", "adam")
 
 
 @dataclass(frozen=True)
@@ -204,7 +205,7 @@ class LocalTraining:
     hidden: tuple[int, ...]
     dropout: float
     recipe: TrainRecipe
-    solve: str = "adam"
+    solve: str = "auto"
 
     def __post_init__(self) -> None:
         if self.solve not in LOCAL_SOLVES:
@@ -212,11 +213,13 @@ class LocalTraining:
 
     @property
     def exact(self) -> bool:
-        """Whether the local model is solved exactly: a convex model with ``solve='exact'``
-        (the MLP always trains by epochs)."""
+        """Whether the local model is solved exactly: a convex model with ``solve='exact'``,
+        or ``'auto'`` where the model's :attr:`~ModelKind.exact_solve` says so (the MLP
+        always trains by epochs)."""
         from gems_fl.learning.model_kinds import model_kind
 
-        return self.solve == "exact" and model_kind(self.model).convex
+        kind = model_kind(self.model)
+        return kind.convex and (self.solve == "exact" or (self.solve == "auto" and kind.exact_solve))
 
     def new_model(self, num_features: int, num_classes: int,
                   hidden: list[int] | tuple[int, ...] | None = None) -> nn.Module:

@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import logging
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import torch
 from flwr.app import Context, Message, RecordDict
 
+from gems_fl.data.agreement import FEATURES_KEY
 from gems_fl.data.nodes import NodeData
 from gems_fl.data.site_files import feature_stats
 from gems_fl.geometry.gram import gram_matrix
@@ -115,7 +116,7 @@ def encode_layer_space(layer: LayerSpace, num_inputs: int, num_classes: int, *, 
         labels=((space.moments, space.class_counts, space.class_grams, layer.class_factors,
                  space.class_parts)
                 if isinstance(space, GramSpace) and space.moments is not None else None),
-        solve=solve,
+        solve=solve, column_classes=layer.column_classes,
     )
 
 
@@ -259,6 +260,10 @@ def train_reply(msg: Message, context: Context, data: NodeData, work: NodeWork,
         return Message(content=_refine_reply(msg, context, data, work), reply_to=msg)
     if wire.LOCAL_MODEL_KEY in config:
         return Message(content=_local_model_reply(data, work), reply_to=msg)
+    if model_kind(work.training.model).rows_beside and work.space.label_moments:
+        # the logistic family's class statistics on the rows' own columns (the agreed count)
+        work = replace(work, space=replace(work.space,
+                                           linear_columns=int(config.get(FEATURES_KEY, 0))))
     with compute_threads():  # one thread count for training and the search after it
         if model_kind(work.training.model).layerwise:
             content = _layer_round_reply(msg, work, data.num_classes, data.arrays, data.seed)

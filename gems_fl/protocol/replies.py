@@ -43,6 +43,7 @@ from gems_fl.protocol.wire import (
     AXES_KEY,
     CENTER_KEY,
     CLASS_FACTOR_KEYS,
+    COLUMN_CLASSES_KEY,
     GRADIENT_KEY,
     GRADIENT_METRIC_KEYS,
     GRAM_KEY,
@@ -78,13 +79,15 @@ class NotEnoughRepliesError(RuntimeError):
 
 def decode_reply(
     content: RecordDict, shapes: dict[str, tuple[int, ...]], kind: str, gram_rank: int | str = 0,
-    *, labels: bool = False,
+    *, labels: bool = False, columns: int = 0,
 ) -> tuple[Space | GramSpace, dict[str, float]]:
     """Validate a reply and turn it into a space of ``kind`` plus its metrics.
 
     The kind (:func:`gems_fl.geometry.kinds.space_kind`) says which records it sends
     beside the center (``axes``; ``gram``; or none); ``labels=True`` (``label-moments``)
-    expects a Gram reply's ``labels`` too. :data:`_EXTRA_READERS` reads each.
+    expects a Gram reply's ``labels`` too, and with ``columns`` (the kernel model's rows
+    beside its features) the class Gram matrices of those leading columns
+    (``column-classes``). :data:`_EXTRA_READERS` reads each.
 
     Raises
     ------
@@ -96,7 +99,8 @@ def decode_reply(
     """
     space_type = space_kind(kind)
     records = space_type.extra_records + (space_type.optional_records if labels else ())
-    expected = {CENTER_KEY, METRICS_KEY} | set(records)
+    with_columns = bool(columns) and labels and LABELS_KEY in records
+    expected = {CENTER_KEY, METRICS_KEY} | set(records) | ({COLUMN_CLASSES_KEY} if with_columns else set())
     present = set(content.keys())
     if present != expected:
         missing, extra = sorted(expected - present), sorted(present - expected)
@@ -105,6 +109,8 @@ def decode_reply(
     metrics = read_metrics(content)
     extras = {key: _EXTRA_READERS[key](content, shapes, gram_rank, metrics)
               for key in records}
+    if with_columns:
+        extras[COLUMN_CLASSES_KEY] = _read_column_classes(content, extras[LABELS_KEY], columns)
     certified = metrics["certified-radius"]
     space = space_type.make(state_to_vector(center), metrics["radius"],
                             math.inf if certified < 0 else certified, extras)
@@ -213,6 +219,32 @@ def _read_labels(content: RecordDict, shapes: dict[str, tuple[int, ...]], rank: 
         raise
     except Exception as exc:  # noqa: BLE001 - any decode or check failure is a bad reply
         raise ReplyError(f"'{LABELS_KEY}': {exc}") from None
+
+
+def _read_column_classes(content: RecordDict, labels: tuple, columns: int) -> np.ndarray:
+    """The kernel model's class Gram matrices of its first ``columns`` inputs and the bias,
+    whole or in the logistic model's factor form, checked against the reply's label
+    moments on those columns; float64 ``(m, columns + 1, columns + 1)``."""
+    record = content.array_records.get(COLUMN_CLASSES_KEY)
+    if record is None:
+        raise ReplyError(f"'{COLUMN_CLASSES_KEY}' is not an ArrayRecord")
+    moments, counts = labels[0], labels[1]
+    n = int(columns) + 1
+    if moments.shape[1] <= n - 1:
+        raise ReplyError(f"'{COLUMN_CLASSES_KEY}': the layer has {moments.shape[1] - 1} inputs, "
+                         f"not more than its {columns} leading columns")
+    keep = np.r_[np.arange(columns), moments.shape[1] - 1]
+    rank = class_gram_rank_for("auto", n)
+    try:
+        if rank == 0 and set(record.keys()) == {"class-grams"}:
+            return check_class_grams(record["class-grams"].numpy(), counts, moments[:, keep], n)
+        if rank > 0 and set(record.keys()) == set(CLASS_FACTOR_KEYS):
+            return check_class_factors(*(record[k].numpy() for k in CLASS_FACTOR_KEYS),
+                                       moments[:, keep], counts, n, rank)
+    except ValueError as exc:
+        raise ReplyError(f"'{COLUMN_CLASSES_KEY}': {exc}") from None
+    raise ReplyError(f"'{COLUMN_CLASSES_KEY}' holds {sorted(record.keys())}, expected "
+                     f"{['class-grams'] if rank == 0 else sorted(CLASS_FACTOR_KEYS)}")
 
 
 def _read_gram(content: RecordDict, n: int, rank: int) -> np.ndarray:

@@ -161,8 +161,12 @@ def select(server_round: int, replies: list[Message], sent_to: list[int],
               **({"columns": c.details["columns"]} if "columns" in c.details else {}),
               "val_accuracy": float(a), "val_loss": float(min(loss))}
              for (r, c), a, loss in zip(candidates, choice.val_accuracy, choice.val_loss)]
+    # which family won: the model's whole layer, or (the kernel model) the logistic
+    # model's point on the rows' own columns
+    family = "linear, on the rows' columns" if "columns" in result.details else "the whole layer"
     details = {**result.details, "selection": {
-        "candidates": table, "temperature": choice.temperature, "scale_applied": scale}}
+        "candidates": table, "temperature": choice.temperature, "scale_applied": scale,
+        "family": family}}
     result = result_at([r.space for r in accepted], scale * result.point, result.method,
                        details)
     best = choice.val_loss[choice.index]

@@ -250,12 +250,14 @@ class GEMS(GEMSBase):
             return space, metrics
         space, metrics = decode_reply(content, self.shapes, self.options.space.kind,
                                       self.options.space.gram_rank,
-                                      labels=self.options.space.label_moments)
+                                      labels=self.options.space.label_moments,
+                                      columns=self.options.aggregate.linear_columns)
         if self.sums is None:
             return space, metrics
         try:
             self.sums.add(int(metrics["num-train-examples"]), space.matrix, space.gram,
-                          space.moments, space.class_counts, space.per_class_grams)
+                          space.moments, space.class_counts, space.per_class_grams,
+                          column_class_grams=getattr(space, "column_class_grams", None))
         except ValueError as exc:
             raise ReplyError(f"its Gram statistics cannot be summed: {exc}") from None
         return SummedGramSpace.of(space), metrics

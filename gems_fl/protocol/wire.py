@@ -89,6 +89,8 @@ METRIC_KEYS = ("radius", "certified-radius", "eps", "num-train-examples", "num-v
 SOLVE_METRIC_KEYS = ("solve-iterations", "solve-gradient-norm", "solve-l2")
 GRAM_KEY = "gram"
 LABELS_KEY = "labels"
+#: the kernel model's reply: the class Gram matrices of its leading columns (the rows)
+COLUMN_CLASSES_KEY = "column-classes"
 CLASS_FACTOR_KEYS = ("class-vectors", "class-scales", "class-residual")
 REFINE_KEY = "gems-refine"  # config key of a refinement round's message: its index (1..R)
 MODEL_KEY = "model"
@@ -269,6 +271,7 @@ def encode_reply(
     gram_residual: np.ndarray | None = None,
     labels: tuple[np.ndarray, ...] | None = None,
     solve: dict[str, float] | None = None,
+    column_classes: np.ndarray | tuple[np.ndarray, ...] | None = None,
 ) -> RecordDict:
     """A node's reply: its good-enough space and a few counts (``solve``: the exact
     solve's :data:`SOLVE_METRIC_KEYS`, where the node solved its model exactly).
@@ -283,8 +286,14 @@ def encode_reply(
     row per class with rows (one per component of a class, with ``class_parts`` ``[class,
     rows]`` as ``class-components``), or, where ``class_factors`` is given
     (:func:`gems_fl.geometry.class_factors.class_factors`), as those arrays instead.
+    ``column_classes`` (the kernel model): the class Gram matrices of the layer's leading
+    columns in the same two forms, in their own record.
     """
     records: dict[str, Any] = {CENTER_KEY: array_record(center)}
+    if column_classes is not None:
+        records[COLUMN_CLASSES_KEY] = array_record(
+            dict(zip(CLASS_FACTOR_KEYS, column_classes)) if isinstance(column_classes, tuple)
+            else {"class-grams": np.stack([pack_triangle(g) for g in column_classes])})
     if axes is not None:
         records[AXES_KEY] = array_record(axes)
     if gram_factor is not None:

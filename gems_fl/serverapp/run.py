@@ -83,6 +83,8 @@ def plan_line(plan: RunPlan) -> str:
     point = (plan.points[0] if len(plan.points) == 1 else
              f"the selection round chooses among {', '.join(plan.points)}") if plan.points \
         else f"{plan.space} spaces"
+    if plan.column_points:
+        point += f" (and the logistic model's {', '.join(plan.column_points)} on the rows' columns)"
     form = ("" if plan.layer_size is None or not kind_traits(plan.space).statistics else
             f"; Gram replies {'whole' if plan.gram_rank == 0 else f'rank {plan.gram_rank}'}"
             f"{', with class Gram matrices' if plan.class_grams is True else ''}")

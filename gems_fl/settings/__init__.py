@@ -48,7 +48,7 @@ PARTITION_PATHS = ("data-dir", "feature-cache-dir", "vgg16-weights")
 AUTO_HIDDEN = {"cifar10": "100"}
 AUTO_HIDDEN_DEFAULT = "50"
 # the run settings a node's own --node-config may override
-NODE_OVERRIDES = ("eps", "local-max-epochs", "local-patience")
+NODE_OVERRIDES = ("eps", "local-max-epochs", "local-patience", "local-solve")
 
 
 @dataclass(frozen=True)
@@ -109,9 +109,10 @@ class Settings(OperationSettings, PrivacySettings, AggregationSettings, SpaceSet
         """These settings with the node's own overrides (keys in ``NODE_OVERRIDES``).
 
         A node may choose its own target accuracy: ``--node-config "eps=0.6"`` (the
-        paper's intersection analysis gives each node a different eps), and its own
+        paper's intersection analysis gives each node a different eps), its own
         training budget (``local-max-epochs``, ``local-patience``: a site with little
-        compute caps its training).
+        compute caps its training), and how it fits a convex model (``local-solve``: a
+        site whose rows do not fit in memory at once trains by mini-batch epochs).
         """
         kwargs = {key.replace("-", "_"): coerce(key, node_config[key], getattr(self, key.replace("-", "_")))
                   for key in NODE_OVERRIDES if key in node_config}

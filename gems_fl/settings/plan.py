@@ -62,12 +62,16 @@ class RunPlan:
     profile: str
     device: str
     features: str = ""  # the feature map the identity round agreed on, in words
+    #: the kernel model: the logistic family's points on the rows' own columns, which the
+    #: selection round scores beside ``points`` (with the class statistics they need)
+    column_points: tuple[str, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         """The plan as ``results.json`` holds it."""
         out = asdict(self)
         out["hidden_widths"] = list(self.hidden_widths)
         out["points"] = list(self.points)
+        out["column_points"] = list(self.column_points)
         out["values"] = {k: list(v) for k, v in self.values.items()}
         return out
 
@@ -124,6 +128,15 @@ def build_plan(settings: Settings, num_nodes: int, num_features: int) -> RunPlan
     chosen = settings.gram_point != AUTO
     values = {name: point_named(name).values(settings.pooled_ridges, chosen=chosen)
               for name in points}
+    # the kernel model's rows beside: the logistic family's points on them, with the class
+    # Gram matrices of those columns from every node's plain reply (not secure sums, not DP)
+    column_asked = {LABELS} | ({CLASS_GRAMS} if not (settings.secure_aggregation
+                                                    or settings.dp_epsilon) else set())
+    column_points = tuple(
+        p.name for p in POINTS.values()
+        if p.regularisation is not None and p.needs <= column_asked
+        and (not chosen or p.name == point_named(settings.gram_point).name)
+    ) if (gram and options.label_moments and settings.model_kind.rows_beside) else ()
     return RunPlan(
         model=settings.model, hidden_widths=tuple(settings.hidden_widths)
         if settings.model_kind.layerwise else (), space=settings.space, nodes=int(num_nodes),
@@ -132,4 +145,4 @@ def build_plan(settings: Settings, num_nodes: int, num_features: int) -> RunPlan
         server_holds="sums" if sums else "every node's reply",
         refine_rounds=settings.refine_rounds, refine_l2=refine_l2_for(settings),
         baselines=settings.baselines, profile=settings.profile,
-        device=str(resolve_device(settings.device)))
+        device=str(resolve_device(settings.device)), column_points=column_points)

@@ -84,14 +84,17 @@ class TrainingSettings:
         _ROW_HIDDEN,
         in_range(0.0, 1.0, "a fraction of units", closed="left"), node=True, user=True)
     local_solve: str = setting(
-        'exact',
-        "how a site fits a convex model (`logistic`, `random-features`, `kernel`): `exact` "
+        'auto',
+        "how a site fits a convex model (`logistic`, `random-features`, `kernel`): `auto` is "
+        "`exact` for `logistic` and `adam` for the models on feature maps (measured: "
+        "results/benchmarks/exact_solve.json, docs/method.md); `exact` "
         "solves its problem, mean cross-entropy plus 1e-3 / 2 times the squared weights, "
         "full batch from zero by L-BFGS preconditioned with its own Gram matrix (Böhning's "
         "bound) until no gradient entry exceeds 1e-4 (each reply reports the iterations and "
         "the final gradient); `adam`: the paper's Adam epochs (`local-lr`, `batch-size`, "
         "`local-max-epochs`, `local-patience`), as `profile='paper'` and the reproduction "
-        "run them. The MLP always trains by epochs",
+        "run them; a site whose rows do not fit in memory at once may choose it for itself "
+        "(`--node-config \"local-solve='adam'\"`). The MLP always trains by epochs",
         one_of(LOCAL_SOLVES), node=True, lab=True)
     local_lr: float = setting(
         0.001,
