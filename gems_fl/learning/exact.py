@@ -26,7 +26,6 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-
 __all__ = ["DEFAULT_L2", "DEFAULT_TOLERANCE", "SolveReport", "solve_softmax"]
 
 #: the L2 penalty (mean cross-entropy units) a site's exact solve adds: chosen on the
