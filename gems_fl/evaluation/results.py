@@ -20,6 +20,7 @@ from rich.table import Table
 from gems_fl.geometry.kinds import space_kind
 from gems_fl.learning.model_kinds import LOGISTIC_KIND, model_kind
 from gems_fl.naming import MAX_NODES_NAMED
+from gems_fl.protocol.verify import MIN_VERDICT_ROWS
 
 RESULTS_FILE = "results.json"
 MODEL_FILE = "gems_model.npz"
@@ -99,7 +100,8 @@ ROW_MEANINGS = {
 }
 GOOD_ENOUGH_MEANING = (
     "good enough on k of n: h_G reached the site's own eps on the site's validation rows "
-    "(the site's check, the guarantee); inside k of n: h_G lies inside the site's "
+    f"(the site's check, the guarantee; with fewer than {MIN_VERDICT_ROWS} of them, on its "
+    "validation and training rows); inside k of n: h_G lies inside the site's "
     "good-enough space (a geometric test that is stricter: a point picked from the pooled "
     "statistics is often good enough without lying inside)")
 
@@ -110,7 +112,9 @@ NODE_COLUMN_MEANINGS = (
     "allows, for the Gram space); certified: a radius within which no model can fall below "
     "eps on the site's validation rows (a proven lower bound, smaller than radius); inside: "
     "whether h_G lies in the site's space, else 'miss d', how far outside it lies in the same "
-    "units; good enough: the site's own check, h_G val acc >= eps")
+    "units; good enough: the site's own check, h_G val acc >= eps (a site with fewer than "
+    f"{MIN_VERDICT_ROWS} validation rows judges on its validation and training rows together, "
+    "and the column says on how many)")
 
 
 def legend_lines(results: dict[str, Any]) -> list[str]:
@@ -203,13 +207,18 @@ def print_results(results: dict[str, Any], console: Console | None = None) -> No
         cert = n.get("certified_radius")
         acc = n.get("h_g_val_accuracy")
         good = n.get("good_enough")
+        if n.get("verdict_rows"):  # too few validation rows: judged on all its rows
+            good = None if good is None else (
+                f"{'yes' if good else 'NO'} ({n['h_g_verdict_accuracy']:.3f} on "
+                f"{n['verdict_rows']} rows)")
         nodes.add_row(label, str(n["num_train"]), str(n["num_val"]), f"{n.get('eps', '')}",
                       f"{n['local_val_accuracy']:.3f}", f"{n['radius']:.4g}",
                       "inf" if cert is None else f"{cert:.3g}",
                       ("-" if n["inside"] is None else "yes" if n["inside"]
                        else f"miss {n['miss']:.3g}"),
                       "-" if acc is None else f"{acc:.3f}",
-                      "-" if good is None else ("yes" if good else "NO"))
+                      "-" if good is None else good if isinstance(good, str)
+                      else ("yes" if good else "NO"))
     console.print(nodes)
     console.print(NODE_COLUMN_MEANINGS + ".", style="dim", highlight=False)
     evaluation = node_evaluation_table(results)

@@ -301,6 +301,7 @@ def evaluate_reply(msg: Message, context: Context, data: NodeData, work: NodeWor
     split, and its test split where it holds one) against its own eps."""
     return Message(content=score_models(msg.content, work.eps, data.x_val, data.y_val,
                                         data.x_test, data.y_test, x_train=data.x_train,
+                                        y_train=data.y_train,
                                         gram_rank=work.space.gram_rank,
                                         kept=secure.own_space(context),
                                         gram=kept_gram(context)), reply_to=msg)

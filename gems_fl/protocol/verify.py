@@ -145,13 +145,25 @@ def check_own_space(content: RecordDict, x_train: np.ndarray, gram_rank: int | s
     return {"space.distance": space.distance(point), "space.inside": int(space.contains(point))}
 
 
+#: a node's verdict on h_G rests on at least this many of its rows: with fewer validation
+#: rows it judges on its validation and training rows together (all its own data)
+MIN_VERDICT_ROWS = 20
+VERDICT_KEY = f"verdict.{GEMS_KEY}"
+VERDICT_ROWS_KEY = "verdict-rows"
+
+
 def score_models(content: RecordDict, eps: float, x_val: np.ndarray, y_val: np.ndarray,
                  x_test: np.ndarray | None = None, y_test: np.ndarray | None = None, *,
-                 x_train: np.ndarray | None = None, gram_rank: int | str = 0,
+                 x_train: np.ndarray | None = None, y_train: np.ndarray | None = None,
+                 gram_rank: int | str = 0,
                  kept: tuple[np.ndarray, float] | None = None,
                  gram: np.ndarray | None = None) -> RecordDict:
     """Node side: the accuracy of every received model on this node's data, and (when the
-    server sent this node's own center) h_G's membership in its space, on ``x_train``."""
+    server sent this node's own center) h_G's membership in its space, on ``x_train``.
+
+    A node with fewer than :data:`MIN_VERDICT_ROWS` validation rows also scores h_G on its
+    validation and training rows together (``verdict.gems``, ``verdict-rows``): its
+    good-enough verdict rests on those, not on a handful of rows."""
     metrics: dict[str, float | int] = {
         "eps": float(eps), "num-val-examples": int(len(y_val)),
         "num-test-examples": 0 if y_test is None else int(len(y_test)),
@@ -168,6 +180,12 @@ def score_models(content: RecordDict, eps: float, x_val: np.ndarray, y_val: np.n
         metrics[f"val.{key}"] = accuracy(model, x_val, y_val)
         if y_test is not None and len(y_test):
             metrics[f"test.{key}"] = accuracy(model, x_test, y_test)
+        if key == GEMS_KEY and len(y_val) < MIN_VERDICT_ROWS and y_train is not None \
+                and x_train is not None and len(y_train):
+            rows = np.concatenate([np.asarray(x_val), np.asarray(x_train)])
+            labels = np.concatenate([np.asarray(y_val), np.asarray(y_train)])
+            metrics[VERDICT_KEY] = accuracy(model, rows, labels)
+            metrics[VERDICT_ROWS_KEY] = int(len(labels))
     return RecordDict({wire.METRICS_KEY: MetricRecord(metrics)})
 
 
@@ -183,6 +201,10 @@ class NodeCheck:
     val: dict[str, float] = field(default_factory=dict)
     test: dict[str, float] = field(default_factory=dict)
     space: dict[str, Any] | None = None  # the node's own membership check: distance, inside
+    #: h_G's accuracy on the rows its verdict rests on, where the node held fewer than
+    #: MIN_VERDICT_ROWS validation rows (its validation and training rows), and their count
+    verdict: float | None = None
+    verdict_rows: int | None = None
 
     @property
     def report_split(self) -> str:
@@ -191,7 +213,10 @@ class NodeCheck:
 
     @property
     def good_enough(self) -> bool:
-        """Whether ``h_G`` reaches this node's eps on its validation data."""
+        """Whether ``h_G`` reaches this node's eps on its validation data (with fewer than
+        :data:`MIN_VERDICT_ROWS` of them: on its validation and training rows)."""
+        if self.verdict is not None:
+            return self.verdict >= self.eps
         return self.val.get(GEMS_KEY, -1.0) >= self.eps
 
 
@@ -281,6 +306,15 @@ def _decode_check(node_id: int, name: str, content: RecordDict) -> NodeCheck:
             raise ReplyError(f"evaluate reply lacks '{key}'")
     check = NodeCheck(node_id, name, values["eps"], int(values["num-val-examples"]),
                       int(values["num-test-examples"]))
+    if (VERDICT_KEY in values) != (VERDICT_ROWS_KEY in values):
+        raise ReplyError(f"evaluate reply has one of '{VERDICT_KEY}' and '{VERDICT_ROWS_KEY}' "
+                         "without the other")
+    if VERDICT_KEY in values:
+        rows = values[VERDICT_ROWS_KEY]
+        if not 0.0 <= values[VERDICT_KEY] <= 1.0 or rows < 1 or not float(rows).is_integer():
+            raise ReplyError(f"evaluate reply's verdict ({values[VERDICT_KEY]} on {rows} rows) "
+                             "is not an accuracy on a positive count of rows")
+        check.verdict, check.verdict_rows = values[VERDICT_KEY], int(rows)
     for key, value in values.items():
         split, _, model = key.partition(".")
         if split in ("val", "test") and model:

@@ -8,6 +8,7 @@ from typing import Any
 
 from gems_fl.protocol.roster import Roster
 from gems_fl.protocol.verify import GEMS_KEY, Verification
+from gems_fl.protocol.wire import SOLVE_METRIC_KEYS
 from gems_fl.serverapp.protocol_run import ProtocolRun
 from gems_fl.settings import Settings
 from gems_fl.settings.options import dp_spec
@@ -87,6 +88,11 @@ def node_table(run: ProtocolRun, roster: Roster, verification: Verification,
             "h_g_val_accuracy": None if check is None else check.val.get(GEMS_KEY),
             "h_g_test_accuracy": None if check is None else check.test.get(GEMS_KEY),
             "good_enough": None if check is None else bool(check.good_enough),
+            # fewer than MIN_VERDICT_ROWS validation rows: the verdict's rows and accuracy
+            "verdict_rows": None if check is None else check.verdict_rows,
+            "h_g_verdict_accuracy": None if check is None else check.verdict,
+            **{key.replace("-", "_"): reply.metrics[key] for key in SOLVE_METRIC_KEYS
+               if key in reply.metrics},
         })
     return sorted(rows, key=lambda r: r["name"])
 
