@@ -14,7 +14,6 @@ from gems_fl.protocol.verify import (
     GEMS_KEY,
     MIN_VERDICT_ROWS,
     VERDICT_KEY,
-    VERDICT_ROWS_KEY,
     _decode_check,
     encode_evaluate,
     score_models,
