@@ -94,6 +94,12 @@ def run(nodes: int, run_config: str, out_dir: Path) -> dict:
             "rounds": [{k: r.get(k) for k in ("round", "layer", "width", "bytes_sent",
                                                "bytes_received", "wall_s")}
                        for r in res.get("rounds", [])],
+            # the sites whose verdict rested on more than their few validation rows
+            "verdicts_on_all_rows": [
+                {k: n.get(k) for k in ("name", "num_train", "num_val", "verdict_rows",
+                                       "h_g_val_accuracy", "h_g_verdict_accuracy",
+                                       "good_enough")}
+                for n in res["nodes"] if n.get("verdict_rows")],
         })
     return report
 

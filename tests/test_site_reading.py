@@ -207,3 +207,29 @@ def test_a_run_that_exits_4_still_says_which_sites_it_expected_and_heard_from(tm
     assert report(work) == 4
     err = capsys.readouterr().err
     assert f"gems-fl: sites: {roll}\n" in err and "status not-good-enough" in err
+
+
+def test_every_exit_writes_the_same_timing_fields(tmp_path):
+    """A run that ends not-good-enough (exit 4) or incomplete (exit 3) gets the same
+    ``timing_s`` fields (``wall`` among them) as one that completes."""
+    import time
+    from types import SimpleNamespace
+
+    import pytest
+
+    from gems_fl.running.outcome import RunIncomplete, RunNotGoodEnough
+    from gems_fl.running.watch import conclude
+
+    for run_id, (status, error) in enumerate([("not-good-enough", RunNotGoodEnough),
+                                              ("incomplete", RunIncomplete)], start=1):
+        folder = tmp_path / f"run-{run_id}"
+        folder.mkdir()
+        (folder / "results.json").write_text(json.dumps({
+            "status": status, "started_unix": time.time() - 5, "timing_s": {"total": 4.0}}))
+        log = tmp_path / f"run-{run_id}.log"
+        log.write_text("the round-by-round log\n")
+        with pytest.raises(error):
+            conclude(run_id, "finished:failed", tmp_path,
+                     SimpleNamespace(path=log, close=lambda: None), time.time() - 6)
+        timing = json.loads((folder / "results.json").read_text())["timing_s"]
+        assert {"total", "startup", "shutdown", "wall"} <= set(timing), timing

@@ -44,8 +44,9 @@ def conclude(run_id: int, status: str, out_dir: Path, run_log: RunLog,
         incomplete = incomplete_run(path)
         if incomplete is not None:
             error, line = incomplete
-            raise error(f"run {run_id}: {line}", path,
-                                log_path=_keep_log(run_log, folder))
+            kept = _keep_log(run_log, folder)
+            add_launch_timing(path, launched_unix, time.time())  # every exit's same fields
+            raise error(f"run {run_id}: {line}", path, log_path=kept)
         raise RunFailed(f"run {run_id} ended with status '{status}'",
                         [e.line() for e in summarise_errors(run_log.lines)], run_log.path)
     if not path.is_file():
