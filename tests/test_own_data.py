@@ -527,3 +527,16 @@ def test_under_dp_the_kernel_model_takes_its_landmarks_from_the_public_data_file
     assert fmap["landmarks-from"] == "the server's public rows" and fmap["landmarks"] == 60
     assert results["identify"].get("landmark_round") is None
     assert results["privacy"]["dp"]["epsilon"] == 8.0 and len(results["participants"]) == 3
+
+
+def test_check_data_names_a_disagreement_without_a_majority_and_blames_no_file(tmp_path, sites):
+    """Two files that differ in their column count (55 against 56 in a user's try): no
+    count is the majority, so neither file is called wrong; both counts and the columns
+    that differ are named, with the fix."""
+    narrow = site_config(tmp_path / "s", "site-narrow", seed=5, num_features=12)
+    code, out = _check(sites[0]["data-path"], narrow["data-path"])
+    assert code == 1
+    assert "no count is held by most of them" in out
+    assert f"{sites[0]['data-path']} has 13" in out and f"{narrow['data-path']} has 12" in out
+    assert f"REJECTED: {narrow['data-path']} has 12 features" not in out
+    assert "set num-features" in out

@@ -62,14 +62,23 @@ def _check_together(sites: dict[str, SiteFile], features: int | None, out: TextI
         return 0
     status = 0
     counts = Counter(site.num_features() for site in sites.values())
-    if features is None:
+    named = {p: s.columns for p, s in sites.items() if s.columns is not None}
+    if features is None and len(counts) > 1:
         common = max(counts, key=lambda n: (counts[n], -n))
+        if counts[common] * 2 <= len(sites):  # no count most files share: blame none
+            say("  REJECTED: the files disagree on the number of features and no count is "
+                "held by most of them: " + ", ".join(f"{path} has {site.num_features()}"
+                                                      for path, site in sites.items()))
+            for line in _column_disagreements(named):
+                say(f"    {line}")
+            say("  a run keeps the count most sites report (or num-features); make the files "
+                "agree, or set num-features to the count the run should keep")
+            return 1
         for path, site in sites.items():
             if site.num_features() != common:
                 say(f"  REJECTED: {path} has {site.num_features()} features; {counts[common]} of "
                     f"{len(sites)} files have {common}")
                 status = 1
-    named = {p: s.columns for p, s in sites.items() if s.columns is not None}
     if named and len(named) == len(sites):
         train_rows = {p: len(s.y.get("train", ())) for p, s in sites.items()}
         reference, holders = vote_columns(named, train_rows)  # the identity round's vote
@@ -90,6 +99,23 @@ def _check_together(sites: dict[str, SiteFile], features: int | None, out: TextI
             f"{next(iter(sites.values())).num_features()} features"
             + (" by column name" if named and len(named) == len(sites) else " (by position)"))
     return status
+
+
+def _column_disagreements(named: dict[str, list[str]]) -> list[str]:
+    """For files with header rows: the columns each lacks or has beyond the others'."""
+    if len(named) < 2:
+        return []
+    every = set.intersection(*(set(c) for c in named.values()))
+    some = set.union(*(set(c) for c in named.values()))
+    lines = []
+    for path, columns in named.items():
+        lacks = [c for c in sorted(some) if c not in columns]
+        extra = [c for c in columns if c not in every]
+        if lacks or extra:
+            lines.append(f"{path}: " + "; ".join(
+                ([f"lacks {', '.join(lacks)}"] if lacks else [])
+                + ([f"has {', '.join(extra)} that not every file has"] if extra else [])))
+    return lines
 
 
 def _check_one(path: str, features: int | None, classes: str, label_column: str,
