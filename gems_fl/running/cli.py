@@ -84,7 +84,8 @@ def build_parser() -> argparse.ArgumentParser:
                      help="number of SuperNodes (default: 5, or one per --site)")
     run.add_argument("--site", action="append", default=None, metavar="FILE",
                      help="try your own data before deploying: one simulated node per site "
-                     "file (.npz, or .csv with <stem>_val.csv), named by its stem, with the "
+                     "file (.npz, or .csv; an optional <stem>_val.csv holds its validation rows, else "
+                     "the node sets aside val-fraction of its rows), named by its stem, with the "
                      "identity round's agreement, scaling and node-side evaluation of a "
                      "deployed run; repeat for each site (sets dataset='node-files' and, "
                      "without public-data, evaluate-on-server=false)")
