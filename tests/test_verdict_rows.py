@@ -14,7 +14,7 @@ from gems_fl.protocol.verify import (
     GEMS_KEY,
     MIN_VERDICT_ROWS,
     VERDICT_KEY,
-    _decode_check,
+    decode_check,
     encode_evaluate,
     score_models,
 )
@@ -29,7 +29,7 @@ def _model_predicting(cls: int, features: int = 2, classes: int = 2) -> dict[str
 def _check(x_val, y_val, x_train, y_train):
     content = encode_evaluate({}, {GEMS_KEY: _model_predicting(0)})
     reply = score_models(content, 0.5, x_val, y_val, x_train=x_train, y_train=y_train)
-    return _decode_check(1, "site", reply)
+    return decode_check(1, "site", reply)
 
 
 def test_one_validation_row_does_not_decide_the_verdict():
@@ -55,4 +55,4 @@ def test_a_verdict_without_its_row_count_is_refused():
         "eps": 0.5, "num-val-examples": 1, "num-test-examples": 0, f"val.{GEMS_KEY}": 1.0,
         VERDICT_KEY: 1.0})})
     with pytest.raises(ReplyError, match="without the other"):
-        _decode_check(1, "site", content)
+        decode_check(1, "site", content)

@@ -291,7 +291,9 @@ def in_model_order(scores: dict[str, float]) -> dict[str, float]:
     return {k: scores[k] for k in sorted(keys, key=order)}
 
 
-def _decode_check(node_id: int, name: str, content: RecordDict) -> NodeCheck:
+def decode_check(node_id: int, name: str, content: RecordDict) -> NodeCheck:
+    """A node's evaluate reply as its :class:`NodeCheck`, every metric checked; raises
+    ``ReplyError`` naming the first problem."""
     record = content.metric_records.get(wire.METRICS_KEY)
     if record is None:
         raise ReplyError(f"evaluate reply has no '{wire.METRICS_KEY}' MetricRecord")
@@ -374,7 +376,7 @@ def verify_on_nodes(
             if reply.has_error():
                 raise ReplyError(error_reason(reply))
             received += wire.content_bytes(reply.content)
-            check = _decode_check(node_id, name, reply.content)
+            check = decode_check(node_id, name, reply.content)
             if node_id in own_spaces and check.space is None:
                 raise ReplyError("evaluate reply lacks the node's own space check "
                                  "('space.distance', 'space.inside')")
