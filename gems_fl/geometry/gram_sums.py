@@ -111,53 +111,53 @@ class GramSums:
                 raise ValueError(f"label moments {m.shape} or class counts {counts.shape} do "
                                  f"not fit the layer ({self.num_classes}, {self.size})")
             parts.append(_fixed("n_k M_k", n_k * m))
-        with_grams = class_grams is not None
-        if with_grams and not labels:
-            raise ValueError("class Gram matrices come with label moments and class counts")
-        if self._with_class_grams is not None and with_grams != self._with_class_grams:
-            raise ValueError("every node adds class Gram matrices, or none does")
-        if with_grams:
-            held = np.flatnonzero(counts > 0)
-            per_class = np.asarray(class_grams, dtype=np.float64)
-            if per_class.shape != (len(held), self.size, self.size):
-                raise ValueError(f"class Gram matrices {per_class.shape} do not fit the node's "
-                                 f"{len(held)} classes with rows and the layer's size {self.size}")
-            weighted = _fixed("count_kc S_kc", counts[held, None, None] * per_class)
-        with_columns = column_class_grams is not None
-        if with_columns and not labels:
-            raise ValueError("column class Gram matrices come with label moments")
-        if self._with_column_class_grams is not None and with_columns != self._with_column_class_grams:
-            raise ValueError("every node adds its columns' class Gram matrices, or none does")
-        if with_columns:
-            held = np.flatnonzero(counts > 0)
-            columns = np.asarray(column_class_grams, dtype=np.float64)
-            known = None if self._column_class_grams is None else self._column_class_grams.shape[1]
-            if columns.ndim != 3 or columns.shape[0] != len(held) or \
-                    columns.shape[1] != columns.shape[2] or columns.shape[1] > self.size or \
-                    (known is not None and columns.shape[1] != known):
-                raise ValueError(f"column class Gram matrices {columns.shape} do not fit the "
-                                 f"node's {len(held)} classes with rows"
-                                 + ("" if known is None else f" and the columns' size {known}"))
-            column_weighted = _fixed("count_kc S_kc (columns)", counts[held, None, None] * columns)
+        counts = counts if labels else None
+        grams = self._class_sum("class Gram matrices", class_grams, counts,
+                                self._with_class_grams, self.size)
+        known = None if self._column_class_grams is None else self._column_class_grams.shape[1]
+        columns = self._class_sum("its columns' class Gram matrices", column_class_grams, counts,
+                                  self._with_column_class_grams, known)
         self._gram += parts[0]
         self._center_gram += parts[1]
         if labels:
             self._moments += parts[2]
             self.class_counts += counts
-        if with_grams:
+        if grams is not None:
             if self._class_grams is None:
                 self._class_grams = np.zeros((self.num_classes, self.size, self.size), np.int64)
-            self._class_grams[held] += weighted
-        if with_columns:
+            self._class_grams[grams[0]] += grams[1]
+        if columns is not None:
             if self._column_class_grams is None:
-                k = column_weighted.shape[1]
+                k = columns[1].shape[1]
                 self._column_class_grams = np.zeros((self.num_classes, k, k), np.int64)
-            self._column_class_grams[held] += column_weighted
+            self._column_class_grams[columns[0]] += columns[1]
         self._with_labels = labels
-        self._with_class_grams = with_grams
-        self._with_column_class_grams = with_columns
+        self._with_class_grams = grams is not None
+        self._with_column_class_grams = columns is not None
         self.nodes += 1
         self.count += n_k
+
+    def _class_sum(self, what: str, per_class: np.ndarray | None, counts: np.ndarray | None,
+                   before: bool | None, size: int | None) -> tuple[np.ndarray, np.ndarray] | None:
+        """One node's ``(held classes, sum count_kc S_kc)`` of ``per_class`` ``(m, s, s)``,
+        checked (every node's or none; with label moments; one matrix per class with rows;
+        ``s`` the ``size`` the sums hold, or at most the layer's); None where not given."""
+        if per_class is None:
+            if before:
+                raise ValueError(f"every node adds {what}, or none does")
+            return None
+        if counts is None:
+            raise ValueError(f"{what} come with label moments and class counts")
+        if before is False:
+            raise ValueError(f"every node adds {what}, or none does")
+        held = np.flatnonzero(counts > 0)
+        matrices = np.asarray(per_class, dtype=np.float64)
+        if matrices.ndim != 3 or matrices.shape[0] != len(held) or \
+                matrices.shape[1] != matrices.shape[2] or matrices.shape[1] > self.size or \
+                (size is not None and matrices.shape[1] != size):
+            raise ValueError(f"{what} {matrices.shape} do not fit the node's {len(held)} "
+                             f"classes with rows and the size {size or self.size}")
+        return held, _fixed(f"count_kc S_kc ({what})", counts[held, None, None] * matrices)
 
     @classmethod
     def from_means(cls, count: int, nodes: int, gram: np.ndarray, center_gram: np.ndarray,
