@@ -81,14 +81,11 @@ class GramSums:
             moments: np.ndarray | None = None, class_counts: np.ndarray | None = None,
             class_grams: np.ndarray | None = None, *,
             column_class_grams: np.ndarray | None = None) -> None:
-        """Add one node: its training-row count, center ``W_k`` ``(C, n)``, Gram matrix
-        ``G_k`` ``(n, n)`` (a mean over its rows) and optionally its label moments
-        ``M_k`` ``(C, n)`` and class counts ``(C,)``, and with them its class Gram
-        matrices ``(m, n, n)`` (one per class it holds, class order). Every node adds
-        label moments, and class Gram matrices, or none does. ``column_class_grams``
-        ``(m, k + 1, k + 1)`` (the kernel model): the class Gram matrices of the layer's
-        first ``k`` inputs, likewise every node's or none. Nothing is added when a check
-        fails."""
+        """Add one node: its row count, center ``W_k`` ``(C, n)``, Gram matrix ``G_k``
+        (a mean over its rows), and optionally label moments ``M_k`` ``(C, n)`` with class
+        counts ``(C,)``, its class Gram matrices ``(m, n, n)`` (one per class it holds)
+        and (the kernel model) those of its first ``k`` inputs ``(m, k + 1, k + 1)``:
+        each every node's or none. Nothing is added when a check fails."""
         n_k = int(num_train)
         if n_k <= 0:
             raise ValueError(f"num_train must be a positive count; got {num_train}")
@@ -104,14 +101,10 @@ class GramSums:
             raise ValueError("every node adds label moments, or none does")
         scaled = n_k * g
         parts = [_fixed("n_k G_k", scaled), _fixed("n_k W_k G_k", w @ scaled)]
+        counts = None
         if labels:
-            m = np.asarray(moments, dtype=np.float64)
-            counts = np.asarray(class_counts, dtype=np.int64)
-            if m.shape != (self.num_classes, self.size) or counts.shape != (self.num_classes,):
-                raise ValueError(f"label moments {m.shape} or class counts {counts.shape} do "
-                                 f"not fit the layer ({self.num_classes}, {self.size})")
-            parts.append(_fixed("n_k M_k", n_k * m))
-        counts = counts if labels else None
+            counts, summed = self._label_sum(n_k, moments, class_counts)
+            parts.append(summed)
         grams = self._class_sum("class Gram matrices", class_grams, counts,
                                 self._with_class_grams, self.size)
         known = None if self._column_class_grams is None else self._column_class_grams.shape[1]
@@ -136,6 +129,16 @@ class GramSums:
         self._with_column_class_grams = columns is not None
         self.nodes += 1
         self.count += n_k
+
+    def _label_sum(self, n_k: int, moments: np.ndarray, class_counts: np.ndarray
+                   ) -> tuple[np.ndarray, np.ndarray]:
+        """One node's class counts and ``n_k M_k``, checked against the layer."""
+        m = np.asarray(moments, dtype=np.float64)
+        counts = np.asarray(class_counts, dtype=np.int64)
+        if m.shape != (self.num_classes, self.size) or counts.shape != (self.num_classes,):
+            raise ValueError(f"label moments {m.shape} or class counts {counts.shape} do "
+                             f"not fit the layer ({self.num_classes}, {self.size})")
+        return counts, _fixed("n_k M_k", n_k * m)
 
     def _class_sum(self, what: str, per_class: np.ndarray | None, counts: np.ndarray | None,
                    before: bool | None, size: int | None) -> tuple[np.ndarray, np.ndarray] | None:

@@ -107,21 +107,8 @@ def solve_softmax(x: np.ndarray, y: np.ndarray, num_classes: int, *, l2: float |
     """
     l2 = DEFAULT_L2 if l2 is None else float(l2)
     tolerance = DEFAULT_TOLERANCE if tolerance is None else float(tolerance)
-    xt = torch.as_tensor(np.asarray(x), dtype=torch.float32)
-    if xt.ndim != 2:
-        raise ValueError(f"x must be 2-D (rows x features); got shape {tuple(xt.shape)}")
-    if not bool(torch.isfinite(xt).all()):
-        raise ValueError("x contains NaN or infinite entries; clean or drop those rows")
-    n, d = xt.shape
-    if n == 0:
-        raise ValueError("cannot solve on an empty set: the site has no training rows")
-    yt = torch.as_tensor(np.asarray(y), dtype=torch.long)
-    if yt.shape != (n,):
-        raise ValueError(f"y has shape {tuple(yt.shape)}; x has {n} rows")
-    if int(yt.min()) < 0 or int(yt.max()) >= num_classes:
-        raise ValueError(f"labels must lie in 0..{num_classes - 1}; got {int(yt.min())}.."
-                         f"{int(yt.max())}")
-    xa = torch.cat([xt, torch.ones(n, 1, dtype=xt.dtype)], dim=1)
+    xa, yt = _checked_rows(x, y, num_classes)
+    n, d = xa.shape[0], xa.shape[1] - 1
     g_mat = (xa.double().T @ xa.double() / n if gram is None
              else torch.as_tensor(gram, dtype=torch.float64))
     if g_mat.shape != (d + 1, d + 1):
@@ -144,20 +131,10 @@ def solve_softmax(x: np.ndarray, y: np.ndarray, num_classes: int, *, l2: float |
             pairs.clear()
             direction = -precondition(grad)
             slope = float((grad * direction).sum())
-        step = 1.0
-        while True:
-            trial = w + step * direction
-            new_loss, new_grad = _objective(xa, yt, trial, l2)
-            iterations += 1
-            if new_loss <= loss + _ARMIJO * step * slope or step < 1e-10:
-                break
-            step *= 0.5
-        s, yv = trial - w, new_grad - grad
-        sy = float((s * yv).sum())
-        if sy > 1e-12 * float((yv * yv).sum()) ** 0.5 * float((s * s).sum()) ** 0.5:
-            pairs.append((s, yv, sy, float((yv * precondition(yv)).sum())))
-            if len(pairs) > MEMORY:
-                pairs.pop(0)
+        step, trial, new_loss, new_grad, evaluations = _backtrack(
+            xa, yt, w, direction, loss, slope, l2)
+        iterations += evaluations
+        _remember(pairs, trial - w, new_grad - grad, precondition)
         if new_loss >= loss and step < 1e-10:  # no progress possible in float64
             w, loss, grad = trial, new_loss, new_grad
             stopped_by = "no-progress"
@@ -166,6 +143,49 @@ def solve_softmax(x: np.ndarray, y: np.ndarray, num_classes: int, *, l2: float |
     return w.numpy(), SolveReport(iterations=iterations, gradient_norm=float(grad.abs().max()),
                                   objective=loss, stopped_by=stopped_by, l2=float(l2),
                                   tolerance=float(tolerance))
+
+
+def _checked_rows(x: np.ndarray, y: np.ndarray, num_classes: int
+                  ) -> tuple[torch.Tensor, torch.Tensor]:
+    """The rows with the bias input appended (float32) and the labels, checked."""
+    xt = torch.as_tensor(np.asarray(x), dtype=torch.float32)
+    if xt.ndim != 2:
+        raise ValueError(f"x must be 2-D (rows x features); got shape {tuple(xt.shape)}")
+    if not bool(torch.isfinite(xt).all()):
+        raise ValueError("x contains NaN or infinite entries; clean or drop those rows")
+    n = xt.shape[0]
+    if n == 0:
+        raise ValueError("cannot solve on an empty set: the site has no training rows")
+    yt = torch.as_tensor(np.asarray(y), dtype=torch.long)
+    if yt.shape != (n,):
+        raise ValueError(f"y has shape {tuple(yt.shape)}; x has {n} rows")
+    if int(yt.min()) < 0 or int(yt.max()) >= num_classes:
+        raise ValueError(f"labels must lie in 0..{num_classes - 1}; got {int(yt.min())}.."
+                         f"{int(yt.max())}")
+    return torch.cat([xt, torch.ones(n, 1, dtype=xt.dtype)], dim=1), yt
+
+
+def _backtrack(xa: torch.Tensor, yt: torch.Tensor, w: torch.Tensor, direction: torch.Tensor,
+               loss: float, slope: float, l2: float):
+    """Armijo backtracking from a unit step: ``(step, point, loss, gradient, evaluations)``."""
+    step, evaluations = 1.0, 0
+    while True:
+        trial = w + step * direction
+        new_loss, new_grad = _objective(xa, yt, trial, l2)
+        evaluations += 1
+        if new_loss <= loss + _ARMIJO * step * slope or step < 1e-10:
+            return step, trial, new_loss, new_grad, evaluations
+        step *= 0.5
+
+
+def _remember(pairs: list, s: torch.Tensor, yv: torch.Tensor,
+              precondition: _BohningInverse) -> None:
+    """Keep the curvature pair ``(s, y)`` where it is positive, at most :data:`MEMORY`."""
+    sy = float((s * yv).sum())
+    if sy > 1e-12 * float((yv * yv).sum()) ** 0.5 * float((s * s).sum()) ** 0.5:
+        pairs.append((s, yv, sy, float((yv * precondition(yv)).sum())))
+        if len(pairs) > MEMORY:
+            pairs.pop(0)
 
 
 def _two_loop(grad: torch.Tensor, pairs: list, precondition: _BohningInverse) -> torch.Tensor:
