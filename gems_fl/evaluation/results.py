@@ -117,6 +117,18 @@ NODE_COLUMN_MEANINGS = (
     "and the column says on how many)")
 
 
+def _good_enough_cell(node: dict[str, Any]) -> str:
+    """The per-node table's verdict: yes / NO, and on how many rows where the site held
+    too few validation rows to judge on them alone."""
+    good = node.get("good_enough")
+    if good is None:
+        return "-"
+    word = "yes" if good else "NO"
+    if node.get("verdict_rows"):
+        return f"{word} ({node['h_g_verdict_accuracy']:.3f} on {node['verdict_rows']} rows)"
+    return word
+
+
 def legend_lines(results: dict[str, Any]) -> list[str]:
     """What the main table's rows and the GEMS note's words mean, for the rows it shows."""
     rows = [f"{name}: {ROW_MEANINGS[name]}" for name in results.get("rows", {})
@@ -206,19 +218,13 @@ def print_results(results: dict[str, Any], console: Console | None = None) -> No
         label = f"{n['name']} ({n['node_id']})" if n.get("name") else str(n["node_id"])
         cert = n.get("certified_radius")
         acc = n.get("h_g_val_accuracy")
-        good = n.get("good_enough")
-        if n.get("verdict_rows"):  # too few validation rows: judged on all its rows
-            good = None if good is None else (
-                f"{'yes' if good else 'NO'} ({n['h_g_verdict_accuracy']:.3f} on "
-                f"{n['verdict_rows']} rows)")
         nodes.add_row(label, str(n["num_train"]), str(n["num_val"]), f"{n.get('eps', '')}",
                       f"{n['local_val_accuracy']:.3f}", f"{n['radius']:.4g}",
                       "inf" if cert is None else f"{cert:.3g}",
                       ("-" if n["inside"] is None else "yes" if n["inside"]
                        else f"miss {n['miss']:.3g}"),
                       "-" if acc is None else f"{acc:.3f}",
-                      "-" if good is None else good if isinstance(good, str)
-                      else ("yes" if good else "NO"))
+                      _good_enough_cell(n))
     console.print(nodes)
     console.print(NODE_COLUMN_MEANINGS + ".", style="dim", highlight=False)
     evaluation = node_evaluation_table(results)

@@ -102,9 +102,8 @@ class GramSums:
         scaled = n_k * g
         parts = [_fixed("n_k G_k", scaled), _fixed("n_k W_k G_k", w @ scaled)]
         counts = None
-        if labels:
-            counts, summed = self._label_sum(n_k, moments, class_counts)
-            parts.append(summed)
+        if labels:  # the class counts, and n_k M_k among the parts
+            counts = self._label_sum(n_k, moments, class_counts, parts)
         grams = self._class_sum("class Gram matrices", class_grams, counts,
                                 self._with_class_grams, self.size)
         known = None if self._column_class_grams is None else self._column_class_grams.shape[1]
@@ -121,8 +120,8 @@ class GramSums:
             self._class_grams[grams[0]] += grams[1]
         if columns is not None:
             if self._column_class_grams is None:
-                k = columns[1].shape[1]
-                self._column_class_grams = np.zeros((self.num_classes, k, k), np.int64)
+                self._column_class_grams = np.zeros((self.num_classes, *columns[1].shape[1:]),
+                                                    np.int64)
             self._column_class_grams[columns[0]] += columns[1]
         self._with_labels = labels
         self._with_class_grams = grams is not None
@@ -130,15 +129,16 @@ class GramSums:
         self.nodes += 1
         self.count += n_k
 
-    def _label_sum(self, n_k: int, moments: np.ndarray, class_counts: np.ndarray
-                   ) -> tuple[np.ndarray, np.ndarray]:
-        """One node's class counts and ``n_k M_k``, checked against the layer."""
+    def _label_sum(self, n_k: int, moments: np.ndarray, class_counts: np.ndarray,
+                   parts: list[np.ndarray]) -> np.ndarray:
+        """One node's class counts, checked against the layer; ``n_k M_k`` joins ``parts``."""
         m = np.asarray(moments, dtype=np.float64)
         counts = np.asarray(class_counts, dtype=np.int64)
         if m.shape != (self.num_classes, self.size) or counts.shape != (self.num_classes,):
             raise ValueError(f"label moments {m.shape} or class counts {counts.shape} do "
                              f"not fit the layer ({self.num_classes}, {self.size})")
-        return counts, _fixed("n_k M_k", n_k * m)
+        parts.append(_fixed("n_k M_k", n_k * m))
+        return counts
 
     def _class_sum(self, what: str, per_class: np.ndarray | None, counts: np.ndarray | None,
                    before: bool | None, size: int | None) -> tuple[np.ndarray, np.ndarray] | None:
