@@ -287,6 +287,13 @@ class GEMSModel:
         """Class names ``(n,)`` for rows ``x`` ``(n, d)``."""
         return np.asarray(self.classes, dtype=object)[self.logits(x).argmax(axis=1)]
 
+    def predict_proba(self, x: np.ndarray) -> np.ndarray:
+        """Class probabilities ``(n, C)`` (the softmax of :meth:`logits`), columns in the
+        order of :attr:`classes`; each row's largest is :meth:`predict`'s class."""
+        z = self.logits(x)
+        z = np.exp(z - z.max(axis=1, keepdims=True))
+        return z / z.sum(axis=1, keepdims=True)
+
     def save(self, folder: str | Path) -> Path:
         """Write the model into ``folder`` (``gems_model.npz`` as a run writes it, and
         ``gems_model.json`` with the classes and the scaling); :func:`load_model` reads

@@ -99,7 +99,7 @@ def test_a_text_feature_column_is_named_with_its_values_and_what_to_do(tmp_path)
         read_site_file(path)
     message = str(error.value)
     assert "column 'colour' (column 1, counted from 0) holds text in 12 row(s) ('red', 'blue', 'green')" in message
-    assert "encode a text column" in message and "or drop it" in message
+    assert "id-columns (e.g. --id-columns <name>)" in message and "or drop it" in message
 
 
 def _fails_in_training(node_id: int):

@@ -78,8 +78,11 @@ def test_id_like_columns_are_left_out_and_named_unless_told_otherwise(tmp_path):
     assert site.x["val"].shape == (8, 3)
     code, out = _check(path)
     assert code == 0 and "left out 2 ID-like column(s): rownames, patient" in out, out
-    kept = read_site_file(path, id_columns="patient")
-    assert kept.columns == ["rownames", "a", "b", "c"]
+    # named columns add to what detection finds: naming one ID column keeps no other
+    named = read_site_file(path, id_columns="patient")
+    assert named.columns == ["a", "b", "c"] and named.dropped == ["rownames", "patient"]
+    named = read_site_file(path, id_columns="a")
+    assert named.columns == ["b", "c"] and named.dropped == ["rownames", "patient", "a"]
     with pytest.raises(SiteFileError, match=r"column 'patient' \(column 1, counted from 0\) holds text"):
         read_site_file(path, id_columns="none")
     with pytest.raises(SiteFileError, match="id-columns names 'visit', which is not one of"):

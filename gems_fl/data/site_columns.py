@@ -47,14 +47,20 @@ def id_like(name: str | None, values: list) -> bool:
 def columns_to_drop(spec: str, names: list[str] | None, width: int, path: Path,
                     values: Callable[[int], list]) -> list[int]:
     """The feature columns (indices among the features) that ``id-columns`` leaves out;
-    ``values(i)`` gives column ``i``'s cells."""
+    ``values(i)`` gives column ``i``'s cells.
+
+    Named columns add to what detection finds (``auto``): a user who names one ID column
+    has not vouched for the others, so a second ID column is still left out (and named);
+    ``none`` alone keeps every column.
+    """
     text = str(spec).strip()
     if text.lower() in ("", ID_NONE):
         return []
+    detected = [i for i in range(width) if id_like(None if names is None else names[i], values(i))]
     if text.lower() == ID_AUTO:
-        return [i for i in range(width) if id_like(None if names is None else names[i], values(i))]
+        return detected
     wanted = [part.strip() for part in text.split(",") if part.strip()]
-    picked = []
+    picked = list(detected)
     if names is None:
         raise ColumnError(f"{path}: id-columns={text!r} names columns, but the file has no "
                             "column names (a CSV header row, or an .npz array 'columns')")

@@ -314,6 +314,15 @@ def _parses(text: str, kind: type) -> bool:
         return False
 
 
+def csv_rows(path: Path) -> list[list[str]]:
+    """A CSV file's non-blank rows as lists of cells (a byte-order mark is dropped)."""
+    try:
+        with Path(path).open(newline="", encoding="utf-8-sig") as f:
+            return [row for row in csv.reader(f) if row and any(c.strip() for c in row)]
+    except (OSError, UnicodeDecodeError, csv.Error) as exc:
+        raise SiteFileError(f"{path} cannot be read as CSV: {exc}") from None
+
+
 def read_csv_table(path: Path, label_column: str = "", id_columns: str = ID_AUTO,
                    drop: list[str] | None = None
                    ) -> tuple[np.ndarray, np.ndarray, list[str] | None, list[str], list[int]]:
@@ -326,11 +335,7 @@ def read_csv_table(path: Path, label_column: str = "", id_columns: str = ID_AUTO
     a companion file's training file's choice) are left out. A feature column holding
     text is refused with its name, its number, the values seen and what to do.
     """
-    try:
-        with path.open(newline="", encoding="utf-8-sig") as f:
-            rows = [row for row in csv.reader(f) if row and any(c.strip() for c in row)]
-    except (OSError, UnicodeDecodeError, csv.Error) as exc:
-        raise SiteFileError(f"{path} cannot be read as CSV: {exc}") from None
+    rows = csv_rows(path)
     if not rows:
         return np.zeros((0, 0)), np.array([], dtype=str), None, [], []
     width = len(rows[0])
@@ -353,7 +358,7 @@ def read_csv_table(path: Path, label_column: str = "", id_columns: str = ID_AUTO
         cells[r - (2 if header is not None else 1)] = [c.strip() for c in row]
     features = [c for c in range(width) if c != label]
     names = None if header is None else [header[c] for c in features]
-    parsed = {c: [_number(v) for v in cells[:, c]] for c in features}
+    parsed = {c: [parse_cell(v) for v in cells[:, c]] for c in features}
     if drop is None:
         picked = _checked_drop(id_columns, names, len(features), path,
                                   lambda i: parsed[features[i]])
@@ -366,15 +371,16 @@ def read_csv_table(path: Path, label_column: str = "", id_columns: str = ID_AUTO
     if text:
         raise SiteFileError(f"{path}: " + "; ".join(
             _text_column(c, header, found) for c, found in sorted(text.items()))
-            + "; features must be numbers: encode a text column (one 0/1 column per value) "
+            + "; features must be numbers: if it numbers or names rows, leave it out with "
+            "id-columns (e.g. --id-columns <name>); else encode it (one 0/1 column per value) "
             "or drop it, or name it as the label with label-column")
     x = np.ascontiguousarray(np.array([parsed[c] for c in kept], dtype=np.float64).reshape(len(kept), len(body)).T)
-    y = np.array([_csv_label(v) for v in cells[:, label]], dtype=str)
+    y = np.array([csv_label(v) for v in cells[:, label]], dtype=str)
     columns = None if header is None else [header[c] for c in kept]
     return x, y, columns, [header[c] if header else f"column {c}" for c in dropped], kept
 
 
-def _number(cell: str) -> float | str:
+def parse_cell(cell: str) -> float | str:
     """A feature cell: its number, NaN when empty, else the text itself."""
     if not cell:
         return np.nan
@@ -398,7 +404,7 @@ def _text_column(c: int, header: list[str] | None, cells: list[str]) -> str:
     return f"{name} holds text in {len(cells)} row(s) ({shown})"
 
 
-def _csv_label(cell: str) -> str:
+def csv_label(cell: str) -> str:
     """A CSV label cell as a class name: ``2``, ``2.0`` and ``2.000e+00`` are all ``"2"``."""
     text = cell.strip()
     try:

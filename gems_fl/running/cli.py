@@ -173,6 +173,23 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("--val-fraction", type=float, default=0.2,
                        help="a file without validation rows: the share of training rows its "
                        "node sets aside (setting val-fraction)")
+    predict = sub.add_parser(
+        "predict", help="score a finished run's model on your own rows (a .csv or .npz)",
+        description="Load the model of RUN_FOLDER (<output-dir>/run-<id>) and predict FILE's "
+        "rows: columns are matched by name where the file has a header (any order; others "
+        "left out and named), else by position. With a label column (named, or found: the one "
+        "column beyond the model's that is not an ID) it prints the accuracy, a per-class table "
+        "and the confusion counts. Writes each row's predicted class and class probabilities "
+        "to a CSV. Exit 0, or 2 with a message naming what to fix.")
+    predict.add_argument("run_folder", help="a finished run's folder (or its results.json)")
+    predict.add_argument("file", help="the rows to score: .csv (header optional) or .npz "
+                         "(x_test and y_test, or x and optional y; columns for names)")
+    predict.add_argument("--label-column", default="",
+                         help="the label column: header name or number counted from 0 (default: "
+                         "found as described above)")
+    predict.add_argument("--out", default=None,
+                         help="where to write the predictions CSV (default: "
+                         "RUN_FOLDER/predictions-<file stem>.csv)")
     show = sub.add_parser("show", help="print the tables of a run (its folder or results.json)")
     show.add_argument("path", help="a run's folder (<output-dir>/run-<id>) or its results.json")
     show.add_argument("--markdown", action="store_true", help="markdown instead of rich tables")
@@ -197,6 +214,10 @@ def main(argv: list[str] | None = None) -> int:
         return check_data(args.file, features=args.features, classes=args.classes,
                           label_column=args.label_column, id_columns=args.id_columns,
                           val_fraction=args.val_fraction)
+    if args.command == "predict":
+        from gems_fl.running.predict import predict_file
+
+        return predict_file(args.run_folder, args.file, args.label_column, args.out)
     if args.command == "submit":
         return _submit(args)
     if args.command == "pull":

@@ -84,8 +84,8 @@ class DataSettings:
         'auto',
         "columns that number rows rather than measure them, left out of the features: `auto` "
         "(a text column whose values differ in every row, or one named like an ID, `id`, "
-        "`rownames`, `*_id`, whose values differ in every row), `none`, or header names "
-        "`'patient,visit'`",
+        "`rownames`, `*_id`, whose values differ in every row), `none` (keep every column), or "
+        "header names `'patient,visit'` (left out besides those `auto` finds)",
         node=True)
     standardize: str = setting(
         'auto',
