@@ -20,11 +20,12 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
+from gems_fl.data.categories import CategoryError, level_name, one_hot
 from gems_fl.data.kernel_features import KernelFeatures
 from gems_fl.data.random_features import RandomFeatures
 from gems_fl.geometry import linalg
@@ -252,6 +253,10 @@ class GEMSModel:
     feature_names : list of str or None
         The feature columns the run matched the sites by (their header names), in the
         model's order; None when the sites' files had no names (matched by position).
+        A category column's 0/1 columns are named ``<column>=<value>``.
+    categories : dict of str to list of str
+        The category columns' values: a table holding the raw column (text) is encoded
+        as the run encoded the sites' files; a value no site held raises, named.
     """
 
     layers: list[tuple[np.ndarray, np.ndarray]]
@@ -260,6 +265,7 @@ class GEMSModel:
     std: np.ndarray | None = None
     features: RandomFeatures | KernelFeatures | None = None
     feature_names: list[str] | None = None
+    categories: dict[str, list[str]] = field(default_factory=dict)
 
     @property
     def num_features(self) -> int:
@@ -272,7 +278,8 @@ class GEMSModel:
 
         ``x`` with column names (a pandas DataFrame) is matched by name, in any order;
         an array is taken by position, as scikit-learn does."""
-        z = rows_in_order(x, self.feature_names, self.num_features)
+        z = rows_in_order(encode_table(x, self.categories), self.feature_names,
+                          self.num_features)
         if self.mean is not None:
             z = (z - self.mean) / self.std
         if self.features is not None:
@@ -317,8 +324,47 @@ class GEMSModel:
             meta[self.features.JSON_KEY] = self.features.to_json()
         if self.feature_names is not None:
             meta["columns"] = list(self.feature_names)
+        if self.categories:
+            meta["categories"] = {k: list(v) for k, v in self.categories.items()}
         (folder / SAVED_FILE).write_text(json.dumps({"dataset": meta}, indent=1) + "\n")
         return folder
+
+
+def encode_table(x, categories: dict[str, list[str]]):
+    """A table (anything with ``columns``, such as a pandas DataFrame) with its raw
+    category columns replaced by their 0/1 columns ``<column>=<value>``, as the run
+    encoded the sites' files; anything else as it is."""
+    given = getattr(x, "columns", None)
+    if not categories or given is None:
+        return x
+    given = [str(c) for c in given]
+    if not any(c in categories for c in given):
+        return x
+    cells = np.asarray(x, dtype=object)
+    names, parts = [], []
+    for i, name in enumerate(given):
+        if name in categories:
+            try:
+                parts.append(one_hot(cells[:, i], categories[name], name, "x"))
+            except CategoryError as exc:
+                raise ValueError(f"{exc}: the model knows only the values its sites "
+                                 "held") from None
+            names += [level_name(name, v) for v in categories[name]]
+        else:
+            parts.append(cells[:, [i]])
+            names.append(name)
+    return _Table(np.hstack(parts), names)
+
+
+@dataclass(frozen=True)
+class _Table:
+    """Rows with column names (what :func:`rows_in_order` matches by name)."""
+
+    values: np.ndarray
+    columns: list[str]
+
+    def __array__(self, dtype=None, copy=None):
+        return self.values if dtype is None else self.values.astype(dtype)
 
 
 def rows_in_order(x, names: list[str] | None, width: int, who: str = "the model") -> np.ndarray:
@@ -402,6 +448,8 @@ def load_model(run_folder: str | Path) -> GEMSModel:
     mean = None if scale is None else np.asarray(scale["mean"], dtype=np.float64)
     std = None if scale is None else np.asarray(scale["std"], dtype=np.float64)
     names = dataset.get("columns")
+    categories = {str(k): [str(v) for v in values]
+                  for k, values in dataset.get("categories", {}).items()}
     return GEMSModel(layers, classes, mean, std, features,
-                     None if names is None else [str(c) for c in names])
+                     None if names is None else [str(c) for c in names], categories)
 

@@ -91,15 +91,15 @@ def test_a_companion_file_is_read_in_the_training_files_column_order(tmp_path):
 
 def test_a_text_feature_column_is_named_with_its_values_and_what_to_do(tmp_path):
     path = tmp_path / "t.csv"
-    rows = ["a,colour,b,species"] + [f"{i},{c},{i * 2},x{i % 2}"
-                                     for i, c in enumerate(["red", "blue", "red", "green"] * 3)]
+    rows = ["a,colour,b,species"] + [f"{i},{c},{i * 2},x{i % 2}"  # text among numbers
+                                     for i, c in enumerate(["red", "blue", "red", "green", 4] * 3)]
     path.write_text("\n".join(rows) + "\n")
     (tmp_path / "t_val.csv").write_text(path.read_text())
     with pytest.raises(SiteFileError) as error:
         read_site_file(path)
     message = str(error.value)
-    assert "column 'colour' (column 1, counted from 0) holds text in 12 row(s) ('red', 'blue', 'green')" in message
-    assert "id-columns (e.g. --id-columns <name>)" in message and "or drop it" in message
+    assert "column 'colour' (column 1, counted from 0) holds text in 12 row(s) ('red', 'blue', 'green'; 3 distinct)" in message
+    assert "id-columns (e.g. --id-columns <name>)" in message and "else drop it" in message
 
 
 def _fails_in_training(node_id: int):

@@ -138,7 +138,7 @@ def test_a_site_refusal_is_shown_whole_without_an_unrelated_hint(tmp_path):
 
     files = []
     for k in range(2):
-        rows = [[float(i), "xyz"[i % 3], "ab"[i % 2]] for i in range(30)]
+        rows = [[float(i), "xyz"[i % 3] if i % 2 else i, "ab"[i % 2]] for i in range(30)]
         files.append(str(_table(tmp_path / f"s{k}.csv", ["a", "kind", "label"], rows)))
     settings = Settings(dataset="node-files", site_files=",".join(files), evaluate_on_server=False)
     with pytest.raises(SitesDoNotFit) as caught:

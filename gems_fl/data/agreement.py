@@ -53,6 +53,8 @@ class DataAgreement:
     std: np.ndarray | None = None
     columns: list[str] | None = None  # feature names in the run's order (sites with headers)
     features: RandomFeatures | KernelFeatures | None = None  # the model's map, after scaling
+    #: category columns' values, each one's 0/1 columns ``<column>=<value>`` in ``columns``
+    categories: dict[str, list[str]] | None = None
 
     @property
     def num_classes(self) -> int:
@@ -94,6 +96,8 @@ class DataAgreement:
             out["columns"] = list(self.columns)
         if self.features is not None:
             out[self.features.JSON_KEY] = self.features.to_json()
+        if self.categories:
+            out["categories"] = {k: list(v) for k, v in self.categories.items()}
         return out
 
     @classmethod

@@ -34,6 +34,7 @@ from gems_fl.data import (
     parse_division,
 )
 from gems_fl.data.agreement import NODE_FILES, DataAgreement
+from gems_fl.data.categories import parse_categories
 from gems_fl.data.datasets import shared_splits
 from gems_fl.data.site_columns import ID_AUTO
 from gems_fl.data.site_files import (
@@ -71,6 +72,8 @@ class NodeDataOptions:
     classes: str = ""
     label_column: str = ""
     id_columns: str = ID_AUTO
+    categories: str = ""  # declared category values (required under dp-epsilon)
+    private: bool = False  # dp-epsilon: category values must be declared, never sent
     val_fraction: float = 0.2
     standardize: str = "off"
     features: FeatureOptions = field(default_factory=FeatureOptions)
@@ -94,6 +97,7 @@ class NodeData:
     scale: tuple[np.ndarray, np.ndarray] | None = None  # (mean, std) applied, if any
     columns: list[str] | None = None  # feature names (a CSV header), in the run's order
     notes: list[str] = field(default_factory=list)  # what the node did to its file's rows
+    categories: list[str] = field(default_factory=list)  # its category columns, by name
 
     @property
     def present_classes(self) -> list[str]:
@@ -212,23 +216,34 @@ def _run_shape(settings: NodeDataOptions, agreement: DataAgreement | None,
 
 
 def read_node_site(name: str, data_path: str, label_column: str = "",
-                   id_columns: str = ID_AUTO, val_fraction: float = 0.2, seed: int = 0) -> SiteFile:
+                   id_columns: str = ID_AUTO, val_fraction: float = 0.2, seed: int = 0,
+                   categories: str = "", private: bool = False) -> SiteFile:
     """The node's file, read as :func:`gems_fl.data.site_files.read_site_file` reads it,
     with validation rows split off when it has none (:func:`split_validation`); errors
-    name the node."""
+    name the node. ``private`` (``dp-epsilon``): a category column whose values the
+    operator did not declare is refused, since the values a site holds would tell."""
     try:
-        site = read_site_file(data_path, label_column, id_columns=id_columns)
+        site = read_site_file(data_path, label_column, id_columns=id_columns,
+                              categories=categories)
         split_validation(site, val_fraction, seed)
-        return site
     except SiteFileError as exc:
         raise NodeDataError(f"node '{name}': {exc}") from None
+    undeclared = sorted(set(site.categories) - set(parse_categories(categories)))
+    if private and undeclared:
+        raise NodeDataError(
+            f"node '{name}': {data_path}: category column(s) {', '.join(undeclared)} under "
+            "dp-epsilon: which values a site holds would reach the server unnoised, so the "
+            "operator declares them up front, e.g. categories='"
+            + "; ".join(f"{b}={'|'.join(site.categories[b])}" for b in undeclared)
+            + "' (every value any site may hold), or drop the column(s)")
+    return site
 
 
 def _load_file_node(settings: NodeDataOptions, node_config: Mapping[str, Any],
                     agreement: DataAgreement | None, name: str, seed: int,
                     data_path: str) -> NodeData:
     site = read_node_site(name, data_path, settings.label_column, settings.id_columns,
-                          settings.val_fraction, seed)
+                          settings.val_fraction, seed, settings.categories, settings.private)
     num_features, classes, run = _run_shape(settings, agreement, site)
     columns = align_columns(site, agreement.columns if agreement is not None else None)
     problems = ([columns] if columns else []) + site_problems(site, num_features, classes, run=run)
@@ -244,6 +259,7 @@ def _load_file_node(settings: NodeDataOptions, node_config: Mapping[str, Any],
                     x_test=site.x.get("test"), y_test=y.get("test"))
     data.classes = list(classes)
     data.columns = site.columns
+    data.categories = sorted(site.categories)
     data.notes = site_notes(site)
     return data
 
@@ -259,6 +275,10 @@ def site_notes(site: SiteFile) -> list[str]:
     if site.val_split:
         notes.append(f"no validation rows: {len(site.y['val'])} of its training rows "
                      f"({site.val_split:.0%}, val-fraction, per class, seeded) were set aside")
+    if site.categories:
+        notes.append("category column(s), one 0/1 column per value: " + "; ".join(
+            f"{b} ({len(v)} value(s): {', '.join(v[:6])}{', ...' if len(v) > 6 else ''})"
+            for b, v in site.categories.items()))
     held = site.labels
     if len(held) == 1:
         notes.append(f"holds one class ({held[0]}): its own model predicts it everywhere; h_G "

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
+from gems_fl.data.categories import CategoryError, level_name, one_hot
 from gems_fl.data.site_columns import id_like
 from gems_fl.data.site_files import SiteFileError, csv_label, csv_rows, label_names, parse_cell
 
@@ -32,9 +33,12 @@ class ScoringRows:
 
 
 def read_scoring_rows(path: str | Path, names: list[str] | None, width: int,
-                      label_column: str = "") -> ScoringRows:
+                      label_column: str = "",
+                      categories: dict[str, list[str]] | None = None) -> ScoringRows:
     """The rows of ``path`` for a model taking ``width`` columns named ``names`` (None:
-    by position). Raises :class:`~gems_fl.data.site_files.SiteFileError` saying what to fix."""
+    by position); a CSV's raw category columns (``categories``: each one's values) are
+    encoded as the run encoded the sites'. Raises
+    :class:`~gems_fl.data.site_files.SiteFileError` saying what to fix."""
     path = Path(path).expanduser()
     if not path.is_file():
         raise SiteFileError(f"{path} not found: give a .csv or .npz file of rows to score")
@@ -42,7 +46,7 @@ def read_scoring_rows(path: str | Path, names: list[str] | None, width: int,
         return _read_npz(path, names, width)
     if path.suffix.lower() != ".csv":
         raise SiteFileError(f"{path}: expected a .csv or .npz file")
-    return _read_csv(path, names, width, str(label_column).strip())
+    return _read_csv(path, names, width, str(label_column).strip(), categories or {})
 
 
 def _read_npz(path: Path, names: list[str] | None, width: int) -> ScoringRows:
@@ -69,7 +73,8 @@ def _read_npz(path: Path, names: list[str] | None, width: int) -> ScoringRows:
                        pair[1] if labels is not None else None, ignored)
 
 
-def _read_csv(path: Path, names: list[str] | None, width: int, spec: str) -> ScoringRows:
+def _read_csv(path: Path, names: list[str] | None, width: int, spec: str,
+              categories: dict[str, list[str]]) -> ScoringRows:
     rows = csv_rows(path)
     if not rows:
         raise SiteFileError(f"{path} holds no rows")
@@ -89,6 +94,8 @@ def _read_csv(path: Path, names: list[str] | None, width: int, spec: str) -> Sco
             raise SiteFileError(f"{path}: line {r} has {len(row)} columns, the first row {span}")
     cells = np.array([[c.strip() for c in row] for row in body], dtype=object)
     if header is not None and names is not None:
+        if categories:
+            header, cells = _encoded(header, cells, categories, spec, path)
         return _named_csv(path, header, names, cells, spec)
     if span not in (width, width + 1):
         raise SiteFileError(f"{path} has {span} columns; the model takes {width} (and the file "
@@ -126,6 +133,25 @@ def _named_csv(path: Path, header: list[str], names: list[str], cells: np.ndarra
     labels = None if label is None else _labels(cells[:, label])
     return ScoringRows(_features(cells, order, header, path), labels,
                        None if label is None else header[label], ignored)
+
+
+def _encoded(header: list[str], cells: np.ndarray, categories: dict[str, list[str]],
+             spec: str, path: Path) -> tuple[list[str], np.ndarray]:
+    """The header and cells with each raw category column (not the label) replaced by its
+    0/1 columns."""
+    names, parts = [], []
+    for i, name in enumerate(header):
+        if name in categories and name != spec:
+            try:
+                parts.append(one_hot(cells[:, i], categories[name], name, str(path)).astype(object))
+            except CategoryError as exc:
+                raise SiteFileError(f"{exc}: the model knows only the values its sites "
+                                    "held") from None
+            names += [level_name(name, v) for v in categories[name]]
+        else:
+            parts.append(cells[:, [i]])
+            names.append(name)
+    return names, np.hstack(parts)
 
 
 def _by_name(header: list[str], names: list[str], path: Path) -> list[int]:

@@ -38,6 +38,17 @@ from pathlib import Path
 
 import numpy as np
 
+from gems_fl.data.categories import (
+    MAX_LEVELS,
+    CategoryError,
+    agreed_levels,
+    base_of,
+    complete_columns,
+    level_name,
+    one_hot,
+    parse_categories,
+    sort_levels,
+)
 from gems_fl.data.site_columns import ID_AUTO, ColumnError, column_difference, columns_to_drop
 
 SPLITS = ("train", "val", "test")
@@ -61,6 +72,9 @@ class SiteFile:
     positions: list[int] | None = None  # a CSV's: each feature's column number in the file
     # after split_validation: each split's rows as data rows of the training file
     source_rows: dict[str, np.ndarray] = field(default_factory=dict)
+    # category columns (a CSV's text columns of a few values): each one's values, in the
+    # order of its 0/1 columns ``<column>=<value>`` at the end of x
+    categories: dict[str, list[str]] = field(default_factory=dict)
 
     @property
     def labels(self) -> list[str]:
@@ -135,14 +149,18 @@ def public_data_path(text: str) -> Path | None:
 
 
 def read_site_file(path: str | Path, label_column: str = "", *,
-                   public: bool = False, id_columns: str = ID_AUTO) -> SiteFile:
+                   public: bool = False, id_columns: str = ID_AUTO,
+                   categories: str = "") -> SiteFile:
     """Read a site file (``.npz`` or ``.csv``); see the module docstring.
 
     ``public`` reads a server public-data file (splits ``x``/``y`` as "train" and an
     optional test split) instead of a node's; a test split alone (an ``.npz`` with only
     ``x_test``/``y_test``, or a ``<stem>_test.csv``) is a test-only file. ``id_columns``:
     ``auto`` leaves out the columns :func:`~gems_fl.data.site_columns.id_like` finds, ``none`` keeps every column,
-    comma-separated header names leave out exactly those.
+    comma-separated header names leave out those besides. ``categories``: the declared
+    values of category columns (:func:`~gems_fl.data.categories.parse_categories`); a
+    CSV's text column of at most :data:`~gems_fl.data.categories.MAX_LEVELS` values is
+    a category column either way, encoded one 0/1 column per value.
 
     Raises
     ------
@@ -159,7 +177,11 @@ def read_site_file(path: str | Path, label_column: str = "", *,
         _drop_npz_ids(site, id_columns)
         return site
     if suffix == ".csv":
-        return _read_csv(path, label_column, public, id_columns)
+        try:
+            declared = parse_categories(categories)
+        except CategoryError as exc:
+            raise SiteFileError(str(exc)) from None
+        return _read_csv(path, label_column, public, id_columns, declared)
     raise SiteFileError(f"{path}: unknown file type '{suffix}'; use .npz or .csv")
 
 
@@ -242,9 +264,11 @@ def _companions(path: Path, public: bool) -> dict[str, tuple[Path, bool]]:
             "test": (path.with_name(f"{stem}_test.csv"), False)}
 
 
-def _read_csv(path: Path, label_column: str, public: bool, id_columns: str = ID_AUTO) -> SiteFile:
+def _read_csv(path: Path, label_column: str, public: bool, id_columns: str = ID_AUTO,
+              declared: dict[str, list[str]] | None = None) -> SiteFile:
     site = SiteFile(path)
     drop: list[str] | None = None  # the training file's ID columns: the companions' too
+    text: dict[str, dict[str, tuple[int, list[str]]]] = {}  # per split: category columns
     for split, (p, required) in _companions(path, public).items():
         if not p.is_file():
             if required:
@@ -252,10 +276,15 @@ def _read_csv(path: Path, label_column: str, public: bool, id_columns: str = ID_
                     f"{path} is a CSV training file, so its {split} data must lie next to it as "
                     f"{p}; it does not exist")
             continue
-        x, y, columns, dropped, positions = read_csv_table(p, label_column, id_columns, drop)
+        x, y, columns, dropped, positions = read_csv_table(p, label_column, id_columns, drop,
+                                                           declared, text.setdefault(split, {}))
         if drop is None:
             drop = site.dropped = dropped
             site.positions = positions
+        elif set(text[split]) != set(text[next(iter(text))]):
+            raise SiteFileError(f"{p}: its category column(s) ({', '.join(sorted(text[split])) or 'none'})"
+                                f" differ from the training file's "
+                                f"({', '.join(sorted(text[next(iter(text))])) or 'none'})")
         if site.x and site.columns is not None and columns is not None:
             problem = column_difference(columns, site.columns, "the training file")
             if problem:
@@ -264,7 +293,53 @@ def _read_csv(path: Path, label_column: str, public: bool, id_columns: str = ID_
         elif not site.x:
             site.columns = columns
         site.x[split], site.y[split] = x, y
+    if any(text.values()):
+        _encode_categories(site, text, declared or {})
     return site
+
+
+def _encode_categories(site: SiteFile, text: dict[str, dict[str, tuple[int, list[str]]]],
+                       declared: dict[str, list[str]]) -> None:
+    """Append each category column's 0/1 columns to every split, with the declared values
+    or, undeclared, the values the file holds (the run completes them with the others')."""
+    first = next(iter(text.values()))
+    bases = sorted(first)
+    for base in bases:
+        site.categories[base] = declared.get(base) or sort_levels(
+            v for cells in text.values() for v in cells[base][1])
+    try:
+        for split, cells in text.items():
+            site.x[split] = np.hstack([site.x[split]] + [
+                one_hot(cells[base][1], site.categories[base], base, f"{site.path}")
+                for base in bases])
+    except CategoryError as exc:
+        raise SiteFileError(str(exc)) from None
+    site.columns = (site.columns or []) + [level_name(b, v) for b in bases
+                                           for v in site.categories[b]]
+    if site.positions is not None:
+        site.positions = site.positions + [first[b][0] for b in bases
+                                           for _ in site.categories[b]]
+
+
+def complete_categories(sites: list[SiteFile]) -> dict[str, list[str]]:
+    """Give every site every value any of them holds in its category columns (columns of
+    zeros where it lacks one), in place, as a run's identity round does; returns the
+    values per category column."""
+    levels = agreed_levels((s.columns or [], list(s.categories)) for s in sites)
+    for site in sites:
+        if not site.categories or site.columns is None:
+            continue
+        names, source = complete_columns(site.columns, list(site.categories), levels)
+        site.x = {split: np.column_stack([np.zeros(len(x)) if i is None else x[:, i]
+                                          for i in source]) for split, x in site.x.items()}
+        if site.positions is not None:
+            first = {b: site.positions[site.columns.index(level_name(b, site.categories[b][0]))]
+                     for b in site.categories}
+            site.positions = [site.positions[i] if i is not None else
+                              first[base_of(n, site.categories)] for n, i in zip(names, source)]
+        site.columns = names
+        site.categories = {b: levels[b] for b in site.categories}
+    return levels
 
 
 def align_columns(site: SiteFile, columns: list[str] | None, other: str = "the run") -> str:
@@ -275,6 +350,21 @@ def align_columns(site: SiteFile, columns: list[str] | None, other: str = "the r
     """
     if columns is None or site.columns is None or site.columns == list(columns):
         return ""
+    unknown = [c for c in site.columns if base_of(c, site.categories) and c not in columns]
+    if unknown:
+        return (f"holds category value(s) {', '.join(unknown)} that {other} does not have "
+                "(no site holds them)")
+    # the values of its category columns that only other sites hold: columns of zeros
+    zeros = [c for c in columns if c not in site.columns and base_of(c, site.categories)]
+    if zeros:
+        site.x = {split: np.hstack([x, np.zeros((len(x), len(zeros)))])
+                  for split, x in site.x.items()}
+        if site.positions is not None:
+            site.positions = site.positions + [
+                site.positions[next(i for i, c in enumerate(site.columns)
+                                    if base_of(c, site.categories) == base_of(z, site.categories))]
+                for z in zeros]
+        site.columns = site.columns + zeros
     problem = column_difference(site.columns, list(columns), other)
     if problem:
         return problem
@@ -324,7 +414,8 @@ def csv_rows(path: Path) -> list[list[str]]:
 
 
 def read_csv_table(path: Path, label_column: str = "", id_columns: str = ID_AUTO,
-                   drop: list[str] | None = None
+                   drop: list[str] | None = None, declared: dict[str, list[str]] | None = None,
+                   categories: dict[str, list[str]] | None = None
                    ) -> tuple[np.ndarray, np.ndarray, list[str] | None, list[str], list[int]]:
     """``(features float64, class names, feature column names or None, ID columns left
     out, each feature's column number in the file)`` of one CSV file, header detected.
@@ -332,8 +423,11 @@ def read_csv_table(path: Path, label_column: str = "", id_columns: str = ID_AUTO
     The first row is a header when one of its feature cells is not a number. Empty
     feature cells and ``nan`` become NaN (reported by :func:`site_problems`). ID-like
     columns (``id_columns``, see :func:`read_site_file`; ``drop``: exactly these names,
-    a companion file's training file's choice) are left out. A feature column holding
-    text is refused with its name, its number, the values seen and what to do.
+    a companion file's training file's choice) are left out. A text column of a file
+    with a header, of at most :data:`MAX_LEVELS` values (or named in ``declared``), is a
+    category column: its cells go to ``categories`` by name, not into the features.
+    Another text column is refused with its name, its number, the values seen and what
+    to do.
     """
     rows = csv_rows(path)
     if not rows:
@@ -368,12 +462,27 @@ def read_csv_table(path: Path, label_column: str = "", id_columns: str = ID_AUTO
     kept = [c for c in features if c not in dropped]
     text = {c: [v for v in parsed[c] if isinstance(v, str)] for c in kept}
     text = {c: found for c, found in text.items() if found}
+    if header is not None:
+        taken = {c for c in kept if header[c] in (declared or {})} | {  # all text, few values
+            c for c, found in text.items() if len(found) == sum(1 for v in cells[:, c] if v)
+            and len(set(found)) <= MAX_LEVELS}
+        empty = [header[c] for c in sorted(taken) if "" in set(cells[:, c])]
+        if empty:
+            raise SiteFileError(f"{path}: category column(s) {', '.join(map(repr, empty))} have "
+                                "empty cells; fill them (a value such as 'missing' is a value "
+                                "like any other)")
+        if categories is not None:
+            categories.update({header[c]: (c, list(cells[:, c])) for c in sorted(taken)})
+        kept = [c for c in kept if c not in taken]
+        text = {c: found for c, found in text.items() if c not in taken}
     if text:
         raise SiteFileError(f"{path}: " + "; ".join(
             _text_column(c, header, found) for c, found in sorted(text.items()))
-            + "; features must be numbers: if it numbers or names rows, leave it out with "
-            "id-columns (e.g. --id-columns <name>); else encode it (one 0/1 column per value) "
-            "or drop it, or name it as the label with label-column")
+            + "; features must be numbers, and a column is a category column only in a file "
+            f"with a header row, with text in every cell and at most {MAX_LEVELS} values: "
+            "fill or drop a number column's text cells; if a column numbers or names rows, "
+            "leave it out with id-columns (e.g. --id-columns <name>); else drop it, or name it "
+            "as the label with label-column")
     x = np.ascontiguousarray(np.array([parsed[c] for c in kept], dtype=np.float64).reshape(len(kept), len(body)).T)
     y = np.array([csv_label(v) for v in cells[:, label]], dtype=str)
     columns = None if header is None else [header[c] for c in kept]
@@ -401,7 +510,7 @@ def _text_column(c: int, header: list[str] | None, cells: list[str]) -> str:
     seen = list(dict.fromkeys(cells))
     shown = ", ".join(repr(v) for v in seen[:4]) + (", ..." if len(seen) > 4 else "")
     name = f"column {header[c]!r} (column {c}, counted from 0)" if header else f"column {c} (counted from 0)"
-    return f"{name} holds text in {len(cells)} row(s) ({shown})"
+    return f"{name} holds text in {len(cells)} row(s) ({shown}; {len(seen)} distinct)"
 
 
 def csv_label(cell: str) -> str:

@@ -183,6 +183,7 @@ def load_public_data(settings: ServerDataOptions, agreement) -> PublicData:
 
     Raises ``ValueError`` naming the file and the problem.
     """
+    from gems_fl.data.categories import format_categories
     from gems_fl.data.site_files import (
         SiteFileError,
         align_columns,
@@ -197,7 +198,8 @@ def load_public_data(settings: ServerDataOptions, agreement) -> PublicData:
     path = str(public_data_path(settings.public_data) or settings.public_data.strip())
     try:
         site = read_site_file(path, settings.label_column, public=True,
-                              id_columns=settings.id_columns)
+                              id_columns=settings.id_columns,
+                              categories=format_categories(agreement.categories or {}))
     except SiteFileError as exc:
         raise ValueError(f"public-data: {exc}") from None
     columns = align_columns(site, agreement.columns)

@@ -322,4 +322,4 @@ def identity_content(data: NodeData, *, with_stats: bool) -> RecordDict:
         data.name, data.source, num_features=data.num_features, num_classes=data.num_classes,
         num_train=len(data.y_train), num_val=len(data.y_val), labels=data.present_classes,
         stats=stats, num_test=0 if data.y_test is None else len(data.y_test),
-        columns=data.columns, notes=data.notes)
+        columns=data.columns, notes=data.notes, categories=data.categories)

@@ -24,6 +24,7 @@ from flwr.app import Message, RecordDict
 from flwr.common.constant import ErrorCode
 from flwr.common.logger import log
 
+from gems_fl.data.categories import SEPARATOR
 from gems_fl.geometry.choices import class_gram_rank_for, gram_rank_for
 from gems_fl.geometry.class_factors import check_class_factors
 from gems_fl.geometry.components import check_component_grams
@@ -378,6 +379,7 @@ class Identity:
     num_test: int = 0
     columns: list[str] | None = None  # feature column names, in the node's order
     notes: list[str] = field(default_factory=list)  # how the node read its file
+    categories: list[str] = field(default_factory=list)  # its category columns, by name
     landmarks: np.ndarray | None = None  # model='kernel': its class centres (landmark round)
 
 
@@ -434,8 +436,15 @@ def decode_identity_full(content: RecordDict) -> Identity:
     notes = record.get("notes", [])
     if not isinstance(notes, list) or not all(isinstance(n, str) for n in notes):
         raise ReplyError("identity reply: 'notes' must be a list of text lines", node_name=name)
+    categories = record.get("category-columns", [])
+    if not isinstance(categories, list) or not all(
+            isinstance(c, str) and columns is not None
+            and any(k.startswith(c + SEPARATOR) for k in columns) for c in categories):
+        raise ReplyError("identity reply: 'category-columns' must name category columns whose "
+                         "0/1 columns '<column>=<value>' are among its columns", node_name=name)
     return Identity(name, str(record.get("data-source", "")), counts, labels, stats, num_test,
-                    None if columns is None else [str(c) for c in columns], list(notes))
+                    None if columns is None else [str(c) for c in columns], list(notes),
+                    [str(c) for c in categories])
 
 
 def decode_identity(content: RecordDict) -> tuple[str, str, dict[str, int]]:

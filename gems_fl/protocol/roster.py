@@ -23,6 +23,7 @@ from flwr.common.logger import log
 from flwr.serverapp import Grid
 
 from gems_fl.data.agreement import NODE_FILES, DataAgreement
+from gems_fl.data.categories import agreed_levels, base_of, complete_columns
 from gems_fl.data.datasets import DATASET_SHAPES
 from gems_fl.data.kernel_features import KernelFeatures, class_centres, mean_square_norm, row_scale
 from gems_fl.data.random_features import BANDWIDTH_FACTOR, RandomFeatures, bandwidth_from_stats
@@ -239,6 +240,7 @@ def agree(identities: dict[int, Identity], rule: AgreementRule
     refused: dict[int, str] = {}
     if not identities:
         return None, refused
+    identities, categories = _complete_categories(identities)
     reported = {n: i.counts["num-features"] for n, i in identities.items()}
     if rule.dataset != NODE_FILES:
         num_features, count = DATASET_SHAPES[rule.dataset]
@@ -307,7 +309,38 @@ def agree(identities: dict[int, Identity], rule: AgreementRule
                 rule, DataAgreement(num_features, classes, mean, std, columns, None))
     elif rule.kernel is not None:
         features = _kernel_map(identities, refused, columns, rule, mean, std)
-    return DataAgreement(num_features, classes, mean, std, columns, features), refused
+    kept_categories = {b: v for b, v in categories.items()
+                       if columns and any(base_of(c, [b]) for c in columns)}
+    return DataAgreement(num_features, classes, mean, std, columns, features,
+                         kept_categories or None), refused
+
+
+def _pick(values: np.ndarray, source: list[int | None]) -> np.ndarray:
+    """``values`` at ``source``, 0 where the source is None (a value the site lacks)."""
+    return np.array([0.0 if i is None else values[i] for i in source])
+
+
+def _complete_categories(identities: dict[int, Identity]
+                         ) -> tuple[dict[int, Identity], dict[str, list[str]]]:
+    """Every site's category columns with every value some site holds (a site has zeros,
+    and zero sums, where it lacks a value), and those values per column. Nothing changes
+    where no site has a category column."""
+    if not any(i.categories for i in identities.values()):
+        return identities, {}
+    levels = agreed_levels((i.columns or [], i.categories) for i in identities.values())
+    out = {}
+    for node_id, identity in identities.items():
+        if not identity.categories or identity.columns is None:
+            out[node_id] = identity
+            continue
+        names, source = complete_columns(identity.columns, identity.categories, levels)
+        stats = identity.stats
+        if stats is not None:
+            count, total, squares = stats
+            stats = (count, _pick(total, source), _pick(squares, source))
+        out[node_id] = replace(identity, columns=names, stats=stats,
+                               counts={**identity.counts, "num-features": len(names)})
+    return out, levels
 
 
 def _feature_map(identities: dict[int, Identity], refused: dict[int, str],

@@ -354,14 +354,16 @@ def encode_identity(name: str, source: str, *, num_features: int, num_classes: i
                     num_train: int, num_val: int, labels: list[str] | None = None,
                     stats: tuple[int, np.ndarray, np.ndarray] | None = None,
                     num_test: int = 0, columns: list[str] | None = None,
-                    notes: list[str] | None = None) -> RecordDict:
+                    notes: list[str] | None = None,
+                    categories: list[str] | None = None) -> RecordDict:
     """A node's answer to the server's ``query`` (who it is, what data it holds).
 
     ``labels``: the class names it holds; ``stats``: per-feature count, sum and sum of
     squares of its training rows (``standardize='federated'`` only); ``columns``: its
     feature columns' names, in its order (files with a header row); ``notes``: how its
     file was read (ID columns left out, validation rows split off, one class), for the
-    run's summary.
+    run's summary; ``categories``: its category columns by name (their 0/1 columns are
+    ``<column>=<value>`` among ``columns``).
     """
     identity: dict[str, Any] = {"node-name": name, "data-source": source}
     if labels is not None:
@@ -370,6 +372,8 @@ def encode_identity(name: str, source: str, *, num_features: int, num_classes: i
         identity["columns"] = [str(c) for c in columns]
     if notes:
         identity["notes"] = [str(n) for n in notes]
+    if categories:
+        identity["category-columns"] = [str(c) for c in categories]
     metrics = {"num-features": int(num_features), "num-classes": int(num_classes),
                "num-train-examples": int(num_train), "num-val-examples": int(num_val)}
     if num_test:

@@ -24,6 +24,7 @@ from gems_fl.data.site_files import (
     SiteFile,
     SiteFileError,
     class_counts,
+    complete_categories,
     parse_classes,
     read_site_file,
     site_problems,
@@ -33,7 +34,7 @@ from gems_fl.data.site_files import (
 
 def check_data(paths: str | list[str], *, features: int | None = None, classes: str = "",
                label_column: str = "", id_columns: str = ID_AUTO, val_fraction: float = 0.2,
-               out: TextIO | None = None) -> int:
+               categories: str = "", out: TextIO | None = None) -> int:
     """Check site files, each alone and (two or more) against each other; print the
     report to ``out``; return the exit status."""
     out = out or sys.stdout
@@ -42,7 +43,7 @@ def check_data(paths: str | list[str], *, features: int | None = None, classes: 
     status = 0
     for path in paths:
         code, site = _check_one(path, features, classes, label_column, out, id_columns,
-                                val_fraction)
+                                val_fraction, categories)
         status = max(status, code)
         if site is not None and code == 0:
             sites[path] = site
@@ -61,6 +62,10 @@ def _check_together(sites: dict[str, SiteFile], features: int | None, out: TextI
         say("  (fewer than two files passed alone; nothing to compare)")
         return 0
     status = 0
+    levels = complete_categories(list(sites.values()))
+    for base, values in levels.items():
+        say(f"  category column {base}: {len(values)} value(s) over the files ("
+            f"{', '.join(values)}); a run gives each file all of them")
     counts = Counter(site.num_features() for site in sites.values())
     named = {p: s.columns for p, s in sites.items() if s.columns is not None}
     if features is None and len(counts) > 1:
@@ -119,8 +124,8 @@ def _column_disagreements(named: dict[str, list[str]]) -> list[str]:
 
 
 def _check_one(path: str, features: int | None, classes: str, label_column: str,
-               out: TextIO, id_columns: str = ID_AUTO, val_fraction: float = 0.2
-               ) -> tuple[int, SiteFile | None]:
+               out: TextIO, id_columns: str = ID_AUTO, val_fraction: float = 0.2,
+               categories: str = "") -> tuple[int, SiteFile | None]:
     """One file alone: its report, its exit status and the file read (None: unreadable)."""
     say = lambda text="": print(text, file=out)
     say(f"{path}:")
@@ -130,7 +135,7 @@ def _check_one(path: str, features: int | None, classes: str, label_column: str,
         say(f"  REJECTED: {exc}")
         return 1, None
     try:
-        site = read_site_file(path, label_column, id_columns=id_columns)
+        site = read_site_file(path, label_column, id_columns=id_columns, categories=categories)
         split_validation(site, val_fraction, 0)  # the per-class counts a node's split gives
     except SiteFileError as exc:
         say(f"  REJECTED: {exc}")

@@ -170,6 +170,9 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("--id-columns", default="auto",
                        help="columns left out as row IDs: auto, none, or header names (setting "
                        "id-columns)")
+    check.add_argument("--categories", default="",
+                       help="declared category values, 'plan=basic|premium; region=n|s' "
+                       "(setting categories; default: the values the files hold)")
     check.add_argument("--val-fraction", type=float, default=0.2,
                        help="a file without validation rows: the share of training rows its "
                        "node sets aside (setting val-fraction)")
@@ -213,7 +216,7 @@ def main(argv: list[str] | None = None) -> int:
 
         return check_data(args.file, features=args.features, classes=args.classes,
                           label_column=args.label_column, id_columns=args.id_columns,
-                          val_fraction=args.val_fraction)
+                          val_fraction=args.val_fraction, categories=args.categories)
     if args.command == "predict":
         from gems_fl.running.predict import predict_file
 

@@ -25,7 +25,8 @@ def predict_file(run_folder: str | Path, file: str | Path, label_column: str = "
     out = sys.stdout if out is None else out
     try:
         model = load_model(run_folder)
-        rows = read_scoring_rows(file, model.feature_names, model.num_features, label_column)
+        rows = read_scoring_rows(file, model.feature_names, model.num_features, label_column,
+                                 model.categories)
     except (FileNotFoundError, ValueError) as exc:  # SiteFileError is a ValueError
         print(f"gems-fl: error: {exc}", file=sys.stderr)
         return 2

@@ -150,7 +150,7 @@ def check_public_data(settings: Settings) -> None:
     # read now, before any node is contacted; its classes are checked later
     try:
         site = read_site_file(path, settings.label_column, public=True,
-                              id_columns=settings.id_columns)
+                              id_columns=settings.id_columns, categories=settings.categories)
     except SiteFileError as exc:
         raise PreflightError(f"public-data: {_one_line(str(exc))}") from None
     features = settings.num_features or None

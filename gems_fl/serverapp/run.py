@@ -127,6 +127,8 @@ def load_server_side(
         meta["scale"] = agreement.to_json()["scale"]
     if agreement.columns is not None:
         meta["columns"] = list(agreement.columns)
+    if agreement.categories:
+        meta["categories"] = {k: list(v) for k, v in agreement.categories.items()}
     if agreement.features is not None:
         meta[agreement.features.JSON_KEY] = agreement.features.to_json()
     notes: list[str] = []

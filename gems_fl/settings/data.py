@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from gems_fl.data.agreement import AUTO_STANDARDIZE, NODE_FILES, STANDARDIZE_CHOICES
+from gems_fl.data.categories import MAX_LEVELS, parse_categories
 from gems_fl.data.datasets import DATASET_NAMES
 from gems_fl.settings.checks import at_least, in_range, one_of, parses, positive, setting
 from gems_fl.settings.values import check_classes
@@ -87,6 +88,13 @@ class DataSettings:
         "`rownames`, `*_id`, whose values differ in every row), `none` (keep every column), or "
         "header names `'patient,visit'` (left out besides those `auto` finds)",
         node=True)
+    categories: str = setting(
+        '',
+        f"category columns (a text column of at most {MAX_LEVELS} values, one 0/1 column per "
+        "value) are agreed by name in the identity round: every value some site holds. "
+        "Declare them instead as `'plan=basic|premium; region=north|south'`; required under "
+        "`dp-epsilon` (a site's values would reach the server unnoised)",
+        parses(parse_categories), node=True)
     standardize: str = setting(
         'auto',
         "feature scaling: `auto` (`ranges` with `feature-ranges`, else `federated` for "

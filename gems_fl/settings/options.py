@@ -53,7 +53,8 @@ def node_data_options(settings: Settings) -> NodeDataOptions:
         dataset=settings.dataset, seed=settings.seed, data_dir=settings.data_dir,
         label_division=settings.label_division, num_features=settings.num_features,
         classes=settings.classes, label_column=settings.label_column,
-        id_columns=settings.id_columns, val_fraction=settings.val_fraction,
+        id_columns=settings.id_columns, categories=settings.categories,
+        private=bool(settings.dp_epsilon), val_fraction=settings.val_fraction,
         standardize=settings.standardize, features=FeatureOptions.from_settings(settings))
 
 
