@@ -52,7 +52,7 @@ from gems_fl.api import load_model, rows_in_order
 from gems_fl.learning.model_kinds import MODELS
 from gems_fl.protocol.attendance import ModelNotGoodEnough
 
-__all__ = ["GEMSClassifier", "GoodEnoughWarning"]
+__all__ = ["GEMSClassifier", "GoodEnoughWarning", "PooledRowsWarning"]
 
 SITE_KEYS = ("x_train", "y_train", "x_val", "y_val")  # plus optional x_test, y_test
 FIXED = ("dataset", "site-files", "output-dir")  # what fit sets itself
@@ -60,7 +60,13 @@ ONE_SITE = "site-0"  # fit(X, y) without sites: every row is this site's
 
 
 class GoodEnoughWarning(UserWarning):
-    """``fit`` returned an ``h_G`` that a majority of the sites did not find good enough."""
+    """``fit`` returned an ``h_G`` that fewer sites found good enough than
+    ``min-good-enough`` asks (``warnings.simplefilter("error", GoodEnoughWarning)`` makes
+    it an error)."""
+
+
+class PooledRowsWarning(UserWarning):
+    """``fit(X, y)`` without ``sites``: every row is one site's, so nothing is aggregated."""
 
 
 class GEMSClassifier(ClassifierMixin, BaseEstimator):
@@ -69,7 +75,13 @@ class GEMSClassifier(ClassifierMixin, BaseEstimator):
     Parameters
     ----------
     eps : float in [0, 1]
-        The target accuracy every site's good-enough space keeps (run setting ``eps``).
+        The accuracy each site asks of ``h_G`` on its own validation rows (run setting
+        ``eps``). It sizes each site's good-enough space and decides each site's verdict
+        (``results_["nodes"][k]["good_enough"]``). With the default space (``gram``), ``h_G``
+        is picked from the sites' pooled statistics by validation accuracy and does not
+        depend on eps: a grid search over eps returns the same model (scikit-learn's wine,
+        3 sites: identical weights for eps 0.3 to 0.9). Set it to the accuracy the sites
+        require; it is not a tuning knob.
     model : str, one of gems_fl.learning.model_kinds.MODELS
         The model (run setting ``model``).
     seed : int
@@ -78,7 +90,9 @@ class GEMSClassifier(ClassifierMixin, BaseEstimator):
         Any other run settings, keys as in ``pyproject.toml`` (``{"gram-point": "lda"}``);
         ``dataset``, ``site-files`` and ``output-dir`` are the fit's own.
     verbose : bool
-        Show the run's log and tables (default: quiet).
+        Show the run's log and tables. Default: nothing is printed; Flower's log records
+        still reach the ``flwr`` logger (for a handler of your own) and a model the sites
+        do not find good enough raises a :class:`GoodEnoughWarning`.
 
     Attributes
     ----------
@@ -120,9 +134,10 @@ class GEMSClassifier(ClassifierMixin, BaseEstimator):
             raise ValueError(f"settings sets {', '.join(taken)}: pass eps, model and seed as "
                              "parameters; dataset, site-files and output-dir are fit's own")
         refuse_unknown(extra, {key_of(f) for f in fields(Settings)} | {LAB_KEY})
-        config = {**extra, "eps": float(self.eps), "model": str(self.model),
-                  "seed": int(self.seed), "dataset": "node-files",
-                  "evaluate-on-server": bool(extra.get("evaluate-on-server", False))}
+        # a library call takes the rows it is given (a run's guard against a tiny site is
+        # min-rows=10) and has no server test set
+        config = {"min-rows": 2, "evaluate-on-server": False, **extra, "eps": float(self.eps),
+                  "model": str(self.model), "seed": int(self.seed), "dataset": "node-files"}
         Settings.from_run_config(config)  # a clear SettingsError before anything runs
         return config
 
@@ -167,11 +182,15 @@ class GEMSClassifier(ClassifierMixin, BaseEstimator):
         RequiredNodesMissing
             A site's data did not fit the others' (the message says which and why), as
             ``gems-fl run`` exits 3; ``settings={"required-nodes": "2"}`` accepts fewer.
-        ModelNotGoodEnough
-            Only with ``settings={"min-good-enough": ...}``: ``h_G`` was good enough on
-            fewer sites than it asks, as ``gems-fl run`` exits 4. Without it, a model that
-            a majority of the sites does not find good enough is returned with a
-            :class:`GoodEnoughWarning`.
+
+        Warns
+        -----
+        GoodEnoughWarning
+            ``h_G`` was good enough on fewer sites than ``min-good-enough`` asks (where
+            ``gems-fl run`` exits 4): the model is returned all the same, the warning names
+            each site's figure.
+        PooledRowsWarning
+            ``sites`` was not given: every row is one site's.
         """
         config = self.run_config()
         if y is None and _holds_sites(X):
@@ -181,6 +200,11 @@ class GEMSClassifier(ClassifierMixin, BaseEstimator):
             named = _named_sites(X)
         else:
             named = _sites_of_rows(X, y, sites, self)
+            if sites is None:
+                warnings.warn("GEMSClassifier: fit(X, y) without sites= takes every row as one "
+                              "site's, so there is nothing to aggregate and h_G is that site's "
+                              "own model; pass sites= (the site of each row) to fit across "
+                              "sites", PooledRowsWarning, stacklevel=2)
         self.classes_ = _all_classes(named)
         if len(self.classes_) < 2:
             raise ValueError(f"GEMSClassifier needs at least 2 classes in y; the sites hold 1 "
@@ -188,10 +212,6 @@ class GEMSClassifier(ClassifierMixin, BaseEstimator):
         named = {name: _encoded(data, self.classes_) for name, data in named.items()}
         if len(named) == 1 and "min-replies" not in config:
             config["min-replies"] = 1  # one site: its own model, checked like a run's
-        # a library call takes the rows it is given (a run's guard against a tiny site is
-        # min-rows=10) and returns the model with a warning where a run would exit 4
-        config.setdefault("min-rows", 2)
-        warn_only = "min-good-enough" not in (self.settings or {})
         with tempfile.TemporaryDirectory(prefix="gems-fl-fit-") as tmp:
             paths = [_write_site(Path(tmp), name, data) for name, data in named.items()]
             config = {**config, "site-files": ",".join(map(str, paths)),
@@ -199,13 +219,9 @@ class GEMSClassifier(ClassifierMixin, BaseEstimator):
             folder = Path(tmp) / "out" / "run-1"
             try:
                 self.results_ = _run_in_process(config, len(paths), self.verbose)
-            except ModelNotGoodEnough as exc:
-                if not warn_only:
-                    raise
+            except ModelNotGoodEnough:  # where a run exits 4, a library call warns
                 self.results_ = json.loads((folder / "results.json").read_text())
-                warnings.warn(f"GEMSClassifier: {exc}; the model is returned all the same "
-                              "(settings={'min-good-enough': 'majority'} makes fit raise "
-                              "ModelNotGoodEnough instead)", GoodEnoughWarning, stacklevel=2)
+                warnings.warn(_not_good_enough(self.results_), GoodEnoughWarning, stacklevel=2)
             model = load_model(folder)
         # the run named the classes by their index; the model names them as fit was given
         self.model_ = replace(model, classes=[str(self.classes_[int(i)]) for i in model.classes])
@@ -252,6 +268,18 @@ class GEMSClassifier(ClassifierMixin, BaseEstimator):
         as text, feature names, scaling)."""
         check_is_fitted(self)
         return self.model_.save(folder)
+
+
+def _not_good_enough(results: Mapping[str, Any]) -> str:
+    """The warning's text: the verdict and each site's figure, as ``results_`` holds them."""
+    sites = ", ".join(
+        f"{n['name']} {n['h_g_verdict_accuracy']:.3f}"
+        + ("" if n["good_enough"] else " (not good enough)")
+        for n in results.get("nodes", []) if n.get("h_g_verdict_accuracy") is not None)
+    return (f"GEMSClassifier: {results['good_enough']['line']}; h_G's accuracy on each site's "
+            f"own validation rows against eps={results['nodes'][0]['eps']}: {sites} "
+            "(results_['nodes']). The model is returned all the same: a lower eps asks less "
+            "of it, and warnings.simplefilter('error', GoodEnoughWarning) makes this an error")
 
 
 def _holds_sites(X: Any) -> bool:
@@ -372,14 +400,18 @@ def _run_in_process(config: dict[str, Any], num_nodes: int, verbose: bool) -> di
     grid = InProcessGrid(client_app, num_nodes, config)
     context = Context(run_id=1, node_id=1, node_config={}, state=RecordDict(), run_config=config)
     logger = logging.getLogger("flwr")
-    level, colored = logger.level, console_handler.colored
+    colored = console_handler.colored
     # Flower colours its level names whatever the stream: not in a file or a pipe
     console_handler.colored = bool(getattr(console_handler.stream, "isatty", lambda: False)())
+    quiet = logging.NullHandler()  # quiet: no console, and no lastResort printing either
     if not verbose:
-        logger.setLevel(logging.WARNING)
+        logger.removeHandler(console_handler)
+        logger.addHandler(quiet)
     try:
         with contextlib.redirect_stdout(io.StringIO()) if not verbose else contextlib.nullcontext():
             return run_server(grid, context)
     finally:
-        logger.setLevel(level)
+        if not verbose:
+            logger.removeHandler(quiet)
+            logger.addHandler(console_handler)
         console_handler.colored = colored

@@ -3,6 +3,8 @@ columns by name (a DataFrame in any order) or by position (an array)."""
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -13,8 +15,8 @@ from sklearn.preprocessing import StandardScaler
 from sklearn.utils.estimator_checks import parametrize_with_checks
 
 from gems_fl.api import load_model
-from gems_fl.estimator import GEMSClassifier, GoodEnoughWarning
-from tests.helpers import run_in_process
+from gems_fl.estimator import GEMSClassifier, GoodEnoughWarning, PooledRowsWarning
+from tests.helpers import app_defaults, run_in_process
 from tests.sitegen import CLASSES, blobs, write_csv_site
 
 
@@ -120,21 +122,76 @@ def test_the_classifier_names_the_parameter_and_raises_not_fitted():
         GEMSClassifier().fit(x, y, sites=np.zeros(5))
 
 
-def test_a_model_few_sites_find_good_enough_warns_unless_asked_to_raise(monkeypatch):
+def test_a_quiet_fit_prints_nothing_and_warns_with_each_site_s_figure(capfd, caplog):
+    """verbose=False: nothing on stdout or stderr; Flower's records reach the flwr logger;
+    a model the sites do not find good enough comes with a warning naming each site's
+    figure (what results_ holds), with min-good-enough given or not."""
+    x, y = blobs(120, 4, seed=0)
+    y = np.random.default_rng(0).permutation(y)  # labels unrelated to the rows
+    capfd.readouterr()
+    with caplog.at_level("INFO", logger="flwr"):
+        with pytest.warns(GoodEnoughWarning) as caught:
+            clf = GEMSClassifier(eps=0.9).fit(x, y, sites=np.arange(120) % 2)
+    out, err = capfd.readouterr()
+    assert out == "" and err == "", (out, err)
+    assert any("Not good enough" in r.getMessage() for r in caplog.records)
+    assert clf.results_["status"] == "not-good-enough"  # the run's own record, unchanged
+    (warning,) = [w for w in caught if w.category is GoodEnoughWarning]
+    text = str(warning.message)
+    for node in clf.results_["nodes"]:
+        assert f"{node['name']} {node['h_g_verdict_accuracy']:.3f} (not good enough)" in text
+    assert "results_['nodes']" in text and "table" not in text and "written" not in text
+    with pytest.warns(GoodEnoughWarning):  # explicit, equal to the default: the same
+        GEMSClassifier(eps=0.9, settings={"min-good-enough": "majority"}).fit(
+            x, y, sites=np.arange(120) % 2)
+
+
+def test_a_verbose_fit_shows_the_run_s_log(monkeypatch):
     import io
 
     from flwr.common.logger import console_handler
 
-    from gems_fl.protocol.attendance import ModelNotGoodEnough
-
     piped = io.StringIO()  # Flower's log stream is a pipe here, not a terminal
     monkeypatch.setattr(console_handler, "stream", piped)
-    x, y = blobs(120, 4, seed=0)
-    y = np.random.default_rng(0).permutation(y)  # labels unrelated to the rows
-    with pytest.warns(GoodEnoughWarning, match="good enough"):
-        clf = GEMSClassifier(eps=0.9).fit(x, y, sites=np.arange(120) % 2)
-    assert clf.results_["status"] == "not-good-enough"  # the run's own record, unchanged
-    assert "Not good enough" in piped.getvalue() and "\x1b" not in piped.getvalue()
-    with pytest.raises(ModelNotGoodEnough):
-        GEMSClassifier(eps=0.9, settings={"min-good-enough": "majority"}).fit(
-            x, y, sites=np.arange(120) % 2)
+    x, y = blobs(60, 4, seed=0)
+    GEMSClassifier(eps=0.5, verbose=True).fit(x, y, sites=np.arange(60) % 2)
+    assert "Identify" in piped.getvalue() and "\x1b" not in piped.getvalue()
+
+
+def test_fit_without_sites_warns_that_it_pools_the_rows():
+    x, y = blobs(60, 4, seed=0)
+    with pytest.warns(PooledRowsWarning, match="without sites= takes every row as one site's"):
+        GEMSClassifier(eps=0.5).fit(x, y)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", PooledRowsWarning)
+        GEMSClassifier(eps=0.5).fit(x, y, sites=np.arange(60) % 2)
+
+
+def test_every_setting_given_as_its_default_gives_the_default_model():
+    """Each run setting, given explicitly with the value fit uses when it is left out,
+    gives the same model and the same warnings as leaving it out (on sites that do not
+    find the model good enough, where min-good-enough once raised when given)."""
+    x, y = blobs(90, 4, seed=3)
+    y = np.random.default_rng(3).permutation(y)
+    sites = np.arange(90) % 3
+
+    def fitted(**params):
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            clf = GEMSClassifier(**{"eps": 0.9, **params}).fit(x, y, sites=sites)
+        return clf.model_.layers, sorted(w.category.__name__ for w in seen)
+
+    reference = fitted()
+    assert reference[1] == ["GoodEnoughWarning"]
+    used = {**app_defaults(), **GEMSClassifier().run_config()}
+    own = {"dataset", "site-files", "output-dir", "eps", "model", "seed", "lab"}
+    for key in sorted(set(used) - own):
+        layers, seen = fitted(settings={key: used[key]})
+        assert seen == reference[1], key
+        for (w1, b1), (w2, b2) in zip(layers, reference[0], strict=True):
+            np.testing.assert_array_equal(w1, w2, err_msg=key)
+            np.testing.assert_array_equal(b1, b2, err_msg=key)
+    for name, value in GEMSClassifier(eps=0.9).get_params().items():
+        layers, seen = fitted(**{name: value})
+        assert seen == reference[1], name
+        np.testing.assert_array_equal(layers[-1][0], reference[0][-1][0], err_msg=name)
