@@ -413,6 +413,26 @@ def csv_rows(path: Path) -> list[list[str]]:
         raise SiteFileError(f"{path} cannot be read as CSV: {exc}") from None
 
 
+def header_and_label(rows: list[list[str]], label_column: str, path: Path
+                     ) -> tuple[list[str] | None, int]:
+    """A CSV's header row (None: the first row is data) and its label column's number.
+
+    The first row is a header when the label column is named, or when one of its other
+    cells is not a number."""
+    width = len(rows[0])
+    if width < 2:
+        raise SiteFileError(f"{path}: rows have {width} column; a sample needs features and a label")
+    first = [c.strip() for c in rows[0]]
+    spec = str(label_column).strip()
+    if spec and not spec.lstrip("-").isdigit():
+        header: list[str] | None = first  # a column name: the file must have a header
+    else:
+        guess = _label_index(spec, None, width, path)
+        header = first if any(not _parses(c, float) for i, c in enumerate(first)
+                              if i != guess and c) else None
+    return header, _label_index(label_column, header, width, path)
+
+
 def read_csv_table(path: Path, label_column: str = "", id_columns: str = ID_AUTO,
                    drop: list[str] | None = None, declared: dict[str, list[str]] | None = None,
                    categories: dict[str, list[str]] | None = None
@@ -433,17 +453,7 @@ def read_csv_table(path: Path, label_column: str = "", id_columns: str = ID_AUTO
     if not rows:
         return np.zeros((0, 0)), np.array([], dtype=str), None, [], []
     width = len(rows[0])
-    if width < 2:
-        raise SiteFileError(f"{path}: rows have {width} column; a sample needs features and a label")
-    first = [c.strip() for c in rows[0]]
-    spec = str(label_column).strip()
-    if spec and not spec.lstrip("-").isdigit():
-        header: list[str] | None = first  # a column name: the file must have a header
-    else:
-        guess = _label_index(spec, None, width, path)
-        header = first if any(not _parses(c, float) for i, c in enumerate(first)
-                              if i != guess and c) else None
-    label = _label_index(label_column, header, width, path)
+    header, label = header_and_label(rows, label_column, path)
     body = rows[1:] if header is not None else rows
     cells = np.empty((len(body), width), dtype=object)
     for r, row in enumerate(body, start=2 if header is not None else 1):

@@ -10,6 +10,8 @@ from dataclasses import fields
 from gems_fl.extensions import commands
 from gems_fl.settings import Settings, SettingsError
 
+DEFAULT_DIVISION = "dirichlet:0.5"  # gems-fl split and run --table: label skew, every class
+
 
 def version_text() -> str:
     """``gems-fl X (flwr Y, Python Z)``."""
@@ -89,6 +91,13 @@ def build_parser() -> argparse.ArgumentParser:
                      "identity round's agreement, scaling and node-side evaluation of a "
                      "deployed run; repeat for each site (sets dataset='node-files' and, "
                      "without public-data, evaluate-on-server=false)")
+    run.add_argument("--table", default=None, metavar="FILE",
+                     help="rehearse on one CSV table: cut it into --nodes site files by "
+                     "--division (as gems-fl split does, under the output folder, with a held-out "
+                     "test.csv), then run on them as with --site")
+    run.add_argument("--division", default=DEFAULT_DIVISION,
+                     help=f"with --table: the label division (default {DEFAULT_DIVISION}; also "
+                     "iid, classes-per-node:N, groups such as 0,1/2,3)")
     run.add_argument("--ray-address", default=None, metavar="HOST:PORT",
                      help="run the simulated nodes on an existing Ray cluster (its head's "
                      "address, as `ray start --head` prints it) instead of a private Ray "
@@ -176,6 +185,25 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("--val-fraction", type=float, default=0.2,
                        help="a file without validation rows: the share of training rows its "
                        "node sets aside (setting val-fraction)")
+    split = sub.add_parser(
+        "split", help="cut one CSV table into simulated sites' files, to rehearse a federation",
+        description="Hold out a stratified, seeded test-fraction of FILE's rows as test.csv, "
+        "divide the rest among --sites site files by a label division (the divisions the "
+        "bundled datasets take; Dirichlet by default), and write them to --out with the "
+        "table's header and cells. Then check them with gems-fl check-data, run them with "
+        "gems-fl run --site, score the model with gems-fl predict on test.csv.")
+    split.add_argument("file", help="the table: a .csv, one row per sample")
+    split.add_argument("--sites", type=int, default=5, help="number of sites (default 5)")
+    split.add_argument("--division", default=DEFAULT_DIVISION,
+                       help=f"label division (default {DEFAULT_DIVISION}; dirichlet:ALPHA, iid, "
+                       "classes-per-node:N or groups such as 0,1/2,3)")
+    split.add_argument("--seed", type=int, default=0, help="seed of the hold-out and division")
+    split.add_argument("--test-fraction", type=float, default=0.2,
+                       help="share of rows held out as test.csv, per class (default 0.2)")
+    split.add_argument("--label-column", default="",
+                       help="the label column: header name or number counted from 0 (default last)")
+    split.add_argument("--out", default=None,
+                       help="folder for the files (default: <file stem>-sites beside the table)")
     predict = sub.add_parser(
         "predict", help="score a finished run's model on your own rows (a .csv or .npz)",
         description="Load the model of RUN_FOLDER (<output-dir>/run-<id>) and predict FILE's "
@@ -217,6 +245,8 @@ def main(argv: list[str] | None = None) -> int:
         return check_data(args.file, features=args.features, classes=args.classes,
                           label_column=args.label_column, id_columns=args.id_columns,
                           val_fraction=args.val_fraction, categories=args.categories)
+    if args.command == "split":
+        return _split(args)
     if args.command == "predict":
         from gems_fl.running.predict import predict_file
 
@@ -265,7 +295,58 @@ def _status(args: argparse.Namespace) -> int:
     return report(lambda: "\n".join(status(args.superlink)))
 
 
+def _split(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    out = Path(args.out) if args.out else Path(args.file).with_name(f"{Path(args.file).stem}-sites")
+    try:
+        print(split_summary(args.file, args.sites, out, args.division, args.seed,
+                            args.test_fraction, args.label_column)[0])
+    except ValueError as exc:
+        print(f"gems-fl: error: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+def split_summary(file, sites: int, out, division: str, seed: int, test_fraction: float = 0.2,
+                  label_column: str = "", next_steps: bool = True):
+    """Split the table (:func:`gems_fl.data.table_split.split_table`): what it wrote, in
+    words, and the :class:`~gems_fl.data.table_split.TableSplit`."""
+    from gems_fl.data.table_split import split_table
+
+    done = split_table(file, sites, out, division=division, seed=seed,
+                       test_fraction=test_fraction, label_column=label_column)
+    total = sum(sum(c.values()) for c in done.counts) + done.test_rows
+    width = max(len(p.name) for p in done.sites)
+    lines = [f"gems-fl split: {file} ({total} rows, {len(done.classes)} classes) into "
+             f"{len(done.sites)} sites by {division} (seed {seed}) in {out}"]
+    for path, counts in zip(done.sites, done.counts):
+        lines.append(f"  {path.name:<{width}}  {sum(counts.values()):>6} rows  "
+                     + ", ".join(f"{c} {n}" for c, n in counts.items()))
+    if done.test is not None:
+        lines.append(f"  {done.test.name:<{width}}  {done.test_rows:>6} rows  held out: score the "
+                     "run's model on them with gems-fl predict")
+    lines += [f"  note: {n}" for n in done.notes]
+    if next_steps:
+        files = " ".join(str(p) for p in done.sites)
+        lines += ["next:", f"  gems-fl check-data {files}",
+                  "  gems-fl run " + " ".join(f"--site {p}" for p in done.sites)]
+        if done.test is not None:
+            lines.append(f"  gems-fl predict gems-results/run-<id> {done.test}")
+    return "\n".join(lines), done
+
+
 def _run(args: argparse.Namespace) -> int:
+    if args.table:
+        if args.site:
+            print("gems-fl: error: --table makes the sites' files; leave --site out",
+                  file=sys.stderr)
+            return 2
+        try:
+            args.site = _table_sites(args)
+        except ValueError as exc:
+            print(f"gems-fl: error: {exc}", file=sys.stderr)
+            return 2
     if args.site and args.nodes is not None and args.nodes != len(args.site):
         print(f"gems-fl: error: --nodes {args.nodes} but {len(args.site)} --site files: each "
               "site file is one node; leave --nodes out", file=sys.stderr)
@@ -292,6 +373,26 @@ def _run(args: argparse.Namespace) -> int:
         return outcome
 
     return report(work)
+
+
+def _table_sites(args: argparse.Namespace) -> list[str]:
+    """``--table``: the table cut into ``--nodes`` site files under the output folder, by
+    the run's seed and label column."""
+    from pathlib import Path
+
+    from gems_fl.running.run_config import parse_run_config
+    from gems_fl.settings import Settings
+
+    given = {**Settings().to_config(), **parse_run_config(args.run_config)}
+    nodes = args.nodes if args.nodes is not None else 5
+    out = Path(args.output_dir or given["output-dir"]) / f"{Path(args.table).stem}-sites"
+    text, done = split_summary(args.table, nodes, out, args.division, int(given["seed"]),
+                               label_column=str(given["label-column"]), next_steps=False)
+    print(text)
+    print(f"gems-fl: after the run, score h_G on the held-out rows: gems-fl predict "
+          f"<the run's folder> {out / 'test.csv'}")
+    args.nodes = None
+    return [str(p) for p in done.sites]
 
 
 def _plot(results_path) -> None:
