@@ -190,7 +190,14 @@ def test_the_printed_table_explains_its_rows_and_its_words(tmp_path):
     for name in results["rows"]:
         assert f"{name}: {ROW_MEANINGS[name]}" in text
     assert "good enough on k of n: h_G reached the site's own eps" in text
-    assert "inside k of n: h_G lies inside the site's good-enough space" in text
+    assert "in its space: whether h_G lies inside that space" in text
+    # one verdict per site, in one cell, with full names; the headline names h_G as the
+    # aggregated model and its verdict, not the stricter geometric test
+    for node in results["nodes"]:
+        assert f"{node['name']} " in text and f"({node['node_id']})" not in text
+        assert f"yes: {node['h_g_val_accuracy']:.3f} >= 0.4" in text
+    assert "the aggregated model: good enough on 3 of 3 sites (their own check)" in text
+    assert "inside 0 of" not in text
 
 
 def test_a_run_can_write_a_picture_of_each_sites_check(tmp_path, capsys):

@@ -148,6 +148,29 @@ def test_a_site_refusal_is_shown_whole_without_an_unrelated_hint(tmp_path):
     assert "required-nodes to a count" not in text  # no site fits: fewer sites would not help
 
 
+def test_flowers_notes_on_its_default_federation_size_stay_out_of_the_log(tmp_path, capsys):
+    """Flower warns on every simulation that its default size changed, a note for its own
+    CLI users: a gems-fl run sets the size (--nodes), so neither the screen nor the kept
+    log carries it; one line in the log says it was left out."""
+    from gems_fl.running.runlog import RunLog
+
+    text = ("WARNING :   Since flwr 1.32, default simulated SuperNodes changed from 10 to 2.\n"
+            "INFO :      Federation `local` (5 simulated SuperNodes)\n"
+            "INFO :      To change federation size, use the following command:\n"
+            "INFO :        flwr federation simulation-config --num-supernodes N\n"
+            "WARNING :   Node 3 ('site-a'): a real warning\n")
+    log = RunLog(tmp_path / "run.log", None, verbose=True)
+    for line in text.splitlines(True):
+        log.add(line)
+    log.file.close()
+    kept = (tmp_path / "run.log").read_text()
+    shown = capsys.readouterr().out
+    for gone in ("changed from 10 to 2", "To change federation size", "--num-supernodes N"):
+        assert gone not in kept and gone not in shown
+    assert kept.count("left out: this run's size is gems-fl run's --nodes") == 1
+    assert "(5 simulated SuperNodes)" in kept and "a real warning" in kept + shown
+
+
 def test_info_lines_go_to_the_log_file_unless_verbose_and_no_colour_codes_in_it(tmp_path, capsys):
     from gems_fl.running.runlog import RAY_SHUTDOWN_NOTE, RunLog
 

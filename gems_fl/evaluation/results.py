@@ -8,6 +8,7 @@ import platform
 import shutil
 import subprocess
 import time
+from collections import Counter
 from datetime import UTC, datetime, timedelta
 from importlib import metadata
 from pathlib import Path
@@ -74,7 +75,7 @@ def gems_note(results: dict[str, Any]) -> str:
     if selection:
         ridge = inter.get("pooled_ridge") if len(selection["candidates"]) > 1 else None
         where += (f"; {'ridge ' + format(ridge, 'g') + ', ' if ridge is not None else ''}"
-                  f"logit scale x{selection['scale_applied']:g} chosen on the nodes' "
+                  f"logit scale x{selection['scale_applied']:g} chosen on the sites' "
                   "validation data")
     steps = sum(r["kind"] == "step" for r in results.get("refinement") or [])
     if steps:
@@ -82,9 +83,9 @@ def gems_note(results: dict[str, Any]) -> str:
         where += f"; then refined by {steps} Bohning steps ({method})"
     ver = results.get("verification")
     if ver:
-        answered = ver["answered"]
-        where += f"; good enough on {ver['good_enough']} of {answered} nodes (their own check)"
-    return where
+        return (f"the aggregated model: good enough on {ver['good_enough']} of "
+                f"{ver['answered']} sites (their own check); {where}")
+    return f"the aggregated model: {where}"
 
 
 #: What each row of the main table is, printed under it (:func:`legend_lines`).
@@ -93,7 +94,7 @@ ROW_MEANINGS = {
     "Local": "each site's own model (the mean of their accuracies)",
     "Averaged": "the mean of the sites' model parameters (one-shot parameter averaging)",
     "Ensemble": "the sites' MLPs voting (majority of their predictions)",
-    "GEMS": "h_G, the model picked from the sites' good-enough spaces",
+    "GEMS": "h_G, the aggregated model, picked from the sites' good-enough spaces",
     "GEMS tuned": "h_G fine-tuned on the server's public sample",
     "Raw": "a fresh model tuned like GEMS tuned, on the public sample alone",
     "Raw converged": "a fresh model trained to convergence on the public sample alone",
@@ -101,32 +102,35 @@ ROW_MEANINGS = {
 GOOD_ENOUGH_MEANING = (
     "good enough on k of n: h_G reached the site's own eps on the site's validation rows "
     f"(the site's check, the guarantee; with fewer than {MIN_VERDICT_ROWS} of them, on its "
-    "validation and training rows); inside k of n: h_G lies inside the site's "
-    "good-enough space (a geometric test that is stricter: a point picked from the pooled "
-    "statistics is often good enough without lying inside)")
+    "validation and training rows); the per-site table gives each site's verdict")
 
 
 #: the per-node table's columns that are not plain words (docs/running.md, "Reading the summary")
 NODE_COLUMN_MEANINGS = (
-    "Per-node columns: radius: the size of the site's good-enough space (RMS logit change it "
-    "allows, for the Gram space); certified: a radius within which no model can fall below "
-    "eps on the site's validation rows (a proven lower bound, smaller than radius); inside: "
-    "whether h_G lies in the site's space, else 'miss d', how far outside it lies in the same "
-    "units; good enough: the site's own check, h_G val acc >= eps (a site with fewer than "
-    f"{MIN_VERDICT_ROWS} validation rows judges on its validation and training rows together, "
-    "and the column says on how many)")
+    "Per-site columns: good enough: the site's verdict, h_G's accuracy on its validation rows "
+    f"against its eps (a site with fewer than {MIN_VERDICT_ROWS} validation rows judges on its "
+    "validation and training rows together, and says on how many); radius: the size of the "
+    "site's good-enough space (RMS logit change it allows, for the Gram space); certified: a "
+    "radius within which no model can fall below eps on the site's validation rows (a proven "
+    "lower bound); in its space: whether h_G lies inside that space, else 'miss d', how far "
+    "outside in the same units (a geometric test, stricter than the verdict: a point picked "
+    "from the pooled statistics is often good enough outside every space)")
 
 
 def _good_enough_cell(node: dict[str, Any]) -> str:
-    """The per-node table's verdict: yes / NO, and on how many rows where the site held
-    too few validation rows to judge on them alone."""
+    """The per-site table's verdict in one cell: yes / NO with h_G's accuracy against the
+    site's eps, and on how many rows where the site held too few validation rows to judge
+    on them alone."""
     good = node.get("good_enough")
     if good is None:
         return "-"
-    word = "yes" if good else "NO"
-    if node.get("verdict_rows"):
-        return f"{word} ({node['h_g_verdict_accuracy']:.3f} on {node['verdict_rows']} rows)"
-    return word
+    word, sign = ("yes", ">=") if good else ("NO", "<")
+    rows = node.get("verdict_rows")
+    accuracy = node["h_g_verdict_accuracy"] if rows else node.get("h_g_val_accuracy")
+    if accuracy is None:
+        return word
+    return f"{word}: {accuracy:.3f} {sign} {node.get('eps', '')}" + (
+        f" on {rows} rows" if rows else "")
 
 
 def legend_lines(results: dict[str, Any]) -> list[str]:
@@ -176,7 +180,7 @@ def refinement_table(results: dict[str, Any]) -> Table | None:
                   "chosen on the nodes' validation data)"
                   + (", the refinement steps (each a curvature-bounded step on the pooled "
                      "loss, refine-rounds)" if steps else "")
-                  + "; GEMS is the last model, membership below is the selected h_G's")
+                  + "; GEMS is the last model, and 'in its space' below is the selected h_G's")
     for col in ("round", "what", "test acc", "pooled train loss before", "nodes", "bytes so far"):
         table.add_column(col, justify="right")
     for r in rows:
@@ -209,22 +213,21 @@ def print_results(results: dict[str, Any], console: Console | None = None) -> No
     refinement = refinement_table(results)
     if refinement is not None:
         console.print(refinement)
-    nodes = Table(title="Per node: good-enough space, and h_G checked by the node on its own "
-                  "validation data")
-    for col in ("node", "train", "val", "eps", "local val acc", "radius", "certified",
-                "inside", "h_G val acc", "good enough"):
-        nodes.add_column(col, justify="right")
+    nodes = Table(title="Per site: its verdict on h_G (its own check on its own validation "
+                  "rows) and its good-enough space")
+    for col in ("site", "train", "val", "own model val acc", "good enough", "radius",
+                "certified", "in its space"):
+        nodes.add_column(col, justify="right", overflow="fold")
+    named = Counter(n.get("name") for n in results["nodes"])
     for n in results["nodes"]:
-        label = f"{n['name']} ({n['node_id']})" if n.get("name") else str(n["node_id"])
+        label = (n["name"] if n.get("name") and named[n["name"]] == 1
+                 else f"{n.get('name') or 'node'} ({n['node_id']})")
         cert = n.get("certified_radius")
-        acc = n.get("h_g_val_accuracy")
-        nodes.add_row(label, str(n["num_train"]), str(n["num_val"]), f"{n.get('eps', '')}",
-                      f"{n['local_val_accuracy']:.3f}", f"{n['radius']:.4g}",
-                      "inf" if cert is None else f"{cert:.3g}",
+        nodes.add_row(label, str(n["num_train"]), str(n["num_val"]),
+                      f"{n['local_val_accuracy']:.3f}", _good_enough_cell(n),
+                      f"{n['radius']:.4g}", "inf" if cert is None else f"{cert:.3g}",
                       ("-" if n["inside"] is None else "yes" if n["inside"]
-                       else f"miss {n['miss']:.3g}"),
-                      "-" if acc is None else f"{acc:.3f}",
-                      _good_enough_cell(n))
+                       else f"miss {n['miss']:.3g}"))
     console.print(nodes)
     console.print(NODE_COLUMN_MEANINGS + ".", style="dim", highlight=False)
     evaluation = node_evaluation_table(results)
@@ -299,11 +302,16 @@ def node_evaluation_table(results: dict[str, Any]) -> Table | None:
         title += (f". {len(on_val)} node(s) hold no test split and report val, the split "
                   "their radius and eps check used: those figures are optimistic (give each "
                   "site a <stem>_test file or x_test/y_test for an unbiased one)")
+    # where the first table's rows are these pooled figures, they are not printed twice
+    pooled_above = any(row.get("evaluated_on") for row in results.get("rows", {}).values())
+    if pooled_above and shown:
+        title += "; pooled over the sites: the first table"
     table = Table(title=title)
     table.add_column("model")
     for name, entry in shown.items():
         table.add_column(f"{name} ({entry['split']}, n={entry['samples']})", justify="right")
-    table.add_column("pooled", justify="right")
+    if not (pooled_above and shown):
+        table.add_column("pooled", justify="right")
     keys = list(ver.get("pooled", {}))
     for entry in per_node.values():
         keys += [k for k in entry["accuracy"] if k not in keys]
@@ -311,7 +319,8 @@ def node_evaluation_table(results: dict[str, Any]) -> Table | None:
         cells = [f"{entry['accuracy'][key]:.4f}" if key in entry["accuracy"] else "-"
                  for entry in shown.values()]
         pooled = ver.get("pooled", {}).get(key)
-        table.add_row(model_label(key), *cells, "-" if pooled is None else f"{pooled:.4f}")
+        tail = [] if (pooled_above and shown) else ["-" if pooled is None else f"{pooled:.4f}"]
+        table.add_row(model_label(key), *cells, *tail)
     return table
 
 

@@ -36,9 +36,9 @@ SERVER_FAILED = ("Simulation raised an exception", "ServerApp raised an exceptio
 FLOWER_NOTES = ("default simulated SuperNodes changed from 10 to 2",
                 "To change federation size, use the following command",
                 "flwr federation simulation-config")
-FLOWER_NOTES_SHOWN = ("gems-fl: the node count is gems-fl run's --nodes; Flower's notes on "
-                      "its default federation size and `flwr federation simulation-config` do "
-                      "not apply here (they are in the kept log)")
+FLOWER_NOTES_LOGGED = ("gems-fl: Flower's notes on its default federation size and `flwr "
+                       "federation simulation-config` left out: this run's size is gems-fl "
+                       "run's --nodes")
 # `flwr run`'s note that it installed the app bundle into the private Flower home
 FLOWER_INSTALL_LINE = re.compile(r"^Successfully installed \S+ to ")
 # The ServerApp raises these on purpose after it wrote its results and logged the reason
@@ -290,7 +290,7 @@ class RunLog:
         self.lines: list[str] = []
         self.run_id: int | None = None
         self.bundle = BundleReader()  # results sent home in the log: kept, never shown
-        self._noted = False
+        self._noted_in_file = False
         self._held: list[str] = []  # a crash report being read, shown unless deliberate
         self._after_stop = False
         self._flower_summary = False  # inside Flower's "Final results:" dump
@@ -304,6 +304,11 @@ class RunLog:
                 self.run_id = int(match.group(1))
         if self.bundle.feed(line):
             return
+        if any(note in line for note in FLOWER_NOTES):  # not this run's concern: one line
+            if not self._noted_in_file:
+                self._noted_in_file = True
+                self.file.write(FLOWER_NOTES_LOGGED + "\n")
+            return
         self.file.write(ANSI.sub("", line))
         self.file.flush()
         self.lines.append(line)
@@ -311,12 +316,6 @@ class RunLog:
             return
         if not self.verbose and FLOWER_INSTALL_LINE.search(line):
             return
-        if any(note in line for note in FLOWER_NOTES):
-            if not self._noted and self.verbose:
-                self._noted = True
-                line = FLOWER_NOTES_SHOWN + "\n"
-            else:
-                return
         if self._in_flower_summary(line):
             return
         if self._after_results(line):
