@@ -201,7 +201,7 @@ def test_show_takes_a_run_folder_and_the_plot_holds_each_site_and_the_test_figur
     run_in_process(3, tmp_path, eps=0.3)
     folder = tmp_path / "run-1"
     assert main(["show", str(folder)]) == 0
-    assert "Per node" in capsys.readouterr().out
+    assert "Per site: its verdict on h_G" in capsys.readouterr().out
     results = json.loads((folder / "results.json").read_text())
     assert server_test_accuracy(results) == results["rows"]["GEMS"]["accuracy"]
     assert good_enough_text(results).endswith("of 3 sites")
