@@ -540,3 +540,13 @@ def test_check_data_names_a_disagreement_without_a_majority_and_blames_no_file(t
     assert f"{sites[0]['data-path']} has 13" in out and f"{narrow['data-path']} has 12" in out
     assert f"REJECTED: {narrow['data-path']} has 12 features" not in out
     assert "set num-features" in out
+
+
+def test_an_eps_at_or_below_chance_is_noted_with_the_fix(tmp_path, sites):
+    """Three classes: eps=0.3 asks less than chance (1/3) of h_G, so the run says so;
+    eps=0.5 asks more and gets no such note."""
+    low = run_in_process(3, tmp_path / "low", node_configs=sites, **{**OWN, "eps": 0.3})
+    assert any("eps=0.3 asks no more than chance of h_G (0.33 for 3 classes)" in note
+               and "choosing eps" in note for note in low["notes"]), low["notes"]
+    high = run_in_process(3, tmp_path / "high", node_configs=sites, **OWN)
+    assert not any("chance" in note for note in high["notes"])

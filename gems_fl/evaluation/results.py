@@ -177,7 +177,7 @@ def refinement_table(results: dict[str, Any]) -> Table | None:
     steps = any(r["kind"] == "step" for r in rows)
     table = Table(title="Rounds: the one-shot h_G, the selection round (which point, and the "
                   "logit scale: a factor on h_G's logits that calibrates its probabilities, "
-                  "chosen on the nodes' validation data)"
+                  "chosen on the sites' validation rows)"
                   + (", the refinement steps (each a curvature-bounded step on the pooled "
                      "loss, refine-rounds)" if steps else "")
                   + "; GEMS is the last model, and 'in its space' below is the selected h_G's")

@@ -86,6 +86,13 @@ def finish(context: Context, settings: Settings, run: ProtocolRun, roster: Roste
                                         and settings.standardize == "off")
             notes.append(f"node {roster.names.get(reply.node_id, reply.node_id)}: radius 0: "
                          f"{reason}")
+    chance = 1.0 / max(len(meta.get("classes") or []) or meta.get("num_classes", 0), 1)
+    low = sorted({float(r.metrics.get("eps", settings.eps)) for r in run.outcome.accepted
+                  if float(r.metrics.get("eps", settings.eps)) <= chance})
+    if low:
+        notes.append(f"eps={', '.join(f'{e:g}' for e in low)} asks no more than chance of h_G "
+                     f"({chance:.2g} for {round(1 / chance)} classes), so every verdict is easy: "
+                     "set eps to the accuracy the sites require (docs/own-data.md, choosing eps)")
     run.extra.pop("first_layer_centers", None)
     names = [roster.names.get(r.node_id, str(r.node_id)) for r in run.outcome.accepted]
     timing["total"] = time.perf_counter() - t0
