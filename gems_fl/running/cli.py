@@ -233,6 +233,16 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``gems-fl`` console script."""
+    try:
+        return _command(argv)
+    except BrokenPipeError:  # the reader left (``gems-fl predict ... | head``): stop quietly
+        import os
+
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141  # as a shell reports a process ended by SIGPIPE
+
+
+def _command(argv: list[str] | None) -> int:
     args = build_parser().parse_args(argv)
     extra = {command.name: command for command in commands()}
     if args.command in extra:
