@@ -25,7 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
-from gems_fl.data.categories import CategoryError, level_name, one_hot
+from gems_fl.data.categories import encode_raw_columns
 from gems_fl.data.kernel_features import KernelFeatures
 from gems_fl.data.random_features import RandomFeatures
 from gems_fl.geometry import linalg
@@ -340,20 +340,8 @@ def encode_table(x, categories: dict[str, list[str]]):
     given = [str(c) for c in given]
     if not any(c in categories for c in given):
         return x
-    cells = np.asarray(x, dtype=object)
-    names, parts = [], []
-    for i, name in enumerate(given):
-        if name in categories:
-            try:
-                parts.append(one_hot(cells[:, i], categories[name], name, "x"))
-            except CategoryError as exc:
-                raise ValueError(f"{exc}: the model knows only the values its sites "
-                                 "held") from None
-            names += [level_name(name, v) for v in categories[name]]
-        else:
-            parts.append(cells[:, [i]])
-            names.append(name)
-    return _Table(np.hstack(parts), names)
+    names, cells = encode_raw_columns(given, np.asarray(x, dtype=object), categories, "x")
+    return _Table(cells, names)
 
 
 @dataclass(frozen=True)

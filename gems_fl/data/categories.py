@@ -81,6 +81,26 @@ def one_hot(cells: Iterable[str], levels: list[str], column: str, where: str) ->
     return out
 
 
+def encode_raw_columns(names: list[str], cells: np.ndarray, levels: Mapping[str, list[str]],
+                       where: str, keep: str = "") -> tuple[list[str], np.ndarray]:
+    """A raw table's columns with each category column (but ``keep``, a label) replaced by
+    its 0/1 columns, as a saved model takes them: ``(names, cells)`` (object array). A
+    value outside the model's raises :class:`CategoryError` naming it."""
+    out_names, parts = [], []
+    for i, name in enumerate(names):
+        if name in levels and name != keep:
+            try:
+                parts.append(one_hot(cells[:, i], levels[name], name, where).astype(object))
+            except CategoryError as exc:
+                raise CategoryError(f"{exc}: the model knows only the values its sites "
+                                    "held") from None
+            out_names += [level_name(name, v) for v in levels[name]]
+        else:
+            parts.append(cells[:, [i]])
+            out_names.append(name)
+    return out_names, np.hstack(parts)
+
+
 def base_of(name: str, bases: Iterable[str]) -> str | None:
     """The category column a 0/1 column ``name`` belongs to among ``bases``, if any."""
     return next((b for b in bases if name.startswith(b + SEPARATOR)), None)

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from gems_fl.data.categories import CategoryError, level_name, one_hot
+from gems_fl.data.categories import CategoryError, encode_raw_columns
 from gems_fl.data.site_columns import id_like
 from gems_fl.data.site_files import SiteFileError, csv_label, csv_rows, label_names, parse_cell
 
@@ -139,19 +139,10 @@ def _encoded(header: list[str], cells: np.ndarray, categories: dict[str, list[st
              spec: str, path: Path) -> tuple[list[str], np.ndarray]:
     """The header and cells with each raw category column (not the label) replaced by its
     0/1 columns."""
-    names, parts = [], []
-    for i, name in enumerate(header):
-        if name in categories and name != spec:
-            try:
-                parts.append(one_hot(cells[:, i], categories[name], name, str(path)).astype(object))
-            except CategoryError as exc:
-                raise SiteFileError(f"{exc}: the model knows only the values its sites "
-                                    "held") from None
-            names += [level_name(name, v) for v in categories[name]]
-        else:
-            parts.append(cells[:, [i]])
-            names.append(name)
-    return names, np.hstack(parts)
+    try:
+        return encode_raw_columns(header, cells, categories, str(path), keep=spec)
+    except CategoryError as exc:
+        raise SiteFileError(str(exc)) from None
 
 
 def _by_name(header: list[str], names: list[str], path: Path) -> list[int]:
