@@ -175,6 +175,8 @@ class SummedStatistics:
 
 
 Solve = Callable[[Statistics, float, int, dict], np.ndarray]
+#: a point's solve at several values at once (one shared draw, a continuation)
+SolveMany = Callable[[Statistics, Sequence[float], int, dict, int], list[np.ndarray]]
 
 
 class LeadingColumns:
@@ -233,7 +235,9 @@ class Point:
     which takes the run's ``gram-ridge``); ``grid`` the values the selection round scores
     (``None``: the run's pooled ridges) and ``default`` the one used without that round.
     ``rescaled``: the selection round may scale its logits (the center keeps its scale,
-    which places it in the spaces).
+    which places it in the spaces). ``solve_many``: the point at all of its grid's values
+    in one call, cheaper than one at a time (the gaussian points' continuation); each
+    value's result is that call's, whatever order the values come in.
     """
 
     name: str
@@ -243,6 +247,7 @@ class Point:
     default: float | None
     rescaled: bool
     solve: Solve
+    solve_many: SolveMany | None = None
 
     def missing(self, stats: Statistics) -> list[str]:
         """What the point needs that ``stats`` lacks, in words."""
@@ -285,6 +290,23 @@ def _gaussian(stats: Statistics, l2: float, seed: int, details: dict) -> np.ndar
     return gaussian_point(*stats.class_moments(), l2=l2, seed=seed)
 
 
+def _gaussians(stats: Statistics, l2s: Sequence[float], seed: int, details: dict,
+               workers: int = 1) -> list[np.ndarray]:
+    from gems_fl.geometry.virtual import gaussian_points
+
+    return gaussian_points(*stats.class_moments(), l2s, seed=seed, workers=workers)
+
+
+def _mixtures(stats: Statistics, l2s: Sequence[float], seed: int, details: dict,
+              workers: int = 1) -> list[np.ndarray]:
+    from gems_fl.geometry.virtual import gaussian_points
+
+    counts, means, covs, classes = stats.mixture_moments()
+    details["gaussian_components"] = len(counts)
+    return gaussian_points(counts, means, covs, l2s, seed=seed, classes=classes,
+                           num_classes=stats.num_classes, workers=workers)
+
+
 def _mixture(stats: Statistics, l2: float, seed: int, details: dict) -> np.ndarray:
     from gems_fl.geometry.virtual import gaussian_point
 
@@ -316,9 +338,9 @@ POINTS: dict[str, Point] = {p.name: p for p in (
     Point("lda", frozenset({LABELS}), "lda_shrinkage", LDA_SHRINKAGES, LDA_SHRINKAGES[0],
           True, _lda),
     Point("gaussian", frozenset({LABELS, CLASS_GRAMS}), "gaussian_l2", GAUSSIAN_L2S,
-          GAUSSIAN_L2S[0], True, _gaussian),
+          GAUSSIAN_L2S[0], True, _gaussian, _gaussians),
     Point("mixture", frozenset({LABELS, CLASS_GRAMS, COMPONENTS}), "gaussian_l2", GAUSSIAN_L2S,
-          GAUSSIAN_L2S[0], True, _mixture),
+          GAUSSIAN_L2S[0], True, _mixture, _mixtures),
     Point("closed-form", frozenset({CENTERS}), None, None, None, False, _closed_form),
 )}
 
@@ -353,19 +375,51 @@ def solve_point(stats: Statistics, spaces: Sequence[Any], name: str, value: floa
     ``ridge``), and its membership in each space: checked here against per-node spaces, or
     left to the nodes when ``stats`` are sums (:func:`~gems_fl.geometry.gram_sums.
     summed_result`)."""
-    from gems_fl.geometry.gram_merge import gram_result, record_minimax
-    from gems_fl.geometry.gram_sums import summed_result
+    point = _checked_point(stats, name)
+    details = _details(stats, point, value, ridge)
+    matrix = point.solve(stats, ridge if point.regularisation is None else float(value), seed,
+                         details)
+    return _result(stats, spaces, point, matrix, details)
 
+
+def solve_points(stats: Statistics, spaces: Sequence[Any], name: str,
+                 values: Sequence[float], *, ridge: float, seed: int = 0, workers: int = 1
+                 ) -> list[IntersectionResult] | None:
+    """``h_G`` at point ``name`` at each of ``values`` in one call, as the selection round
+    scores them (``workers``: how many threads it may use, the same result whatever the
+    count); None where the point has no such call (solve each with :func:`solve_point`)."""
+    point = _checked_point(stats, name)
+    if point.solve_many is None or point.regularisation is None or not values:
+        return None
+    shared: dict[str, object] = {}
+    matrices = point.solve_many(stats, [float(v) for v in values], seed, shared, workers)
+    return [_result(stats, spaces, point, matrix,
+                    {**_details(stats, point, value, ridge), **shared})
+            for value, matrix in zip(values, matrices)]
+
+
+def _checked_point(stats: Statistics, name: str) -> Point:
     point = point_named(name)
     if missing := point.missing(stats):
         raise ValueError(f"gram-point='{point.name}' needs every node's {' and '.join(missing)}; "
                          "the statistics hold none (see class-grams and label-moments)")
+    return point
+
+
+def _details(stats: Statistics, point: Point, value: float | None, ridge: float) -> dict:
     details: dict[str, object] = {"weighting": "samples", "ridge": float(ridge),
                                   "weights": [float(v) for v in stats.weights]}
     if point.regularisation is not None:
         details[point.regularisation] = float(value)
-    matrix = point.solve(stats, ridge if point.regularisation is None else float(value), seed,
-                         details)
+    return details
+
+
+def _result(stats: Statistics, spaces: Sequence[Any], point: Point, matrix: np.ndarray,
+            details: dict) -> IntersectionResult:
+    """The solved point as ``h_G``, with its membership in each space."""
+    from gems_fl.geometry.gram_merge import gram_result, record_minimax
+    from gems_fl.geometry.gram_sums import summed_result
+
     if isinstance(stats, LeadingColumns):
         matrix = stats.embed(matrix)
         details["columns"] = stats.columns

@@ -19,6 +19,7 @@ from __future__ import annotations
 import hashlib
 import threading
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
@@ -30,6 +31,10 @@ from gems_fl.learning.threads import compute_threads
 MAX_VIRTUAL_ROWS = 50_000
 #: L-BFGS iterations of the fit (preconditioned: see :func:`fit_softmax`)
 FIT_ITERATIONS = 100
+#: iterations of a fit started from the fit at the next larger L2 (:func:`gaussian_points`)
+WARM_ITERATIONS = 40
+#: L2 values per continuation chain (:func:`gaussian_points`): the first fitted from zero
+CHAIN_LENGTH = 2
 #: the preconditioner adds this times the L2 penalty to each covariance eigenvalue (the
 #: penalty's share of the curvature, the softmax loss's own being ~0.1 per unit variance)
 PRECONDITION_L2 = 10.0
@@ -74,6 +79,44 @@ def class_statistics(second: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     means = second[:, -1, :-1]
     covs = second[:, :-1, :-1] - means[:, :, None] * means[:, None, :]
     return means, 0.5 * (covs + np.swapaxes(covs, 1, 2))
+
+
+def gaussian_points(counts: np.ndarray, means: np.ndarray, covariances: np.ndarray,
+                    l2s: Sequence[float], *, seed: int = 0, rows: int = MAX_VIRTUAL_ROWS,
+                    shrinkage: float = COVARIANCE_SHRINKAGE, classes: np.ndarray | None = None,
+                    num_classes: int | None = None, workers: int = 1) -> list[np.ndarray]:
+    """:func:`gaussian_point` at each of ``l2s`` (in that order), by continuation: the L2s,
+    largest first, are cut into chains of :data:`CHAIN_LENGTH`; a chain's first L2 is
+    fitted from zero (``FIT_ITERATIONS``: the layer :func:`gaussian_point` gives), each
+    next one from the fit before it (``WARM_ITERATIONS``). One draw serves all. The chains
+    are fixed by the L2s alone and each runs on one thread, ``workers`` of them at once,
+    so the result does not depend on the worker count or on timing.
+    """
+    for l2 in l2s:
+        if not (np.isfinite(l2) and l2 >= 0):
+            raise ValueError(f"l2={l2} must be >= 0")
+    draw = _virtual_draw(counts, means, covariances, seed=seed, rows=rows, shrinkage=shrinkage,
+                         classes=classes, num_classes=num_classes)
+    order = sorted(range(len(l2s)), key=lambda k: -float(l2s[k]))
+    chains = [order[i:i + CHAIN_LENGTH] for i in range(0, len(order), CHAIN_LENGTH)]
+
+    def run(chain: list[int]) -> dict[int, np.ndarray]:
+        fitted, start = {}, None
+        with compute_threads(1):
+            for i in chain:
+                ws, start = _fit_prepared(
+                    draw.rows, l2=float(l2s[i]), start=start, with_state=True,
+                    iterations=FIT_ITERATIONS if start is None else WARM_ITERATIONS)
+                fitted[i] = unstandardise(ws, draw.mean, draw.scale)
+        return fitted
+
+    if workers <= 1 or len(chains) == 1:
+        done = [run(chain) for chain in chains]
+    else:
+        with ThreadPoolExecutor(max_workers=min(workers, len(chains))) as pool:
+            done = list(pool.map(run, chains))
+    out = {i: w for part in done for i, w in part.items()}
+    return [out[i] for i in range(len(l2s))]
 
 
 def gaussian_point(counts: np.ndarray, means: np.ndarray, covariances: np.ndarray, *,
@@ -176,7 +219,9 @@ def _make_draw(key: bytes, counts, means, covariances, classes, c: int, d: int, 
     scale = standard_scale(np.sqrt(np.maximum(spread, 0.0)))
     gen = torch.Generator().manual_seed(int(seed))
     per_class = np.floor(rows * counts / total + 0.5).astype(int)
-    xs, ys = [], []
+    x = torch.empty(int(per_class.sum()), d)  # filled class by class: no concatenation
+    y = torch.empty(int(per_class.sum()), dtype=torch.long)
+    at = 0
     for k in np.flatnonzero(per_class > 0):
         cov = covariances[k] / np.outer(scale, scale)
         cov = cov + shrinkage * max(float(np.trace(cov)) / d, 1e-12) * np.eye(d)
@@ -184,9 +229,12 @@ def _make_draw(key: bytes, counts, means, covariances, classes, c: int, d: int, 
         root = torch.as_tensor(vecs * np.sqrt(np.clip(lam, 0.0, None)), dtype=torch.float32)
         z = torch.randn(int(per_class[k]), d, generator=gen)
         centre = torch.as_tensor((means[k] - mean) / scale, dtype=torch.float32)
-        xs.append(centre + z @ root.T)
-        ys.append(torch.full((int(per_class[k]),), int(classes[k]), dtype=torch.long))
-    draw = _Draw(key, _PreparedRows.of(torch.cat(xs), torch.cat(ys), c), mean, scale)
+        block = slice(at, at + int(per_class[k]))
+        torch.matmul(z, root.T, out=x[block])
+        x[block] += centre  # as centre + z @ root.T, in place
+        y[block] = int(classes[k])
+        at += int(per_class[k])
+    draw = _Draw(key, _PreparedRows.of(x, y, c), mean, scale)
     _LAST_DRAW.append(draw)
     return draw
 
@@ -224,8 +272,13 @@ def fit_softmax(x: torch.Tensor, y: torch.Tensor, num_classes: int, *, l2: float
     return _fit_prepared(_PreparedRows.of(x, y, num_classes), l2=l2, iterations=iterations)
 
 
-def _fit_prepared(rows: _PreparedRows, *, l2: float, iterations: int) -> np.ndarray:
+def _fit_prepared(rows: _PreparedRows, *, l2: float, iterations: int,
+                  start: tuple[torch.Tensor, torch.Tensor] | None = None,
+                  with_state: bool = False):
     """:func:`fit_softmax` on rows already in their eigenbasis.
+
+    ``start``: a fit's state (``with_state`` returns it beside the layer): its weights in
+    the eigenbasis and its bias, the starting point instead of zero.
 
     The loss and its gradient are written out (``(softmax - onehot)^T z / N``) rather than
     left to autograd: no graph is kept, and one evaluation took 9-25% less time than
@@ -237,8 +290,11 @@ def _fit_prepared(rows: _PreparedRows, *, l2: float, iterations: int) -> np.ndar
     s = axis_scale.float()
     penalty = float(l2) * s ** 2  # ||weight||^2 = sum_j u_j^2 / lam_j
     onehot = torch.nn.functional.one_hot(rows.labels, rows.num_classes).to(rows.rotated.dtype)
-    u = torch.zeros(rows.num_classes, rows.rotated.shape[1] + 1, dtype=torch.float32,
-                    requires_grad=True)
+    u = torch.zeros(rows.num_classes, rows.rotated.shape[1] + 1, dtype=torch.float32)
+    if start is not None:  # the same layer in this L2's scaled coordinates
+        u[:, :-1] = (start[0] / axis_scale).float()
+        u[:, -1] = start[1].float()
+    u.requires_grad_(True)
     opt = torch.optim.LBFGS([u], max_iter=int(iterations), history_size=20,
                             line_search_fn="strong_wolfe", tolerance_grad=1e-9,
                             tolerance_change=1e-12)
@@ -250,9 +306,11 @@ def _fit_prepared(rows: _PreparedRows, *, l2: float, iterations: int) -> np.ndar
 
     opt.step(loss)
     fitted = u.detach().double()
-    weight = (fitted[:, :-1] * axis_scale) @ rows.basis.T
+    in_basis = fitted[:, :-1] * axis_scale
+    weight = in_basis @ rows.basis.T
     bias = fitted[:, -1] - weight @ rows.centre
-    return torch.cat([weight, bias[:, None]], dim=1).numpy()
+    layer = torch.cat([weight, bias[:, None]], dim=1).numpy()
+    return (layer, (in_basis, fitted[:, -1])) if with_state else layer
 
 
 def softmax_loss_and_gradient(u: torch.Tensor, z: torch.Tensor, onehot: torch.Tensor,

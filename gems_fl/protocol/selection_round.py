@@ -31,6 +31,7 @@ from gems_fl.geometry.points import (
     auto_points,
     point_named,
     solve_point,
+    solve_points,
 )
 from gems_fl.geometry.selection import TEMPERATURES, choose_candidate
 from gems_fl.geometry.spaces import SummedGramSpace
@@ -88,11 +89,16 @@ def candidate_points(accepted: list[NodeReply], options: AggregateOptions,
 
 def _solve_values(stats, spaces: list, name: str, values: Sequence[float | None],
                   options: AggregateOptions) -> list[IntersectionResult]:
-    """Point ``name`` at each of ``values``, in order. The values are independent fits
-    of the same statistics (the gaussian point's four L2 fits took 31 s of the default
-    run one after another), so they run at once on the free cores
+    """Point ``name`` at each of ``values``, in order. A point with a call for all its
+    values at once takes it (the gaussian points' continuation: one draw, chains of L2s
+    each started from the fit at the next larger one). Other values are independent fits
+    of the same statistics. Either way the fits run at once on the free cores
     (:func:`~gems_fl.learning.threads.concurrent_workers`), each on one thread: the same
     results as one after another."""
+    if point_named(name).solve_many is not None and len(values) > 1:
+        with compute_threads():
+            return solve_points(stats, spaces, name, values, ridge=options.gram_ridge,
+                                seed=options.seed, workers=concurrent_workers(len(values)))
     solve = lambda value: solve_point(stats, spaces, name, value, ridge=options.gram_ridge,
                                       seed=options.seed)
     workers = concurrent_workers(len(values))
