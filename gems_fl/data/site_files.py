@@ -473,16 +473,9 @@ def read_csv_table(path: Path, label_column: str = "", id_columns: str = ID_AUTO
     text = {c: [v for v in parsed[c] if isinstance(v, str)] for c in kept}
     text = {c: found for c, found in text.items() if found}
     if header is not None:
-        taken = {c for c in kept if header[c] in (declared or {})} | {  # all text, few values
-            c for c, found in text.items() if len(found) == sum(1 for v in cells[:, c] if v)
-            and len(set(found)) <= MAX_LEVELS}
-        empty = [header[c] for c in sorted(taken) if "" in set(cells[:, c])]
-        if empty:
-            raise SiteFileError(f"{path}: category column(s) {', '.join(map(repr, empty))} have "
-                                "empty cells; fill them (a value such as 'missing' is a value "
-                                "like any other)")
+        taken = _category_columns(path, header, cells, kept, text, declared or {})
         if categories is not None:
-            categories.update({header[c]: (c, list(cells[:, c])) for c in sorted(taken)})
+            categories.update({header[c]: (c, list(cells[:, c])) for c in taken})
         kept = [c for c in kept if c not in taken]
         text = {c: found for c, found in text.items() if c not in taken}
     if text:
@@ -497,6 +490,21 @@ def read_csv_table(path: Path, label_column: str = "", id_columns: str = ID_AUTO
     y = np.array([csv_label(v) for v in cells[:, label]], dtype=str)
     columns = None if header is None else [header[c] for c in kept]
     return x, y, columns, [header[c] if header else f"column {c}" for c in dropped], kept
+
+
+def _category_columns(path: Path, header: list[str], cells: np.ndarray, kept: list[int],
+                      text: dict[int, list[str]], declared: dict[str, list[str]]) -> list[int]:
+    """The kept columns that are category columns: declared, or text in every cell with
+    at most :data:`MAX_LEVELS` values; an empty cell in one is refused."""
+    taken = sorted({c for c in kept if header[c] in declared} | {
+        c for c, found in text.items() if len(found) == sum(1 for v in cells[:, c] if v)
+        and len(set(found)) <= MAX_LEVELS})
+    empty = [header[c] for c in taken if "" in set(cells[:, c])]
+    if empty:
+        raise SiteFileError(f"{path}: category column(s) {', '.join(map(repr, empty))} have "
+                            "empty cells; fill them (a value such as 'missing' is a value "
+                            "like any other)")
+    return taken
 
 
 def parse_cell(cell: str) -> float | str:

@@ -436,15 +436,19 @@ def decode_identity_full(content: RecordDict) -> Identity:
     notes = record.get("notes", [])
     if not isinstance(notes, list) or not all(isinstance(n, str) for n in notes):
         raise ReplyError("identity reply: 'notes' must be a list of text lines", node_name=name)
-    categories = record.get("category-columns", [])
-    if not isinstance(categories, list) or not all(
-            isinstance(c, str) and columns is not None
-            and any(k.startswith(c + SEPARATOR) for k in columns) for c in categories):
-        raise ReplyError("identity reply: 'category-columns' must name category columns whose "
-                         "0/1 columns '<column>=<value>' are among its columns", node_name=name)
     return Identity(name, str(record.get("data-source", "")), counts, labels, stats, num_test,
                     None if columns is None else [str(c) for c in columns], list(notes),
-                    [str(c) for c in categories])
+                    _category_columns(record.get("category-columns", []), columns, name))
+
+
+def _category_columns(categories: Any, columns: list | None, name: str) -> list[str]:
+    """An identity reply's category columns, each with its 0/1 columns among ``columns``."""
+    if not isinstance(categories, list) or not all(
+            isinstance(c, str) and columns is not None
+            and any(str(k).startswith(c + SEPARATOR) for k in columns) for c in categories):
+        raise ReplyError("identity reply: 'category-columns' must name category columns whose "
+                         "0/1 columns '<column>=<value>' are among its columns", node_name=name)
+    return [str(c) for c in categories]
 
 
 def decode_identity(content: RecordDict) -> tuple[str, str, dict[str, int]]:

@@ -309,10 +309,9 @@ def agree(identities: dict[int, Identity], rule: AgreementRule
                 rule, DataAgreement(num_features, classes, mean, std, columns, None))
     elif rule.kernel is not None:
         features = _kernel_map(identities, refused, columns, rule, mean, std)
-    kept_categories = {b: v for b, v in categories.items()
-                       if columns and any(base_of(c, [b]) for c in columns)}
     return DataAgreement(num_features, classes, mean, std, columns, features,
-                         kept_categories or None), refused
+                         {b: v for b, v in categories.items()
+                          if any(base_of(c, [b]) for c in columns or [])} or None), refused
 
 
 def _pick(values: np.ndarray, source: list[int | None]) -> np.ndarray:

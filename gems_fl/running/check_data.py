@@ -62,10 +62,7 @@ def _check_together(sites: dict[str, SiteFile], features: int | None, out: TextI
         say("  (fewer than two files passed alone; nothing to compare)")
         return 0
     status = 0
-    levels = complete_categories(list(sites.values()))
-    for base, values in levels.items():
-        say(f"  category column {base}: {len(values)} value(s) over the files ("
-            f"{', '.join(values)}); a run gives each file all of them")
+    _say_categories(sites, say)
     counts = Counter(site.num_features() for site in sites.values())
     named = {p: s.columns for p, s in sites.items() if s.columns is not None}
     if features is None and len(counts) > 1:
@@ -104,6 +101,13 @@ def _check_together(sites: dict[str, SiteFile], features: int | None, out: TextI
             f"{next(iter(sites.values())).num_features()} features"
             + (" by column name" if named and len(named) == len(sites) else " (by position)"))
     return status
+
+
+def _say_categories(sites: dict[str, SiteFile], say) -> None:
+    """Give every file every category value any holds, as a run does; say which."""
+    for base, values in complete_categories(list(sites.values())).items():
+        say(f"  category column {base}: {len(values)} value(s) over the files ("
+            f"{', '.join(values)}); a run gives each file all of them")
 
 
 def _column_disagreements(named: dict[str, list[str]]) -> list[str]:

@@ -159,6 +159,21 @@ def build_parser() -> argparse.ArgumentParser:
         "SuperNode's node-name (as it reported it in the latest runs' identity round) and the "
         "phase of each unfinished run (from its log).")
     stat.add_argument("--superlink", required=True, help="name of the connection entry")
+    _add_check_data(sub)
+    _add_split(sub)
+    _add_predict(sub)
+    show = sub.add_parser("show", help="print the tables of a run (its folder or results.json)")
+    show.add_argument("path", help="a run's folder (<output-dir>/run-<id>) or its results.json")
+    show.add_argument("--markdown", action="store_true", help="markdown instead of rich tables")
+    show.add_argument("--plot", action="store_true",
+                      help="also write result.png beside it (per site: h_G, Local, Averaged)")
+    for command in commands():
+        command.add_parser(sub)
+    return parser
+
+
+def _add_check_data(sub: argparse._SubParsersAction) -> None:
+    """``gems-fl check-data``."""
     check = sub.add_parser(
         "check-data",
         help="check a site's data file the way its node will read it",
@@ -185,6 +200,10 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("--val-fraction", type=float, default=0.2,
                        help="a file without validation rows: the share of training rows its "
                        "node sets aside (setting val-fraction)")
+
+
+def _add_split(sub: argparse._SubParsersAction) -> None:
+    """``gems-fl split``."""
     split = sub.add_parser(
         "split", help="cut one CSV table into simulated sites' files, to rehearse a federation",
         description="Hold out a stratified, seeded test-fraction of FILE's rows as test.csv, "
@@ -204,6 +223,10 @@ def build_parser() -> argparse.ArgumentParser:
                        help="the label column: header name or number counted from 0 (default last)")
     split.add_argument("--out", default=None,
                        help="folder for the files (default: <file stem>-sites beside the table)")
+
+
+def _add_predict(sub: argparse._SubParsersAction) -> None:
+    """``gems-fl predict``."""
     predict = sub.add_parser(
         "predict", help="score a finished run's model on your own rows (a .csv or .npz)",
         description="Load the model of RUN_FOLDER (<output-dir>/run-<id>) and predict FILE's "
@@ -221,15 +244,6 @@ def build_parser() -> argparse.ArgumentParser:
     predict.add_argument("--out", default=None,
                          help="where to write the predictions CSV (default: "
                          "RUN_FOLDER/predictions-<file stem>.csv)")
-    show = sub.add_parser("show", help="print the tables of a run (its folder or results.json)")
-    show.add_argument("path", help="a run's folder (<output-dir>/run-<id>) or its results.json")
-    show.add_argument("--markdown", action="store_true", help="markdown instead of rich tables")
-    show.add_argument("--plot", action="store_true",
-                      help="also write result.png beside it (per site: h_G, Local, Averaged)")
-    for command in commands():
-        command.add_parser(sub)
-    return parser
-
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``gems-fl`` console script."""
