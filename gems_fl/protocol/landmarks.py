@@ -87,6 +87,20 @@ def decode_landmarks(content: RecordDict, num_features: int, most: int) -> tuple
     return centres.astype(np.float32), sizes.astype(np.int64)
 
 
+def landmark_count_reason(kept: int, asked: int, rows: int) -> str:
+    """Why a run has ``kept`` landmarks when ``asked`` were asked of ``rows`` training rows
+    (results.json: ``identify.landmark_round.why``)."""
+    rule = (f"each a k-means centre of one class at one site, the mean of at least "
+            f"{MIN_ROWS_PER_LANDMARK} of its rows")
+    if kept >= asked:
+        return f"{kept} as asked, {rule}"
+    if asked * MIN_ROWS_PER_LANDMARK > rows:
+        return (f"{kept} of {asked} asked: {rows} training rows allow at most one per "
+                f"{MIN_ROWS_PER_LANDMARK} rows of a class ({rule}; clusters under that "
+                "dissolved into the others)")
+    return f"{kept} of {asked} asked: {rule}; clusters under that were dropped"
+
+
 def collect_landmarks(grid: Grid, exchange: Exchange, agreement: DataAgreement,
                       rows: dict[int, int], landmarks: int, names: dict[int, str]
                       ) -> tuple[dict[int, np.ndarray], list[dict[str, object]], dict[str, Any]]:
@@ -119,7 +133,8 @@ def collect_landmarks(grid: Grid, exchange: Exchange, agreement: DataAgreement,
     report = {"bytes_sent": wire.content_bytes(content) * len(nodes),
               "bytes_received": sum(wire.content_bytes(r.content) for r in replies
                                     if not r.has_error()),
-              "wall_s": time.perf_counter() - t0, "landmarks": total}
+              "wall_s": time.perf_counter() - t0, "landmarks": total, "asked": int(landmarks),
+              "why": landmark_count_reason(total, int(landmarks), sum(rows.values()))}
     return centres, rejected, report
 
 
