@@ -334,3 +334,25 @@ def test_the_l2_candidates_fitted_at_once_equal_those_fitted_one_after_another(m
     for one, two in zip(runs[1], runs[2]):
         np.testing.assert_array_equal(one.point, two.point)
         assert one.details == two.details
+
+
+def test_each_l2_gives_the_same_point_asked_alone_or_with_the_grid():
+    """The L2 grid is fitted by continuation (chains of two, the first from zero): an L2's
+    point is fixed by the L2 alone, so a run naming the point and one L2 reproduces the
+    selection round's candidate; a chain's first L2 is the fit from zero."""
+    from gems_fl.geometry import virtual
+    from gems_fl.geometry.choices import GAUSSIAN_L2S
+
+    x, y = _data(5, 900)
+    counts, means, covs = pooled_class_moments([class_grams(x, y, C)], [np.bincount(y, minlength=C)])
+    together = virtual.gaussian_points(counts, means, covs, list(GAUSSIAN_L2S), seed=1, rows=4000,
+                                       workers=2)
+    for l2, layer in zip(GAUSSIAN_L2S, together):
+        alone = virtual.gaussian_points(counts, means, covs, [l2], seed=1, rows=4000)[0]
+        np.testing.assert_array_equal(alone, layer)
+    for l2 in (1e-3, 1e-5):  # the chains' first: the point from zero
+        cold = gaussian_point(counts, means, covs, l2=l2, seed=1, rows=4000)
+        np.testing.assert_array_equal(cold, together[GAUSSIAN_L2S.index(l2)])
+    warm = together[GAUSSIAN_L2S.index(1e-4)]
+    assert _accuracy(warm, x, y) >= _accuracy(gaussian_point(counts, means, covs, l2=1e-4, seed=1,
+                                                             rows=4000), x, y) - 0.01

@@ -285,9 +285,7 @@ def _lda(stats: Statistics, shrinkage: float, seed: int, details: dict) -> np.nd
 
 
 def _gaussian(stats: Statistics, l2: float, seed: int, details: dict) -> np.ndarray:
-    from gems_fl.geometry.virtual import gaussian_point
-
-    return gaussian_point(*stats.class_moments(), l2=l2, seed=seed)
+    return _gaussians(stats, [l2], seed, details)[0]  # the selection round's candidate
 
 
 def _gaussians(stats: Statistics, l2s: Sequence[float], seed: int, details: dict,
@@ -308,12 +306,7 @@ def _mixtures(stats: Statistics, l2s: Sequence[float], seed: int, details: dict,
 
 
 def _mixture(stats: Statistics, l2: float, seed: int, details: dict) -> np.ndarray:
-    from gems_fl.geometry.virtual import gaussian_point
-
-    counts, means, covs, classes = stats.mixture_moments()
-    details["gaussian_components"] = len(counts)
-    return gaussian_point(counts, means, covs, l2=l2, seed=seed, classes=classes,
-                          num_classes=stats.num_classes)
+    return _mixtures(stats, [l2], seed, details)[0]  # the selection round's candidate
 
 
 def _closed_form(stats: Statistics, ridge: float, seed: int, details: dict) -> np.ndarray:

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from gems_fl.geometry.choices import GAUSSIAN_L2S
 from gems_fl.learning.threads import compute_threads
 
 #: at most this many virtual rows in all (rows per class in proportion to its count)
@@ -85,38 +86,56 @@ def gaussian_points(counts: np.ndarray, means: np.ndarray, covariances: np.ndarr
                     l2s: Sequence[float], *, seed: int = 0, rows: int = MAX_VIRTUAL_ROWS,
                     shrinkage: float = COVARIANCE_SHRINKAGE, classes: np.ndarray | None = None,
                     num_classes: int | None = None, workers: int = 1) -> list[np.ndarray]:
-    """:func:`gaussian_point` at each of ``l2s`` (in that order), by continuation: the L2s,
-    largest first, are cut into chains of :data:`CHAIN_LENGTH`; a chain's first L2 is
-    fitted from zero (``FIT_ITERATIONS``: the layer :func:`gaussian_point` gives), each
-    next one from the fit before it (``WARM_ITERATIONS``). One draw serves all. The chains
-    are fixed by the L2s alone and each runs on one thread, ``workers`` of them at once,
-    so the result does not depend on the worker count or on timing.
+    """The gaussian point at each of ``l2s`` (in that order), by continuation.
+
+    The selection round's L2 grid (:data:`~gems_fl.geometry.choices.GAUSSIAN_L2S`), largest
+    first, is cut into chains of :data:`CHAIN_LENGTH`: a chain's first L2 is fitted from
+    zero (``FIT_ITERATIONS``: the layer :func:`gaussian_point` gives), each next one from
+    the fit before it (``WARM_ITERATIONS``). An L2 off the grid is fitted from zero. So
+    each L2's layer is fixed by the L2 alone: asked alone (a run naming the point and the
+    L2) or with the others (the selection round), the same bits. One draw serves all; each
+    chain runs on one thread, ``workers`` of them at once.
     """
     for l2 in l2s:
         if not (np.isfinite(l2) and l2 >= 0):
             raise ValueError(f"l2={l2} must be >= 0")
     draw = _virtual_draw(counts, means, covariances, seed=seed, rows=rows, shrinkage=shrinkage,
                          classes=classes, num_classes=num_classes)
-    order = sorted(range(len(l2s)), key=lambda k: -float(l2s[k]))
-    chains = [order[i:i + CHAIN_LENGTH] for i in range(0, len(order), CHAIN_LENGTH)]
+    chains: dict[tuple[float, ...], int] = {}  # each chain's prefix to fit: as deep as asked
+    for l2 in map(float, l2s):
+        chain = _chain_of(l2)
+        depth = chain.index(l2) + 1
+        chains[chain] = max(chains.get(chain, 0), depth)
 
-    def run(chain: list[int]) -> dict[int, np.ndarray]:
+    def run(item: tuple[tuple[float, ...], int]) -> dict[float, np.ndarray]:
+        chain, depth = item
         fitted, start = {}, None
         with compute_threads(1):
-            for i in chain:
+            for l2 in chain[:depth]:
                 ws, start = _fit_prepared(
-                    draw.rows, l2=float(l2s[i]), start=start, with_state=True,
+                    draw.rows, l2=l2, start=start, with_state=True,
                     iterations=FIT_ITERATIONS if start is None else WARM_ITERATIONS)
-                fitted[i] = unstandardise(ws, draw.mean, draw.scale)
+                fitted[l2] = unstandardise(ws, draw.mean, draw.scale)
         return fitted
 
-    if workers <= 1 or len(chains) == 1:
-        done = [run(chain) for chain in chains]
+    items = sorted(chains.items())
+    if workers <= 1 or len(items) == 1:
+        done = [run(item) for item in items]
     else:
-        with ThreadPoolExecutor(max_workers=min(workers, len(chains))) as pool:
-            done = list(pool.map(run, chains))
-    out = {i: w for part in done for i, w in part.items()}
-    return [out[i] for i in range(len(l2s))]
+        with ThreadPoolExecutor(max_workers=min(workers, len(items))) as pool:
+            done = list(pool.map(run, items))
+    out = {l2: w for part in done for l2, w in part.items()}
+    return [out[float(l2)] for l2 in l2s]
+
+
+def _chain_of(l2: float) -> tuple[float, ...]:
+    """The continuation chain an L2 belongs to: its part of the grid, largest first (an
+    L2 off the grid: a chain of its own)."""
+    grid = sorted(map(float, GAUSSIAN_L2S), reverse=True)
+    if l2 not in grid:
+        return (l2,)
+    at = grid.index(l2) // CHAIN_LENGTH * CHAIN_LENGTH
+    return tuple(grid[at:at + CHAIN_LENGTH])
 
 
 def gaussian_point(counts: np.ndarray, means: np.ndarray, covariances: np.ndarray, *,
