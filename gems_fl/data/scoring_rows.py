@@ -16,8 +16,9 @@ from pathlib import Path
 import numpy as np
 
 from gems_fl.data.categories import CategoryError, encode_raw_columns
+from gems_fl.data.csv_table import SiteFileError, csv_label, csv_rows, parse_cell
 from gems_fl.data.site_columns import id_like
-from gems_fl.data.site_files import SiteFileError, csv_label, csv_rows, label_names, parse_cell
+from gems_fl.data.site_files import label_names
 
 NPZ_PAIRS = (("x_test", "y_test"), ("x", "y"))  # the arrays an .npz is scored on, first found
 

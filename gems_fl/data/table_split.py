@@ -18,15 +18,10 @@ from pathlib import Path
 
 import numpy as np
 
+from gems_fl.data.csv_table import SiteFileError, csv_label, csv_rows, header_and_label
 from gems_fl.data.dirichlet import DirichletDivision, dirichlet_shares
 from gems_fl.data.partition import parse_division, partition_indices
-from gems_fl.data.site_files import (
-    SiteFileError,
-    csv_label,
-    csv_rows,
-    header_and_label,
-    sort_classes,
-)
+from gems_fl.data.site_files import sort_classes
 
 TEST_FILE = "test.csv"
 
