@@ -474,3 +474,26 @@ def test_a_factor_from_fewer_rows_than_inputs_is_the_eigen_factor():
     assert np.all(low_rank_factor(g, 30, x)[:, 20:] == 0)  # rank of G is at most 20
     with pytest.raises(ValueError, match="rows have 49 features"):
         low_rank_factor(g, 5, x[:, :49])
+
+
+def test_a_large_factored_gram_is_built_and_factored_in_float32_to_what_the_wire_keeps():
+    """From TOP_EIGEN_MIN_SIZE inputs a Gram matrix that travels as a factor is built by
+    float32 BLAS and factored by its top eigenpairs alone: the same matrix as float64 to
+    float32 rounding, and the factor's product within what its float16 form keeps."""
+    from gems_fl.geometry.gram import TOP_EIGEN_MIN_SIZE, float32_gram, from_half, half_factor
+
+    rng = np.random.default_rng(2)
+    x = (rng.normal(size=(300, 40)) * rng.uniform(0.1, 3, size=40)).astype(np.float32)
+    g64, g32 = gram_matrix(x), float32_gram(x)
+    np.testing.assert_array_equal(g32, g32.T)
+    np.testing.assert_allclose(g32, g64, rtol=0, atol=1e-5 * np.abs(g64).max())
+    assert g32[-1, -1] == 1.0
+    n = TOP_EIGEN_MIN_SIZE + 1
+    basis = np.linalg.qr(rng.normal(size=(n, 60)))[0]
+    big = (basis * np.linspace(1, 100, 60)) @ basis.T + 1e-3 * np.eye(n)
+    top = low_rank_factor(big, 60)
+    assert top.shape == (n, 60)
+    wire = from_half(*half_factor(top))
+    best = (basis * np.linspace(1, 100, 60)) @ basis.T  # the best rank-60 approximation
+    assert np.abs(from_factor(top) - best).max() < 1e-4 * 100
+    assert np.abs(from_factor(wire) - from_factor(top)).max() > np.abs(from_factor(top) - best).max()

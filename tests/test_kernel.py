@@ -138,15 +138,20 @@ def test_a_node_takes_a_factor_rank_above_the_rows_own_width():
         Settings(model="kernel", dataset="fashion-mnist", gram_rank=4785)
 
 
-def test_many_kernel_nodes_leave_the_server_only_the_sums():
+def test_kernel_nodes_leave_the_server_only_the_sums():
     """100 nodes at D = 4,246 would hold 14 GB of (D + 1)-square matrices on the server
-    (that run was killed for memory); auto keeps the sums there, and every reply at 5."""
+    (that run was killed for memory); auto keeps the sums wherever one node's matrix passes
+    64 MiB, so the server's memory does not grow with the kernel model's nodes, while the
+    logistic model's 5 MB matrices stay whole up to 100 nodes."""
     from gems_fl.settings.plan import build_plan
 
     settings = Settings(model="kernel", dataset="fashion-mnist")
     assert build_plan(settings, 100, 4246).server_holds == "sums"
-    assert build_plan(settings, 5, 4246).server_holds == "every node's reply"
+    assert build_plan(settings, 5, 4246).server_holds == "sums"
+    assert build_plan(settings, 5, 2000).server_holds == "every node's reply"
     assert build_plan(Settings(dataset="fashion-mnist"), 100, 784).server_holds == "every node's reply"
+    assert build_plan(Settings(model="kernel", server_grams="nodes"), 5, 4246).server_holds \
+        == "every node's reply"
 
 
 def test_under_dp_the_kernel_model_needs_the_servers_public_rows():

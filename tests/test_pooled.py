@@ -121,3 +121,45 @@ def test_pooled_lda_from_sums_is_the_lda_of_the_pooled_rows():
         assert (scores.argmax(1) != 4).all()
     with pytest.raises(ValueError, match="shrinkage"):
         pooled_lda(grams, moments, [len(p) for p in parts], -1.0)
+
+
+def test_lda_at_a_grid_of_shrinkages_is_each_shrinkage_alone_and_survives_an_indefinite_matrix():
+    """The selection round's LDA grid from one pooled system: each value equals the point
+    asked alone; where the within-class matrix is not positive definite (Gram matrices
+    from low-rank factors) one eigendecomposition serves every value, and each is the
+    minimum-norm solution of its own shrunk system."""
+    from gems_fl.geometry.gram import from_factor, gram_matrix, label_moments, low_rank_factor
+    from gems_fl.geometry.pooled import pooled_lda, pooled_ldas
+
+    rng = np.random.default_rng(8)
+    x = rng.normal(size=(400, 30)) * rng.uniform(0.2, 2.0, size=30)
+    y = rng.integers(0, 4, size=400)
+    x[np.arange(400), y] += 2.0
+    parts = np.array_split(np.arange(400), 3)
+    moments = [label_moments(x[p], y[p], 4)[0] for p in parts]
+    counts = [len(p) for p in parts]
+    shrinkages = [1e-3, 1e-2, 1e-1]
+    exact = [gram_matrix(x[p]) for p in parts]
+    factored = [from_factor(low_rank_factor(g, 6)) for g in exact]  # not PSD less the means
+    for grams in (exact, factored):
+        many = pooled_ldas(grams, moments, counts, shrinkages)
+        for s, point in zip(shrinkages, many):
+            np.testing.assert_allclose(point, pooled_lda(grams, moments, counts, s),
+                                       rtol=1e-9, atol=1e-12)
+    # the factored case really took the spectral path, and it is the min-norm solution
+    import torch
+
+    from gems_fl.geometry.linalg import cholesky_solve_right
+    from gems_fl.geometry.pooled import class_priors_and_means, pooled_system
+
+    a, b = pooled_system(factored, moments, counts, 0.0)
+    prior, mu = class_priors_and_means(b)
+    within = a[:30, :30] - (mu.T * prior) @ mu
+    within = 0.5 * (within + within.T)
+    shift = 1e-3 * float(torch.trace(within)) / 30
+    assert cholesky_solve_right(within + shift * torch.eye(30), mu) is None
+    lam, vec = np.linalg.eigh((within + shift * torch.eye(30)).numpy())
+    keep = lam > 1e-10 * lam[-1]
+    expected = (mu.numpy() @ vec[:, keep]) / lam[keep] @ vec[:, keep].T
+    np.testing.assert_allclose(pooled_ldas(factored, moments, counts, [1e-3])[0][:, :30],
+                               expected, rtol=1e-6, atol=1e-8)

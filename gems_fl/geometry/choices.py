@@ -83,6 +83,11 @@ SUMS_ABOVE_NODES = 100
 # ... and wherever the nodes' (D + 1)-square float64 matrices would take more than this: 100
 # nodes of the kernel model (D = 4,246) would hold 14 GB, and the run was killed for memory
 SERVER_MATRIX_BYTES = 4 * 2 ** 30
+# ... and wherever one node's matrix would take more than this: the kernel model's (D + 1 of
+# 3,000 to 5,000: 70-200 MB each) at any number of nodes, so the server's memory does not
+# grow with nodes x D^2 and its points are solved from one pooled matrix; the logistic
+# model's (5 MB) and random features' at D = 2,048 (34 MB) stay whole
+SERVER_NODE_MATRIX_BYTES = 64 * 2 ** 20
 NO_INTERSECTION_FALLBACKS = ("min-penalty", "mean")
 # Each kind's default upper end of the radius bisection, in the units of its radius
 # (gems_fl.geometry.kinds says which). 4000 is the paper's R_max; gram keeps the bound its

@@ -30,7 +30,9 @@ from gems_fl.geometry.class_factors import class_factors, class_grams_from_facto
 from gems_fl.geometry.components import component_grams
 from gems_fl.geometry.fisher import diagonal_fisher, fisher_axes
 from gems_fl.geometry.gram import (
+    TOP_EIGEN_MIN_SIZE,
     class_grams,
+    float32_gram,
     from_factor,
     gram_matrix,
     label_moments,
@@ -350,8 +352,14 @@ def node_gram(train_inputs: np.ndarray, gram_rank: int | str = 0,
     computed it already), or with ``gram_rank`` the rank-r factor plus the residual
     diagonal (the form the server receives; ``factor`` and ``residual`` None for the
     whole matrix)."""
-    gram = gram_matrix(train_inputs) if exact is None else exact
-    rank = choices.gram_rank_for(gram_rank, gram.shape[0])
+    size = np.shape(train_inputs)[1] + 1
+    rank = choices.gram_rank_for(gram_rank, size)
+    if exact is not None:
+        gram = exact
+    elif 0 < rank < size and size >= TOP_EIGEN_MIN_SIZE:  # travels as a float16 factor
+        gram = float32_gram(train_inputs)
+    else:
+        gram = gram_matrix(train_inputs)
     if rank <= 0:
         return gram, None, None
     factor = sent_factor(gram, min(rank, gram.shape[0]), train_inputs)

@@ -23,16 +23,28 @@ def augment(x: np.ndarray | torch.Tensor) -> torch.Tensor:
     return torch.cat([xt, torch.ones(len(xt), 1, dtype=torch.float64)], dim=1)
 
 
-def layer_matrix(name: str, a, *, finite: bool = True) -> torch.Tensor:
-    """A 2-D float64 tensor, with a clear error for the wrong rank or non-finite entries."""
+def all_finite(t: torch.Tensor) -> bool:
+    """Whether every entry of ``t`` is finite. On the CPU through numpy's view of it:
+    ``torch.isfinite(t).all()`` runs at a fraction of memory speed (0.85 s on a node's
+    10,000 x 3,774 float64 kernel rows against 0.01 s), and the geometry checks each
+    layer matrix it is handed."""
+    if t.device.type == "cpu" and not t.requires_grad:
+        return bool(np.isfinite(t.numpy()).all())
+    return bool(torch.isfinite(t).all())
+
+
+def layer_matrix(name: str, a, *, finite: bool = True, dtype: torch.dtype = torch.float64
+                 ) -> torch.Tensor:
+    """A 2-D float64 (or ``dtype``) tensor, with a clear error for the wrong rank or
+    non-finite entries."""
     try:
         t = torch.as_tensor(np.asarray(a) if not isinstance(a, torch.Tensor) else a,
-                            dtype=torch.float64)
+                            dtype=dtype)
     except (TypeError, ValueError) as exc:
         raise ValueError(f"{name} must be a numeric 2-D array: {exc}") from exc
     if t.ndim != 2:
         raise ValueError(f"{name} must be 2-D; got shape {tuple(t.shape)}")
-    if finite and not bool(torch.isfinite(t).all()):
+    if finite and not all_finite(t):
         raise ValueError(f"{name} contains NaN or infinite entries; clean or drop those rows")
     return t
 
@@ -94,12 +106,30 @@ def solve_right(a: torch.Tensor, b: torch.Tensor, floor: float = EIGEN_FLOOR) ->
     solution restricted to ``A``'s range (eigenvalues above ``floor * max``), which is the
     ``ridge -> 0+`` limit of ``(A + ridge I)``.
     """
+    solved = cholesky_solve_right(a, b, floor)
+    return solved if solved is not None else spectral_solve_right(torch.linalg.eigh(a), b,
+                                                                   0.0, floor)
+
+
+def cholesky_solve_right(a: torch.Tensor, b: torch.Tensor, floor: float = EIGEN_FLOOR
+                         ) -> torch.Tensor | None:
+    """:func:`solve_right` by Cholesky where ``A`` is numerically positive definite (every
+    pivot above ``floor`` times its largest diagonal entry); None otherwise."""
     chol, info = torch.linalg.cholesky_ex(a)
     if int(info) == 0:
         piv = torch.diagonal(chol) ** 2
         if float(piv.min()) > floor * float(torch.diagonal(a).max()):
             return torch.cholesky_solve(b.T.contiguous(), chol).T
-    lam, vec = torch.linalg.eigh(a)
+    return None
+
+
+def spectral_solve_right(eigen: tuple[torch.Tensor, torch.Tensor], b: torch.Tensor,
+                         shift: float = 0.0, floor: float = EIGEN_FLOOR) -> torch.Tensor:
+    """:func:`solve_right`'s minimum-norm solution for ``A + shift I`` from ``eigen``, the
+    ``torch.linalg.eigh`` of ``A``: one decomposition serves every ``shift`` (the LDA
+    point's shrinkage grid)."""
+    lam, vec = eigen
+    lam = lam + float(shift)
     keep = lam > floor * max(float(lam[-1]), 0.0)
     if not bool(keep.any()):
         raise ValueError("the weighted sum of Gram matrices is zero: no node contributes "

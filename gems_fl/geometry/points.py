@@ -236,7 +236,8 @@ class Point:
     (``None``: the run's pooled ridges) and ``default`` the one used without that round.
     ``rescaled``: the selection round may scale its logits (the center keeps its scale,
     which places it in the spaces). ``solve_many``: the point at all of its grid's values
-    in one call, cheaper than one at a time (the gaussian points' continuation); each
+    in one call, cheaper than one at a time (the gaussian points' continuation, the LDA
+    point's one decomposition); each
     value's result is that call's, whatever order the values come in.
     """
 
@@ -284,6 +285,13 @@ def _lda(stats: Statistics, shrinkage: float, seed: int, details: dict) -> np.nd
     return pooled_lda(*stats.pooled_inputs(), shrinkage)
 
 
+def _ldas(stats: Statistics, shrinkages: Sequence[float], seed: int, details: dict,
+          workers: int = 1) -> list[np.ndarray]:
+    from gems_fl.geometry.pooled import pooled_ldas
+
+    return pooled_ldas(*stats.pooled_inputs(), shrinkages)
+
+
 def _gaussian(stats: Statistics, l2: float, seed: int, details: dict) -> np.ndarray:
     return _gaussians(stats, [l2], seed, details)[0]  # the selection round's candidate
 
@@ -329,7 +337,7 @@ POINTS: dict[str, Point] = {p.name: p for p in (
     Point("pooled", frozenset({LABELS}), "pooled_ridge", None, DEFAULT_POOLED_RIDGE, True,
           _pooled),
     Point("lda", frozenset({LABELS}), "lda_shrinkage", LDA_SHRINKAGES, LDA_SHRINKAGES[0],
-          True, _lda),
+          True, _lda, _ldas),
     Point("gaussian", frozenset({LABELS, CLASS_GRAMS}), "gaussian_l2", GAUSSIAN_L2S,
           GAUSSIAN_L2S[0], True, _gaussian, _gaussians),
     Point("mixture", frozenset({LABELS, CLASS_GRAMS, COMPONENTS}), "gaussian_l2", GAUSSIAN_L2S,

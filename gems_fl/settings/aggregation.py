@@ -15,6 +15,7 @@ from gems_fl.geometry.choices import (
     REFINE_METHODS,
     SERVER_GRAMS,
     SERVER_MATRIX_BYTES,
+    SERVER_NODE_MATRIX_BYTES,
     SUMS_ABOVE_NODES,
 )
 from gems_fl.geometry.points import GRAM_POINTS
@@ -81,7 +82,8 @@ class AggregationSettings:
         'evaluate round. `sums` needs a gram-point solvable from sums (any but `mixture`). '
         '`auto`: `sums` above '
         f'{SUMS_ABOVE_NODES} nodes, or where the nodes\' matrices would take more than '
-        f'{SERVER_MATRIX_BYTES // 2 ** 30} GiB (the kernel model at many nodes), where the '
+        f'{SERVER_MATRIX_BYTES // 2 ** 30} GiB, or one node\'s more than '
+        f'{SERVER_NODE_MATRIX_BYTES // 2 ** 20} MiB (the kernel model), where the '
         'settings allow it, else `nodes`',
         one_of(SERVER_GRAMS), lab=True)
     refine_rounds: int = setting(

@@ -13,7 +13,7 @@ from gems_fl.data.nodes import NodeDataOptions
 from gems_fl.data.random_features import FOURIER_NORM
 from gems_fl.evaluation.baselines import ComparisonOptions
 from gems_fl.evaluation.server_data import ServerDataOptions
-from gems_fl.geometry.choices import SERVER_MATRIX_BYTES, SUMS_ABOVE_NODES
+from gems_fl.geometry.choices import SERVER_MATRIX_BYTES, SERVER_NODE_MATRIX_BYTES, SUMS_ABOVE_NODES
 from gems_fl.geometry.dp import DPSpec
 from gems_fl.geometry.kinds import AggregateOptions, SpaceOptions
 from gems_fl.geometry.points import AUTO, point_named, solvable_from_sums
@@ -102,14 +102,17 @@ def aggregate_options(settings: Settings) -> AggregateOptions:
 def holds_sums(settings: Settings, num_nodes: int, layer_size: int = 0) -> bool:
     """Whether the server keeps only the sums of the nodes' Gram statistics
     (``server-grams``): ``sums``, or ``auto`` above ``SUMS_ABOVE_NODES`` nodes, or where
-    the nodes' ``layer_size``-square matrices would take more than ``SERVER_MATRIX_BYTES``,
-    when the point needs no single node's matrix; always under secure aggregation and DP."""
+    the nodes' ``layer_size``-square matrices would take more than ``SERVER_MATRIX_BYTES``
+    together or ``SERVER_NODE_MATRIX_BYTES`` each, when the point needs no single node's
+    matrix; always under secure aggregation and DP."""
     if settings.server_grams == "nodes" or not settings.space_kind.statistics \
             or not settings.model_kind.convex:
         return False
     if settings.server_grams == "sums" or settings.secure_aggregation or settings.dp_epsilon:
         return True
-    large = num_nodes > SUMS_ABOVE_NODES or num_nodes * layer_size ** 2 * 8 > SERVER_MATRIX_BYTES
+    matrix = layer_size ** 2 * 8
+    large = (num_nodes > SUMS_ABOVE_NODES or num_nodes * matrix > SERVER_MATRIX_BYTES
+             or matrix > SERVER_NODE_MATRIX_BYTES)
     return large and solvable_from_sums(settings.gram_point)
 
 
