@@ -7,7 +7,8 @@ accepted, bytes per round, for `gems-fl run --nodes N` as a user runs it.
 Prints a table and writes JSON (``--out``, default ``results/benchmarks/scale.json``). The
 memory figure is the largest sum, over one-second samples, of the resident set sizes
 of every process whose environment carries the run's marker (the SuperLink, SuperExec,
-flwr-simulation, Ray and its workers) plus ``gems-fl`` itself.
+flwr-simulation, Ray and its workers) plus ``gems-fl`` itself; the JSON also gives it per
+process role at that peak, and each role's own peak.
 """
 
 from __future__ import annotations
@@ -35,9 +36,22 @@ from gems_fl.running.timing import timing_line
 MARKER = "GEMS_FL_RUN_MARKER"
 
 
-def _tree_rss(root_pid: int) -> int:
-    """Bytes resident in ``root_pid`` and every process that carries the run's marker."""
-    total = 0
+def _role(pid: int) -> str:
+    """A process's part in the run, from its command line (``ray::...`` workers by name)."""
+    args = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    words = [Path(a.decode(errors="replace")).name for a in args if a]
+    for word in words:
+        if word.startswith(("flower-", "flwr-", "ray::", "gems-fl", "raylet", "gcs_server")):
+            return word.split()[0]
+    if len(words) > 2 and words[1] == "-m":
+        return words[2]
+    return words[0] if words else "?"
+
+
+def _tree_rss(root_pid: int) -> dict[str, int]:
+    """Bytes resident per role (:func:`_role`) in ``root_pid`` and every process that
+    carries the run's marker."""
+    roles: dict[str, int] = {}
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
@@ -49,24 +63,29 @@ def _tree_rss(root_pid: int) -> int:
                     continue
             for line in Path(f"/proc/{pid}/status").read_text().splitlines():
                 if line.startswith("VmRSS:"):
-                    total += int(line.split()[1]) * 1024
+                    role = _role(pid)
+                    roles[role] = roles.get(role, 0) + int(line.split()[1]) * 1024
         except (OSError, ValueError):
             continue
-    return total
+    return roles
 
 
 def run(nodes: int, run_config: str, out_dir: Path) -> dict:
     cmd = [sys.executable, "-m", "gems_fl.running.cli", "run", str(ROOT), "--nodes", str(nodes),
            "--output-dir", str(out_dir), "--run-config", run_config]
-    peak = 0
+    peak, at_peak, role_peaks = 0, {}, {}
     t0 = time.perf_counter()
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     done = threading.Event()
 
     def sample() -> None:
-        nonlocal peak
+        nonlocal peak, at_peak
         while not done.is_set():
-            peak = max(peak, _tree_rss(proc.pid))
+            roles = _tree_rss(proc.pid)
+            if sum(roles.values()) > peak:
+                peak, at_peak = sum(roles.values()), roles
+            for role, size in roles.items():
+                role_peaks[role] = max(role_peaks.get(role, 0), size)
             done.wait(1.0)
 
     sampler = threading.Thread(target=sample, daemon=True)
@@ -80,7 +99,11 @@ def run(nodes: int, run_config: str, out_dir: Path) -> dict:
     results = sorted((p for p in out_dir.glob("run-*/results.json")
                       if p.stat().st_mtime >= started), key=lambda p: p.stat().st_mtime)
     report: dict = {"nodes": nodes, "run_config": run_config, "exit_code": proc.returncode,
-                    "wall_s": wall, "peak_rss_bytes": peak, "output_tail": output[-2000:]}
+                    "wall_s": wall, "peak_rss_bytes": peak,
+                    # where the memory was: per role at the peak, and each role's own peak
+                    "peak_rss_by_role": dict(sorted(at_peak.items(), key=lambda kv: -kv[1])),
+                    "role_peak_rss": dict(sorted(role_peaks.items(), key=lambda kv: -kv[1])),
+                    "output_tail": output[-2000:]}
     if results:
         res = json.loads(results[-1].read_text())
         report.update({
@@ -126,6 +149,9 @@ def main() -> None:
               f"{r.get('good_enough')} | {r.get('gems_accuracy')} |")
         if r.get("timing_s"):
             print(f"    time: {timing_line(r['timing_s'])}")
+        if r.get("peak_rss_by_role"):
+            print("    at the peak: " + ", ".join(f"{k} {v / 2**20:.0f} MB"
+                                                   for k, v in r["peak_rss_by_role"].items()))
         for rd in r.get("rounds", []):
             print(f"    round {rd}")
     write_envelope("scale", args.out, {"machine": machine, "runs": reports},
