@@ -8,7 +8,8 @@ Prints a table and writes JSON (``--out``, default ``results/benchmarks/scale.js
 memory figure is the largest sum, over one-second samples, of the resident set sizes
 of every process whose environment carries the run's marker (the SuperLink, SuperExec,
 flwr-simulation, Ray and its workers) plus ``gems-fl`` itself; the JSON also gives it per
-process role at that peak, and each role's own peak.
+process role at that peak, each role's own peak, and the peak of the proportional sum (PSS),
+which counts a page that several processes map (Ray's object store) once.
 """
 
 from __future__ import annotations
@@ -48,10 +49,12 @@ def _role(pid: int) -> str:
     return words[0] if words else "?"
 
 
-def _tree_rss(root_pid: int) -> dict[str, int]:
+def _tree_rss(root_pid: int) -> tuple[dict[str, int], int]:
     """Bytes resident per role (:func:`_role`) in ``root_pid`` and every process that
-    carries the run's marker."""
+    carries the run's marker, and their proportional sum (PSS: a page shared by several
+    processes, as Ray's object store maps its objects into each worker, counts once)."""
     roles: dict[str, int] = {}
+    pss = 0
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
@@ -61,27 +64,30 @@ def _tree_rss(root_pid: int) -> dict[str, int]:
                 env = Path(f"/proc/{pid}/environ").read_bytes()
                 if MARKER.encode() not in env:
                     continue
-            for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-                if line.startswith("VmRSS:"):
+            for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
+                if line.startswith("Rss:"):
                     role = _role(pid)
                     roles[role] = roles.get(role, 0) + int(line.split()[1]) * 1024
+                elif line.startswith("Pss:"):
+                    pss += int(line.split()[1]) * 1024
         except (OSError, ValueError):
             continue
-    return roles
+    return roles, pss
 
 
 def run(nodes: int, run_config: str, out_dir: Path) -> dict:
     cmd = [sys.executable, "-m", "gems_fl.running.cli", "run", str(ROOT), "--nodes", str(nodes),
            "--output-dir", str(out_dir), "--run-config", run_config]
-    peak, at_peak, role_peaks = 0, {}, {}
+    peak, at_peak, role_peaks, peak_pss = 0, {}, {}, 0
     t0 = time.perf_counter()
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     done = threading.Event()
 
     def sample() -> None:
-        nonlocal peak, at_peak
+        nonlocal peak, at_peak, peak_pss
         while not done.is_set():
-            roles = _tree_rss(proc.pid)
+            roles, pss = _tree_rss(proc.pid)
+            peak_pss = max(peak_pss, pss)
             if sum(roles.values()) > peak:
                 peak, at_peak = sum(roles.values()), roles
             for role, size in roles.items():
@@ -99,7 +105,7 @@ def run(nodes: int, run_config: str, out_dir: Path) -> dict:
     results = sorted((p for p in out_dir.glob("run-*/results.json")
                       if p.stat().st_mtime >= started), key=lambda p: p.stat().st_mtime)
     report: dict = {"nodes": nodes, "run_config": run_config, "exit_code": proc.returncode,
-                    "wall_s": wall, "peak_rss_bytes": peak,
+                    "wall_s": wall, "peak_rss_bytes": peak, "peak_pss_bytes": peak_pss,
                     # where the memory was: per role at the peak, and each role's own peak
                     "peak_rss_by_role": dict(sorted(at_peak.items(), key=lambda kv: -kv[1])),
                     "role_peak_rss": dict(sorted(role_peaks.items(), key=lambda kv: -kv[1])),
@@ -149,6 +155,8 @@ def main() -> None:
               f"{r.get('good_enough')} | {r.get('gems_accuracy')} |")
         if r.get("timing_s"):
             print(f"    time: {timing_line(r['timing_s'])}")
+        if r.get("peak_pss_bytes"):
+            print(f"    peak PSS (shared pages counted once): {r['peak_pss_bytes'] / 2**20:.0f} MB")
         if r.get("peak_rss_by_role"):
             print("    at the peak: " + ", ".join(f"{k} {v / 2**20:.0f} MB"
                                                    for k, v in r["peak_rss_by_role"].items()))
