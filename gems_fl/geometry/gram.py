@@ -92,7 +92,9 @@ def float32_gram(x: np.ndarray | torch.Tensor) -> np.ndarray:
     rows = np.asarray(xt.numpy(), order="C")
     upper = ssyrk(1.0 / num, rows.T, trans=0, lower=0)  # (d, d), upper triangle filled
     g = np.empty((d + 1, d + 1), dtype=np.float64)
-    g[:d, :d] = np.triu(upper) + np.triu(upper, 1).T
+    full = upper + upper.T  # the strict lower triangle is zero: the diagonal doubles
+    np.fill_diagonal(full, upper.diagonal())
+    g[:d, :d] = full
     g[:d, d] = g[d, :d] = rows.sum(axis=0, dtype=np.float64) / num
     g[d, d] = 1.0
     return g
@@ -275,8 +277,6 @@ def low_rank_factor(g: np.ndarray, rank: int, rows: np.ndarray | None = None) ->
     lam = lam[-rank:].flip(0).clamp_min(0.0)
     vec = vec[:, -rank:].flip(1)
     return (vec * lam.sqrt()).numpy().astype(np.float32)
-
-
 
 
 def _top_eigenpairs(sym: torch.Tensor, rank: int) -> tuple[torch.Tensor, torch.Tensor]:
