@@ -371,75 +371,30 @@ def find_intersection(
     fallback: str = "min-penalty",
     seed: int = 0,
 ) -> IntersectionResult:
-    """Pick the aggregate model ``h_G`` in the intersection of the spaces.
+    """Pick the aggregate model ``h_G`` in the intersection of ``spaces`` (the nodes'
+    good-enough model spaces, all of dimension ``d``).
 
-    1. The mean of the centers (model averaging) is returned as is if it already lies
-       in every space: it is its own nearest point of the intersection
-       (``method="dykstra"``, ``iterations == 0``).
-    2. Otherwise Dykstra's cyclic projections, started at that mean, onto the spaces
-       with radii scaled by ``1 - shrink``. They converge to the point of the shrunk
-       intersection nearest to the mean; after each sweep the current point is checked
-       against the *true* spaces with :meth:`Space.contains`, and the first point
-       inside all of them is returned (``method="dykstra"``). Also after each sweep,
-       Dykstra's correction terms are tested as a certificate that the spaces are
-       disjoint (see ``_empty_certificate``; on disjoint spaces it fires within a few
-       sweeps). Proven-disjoint true spaces go straight to the fallback. If only the
-       shrunk spaces are proven disjoint, or the best objective has not dropped by 1%
-       over 100 sweeps, the intersection may be thinner than ``shrink`` of a radius
-       (near-tangent spaces), and Dykstra is restarted once with ``shrink * 1e-3``;
-       that run stops only at a point inside, a certificate, or the budget. Both runs
-       together make at most ``max_iter`` sweeps.
-    3. Otherwise the ``fallback``: ``"min-penalty"`` runs up to ``max_iter`` steps of
-       subgradient descent on the paper's objective ``sum_k max(0, distance_k - r_k)``
-       from the mean (stopping once 500 steps gain less than 1e-6 relative) and returns
-       the candidate (mean, best subgradient iterate, best Dykstra sweep end) with the
-       smallest objective; if an iterate is verified inside every space it is returned
-       with ``found=True, method="min-penalty"``. ``"mean"`` returns the mean of the
-       centers.
+    1. The mean of the centers (model averaging), as is if it already lies in every space:
+       it is its own nearest point of the intersection (``method="dykstra"``,
+       ``iterations == 0``).
+    2. Otherwise Dykstra's cyclic projections from that mean onto the spaces with radii
+       scaled by ``1 - shrink`` (:func:`_dykstra_search`, at most ``max_iter`` sweeps);
+       the first point found inside every *true* space (``method="dykstra"``). The
+       ``shrink`` in ``[0, 1)`` lets the point survive floating-point verification; a
+       space of radius 0 is the single point ``{center}`` regardless. ``seed`` sets the
+       projections' cyclic order (:func:`_projection_order`): the limit point does not
+       depend on it, only the path to it does.
+    3. Otherwise the ``fallback``: ``"min-penalty"`` (:func:`_fallback_point`: at most
+       ``max_iter`` subgradient steps, then the candidate with the smallest value of the
+       paper's objective ``sum_k max(0, distance_k - r_k)``), ``"mean"`` the mean.
 
-    Parameters
-    ----------
-    spaces : sequence of Space
-        The nodes' good-enough model spaces, all of the same dimension ``d``.
-    max_iter : int
-        Maximum Dykstra sweeps, and steps of the ``"min-penalty"`` fallback.
-    shrink : float
-        Relative radius reduction in ``[0, 1)`` used by the projections so that the
-        returned point survives floating-point verification. A space of radius 0 is the
-        single point ``{center}`` regardless.
-    fallback : {"min-penalty", "mean"}
-        What to return when no point of the intersection is found.
-    seed : int
-        Chooses the cyclic order of the projections: ``0`` keeps the given order, any
-        other value a fixed random permutation of it. Dykstra's limit point does not
-        depend on the order, only the path to it does (the sweep count, and the digits
-        of the returned point beyond the convergence tolerance). Spaces of radius 0 are
-        always projected last so that a sweep ends exactly on their center.
+    Returns the point with per-space membership, deterministic for a given input and seed.
+    ValueError: no spaces, dimensions differ, a center not finite, an option out of range;
+    TypeError: an element not a :class:`Space`, an option not of its type.
 
-    Returns
-    -------
-    IntersectionResult
-        The point with per-space membership; deterministic for a given input and seed.
-
-    Raises
-    ------
-    ValueError
-        If ``spaces`` is empty, the dimensions differ, a center is not finite, or an
-        option is out of range.
-    TypeError
-        If an element of ``spaces`` is not a :class:`Space`, or an option is not of
-        its type (an int, a real number).
-
-    Notes
-    -----
-    Cost per Dykstra sweep is ``O(K d)`` for balls and ``O(K d n)`` for ellipsoids, with
-    ``n`` the Newton iterations of the projection's multiplier (a handful, warm-started
-    from the previous sweep); the membership check and the certificate add ``O(K d)``.
-    Memory is ``O(K d)``. Spaces that intersect comfortably take one to a few dozen
-    sweeps (K=5, d=7850: milliseconds); near-tangent ones can take thousands. Each
-    fallback step is ``O(K d)``; at K=5, d=7850 the ``"min-penalty"`` fallback
-    typically runs a few hundred to a few thousand steps (a fraction of a second to
-    about 1.5 s on a laptop-class CPU), ``"mean"`` is immediate.
+    Cost: ``O(K d)`` a sweep for balls, ``O(K d n)`` for ellipsoids (``n`` Newton steps of
+    the projection's multiplier), memory ``O(K d)``; a few dozen sweeps where the spaces
+    meet comfortably (K=5, d=7850: milliseconds), up to about 1.5 s in the fallback.
     """
     spaces = _validate(spaces)
     check_option(fallback, "fallback", FALLBACKS)
@@ -451,13 +406,45 @@ def find_intersection(
     mean = stacked.centers.mean(axis=0)
     if stacked.verify(mean):
         return _result(stacked, mean, True, "dykstra", 0)
+    found, x, sweeps, best_x, best_f = _dykstra_search(
+        stacked, mean, shrink, max_iter, _projection_order(spaces, seed))
+    if found:
+        return _result(stacked, x, True, "dykstra", sweeps)
+    if fallback == "mean":
+        return _result(stacked, mean, False, "mean", sweeps)
+    return _fallback_point(stacked, mean, max_iter, shrink, sweeps, best_x, best_f)
 
+
+def _projection_order(spaces: Sequence[Space], seed: int) -> list[int]:
+    """The cyclic order of the projections: ``seed`` 0 keeps the given order, any other
+    value a fixed random permutation of it. Spaces of radius 0 always come last, so that a
+    sweep ends exactly on their center."""
     order = list(range(len(spaces)))
     if seed != 0:
         order = [int(i) for i in np.random.default_rng(seed).permutation(len(spaces))]
-    order = [k for k in order if spaces[k].radius > 0] + [
+    return [k for k in order if spaces[k].radius > 0] + [
         k for k in order if spaces[k].radius == 0
     ]
+
+
+def _dykstra_search(
+    stacked: _Stacked, mean: np.ndarray, shrink: float, max_iter: int, order: list[int]
+) -> tuple[bool, np.ndarray, int, np.ndarray, float]:
+    """Dykstra's cyclic projections, started at ``mean``, onto the spaces with radii scaled
+    by ``1 - shrink``: ``(found, point, sweeps, best point, its objective)``.
+
+    They converge to the point of the shrunk intersection nearest to the mean; after each
+    sweep the current point is checked against the *true* spaces with
+    :meth:`Space.contains`, and the first point inside all of them is returned. Also after
+    each sweep, Dykstra's correction terms are tested as a certificate that the spaces are
+    disjoint (``_empty_certificate``; on disjoint spaces it fires within a few sweeps).
+    Proven-disjoint true spaces end the search. If only the shrunk spaces are proven
+    disjoint, or the best objective has not dropped by 1% over 100 sweeps, the
+    intersection may be thinner than ``shrink`` of a radius (near-tangent spaces), and
+    Dykstra is restarted once with ``shrink * 1e-3``; that run stops only at a point
+    inside, a certificate, or the budget. Both runs together make at most ``max_iter``
+    sweeps.
+    """
     sweeps, best_x, best_f = 0, mean, stacked.objective(mean)
     retry = shrink > 0
     for attempt_shrink in (shrink, shrink * _RETRY_SHRINK_FACTOR):
@@ -466,16 +453,24 @@ def find_intersection(
         )
         sweeps += used
         if status == "found":
-            return _result(stacked, x, True, "dykstra", sweeps)
+            return True, x, sweeps, best_x, best_f
         if cand_f < best_f:
             best_x, best_f = cand_x, cand_f
         if not (retry and status in ("shrunk-empty", "stalled")):
             break
         retry = False
+    return False, mean, sweeps, best_x, best_f
 
-    if fallback == "mean":
-        return _result(stacked, mean, False, "mean", sweeps)
 
+def _fallback_point(
+    stacked: _Stacked, mean: np.ndarray, max_iter: int, shrink: float, sweeps: int,
+    best_x: np.ndarray, best_f: float,
+) -> IntersectionResult:
+    """The ``"min-penalty"`` fallback: up to ``max_iter`` steps of subgradient descent on
+    the paper's objective from the mean (stopping once 500 steps gain less than 1e-6
+    relative); an iterate verified inside every space is returned with ``found=True``,
+    otherwise the candidate (mean, best subgradient iterate, best Dykstra sweep end
+    ``best_x``) with the smallest objective."""
     w, f, steps, inside = _min_penalty(stacked, mean, max_iter, shrink)
     if inside:
         return _result(stacked, w, True, "min-penalty", sweeps + steps)

@@ -68,24 +68,19 @@ def run_app(
 
     ``app_dir``: the Flower app folder; None: the current folder when it holds one (a
     checkout), else the app the package carries (:mod:`gems_fl.running.packaged_app`).
-
-    ``cpus_per_node`` is the CPUs Flower's simulation engine reserves for each ClientApp
-    (Flower's default is 2, which runs one node at a time on a 2-core machine); with
-    the default 1 every core runs a node, each on one thread (``learning.threads``).
-
+    ``cpus_per_node``: the CPUs Flower's simulation engine reserves for each ClientApp
+    (Flower's default, 2, runs one node at a time on a 2-core machine; with 1 every core
+    runs a node, each on one thread: ``learning.threads``).
     ``sites``: site files (``gems-fl run --site``), one simulated node each, as deployed
     SuperNodes with those files would run (:func:`site_overrides`); ``num_nodes`` is then
     their count.
-
-    ``ray_address``: run the simulation's nodes on an existing Ray cluster (``HOST:PORT``
-    of its head, as ``ray start --head`` prints it) instead of a private Ray instance:
-    Ray's own ``RAY_ADDRESS`` in the environment of the SuperLink and what it starts
-    (Flower 1.42's simulation config has no address field). Checked to answer first.
-
+    ``ray_address``: run the nodes on an existing Ray cluster (``HOST:PORT`` of its head,
+    as ``ray start --head`` prints it; checked to answer first) instead of a private Ray
+    instance, through Ray's own ``RAY_ADDRESS`` (Flower 1.42's simulation config has no
+    address field).
     ``prepared``: what :func:`gems_fl.running.prepare.prepare_run` made of these
     arguments (``gems-fl run`` checks them before importing this module); the app,
     settings, node count and sites then come from it.
-
     ``verbose``: show Flower's and the ServerApp's INFO lines too (always in the log file).
     ``progress``: ``True`` shows the phases (a live line on a terminal, plain lines
     otherwise) above the streamed log; ``None``/``False`` only streams the log.
@@ -97,32 +92,31 @@ def run_app(
         with ``sites``, a site the run requires would be left out at the identity round
         (:func:`gems_fl.running.site_check.check_sites`).
     RunFailed
-        The run failed, or finished without writing its results; ``errors`` holds the
-        distinct error lines, ``log_path`` the full log.
+        The run failed, or finished without writing its results (``errors``: the
+        distinct error lines, ``log_path``: the full log).
     RunInterrupted
         SIGINT, SIGTERM or SIGHUP arrived; everything the run started has been stopped.
     """
-    t0 = time.monotonic()
-    launched_unix = time.time()
+    started = time.monotonic(), time.time()
     if int(cpus_per_node) < 1:
         raise ValueError(f"--cpus-per-node={cpus_per_node} must be >= 1")
     if prepared is None:
         prepared = prepare_run(app_dir, num_nodes=num_nodes, run_config=run_config,
                                output_dir=output_dir, sites=sites)
-    sites = list(prepared.sites)
-    app, overrides, settings = prepared.app, prepared.overrides, prepared.settings
-    num_nodes = prepared.num_nodes
-    if sites:
-        for line in check_sites(settings):
-            print(f"gems-fl: warning: {line}", file=sys.stderr)
-    extra_env = _git_env(app)
-    if ray_address:
-        check_ray_address(ray_address)
-        extra_env["RAY_ADDRESS"] = ray_address
+    return _launch(prepared, cpus_per_node, ray_address,
+                   Progress() if progress is True else progress, verbose, started)
+
+
+def _launch(prepared: PreparedRun, cpus_per_node: int, ray_address: str | None,
+            progress: Progress | None, verbose: bool, started: tuple[float, float]) -> RunOutcome:
+    """:func:`run_app` once its arguments are checked: a private SuperLink, the run, its
+    final status; everything stopped and cleaned up whatever ends it (``started``: the
+    monotonic and the wall clock when the call began)."""
+    t0, launched_unix = started
+    app, overrides = prepared.app, prepared.overrides
+    extra_env = _launch_environment(prepared, ray_address)
     out_dir = Path(overrides["output-dir"])
     log_path = new_log_path(out_dir, "run")
-    if progress is True:
-        progress = Progress()
     run_log: RunLog | None = None
     link: LocalSuperLink | None = None
     run_id: int | None = None
@@ -135,19 +129,8 @@ def run_app(
             run_log = RunLog(log_path, progress or None, verbose=verbose)
             link = LocalSuperLink(workdir, extra_env=extra_env)
             link.__enter__()  # stopped in `finally` (and on a signal), never half-way
-            out = link.flwr_streamed("run", str(app), CONNECTION, "--stream",
-                                     "--run-config", str(overrides_file),
-                                     "--federation-config",
-                                     f"num-supernodes={num_nodes} "
-                                     f"client-resources-num-cpus={cpus_per_node}",
-                                     log=run_log)
-            match = re.search(r"Successfully started run (\d+)", out)
-            if not match:
-                errors = [e.line() for e in summarise_errors(run_log.lines)]
-                raise RunFailed("`flwr run` did not start a run", errors or
-                                [f"  {line}" for line in out.strip().splitlines()[-5:]],
-                                log_path)
-            run_id = int(match.group(1))
+            run_id = _start_run(link, app, overrides_file, prepared.num_nodes, cpus_per_node,
+                                run_log)
             if progress:
                 progress.set("checking the run's final status")
             status = run_status(link, run_id)
@@ -156,18 +139,10 @@ def run_app(
             hold_signals()
             if run_id is None and run_log is not None:
                 run_id = run_log.run_id
-            stopped = link.stop() if link is not None else {}
+            stopped = link.stop() if link is not None else None
             _remove_partial_results(out_dir, run_id)
-            name = signal.Signals(sig.signum).name
-            what = (f"stopped the SuperLink and {len(stopped)} process(es) of the run "
-                    f"({describe(stopped)})" if link is not None else "nothing had started")
-            where = f"; log: {log_path}" if run_log is not None else ""
-            written = out_dir / f"run-{run_id}" / RESULTS_FILE
-            results = (f"; run {run_id} had already written {written}" if run_id is not None
-                       and written.is_file() else "; no results written")
-            raise RunInterrupted(
-                sig.signum, f"interrupted by {name} after {time.monotonic() - t0:.1f} s: "
-                f"{what}, removed its temp folder{results}{where}") from None
+            raise _interrupted(sig.signum, time.monotonic() - t0, stopped, out_dir, run_id,
+                               log_path if run_log is not None else None) from None
         finally:  # the one clean-up, whatever ended the run (stop() is idempotent)
             hold_signals()
             if link is not None:
@@ -177,6 +152,53 @@ def run_app(
             _keep_superlink_log(link, log_path)
             if workdir is not None:
                 shutil.rmtree(workdir, ignore_errors=True)
+
+
+def _launch_environment(prepared: PreparedRun, ray_address: str | None) -> dict[str, str]:
+    """The variables the SuperLink and what it starts get (the checkout's commit, Ray's
+    address), after warning about sites the run may leave out and checking the address."""
+    if prepared.sites:
+        for line in check_sites(prepared.settings):
+            print(f"gems-fl: warning: {line}", file=sys.stderr)
+    extra_env = _git_env(prepared.app)
+    if ray_address:
+        check_ray_address(ray_address)
+        extra_env["RAY_ADDRESS"] = ray_address
+    return extra_env
+
+
+def _start_run(link: LocalSuperLink, app: Path, overrides_file: Path, num_nodes: int,
+               cpus_per_node: int, run_log: RunLog) -> int:
+    """``flwr run`` the app on ``link``, streaming its log; the run's id, or RunFailed with
+    the errors seen where Flower did not start one."""
+    out = link.flwr_streamed("run", str(app), CONNECTION, "--stream",
+                             "--run-config", str(overrides_file),
+                             "--federation-config",
+                             f"num-supernodes={num_nodes} "
+                             f"client-resources-num-cpus={cpus_per_node}",
+                             log=run_log)
+    match = re.search(r"Successfully started run (\d+)", out)
+    if not match:
+        errors = [e.line() for e in summarise_errors(run_log.lines)]
+        raise RunFailed("`flwr run` did not start a run", errors or
+                        [f"  {line}" for line in out.strip().splitlines()[-5:]],
+                        run_log.path)
+    return int(match.group(1))
+
+
+def _interrupted(signum: int, seconds: float, stopped: dict | None, out_dir: Path,
+                 run_id: int | None, log_path: Path | None) -> RunInterrupted:
+    """What a signal that ended the run says: what was stopped, what was written, where the
+    log is (``stopped``: None where no SuperLink had started)."""
+    name = signal.Signals(signum).name
+    what = (f"stopped the SuperLink and {len(stopped)} process(es) of the run "
+            f"({describe(stopped)})" if stopped is not None else "nothing had started")
+    where = f"; log: {log_path}" if log_path is not None else ""
+    written = out_dir / f"run-{run_id}" / RESULTS_FILE
+    results = (f"; run {run_id} had already written {written}" if run_id is not None
+               and written.is_file() else "; no results written")
+    return RunInterrupted(signum, f"interrupted by {name} after {seconds:.1f} s: "
+                          f"{what}, removed its temp folder{results}{where}")
 
 
 def check_ray_address(address: str) -> None:
