@@ -142,33 +142,17 @@ def minimax_gram_point(
 ):
     """The point minimising ``max_k ||W - W_k||_{G_k} / rho_k``, and that maximum.
 
-    ``decide_at`` (e.g. 1.0: do the spaces share a point?) stops as soon as the bracket
-    settles the question: the best point's maximum is <= ``decide_at`` (a point in
-    every space is found), or the lower bound is above it (no such point exists). The
-    returned maximum is then an upper bound on the optimum, not the optimum itself.
+    Returns ``(W, max_scaled_distance)``: ``<= 1`` means ``W`` lies in every node's space.
+    ``return_info=True`` adds a dict: ``scaled_distances`` (per node), ``lower_bound`` (a
+    certified lower bound on the optimum), ``iterations``, ``converged``, ``weights`` (dual
+    weights, per node), ``excluded`` (nodes with radius 0 or inf). ``decide_at`` (e.g. 1.0:
+    do the spaces share a point?) stops once the bracket settles that question; the
+    maximum returned is then an upper bound on the optimum, not the optimum itself.
 
-    Returns ``(W, max_scaled_distance)``; ``max_scaled_distance <= 1`` means ``W`` lies in
-    every node's space. With ``return_info=True`` a third item, a dict with
-    ``scaled_distances`` (per node), ``lower_bound`` (a certified lower bound on the
-    optimum), ``iterations``, ``converged``, ``weights`` (dual weights, per node) and
-    ``excluded`` (indices of nodes with radius 0 or inf).
-
-    Method: the convex problem ``min_W max_k q_k(W)`` with ``q_k = ||W - W_k||^2 / rho_k^2``
-    has the dual ``max_{lambda in simplex} g(lambda)``, ``g(lambda) = min_W sum_k
-    lambda_k q_k(W)``, whose inner minimiser is the closed-form center with weights
-    ``lambda_k / rho_k^2`` and whose gradient is ``q_k(W(lambda))``. Starting from the
-    closed form with weights ``1 / rho_k^2`` (uniform ``lambda``), the weights are
-    updated multiplicatively toward the worst nodes, ``lambda_k <- lambda_k
-    (q_k / g)^beta``, with ``beta`` grown while the dual improves and halved when it
-    does not. Weak duality brackets the optimum: ``sqrt(g) <= opt <= sqrt(max_k q_k)``;
-    iteration stops when the relative gap is below ``tol`` (or after ``max_iter``) and
-    the best primal point is returned.
-
-    Nodes with ``rho_k = 0`` (center failed eps) have infinite scale: they are left out
-    of the optimisation and their scaled distance is ``inf`` (0 only at exactly their
-    center), so the returned maximum is ``inf``. Nodes with ``rho_k = inf`` impose no
-    constraint. With no constrained node left, the equal-weight ``gram_center`` of all
-    nodes is returned.
+    Method: the dual by multiplicative weights (:func:`_minimax_dual_ascent`). Nodes with
+    ``rho_k = 0`` (center failed eps) are left out of it; their scaled distance is ``inf``
+    (0 only at exactly their center), so the maximum is ``inf``. Nodes with ``rho_k = inf``
+    impose no constraint; with no constrained node left, the equal-weight ``gram_center``.
     """
     ws, gs = _node_inputs(centers, grams)
     k = len(ws)
@@ -177,75 +161,109 @@ def minimax_gram_point(
     excluded = [i for i in range(k) if i not in active]
     info: dict = {"iterations": 0, "converged": True, "excluded": excluded,
                   "weights": np.zeros(k)}
-
     if not active:
         w_best = torch.as_tensor(gram_center(ws, gs))
         lower = 0.0
     else:
-        ga = [gs[i] for i in active]
-        wa = [ws[i] for i in active]
-        inv_r2 = [1.0 / float(r[i]) ** 2 for i in active]
-        h = [wk @ gk for wk, gk in zip(wa, ga)]  # W_k G_k, reused every iteration
-        c = [float((hk * wk).sum()) for hk, wk in zip(h, wa)]  # tr(W_k G_k W_k^T)
-        n = ga[0].shape[0]
-
-        def solve(lam: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-            a = torch.zeros(n, n, dtype=torch.float64)
-            b = torch.zeros(wa[0].shape, dtype=torch.float64)
-            for lk, s, gk, hk in zip(lam.tolist(), inv_r2, ga, h):
-                if lk > 0.0:
-                    a.add_(gk, alpha=lk * s)
-                    b.add_(hk, alpha=lk * s)
-            w = solve_right(0.5 * (a + a.T), b)
-            q = torch.tensor([qk * s for qk, s in zip(expanded_sq_distances(w, ga, h, c), inv_r2)],
-                             dtype=torch.float64)
-            return w, q
-
-        lam = torch.full((len(active),), 1.0 / len(active), dtype=torch.float64)
-        w, q = solve(lam)
-        dual = float((lam * q).sum())
-        w_best, primal = w, float(q.max())
-        lower, beta = dual, 1.0
-        info["converged"] = False
-        for it in range(1, max_iter + 1):
-            info["iterations"] = it
-            if math.sqrt(primal) - math.sqrt(max(lower, 0.0)) <= tol * math.sqrt(primal):
-                info["converged"] = True
-                break
-            if dual <= 0.0:  # every active center coincides with W: optimum 0
-                info["converged"] = True
-                break
-            if decide_at is not None and (primal <= decide_at ** 2 or lower > decide_at ** 2):
-                info["decided"] = True
-                break
-            trial = lam * (q / dual).clamp_min(1e-300) ** beta
-            trial = trial / trial.sum()
-            w_t, q_t = solve(trial)
-            dual_t = float((trial * q_t).sum())
-            if float(q_t.max()) < primal:
-                w_best, primal = w_t, float(q_t.max())
-            if dual_t > dual:
-                lam, w, q, dual = trial, w_t, q_t, dual_t
-                lower = max(lower, dual)
-                beta = min(beta * 1.5, 16.0)
-            else:
-                beta *= 0.5
-                if beta < 1e-8:
-                    info["converged"] = True  # no ascent left at machine precision
-                    break
+        w_best, lower, lam = _minimax_dual_ascent(
+            [ws[i] for i in active], [gs[i] for i in active],
+            [1.0 / float(r[i]) ** 2 for i in active], max_iter, tol, decide_at, info)
         full = np.zeros(k)
         full[active] = lam.numpy()
         info["weights"] = full
 
     scaled = [_scaled(math.sqrt(_sq_dist(w_best, ws[i], gs[i])), float(r[i])) for i in range(k)]
     worst = max(scaled)
-    info["scaled_distances"] = np.array(scaled)
-    # A lower bound for the nodes with finite positive radius; adding the others only
-    # raises the optimum, so it bounds the full problem too.
-    info["lower_bound"] = math.sqrt(max(lower, 0.0))
+    # lower bound: for the nodes with finite positive radius; adding the others only
+    # raises the optimum, so it bounds the full problem too
+    info.update(scaled_distances=np.array(scaled), lower_bound=math.sqrt(max(lower, 0.0)))
     if return_info:
         return w_best.numpy(), worst, info
     return w_best.numpy(), worst
+
+
+class _WeightedCenters:
+    """The closed-form center of the constrained nodes for dual weights ``lambda`` and its
+    scaled squared distances ``q_k = ||W - W_k||^2 / rho_k^2`` (``inv_r2``: the
+    ``1 / rho_k^2``); ``W_k G_k`` and ``tr(W_k G_k W_k^T)`` computed once."""
+
+    def __init__(self, wa: list[torch.Tensor], ga: list[torch.Tensor],
+                 inv_r2: list[float]) -> None:
+        self.wa, self.ga, self.inv_r2 = wa, ga, inv_r2
+        self.h = [wk @ gk for wk, gk in zip(wa, ga)]
+        self.c = [float((hk * wk).sum()) for hk, wk in zip(self.h, wa)]
+
+    def solve(self, lam: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        n = self.ga[0].shape[0]
+        a = torch.zeros(n, n, dtype=torch.float64)
+        b = torch.zeros(self.wa[0].shape, dtype=torch.float64)
+        for lk, s, gk, hk in zip(lam.tolist(), self.inv_r2, self.ga, self.h):
+            if lk > 0.0:
+                a.add_(gk, alpha=lk * s)
+                b.add_(hk, alpha=lk * s)
+        w = solve_right(0.5 * (a + a.T), b)
+        sq = expanded_sq_distances(w, self.ga, self.h, self.c)
+        return w, torch.tensor([qk * s for qk, s in zip(sq, self.inv_r2)], dtype=torch.float64)
+
+
+def _dual_stop(primal: float, lower: float, dual: float, tol: float,
+               decide_at: float | None) -> str | None:
+    """Why the dual ascent stops now (``"converged"``, ``"decided"``), or None."""
+    if math.sqrt(primal) - math.sqrt(max(lower, 0.0)) <= tol * math.sqrt(primal):
+        return "converged"
+    if dual <= 0.0:  # every active center coincides with W: optimum 0
+        return "converged"
+    if decide_at is not None and (primal <= decide_at ** 2 or lower > decide_at ** 2):
+        return "decided"
+    return None
+
+
+def _minimax_dual_ascent(
+    wa: list[torch.Tensor], ga: list[torch.Tensor], inv_r2: list[float], max_iter: int,
+    tol: float, decide_at: float | None, info: dict,
+) -> tuple[torch.Tensor, float, torch.Tensor]:
+    """``min_W max_k q_k(W)`` over the constrained nodes: ``(best W, lower bound on the
+    squared optimum, dual weights)``; ``info`` gets ``iterations``, ``converged`` and
+    ``decided`` (where ``decide_at`` settled the question).
+
+    The convex problem has the dual ``max_{lambda in simplex} g(lambda)``, ``g(lambda) =
+    min_W sum_k lambda_k q_k(W)``, whose inner minimiser is the closed-form center with
+    weights ``lambda_k / rho_k^2`` and whose gradient is ``q_k(W(lambda))``. From uniform
+    ``lambda``, the weights move multiplicatively toward the worst nodes, ``lambda_k <-
+    lambda_k (q_k / g)^beta``, ``beta`` grown while the dual improves and halved when it
+    does not. Weak duality brackets the optimum: ``sqrt(g) <= opt <= sqrt(max_k q_k)``;
+    iteration stops when the relative gap is below ``tol`` (or after ``max_iter``) and
+    the best primal point is returned.
+    """
+    centers = _WeightedCenters(wa, ga, inv_r2)
+    lam = torch.full((len(wa),), 1.0 / len(wa), dtype=torch.float64)
+    w, q = centers.solve(lam)
+    dual = float((lam * q).sum())
+    w_best, primal = w, float(q.max())
+    lower, beta = dual, 1.0
+    info["converged"] = False
+    for it in range(1, max_iter + 1):
+        info["iterations"] = it
+        stop = _dual_stop(primal, lower, dual, tol, decide_at)
+        if stop is not None:
+            info[stop] = True
+            break
+        trial = lam * (q / dual).clamp_min(1e-300) ** beta
+        trial = trial / trial.sum()
+        w_t, q_t = centers.solve(trial)
+        dual_t = float((trial * q_t).sum())
+        if float(q_t.max()) < primal:
+            w_best, primal = w_t, float(q_t.max())
+        if dual_t > dual:
+            lam, w, q, dual = trial, w_t, q_t, dual_t
+            lower = max(lower, dual)
+            beta = min(beta * 1.5, 16.0)
+        else:
+            beta *= 0.5
+            if beta < 1e-8:
+                info["converged"] = True  # no ascent left at machine precision
+                break
+    return w_best, lower, lam
 
 
 class Membership(NamedTuple):
