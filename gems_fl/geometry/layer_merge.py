@@ -283,51 +283,14 @@ def merge_layer(
     seed : int
         ``random_state`` of k-means; the result is deterministic for a given seed
         (and k-means thread count, see ``threads``).
-    max_iter : int
-        Per :func:`find_intersection` call, the Dykstra sweep budget. Its fallback is
-        ``"mean"`` (no subgradient descent): a candidate whose common point Dykstra
-        cannot find within the budget is simply not merged.
-    n_init : int
-        k-means restarts (scikit-learn's ``n_init``); 1 is scikit-learn's ``"auto"``
-        for k-means++ seeding.
-    shrink : float
-        Passed to :func:`find_intersection`: radii are shrunk by ``1 - shrink`` while
-        projecting so that the returned point verifies inside the true balls.
-    polish_max_iter : int
-        ``method="dual"`` only: when ``> 0``, a merged group whose mean is not inside
-        every ball gets :func:`find_intersection`'s point (nearest to the mean) with
-        this sweep budget instead of the power center (which it falls back to). 0
-        (default) makes no such call: thin intersections can take Dykstra hundreds of
-        sweeps, which dominated the run time at 100 x 100 neurons.
-    threads : int or None
-        BLAS/OpenMP threads for k-means; ``None`` leaves the libraries' default (all
-        cores). Default 1: labels that cannot depend on the core count, and a steady
-        run time on a shared machine. Measured on 2 cores for 10 000 x 785 neurons
-        and 150 clusters: idle machine, 1 thread 3.9 s vs 2 threads 2.3 s; one core
-        busy with another process, 4.0 s vs 6.7 s (OpenMP threads wait on the busy
-        core). Pass ``None`` on a dedicated multi-core server. The greedy pass always
-        runs single-threaded (its products are tiny).
-    method : {"dual", "dykstra"}
-        How a candidate that passed the pre-checks and does not contain the group's
-        point is tested: ``"dual"`` (default) the exact dual test first, with
-        :func:`find_intersection` only when it is inconclusive; ``"dykstra"``
-        :func:`find_intersection` for every such candidate and for every merged point
-        (much slower; kept as the reference).
+    max_iter, n_init, shrink, polish_max_iter, threads, method
+        The merge's tuning options: see :class:`~gems_fl.geometry.greedy_merge.MergeOptions`.
 
-    Returns
-    -------
-    LayerMerge
-        ``weights`` of shape ``(H', d)`` with ``num_nonempty_clusters <= H' <= N``.
-
-    Raises
-    ------
-    ValueError
-        Empty input, non-2-D centers, radii of the wrong shape, mismatched ``d``
-        across nodes, negative or non-finite radii, non-finite centers, no neurons at
-        all, or an option out of range.
-    TypeError
-        If ``node_neurons`` is not a sequence of pairs, or an option is not of its
-        type (an int, a real number).
+    Returns the :class:`LayerMerge`, ``weights`` of shape ``(H', d)`` with
+    ``num_nonempty_clusters <= H' <= N``. ValueError: empty input, non-2-D centers, radii
+    of the wrong shape, mismatched ``d`` across nodes, negative or non-finite radii,
+    non-finite centers, no neurons at all, or an option out of range; TypeError: not a
+    sequence of pairs, or an option not of its type.
     """
     num_clusters = check_scalar(num_clusters, "num_clusters (m_eps)", int, low=1)
     seed = check_scalar(seed, "seed", int)
@@ -335,9 +298,16 @@ def merge_layer(
     c, r, node, neuron = _validate(node_neurons)
     m = min(num_clusters, c.shape[0])
     greedy = GreedyMerge(c, r, node, options)
-    # k-means runs with ``threads`` BLAS/OpenMP threads (None: the libraries'
-    # default). The greedy pass runs single-threaded: its products are tiny, and on a
-    # shared machine waiting BLAS threads made them ~20x slower (measured).
+    built, labels, seconds = _cluster_and_merge(c, m, seed, options, greedy)
+    return _layer_merge(built, labels, node, neuron, c.shape, num_clusters, m, seconds, greedy)
+
+
+def _cluster_and_merge(c: np.ndarray, m: int, seed: int, options: MergeOptions,
+                       greedy: GreedyMerge) -> tuple[list, np.ndarray, dict[str, float]]:
+    """k-means of the neurons into ``m`` clusters (``options.threads`` BLAS/OpenMP
+    threads), then the greedy pass in each: ``(groups built, labels, seconds)``."""
+    # The greedy pass runs single-threaded: its products are tiny, and on a shared
+    # machine waiting BLAS threads made them ~20x slower (measured).
     t0 = time.perf_counter()
     with threadpool_limits(limits=options.threads):
         labels = _cluster(c, m, seed, options.n_init)
@@ -351,14 +321,21 @@ def merge_layer(
             for group, point in greedy.cluster(np.flatnonzero(labels == label))
         ]
         seconds = {"kmeans": t1 - t0, "greedy": time.perf_counter() - t1}
-    # Order output neurons by their seed (the group's smallest (node, neuron) pair).
+    return built, labels, seconds
+
+
+def _layer_merge(built: list, labels: np.ndarray, node: np.ndarray, neuron: np.ndarray,
+                 shape: tuple[int, int], num_clusters: int, m: int, seconds: dict,
+                 greedy: GreedyMerge) -> LayerMerge:
+    """The :class:`LayerMerge` of the groups ``built`` (``(members, point, cluster)``),
+    output neurons ordered by their seed (the group's smallest (node, neuron) pair)."""
     built.sort(key=lambda t: t[0][0])
     groups = [[(int(node[i]), int(neuron[i])) for i in g] for g, _, _ in built]
     sizes = [len(g) for g in groups]
     visited = int(np.unique(labels).size)
     return LayerMerge(
         weights=(
-            np.stack([p for _, p, _ in built]) if built else np.empty((0, c.shape[1]))
+            np.stack([p for _, p, _ in built]) if built else np.empty((0, shape[1]))
         ),
         groups=groups,
         group_clusters=[lab for _, _, lab in built],
@@ -368,7 +345,7 @@ def merge_layer(
         num_nonempty_clusters=visited,
         num_clusters=num_clusters,
         num_clusters_used=m,
-        num_inputs=c.shape[0],
+        num_inputs=shape[0],
         seconds=seconds,
         **asdict(greedy.counts),
     )
