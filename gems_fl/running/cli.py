@@ -64,6 +64,23 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="gems-fl", description="GEMS on Flower.")
     parser.add_argument("--version", action="version", version=version_text())
     sub = parser.add_subparsers(dest="command", required=True)
+    _add_run(sub)
+    _add_submit(sub)
+    _add_pull_and_status(sub)
+    _add_check_data(sub)
+    _add_split(sub)
+    _add_predict(sub)
+    show = sub.add_parser("show", help="print the tables of a run (its folder or results.json)")
+    show.add_argument("path", help="a run's folder (<output-dir>/run-<id>) or its results.json")
+    show.add_argument("--markdown", action="store_true", help="markdown instead of rich tables")
+    show.add_argument("--plot", action="store_true",
+                      help="also write result.png beside it (per site: h_G, Local, Averaged)")
+    for command in commands():
+        command.add_parser(sub)
+    return parser
+
+
+def _add_run(sub: argparse._SubParsersAction) -> None:
     run = sub.add_parser(
         "run",
         help="run the Flower simulation (flwr run) and check that it succeeded",
@@ -76,9 +93,7 @@ def build_parser() -> argparse.ArgumentParser:
         "run completed and wrote its results, but a required site was left out or died; 4: "
         "the run completed and wrote its results, but h_G was good enough on fewer sites "
         "than min-good-enough asks.",
-        epilog=settings_epilog(),
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+        epilog=settings_epilog(), formatter_class=argparse.RawDescriptionHelpFormatter)
     run.add_argument("app", nargs="?", default=None,
                      help="Flower app folder (default: this folder when it holds one, else "
                      "the app the gems-fl package carries)")
@@ -114,6 +129,9 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--plot", action="store_true",
                      help="also write result.png beside results.json: per site, h_G, its own "
                      "Local model and Averaged on its own data, with its eps")
+
+
+def _add_submit(sub: argparse._SubParsersAction) -> None:
     sub_ = sub.add_parser(
         "submit",
         help="run the app on a deployed SuperLink, watch it, bring its results home",
@@ -143,6 +161,9 @@ def build_parser() -> argparse.ArgumentParser:
                       "kept log)")
     sub_.add_argument("--detach", action="store_true",
                       help="start the run and return; prints how to follow, stop and fetch it")
+
+
+def _add_pull_and_status(sub: argparse._SubParsersAction) -> None:
     pull = sub.add_parser(
         "pull", help="bring a finished deployed run's results home (from its log)",
         description="Read the log of finished run RUN_ID from the SuperLink (`flwr log --show`) "
@@ -159,17 +180,6 @@ def build_parser() -> argparse.ArgumentParser:
         "SuperNode's node-name (as it reported it in the latest runs' identity round) and the "
         "phase of each unfinished run (from its log).")
     stat.add_argument("--superlink", required=True, help="name of the connection entry")
-    _add_check_data(sub)
-    _add_split(sub)
-    _add_predict(sub)
-    show = sub.add_parser("show", help="print the tables of a run (its folder or results.json)")
-    show.add_argument("path", help="a run's folder (<output-dir>/run-<id>) or its results.json")
-    show.add_argument("--markdown", action="store_true", help="markdown instead of rich tables")
-    show.add_argument("--plot", action="store_true",
-                      help="also write result.png beside it (per site: h_G, Local, Averaged)")
-    for command in commands():
-        command.add_parser(sub)
-    return parser
 
 
 def _add_check_data(sub: argparse._SubParsersAction) -> None:
