@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import partial
 
 import numpy as np
 import torch
@@ -100,81 +101,40 @@ class GramRadiusResult(RadiusResult):
     rank: int = 0
 
 
-def search_gram_radius(
-    center: np.ndarray,
-    g: np.ndarray,
-    x_val: np.ndarray,
-    y_val: np.ndarray,
-    *,
-    eps: float,
-    num_directions: int = DEFAULT_NUM_DIRECTIONS,
-    r_max: float = DEFAULT_R_MAX,
-    delta: float = DEFAULT_DELTA,
-    seed: int = 0,
-    floor: float = EIGEN_FLOOR,
-    chunk: int = 64,
-    eigen: tuple[torch.Tensor, torch.Tensor] | None = None,
-    whitening: Whitening | None = None,
-) -> GramRadiusResult:
-    """Largest radius ``R`` in the metric ``G`` such that every sampled model
-    ``center + R * D`` (``D`` from ``sample_gram_directions``) keeps validation
-    accuracy >= eps.
-
-    Bisection over ``[0, r_max]`` down to width ``delta``; ``r_max`` is tested first and,
-    when it passes, returned with ``saturated=True``. Vectorised: the logits of
-    ``W + r D`` are ``Z0 + r (Xa D^T)``, so the margins of each sample against each class
-    are affine in ``r`` and the radii where a sample stays correct form an interval. The
-    intervals for all ``N`` samples and ``p`` directions are computed in one batched pass
-    (``chunk`` directions at a time to bound memory); every bisection step is then a
-    comparison of ``(N, p)`` numbers. ``Xa D^T`` is formed as ``(Xa W) U^T`` without
-    materialising ``D``, ``W`` a whitening of ``G`` (``V_m diag(lambda)^(-1/2)`` from the
-    eigenpairs, or the factor form's own, :mod:`gems_fl.geometry.whitening`).
-
-    Parameters
-    ----------
-    center : (C, d + 1) augmented ``[weight | bias]`` matrix of the node's model.
-    g : (d + 1, d + 1) the node's Gram matrix (training inputs).
-    x_val, y_val : validation inputs ``(N, d)`` and labels ``(N,)``.
-    eps : minimum accuracy of a good-enough model.
-    num_directions, r_max, delta, seed : see the module defaults.
-    eigen : ``torch.linalg.eigh`` of ``g`` as float64, where the caller has it already
-        (the node's certified radius needs the same decomposition).
-    whitening : a whitening of ``g`` (:mod:`gems_fl.geometry.whitening`; e.g. from the
-        factor form without an eigendecomposition); else one from ``eigen``/``eigh(g)``.
-    """
-    eps = check_eps(eps)
+def _check_search_options(num_directions: int, r_max: float, delta: float) -> None:
     _check_search_ints(num_directions)
     if not (math.isfinite(r_max) and r_max > 0):
         raise ValueError(f"r_max must be a positive finite radius (logit units); got {r_max}")
     if not (math.isfinite(delta) and delta > 0):
         raise ValueError(f"delta must be a positive bisection width; got {delta}")
-    xa = augment(x_val)
-    n = xa.shape[1]
-    if len(xa) == 0:
-        raise ValueError("the validation set is empty: a radius needs validation data")
-    w = center_for("center", center, n)
-    gt = square_matrix("G", g, n)
-    yt = label_indices(y_val, len(xa), w.shape[0])
-    num, classes = len(xa), w.shape[0]
-    need = pass_count(eps, num)
 
-    z0 = xa @ w.T
-    correct0 = int((z0.argmax(dim=1) == yt).sum())
-    center_acc = correct0 / num
-    if correct0 < need:
-        return GramRadiusResult(0.0, center_acc, False, center_acc, 0, False, 0.0, 0)
 
-    white = whitening if whitening is not None else eigen_whitening(gt, floor, eigen)
-    m = white.dim
-    xw = white.apply(xa)  # (N, m): whitened inputs
-    u = _whitened_draws(num_directions, classes * m, seed).reshape(-1, m)  # (p*C, m)
+def _min_count(lo: torch.Tensor, hi: torch.Tensor, n_clean: int, radius: float) -> int:
+    """The fewest validation rows correct at ``radius`` over the directions (the clean
+    rows, the first ``n_clean``, have ``lo = 0``)."""
+    count = torch.count_nonzero(hi[:, :n_clean] >= radius, dim=1)
+    if n_clean < lo.shape[1]:
+        rest = (lo[:, n_clean:] <= radius) & (hi[:, n_clean:] >= radius)
+        count = count + torch.count_nonzero(rest, dim=1)
+    return int(count.min())
+
+
+def _sample_intervals(xw: torch.Tensor, z0: torch.Tensor, yt: torch.Tensor, u: torch.Tensor,
+                      classes: int, chunk: int) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """For every direction (rows of ``u``, ``classes`` at a time) and validation row, the
+    interval ``[lo, hi]`` of radii where the row stays correct, ``(p, N)`` each, rows
+    reordered clean first; and the number of clean rows.
+
+    "Clean" rows are correct at the center with every other class strictly behind. Their
+    interval is ``[0, hi]`` with ``hi = 1 / max_c max(0, (s_c - s_y) / m_c)``, ``s`` the
+    logit slope: one subtraction, one product and one max per entry. The others (wrong at
+    the center, or tied) take the general interval computation.
+    """
+    num = xw.shape[0]
+    num_directions = u.shape[0] // classes
     idx = yt.view(-1, 1)
     margin = z0.gather(1, idx) - z0  # (N, C): >= 0 means correct against class c
     off = torch.ones_like(margin, dtype=torch.bool).scatter_(1, idx, False)
-    # "Clean" samples: correct at the center with every other class strictly behind.
-    # Their interval is [0, hi] with hi = 1 / max_c max(0, (s_c - s_y) / m_c), where s
-    # is the logit slope: one subtraction, one product and one max per entry. The
-    # others (wrong at the center, or tied) take the general interval computation.
     clean = torch.where(off, margin, torch.ones(())).gt(0).all(dim=1)
     # Clean rows first, so that both groups are contiguous slices (the accuracy counts
     # sum over rows and do not care about their order).
@@ -197,15 +157,56 @@ def search_gram_radius(
             slope = at_y[n_clean:] - slopes[n_clean:]
             lo_o, hi_o = margin_intervals(o_margin, slope)
             lo[start:stop, n_clean:], hi[start:stop, n_clean:] = lo_o.T, hi_o.T
+    return lo, hi, n_clean
 
-    def min_count(radius: float) -> int:
-        inside = hi[:, :n_clean] >= radius  # clean samples: lo = 0
-        count = torch.count_nonzero(inside, dim=1)
-        if n_clean < num:
-            rest = (lo[:, n_clean:] <= radius) & (hi[:, n_clean:] >= radius)
-            count = count + torch.count_nonzero(rest, dim=1)
-        return int(count.min())
 
-    b = bisect_radius(min_count, lambda count: count >= need, r_max, delta, correct0)
+def search_gram_radius(
+    center: np.ndarray, g: np.ndarray, x_val: np.ndarray, y_val: np.ndarray, *, eps: float,
+    num_directions: int = DEFAULT_NUM_DIRECTIONS, r_max: float = DEFAULT_R_MAX,
+    delta: float = DEFAULT_DELTA, seed: int = 0, floor: float = EIGEN_FLOOR, chunk: int = 64,
+    eigen: tuple[torch.Tensor, torch.Tensor] | None = None, whitening: Whitening | None = None,
+) -> GramRadiusResult:
+    """Largest radius ``R`` in the metric ``G`` such that every sampled model
+    ``center + R * D`` (``D`` from ``sample_gram_directions``) keeps validation
+    accuracy >= eps.
+
+    Bisection over ``[0, r_max]`` down to width ``delta``; ``r_max`` is tested first and,
+    when it passes, returned with ``saturated=True``. Vectorised: the logits of
+    ``W + r D`` are ``Z0 + r (Xa D^T)``, so the radii where a row stays correct form an
+    interval, computed for all rows and directions in one batched pass
+    (:func:`_sample_intervals`, ``chunk`` directions at a time); each bisection step is a
+    comparison of ``(N, p)`` numbers. ``Xa D^T`` is ``(Xa W) U^T`` without materialising
+    ``D``, ``W`` a whitening of ``G`` (:mod:`gems_fl.geometry.whitening`).
+
+    ``center``: the node's ``(C, d + 1)`` augmented ``[weight | bias]`` matrix; ``g``: its
+    ``(d + 1, d + 1)`` Gram matrix (training inputs); ``x_val, y_val``: validation inputs
+    ``(N, d)`` and labels; ``eps``: the accuracy a good-enough model keeps;
+    ``num_directions, r_max, delta, seed``: see the module defaults. ``eigen``:
+    ``torch.linalg.eigh`` of ``g`` as float64 where the caller has it (the node's
+    certified radius needs it too); ``whitening``: a whitening of ``g`` (e.g. from the
+    factor form without an eigendecomposition), else one from ``eigen``/``eigh(g)``.
+    """
+    eps = check_eps(eps)
+    _check_search_options(num_directions, r_max, delta)
+    xa = augment(x_val)
+    if len(xa) == 0:
+        raise ValueError("the validation set is empty: a radius needs validation data")
+    w = center_for("center", center, xa.shape[1])
+    gt = square_matrix("G", g, xa.shape[1])
+    yt = label_indices(y_val, len(xa), w.shape[0])
+    num, classes = len(xa), w.shape[0]
+    need = pass_count(eps, num)
+    z0 = xa @ w.T
+    correct0 = int((z0.argmax(dim=1) == yt).sum())
+    center_acc = correct0 / num
+    if correct0 < need:
+        return GramRadiusResult(0.0, center_acc, False, center_acc, 0, False, 0.0, 0)
+
+    white = whitening if whitening is not None else eigen_whitening(gt, floor, eigen)
+    m = white.dim
+    xw = white.apply(xa)  # (N, m): whitened inputs
+    u = _whitened_draws(num_directions, classes * m, seed).reshape(-1, m)  # (p*C, m)
+    lo, hi, n_clean = _sample_intervals(xw, z0, yt, u, classes, chunk)
+    b = bisect_radius(partial(_min_count, lo, hi, n_clean), lambda count: count >= need, r_max, delta, correct0)
     return GramRadiusResult(b.radius, center_acc, True, b.score / num, b.steps, b.saturated,
                             b.failed_radius, m)
