@@ -121,17 +121,7 @@ def identify_nodes(grid: Grid, node_ids: list[int], exchange: Exchange,
     """
     t0 = time.perf_counter()
     content = wire.encode_config(exchange.node_config)
-    messages = [Message(content=content, message_type=MessageType.QUERY, dst_node_id=n,
-                        group_id="identify", ttl=exchange.round_timeout) for n in node_ids]
-    replies = list(grid.send_and_receive(messages, timeout=exchange.round_timeout))
-    bytes_received = sum(wire.content_bytes(r.content) for r in replies if not r.has_error())
-
-    def check(reply_content):
-        identity = decode_identity_full(reply_content)
-        return identity.name, identity
-
-    accepted, rejected = validate_replies(replies, node_ids, check, log_prefix="Identify: ",
-                                          messages=messages)
+    accepted, rejected, bytes_received = _ask_identities(grid, node_ids, exchange, content)
     identities = {node_id: _registered_name(node_id, item[1], registered or {})
                   for node_id, item in accepted}
     for entry in rejected:
@@ -153,7 +143,38 @@ def identify_nodes(grid: Grid, node_ids: list[int], exchange: Exchange,
                          "reason": reason})
     roster = Roster(participants=[], names={}, rejected=rejected, agreement=agreement,
                     connected=[int(n) for n in node_ids], rule=rule)
-    kept = [(n, identities[n]) for n, _ in accepted if n not in refused]
+    _add_participants(roster, [(n, identities[n]) for n, _ in accepted if n not in refused])
+    if agreement is not None:
+        _log_agreement(agreement, rule)
+    roster.report = {"bytes_sent": wire.content_bytes(content) * len(node_ids),
+                     "bytes_received": bytes_received, "wall_s": time.perf_counter() - t0}
+    if landmark_report is not None:
+        roster.report["landmark_round"] = landmark_report
+        roster.report["bytes_sent"] += landmark_report["bytes_sent"]
+        roster.report["bytes_received"] += landmark_report["bytes_received"]
+    return roster
+
+
+def _ask_identities(grid: Grid, node_ids: list[int], exchange: Exchange, content) -> tuple:
+    """Send the identity query to every node: ``(accepted, rejected, bytes received)`` as
+    :func:`validate_replies` sorts the replies (a malformed one is logged and rejected)."""
+    messages = [Message(content=content, message_type=MessageType.QUERY, dst_node_id=n,
+                        group_id="identify", ttl=exchange.round_timeout) for n in node_ids]
+    replies = list(grid.send_and_receive(messages, timeout=exchange.round_timeout))
+    bytes_received = sum(wire.content_bytes(r.content) for r in replies if not r.has_error())
+
+    def check(reply_content):
+        identity = decode_identity_full(reply_content)
+        return identity.name, identity
+
+    accepted, rejected = validate_replies(replies, node_ids, check, log_prefix="Identify: ",
+                                          messages=messages)
+    return accepted, rejected, bytes_received
+
+
+def _add_participants(roster: Roster, kept: list[tuple[int, Identity]]) -> None:
+    """Add the nodes ``kept`` to ``roster`` in name order, logging each (or a summary of
+    many) and warning about names several nodes share."""
     duplicates = {name for name, k in Counter(i.name for _, i in kept).items() if k > 1}
     for node_id, identity in sorted(kept, key=lambda item: item[1].name):
         if identity.name in duplicates:
@@ -179,23 +200,19 @@ def identify_nodes(grid: Grid, node_ids: list[int], exchange: Exchange,
         val = [i.counts["num-val-examples"] for _, i in kept]
         log(INFO, "Identify: %d nodes, %d-%d train and %d-%d val samples each (every node in "
             "results.json)", len(kept), min(train), max(train), min(val), max(val))
-    if agreement is not None:
-        log(INFO, "Identify: the run uses %d features and %d classes (%s)%s",
-            agreement.num_features, agreement.num_classes, ", ".join(agreement.classes),
-            ("" if agreement.mean is None else
-             "; features scaled from the declared feature-ranges" if rule.standardize == "ranges"
-             else "; features standardised with the nodes' combined mean and std"))
-        if agreement.columns is not None:
-            log(INFO, "Identify: sites' columns are matched by name (%s)",
-                ", ".join(agreement.columns) if len(agreement.columns) <= 12
-                else ", ".join(agreement.columns[:12]) + ", ...")
-    roster.report = {"bytes_sent": wire.content_bytes(content) * len(node_ids),
-                     "bytes_received": bytes_received, "wall_s": time.perf_counter() - t0}
-    if landmark_report is not None:
-        roster.report["landmark_round"] = landmark_report
-        roster.report["bytes_sent"] += landmark_report["bytes_sent"]
-        roster.report["bytes_received"] += landmark_report["bytes_received"]
-    return roster
+
+
+def _log_agreement(agreement: DataAgreement, rule: AgreementRule) -> None:
+    """Log what the nodes agreed on: features, classes, scaling, column names."""
+    log(INFO, "Identify: the run uses %d features and %d classes (%s)%s",
+        agreement.num_features, agreement.num_classes, ", ".join(agreement.classes),
+        ("" if agreement.mean is None else
+         "; features scaled from the declared feature-ranges" if rule.standardize == "ranges"
+         else "; features standardised with the nodes' combined mean and std"))
+    if agreement.columns is not None:
+        log(INFO, "Identify: sites' columns are matched by name (%s)",
+            ", ".join(agreement.columns) if len(agreement.columns) <= 12
+            else ", ".join(agreement.columns[:12]) + ", ...")
 
 
 def _landmark_round(grid: Grid, exchange: Exchange, rule: AgreementRule,
@@ -236,70 +253,23 @@ def _registered_name(node_id: int, identity: Identity, registered: dict[int, str
 
 def agree(identities: dict[int, Identity], rule: AgreementRule
           ) -> tuple[DataAgreement | None, dict[int, str]]:
-    """The run's :class:`DataAgreement` and ``{node id: reason}`` for the nodes left out."""
+    """The run's :class:`DataAgreement` and ``{node id: reason}`` for the nodes left out
+    (each check below adds its refusals in turn: sizes, feature counts and columns,
+    labels, scaling, the feature map)."""
     refused: dict[int, str] = {}
     if not identities:
         return None, refused
     identities, categories = _complete_categories(identities)
     reported = {n: i.counts["num-features"] for n, i in identities.items()}
-    if rule.dataset != NODE_FILES:
-        num_features, count = DATASET_SHAPES[rule.dataset]
-        classes = [str(i) for i in range(count)]
-        how = f"the run's dataset '{rule.dataset}'"
-    elif rule.num_features:
-        num_features, how, classes = rule.num_features, "num-features setting", None
-    else:
-        votes = Counter(reported.values())
-        rows = lambda f: sum(identities[n].counts["num-train-examples"]
-                             for n, v in reported.items() if v == f)
-        num_features = max(votes, key=lambda f: (votes[f], rows(f), -f))
-        holders = [n for n, v in reported.items() if v == num_features]
-        how = f"held by {len(holders)} of {len(reported)} nodes: {_names(identities, holders)}"
-        classes = None
-    for node_id, identity in identities.items():  # own files only: a named dataset's
-        held = int(identity.counts["num-train-examples"])  # division checks its own sizes
-        if rule.dataset == NODE_FILES and held < rule.min_rows:
-            refused[node_id] = (f"node '{identity.name}' holds {held} training row(s); the run "
-                                f"needs at least {rule.min_rows} (min-rows) to train and check "
-                                "a model there")
-    # sites with column names are matched by name first: their refusal names the columns
-    by_name = rule.dataset == NODE_FILES and any(i.columns is not None for i in identities.values())
-    for node_id, features in reported.items():
-        if node_id in refused or (by_name and identities[node_id].columns is not None):
-            continue
-        if features != num_features:
-            refused[node_id] = (f"node '{identities[node_id].name}' holds data with {features} "
-                                f"features; the run has {num_features} ({how})")
-    columns = None
-    if rule.dataset == NODE_FILES:
-        columns = _agree_columns(identities, [n for n in identities if n not in refused], refused)
-        for node_id, features in reported.items():  # names that matched, counts that do not
-            if node_id not in refused and features != (len(columns) if columns else num_features):
-                refused[node_id] = (f"node '{identities[node_id].name}' holds data with "
-                                    f"{features} features; the run has {num_features} ({how})")
-    remaining = [n for n in identities if n not in refused]
+    num_features, classes, how = _agreed_shape(identities, reported, rule)
+    if rule.dataset == NODE_FILES:  # own files only: a named dataset's division checks
+        _refuse_small_sites(identities, rule.min_rows, refused)  # its own sizes
+    columns = _refuse_feature_counts(identities, reported, num_features, how, rule, refused)
     if classes is None:
-        classes = _agree_classes(identities, remaining, rule.classes)
-    for node_id in remaining:
-        unknown = sorted(set(identities[node_id].labels) - set(classes))
-        if unknown:
-            refused[node_id] = (f"node '{identities[node_id].name}' holds label(s) "
-                                f"{', '.join(unknown)} that are not among the run's classes "
-                                f"({', '.join(classes)})")
-    remaining = [n for n in identities if n not in refused]
-    mean = std = None
-    if rule.standardize == "federated":
-        for node_id in remaining:
-            if identities[node_id].stats is None:
-                refused[node_id] = (f"node '{identities[node_id].name}' sent no feature sums for "
-                                    "standardize='federated'")
-        kept = sorted((n for n in identities if n not in refused),
-                      key=lambda n: (identities[n].name, n))  # one order, however they came
-        stats = [_in_order(identities[n], columns) for n in kept]
-        if stats:
-            mean, std = combine_stats(stats)
-    elif rule.standardize == "ranges" and rule.ranges is not None:
-        mean, std = rule.ranges.scaling(columns, num_features)
+        classes = _agree_classes(identities, [n for n in identities if n not in refused],
+                                 rule.classes)
+    _refuse_unknown_labels(identities, classes, refused)
+    mean, std = _agree_scaling(identities, refused, columns, rule, num_features)
     features = None
     if rule.random_features is not None:
         features = _feature_map(identities, refused, columns, rule, num_features, std)
@@ -312,6 +282,86 @@ def agree(identities: dict[int, Identity], rule: AgreementRule
     return DataAgreement(num_features, classes, mean, std, columns, features,
                          {b: v for b, v in categories.items()
                           if any(base_of(c, [b]) for c in columns or [])} or None), refused
+
+
+def _agreed_shape(identities: dict[int, Identity], reported: dict[int, int],
+                  rule: AgreementRule) -> tuple[int, list[str] | None, str]:
+    """``(number of features, classes or None where the nodes' labels decide, how the
+    count was chosen)``: the named dataset's, the ``num-features`` setting, or the count
+    most nodes report (ties: most rows, then fewer features)."""
+    if rule.dataset != NODE_FILES:
+        num_features, count = DATASET_SHAPES[rule.dataset]
+        return num_features, [str(i) for i in range(count)], f"the run's dataset '{rule.dataset}'"
+    if rule.num_features:
+        return rule.num_features, None, "num-features setting"
+    votes = Counter(reported.values())
+    rows = lambda f: sum(identities[n].counts["num-train-examples"]
+                         for n, v in reported.items() if v == f)
+    num_features = max(votes, key=lambda f: (votes[f], rows(f), -f))
+    holders = [n for n, v in reported.items() if v == num_features]
+    return num_features, None, (f"held by {len(holders)} of {len(reported)} nodes: "
+                                f"{_names(identities, holders)}")
+
+
+def _refuse_small_sites(identities: dict[int, Identity], min_rows: int,
+                        refused: dict[int, str]) -> None:
+    for node_id, identity in identities.items():
+        held = int(identity.counts["num-train-examples"])
+        if held < min_rows:
+            refused[node_id] = (f"node '{identity.name}' holds {held} training row(s); the run "
+                                f"needs at least {min_rows} (min-rows) to train and check "
+                                "a model there")
+
+
+def _refuse_feature_counts(identities: dict[int, Identity], reported: dict[int, int],
+                           num_features: int, how: str, rule: AgreementRule,
+                           refused: dict[int, str]) -> list[str] | None:
+    """Refuse the nodes whose feature count differs from the run's; the run's column names
+    where the sites' files carry them (matched by name first: a refusal names the columns)."""
+    by_name = rule.dataset == NODE_FILES and any(i.columns is not None for i in identities.values())
+    for node_id, features in reported.items():
+        if node_id in refused or (by_name and identities[node_id].columns is not None):
+            continue
+        if features != num_features:
+            refused[node_id] = (f"node '{identities[node_id].name}' holds data with {features} "
+                                f"features; the run has {num_features} ({how})")
+    if rule.dataset != NODE_FILES:
+        return None
+    columns = _agree_columns(identities, [n for n in identities if n not in refused], refused)
+    for node_id, features in reported.items():  # names that matched, counts that do not
+        if node_id not in refused and features != (len(columns) if columns else num_features):
+            refused[node_id] = (f"node '{identities[node_id].name}' holds data with "
+                                f"{features} features; the run has {num_features} ({how})")
+    return columns
+
+
+def _refuse_unknown_labels(identities: dict[int, Identity], classes: list[str],
+                           refused: dict[int, str]) -> None:
+    for node_id in [n for n in identities if n not in refused]:
+        unknown = sorted(set(identities[node_id].labels) - set(classes))
+        if unknown:
+            refused[node_id] = (f"node '{identities[node_id].name}' holds label(s) "
+                                f"{', '.join(unknown)} that are not among the run's classes "
+                                f"({', '.join(classes)})")
+
+
+def _agree_scaling(identities: dict[int, Identity], refused: dict[int, str],
+                   columns: list[str] | None, rule: AgreementRule, num_features: int):
+    """The features' ``(mean, std)``: the nodes' combined sums (``standardize='federated'``;
+    a node that sent none is refused), the declared ranges, or ``(None, None)``."""
+    if rule.standardize == "federated":
+        for node_id in [n for n in identities if n not in refused]:
+            if identities[node_id].stats is None:
+                refused[node_id] = (f"node '{identities[node_id].name}' sent no feature sums for "
+                                    "standardize='federated'")
+        kept = sorted((n for n in identities if n not in refused),
+                      key=lambda n: (identities[n].name, n))  # one order, however they came
+        stats = [_in_order(identities[n], columns) for n in kept]
+        if stats:
+            return combine_stats(stats)
+    elif rule.standardize == "ranges" and rule.ranges is not None:
+        return rule.ranges.scaling(columns, num_features)
+    return None, None
 
 
 def _pick(values: np.ndarray, source: list[int | None]) -> np.ndarray:
