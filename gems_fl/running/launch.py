@@ -85,17 +85,11 @@ def run_app(
     ``progress``: ``True`` shows the phases (a live line on a terminal, plain lines
     otherwise) above the streamed log; ``None``/``False`` only streams the log.
 
-    Raises
-    ------
-    ValueError
-        A run setting is invalid or a preflight check failed (before anything starts);
-        with ``sites``, a site the run requires would be left out at the identity round
-        (:func:`gems_fl.running.site_check.check_sites`).
-    RunFailed
-        The run failed, or finished without writing its results (``errors``: the
-        distinct error lines, ``log_path``: the full log).
-    RunInterrupted
-        SIGINT, SIGTERM or SIGHUP arrived; everything the run started has been stopped.
+    Raises ValueError where a run setting is invalid or a preflight check failed (before
+    anything starts); RunFailed where the run failed or finished without writing its
+    results (``errors``: the distinct error lines, ``log_path``: the full log);
+    RunInterrupted where SIGINT, SIGTERM or SIGHUP arrived (everything the run started
+    has been stopped).
     """
     started = time.monotonic(), time.time()
     if int(cpus_per_node) < 1:

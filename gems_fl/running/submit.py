@@ -121,21 +121,15 @@ def submit(app_dir: str | Path | None, connection: str, run_config: str | None =
            env: dict[str, str] | None = None, progress: bool | Progress | None = None,
            verbose: bool = False) -> RunOutcome | int:
     """Submit the app to the SuperLink of ``connection``, watch it, bring its results home.
-
     ``detach``: start the run and return its id at once (follow it with ``flwr log``,
     stop it with ``flwr stop``, fetch its results with :func:`pull`).
 
-    Raises
-    ------
-    ValueError
-        A run setting is invalid (nothing was submitted).
-    RunIncomplete
-        The run ended and its results came home, but a required site was left out.
-    RunFailed
-        The run did not start, did not end ``finished:completed``, its status cannot be
-        read (the SuperLink went away), or its results did not come home.
-    RunInterrupted
-        SIGINT, SIGTERM or SIGHUP arrived; the run was stopped on the SuperLink.
+    Raises ValueError for an invalid run setting (nothing was submitted); RunIncomplete
+    where the run ended and its results came home but a required site was left out;
+    RunFailed where the run did not start, did not end ``finished:completed``, its status
+    cannot be read (the SuperLink went away) or its results did not come home;
+    RunInterrupted where SIGINT, SIGTERM or SIGHUP arrived (the run was stopped on the
+    SuperLink).
     """
     launched_unix = time.time()
     app, _ = resolve_app(app_dir)
@@ -153,59 +147,81 @@ def submit(app_dir: str | Path | None, connection: str, run_config: str | None =
         config_path.write_text(tomli_w.dumps(overrides))
         command = [flower_tool("flwr"), "run", str(app), connection, "--run-config", str(config_path)]
         if detach:
-            res = subprocess.run(command, env=conn.env, capture_output=True, text=True,
-                                 check=False, start_new_session=True)
-            return _started(res.stdout + res.stderr, connection, res.returncode)
+            return _detached(command, conn, connection)
         try:
             run_log = RunLog(log_path, progress or None, verbose=verbose)
             proc = subprocess.Popen([*command, "--stream"], env=conn.env,
                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                     bufsize=1, errors="replace", start_new_session=True)
-            assert proc.stdout is not None
-            for line in proc.stdout:
+            for line in proc.stdout or ():
                 run_log.add(line)
             proc.wait()
-            run_id = run_log.run_id
-            if run_id is None:
-                run_log.close()
-                raise RunFailed(f"`flwr run` did not start a run on '{connection}' (exit "
-                                f"{proc.returncode})",
-                                [f"  {line.rstrip()}" for line in run_log.lines[-8:]], log_path)
-            if progress:
-                progress.set("checking the run's final status")
-            status, problem = final_status(conn, run_id)
-            if problem:
-                run_log.close()
-                raise RunFailed(
-                    f"run {run_id}: the log stream ended but the SuperLink of '{connection}' "
-                    f"does not report the run's status (last seen: {status}); it may have "
-                    f"stopped or become unreachable: {problem}",
-                    [e.line() for e in summarise_errors(run_log.lines)], log_path)
-            if status.startswith("finished") and run_id in run_log.bundle.runs():
-                try:
-                    bring_home(run_log.bundle, run_id, out_dir, app, connection)
-                except BundleError as exc:
-                    run_log.close()
-                    raise RunFailed(f"run {run_id} ended '{status}' but its results did not "
-                                    f"come home: {exc}; try `gems-fl pull {run_id} --superlink "
-                                    f"{connection}`", log_path=log_path) from None
-            return conclude(run_id, status, out_dir, run_log, launched_unix)
+            return _conclude_stream(run_log, proc.returncode, conn, connection, progress,
+                                    out_dir, app, launched_unix)
         except Signalled as sig:
-            hold_signals()
-            if proc is not None and proc.poll() is None:
-                proc.kill()
-            run_id = run_log.run_id if run_log is not None else None
-            name = signal.Signals(sig.signum).name
-            said = (f"stopped run {run_id} on '{connection}' (flwr stop: {conn.stop(run_id)})"
-                    if run_id is not None else "no run had started")
-            raise RunInterrupted(sig.signum, f"interrupted by {name}: {said}"
-                                 + (f"; log: {log_path}" if run_log is not None else "")) from None
+            _stop_stream(proc, None)
+            raise _interrupted(sig.signum, run_log, conn, connection) from None
         finally:
-            hold_signals()
-            if proc is not None and proc.poll() is None:
-                proc.kill()
-            if run_log is not None:
-                run_log.close()
+            _stop_stream(proc, run_log)
+
+
+def _stop_stream(proc: subprocess.Popen[str] | None, run_log: RunLog | None) -> None:
+    """Hold further signals, kill the ``flwr run --stream`` still running, close the log."""
+    hold_signals()
+    if proc is not None and proc.poll() is None:
+        proc.kill()
+    if run_log is not None:
+        run_log.close()
+
+
+def _detached(command: list[str], conn: Connection, connection: str) -> int:
+    """``flwr run`` without ``--stream``: the run's id once it has started."""
+    res = subprocess.run(command, env=conn.env, capture_output=True, text=True,
+                         check=False, start_new_session=True)
+    return _started(res.stdout + res.stderr, connection, res.returncode)
+
+
+def _interrupted(signum: int, run_log: RunLog | None, conn: Connection,
+                 connection: str) -> RunInterrupted:
+    """Stop the run on the SuperLink (where one had started) and say so."""
+    run_id = run_log.run_id if run_log is not None else None
+    name = signal.Signals(signum).name
+    said = (f"stopped run {run_id} on '{connection}' (flwr stop: {conn.stop(run_id)})"
+            if run_id is not None else "no run had started")
+    return RunInterrupted(signum, f"interrupted by {name}: {said}"
+                          + (f"; log: {run_log.path}" if run_log is not None else ""))
+
+
+def _conclude_stream(run_log: RunLog, returncode: int, conn: Connection, connection: str,
+                     progress: Progress | None, out_dir: Path, app: Path,
+                     launched_unix: float) -> RunOutcome:
+    """Once ``flwr run --stream`` has ended: the run's final status from the SuperLink, its
+    results brought home from the log, the outcome; RunFailed where any of it is missing."""
+    run_id = run_log.run_id
+    if run_id is None:
+        run_log.close()
+        raise RunFailed(f"`flwr run` did not start a run on '{connection}' (exit "
+                        f"{returncode})",
+                        [f"  {line.rstrip()}" for line in run_log.lines[-8:]], run_log.path)
+    if progress:
+        progress.set("checking the run's final status")
+    status, problem = final_status(conn, run_id)
+    if problem:
+        run_log.close()
+        raise RunFailed(
+            f"run {run_id}: the log stream ended but the SuperLink of '{connection}' "
+            f"does not report the run's status (last seen: {status}); it may have "
+            f"stopped or become unreachable: {problem}",
+            [e.line() for e in summarise_errors(run_log.lines)], run_log.path)
+    if status.startswith("finished") and run_id in run_log.bundle.runs():
+        try:
+            bring_home(run_log.bundle, run_id, out_dir, app, connection)
+        except BundleError as exc:
+            run_log.close()
+            raise RunFailed(f"run {run_id} ended '{status}' but its results did not "
+                            f"come home: {exc}; try `gems-fl pull {run_id} --superlink "
+                            f"{connection}`", log_path=run_log.path) from None
+    return conclude(run_id, status, out_dir, run_log, launched_unix)
 
 
 def expect_registered(overrides: dict[str, Any], conn: Connection,
