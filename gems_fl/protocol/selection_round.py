@@ -264,18 +264,38 @@ class Refiner:
              ) -> tuple[float, list[int], list[dict[str, object]]]:
         """Step from the model last sent; returns ``(pooled training loss there, nodes
         used, rejected)``. The new model is :attr:`x`; :attr:`last` says what the step did."""
-        from gems_fl.geometry.pooled import pooled_gram
-        from gems_fl.geometry.refine import (
-            bohning_step,
-            penalised,
-            pooled_gradient,
-            secant_curvature,
-        )
-        from gems_fl.naming import describe_node
-        from gems_fl.protocol.replies import decode_gradient_reply, rejection_record
+        from gems_fl.geometry.refine import penalised, pooled_gradient
 
         if self._sent is None:
             raise RuntimeError("query() gives the model to send before a step")
+        usable, rejected = self._usable_replies(server_round, replies, sent_to, messages)
+        if len(usable) < self.min_replies:
+            raise NotEnoughRepliesError(f"refinement step {step}: only {len(usable)} valid "
+                                        f"replies; min-replies={self.min_replies}")
+        usable.sort(key=lambda u: u[0])  # replies come in any order; the node set does not
+        counts = [m["num-train-examples"] for _, _, m in usable]
+        nodes = tuple(node_id for node_id, _, _ in usable)
+        self._pool(nodes, counts, server_round)
+        weights = np.asarray(counts) / np.sum(counts)
+        loss = float(np.dot(weights, [m["loss"] for _, _, m in usable]))
+        sent = self._matrix(self._sent)
+        l2 = self._l2()
+        objective, gradient = penalised(sent, loss, pooled_gradient([g for _, g, _ in usable],
+                                                                    counts), l2)
+        note = self._move(sent, objective, gradient, l2)
+        self.last["objective"] = objective
+        log(INFO, "Refinement step %d: pooled training loss %.4f at the model sent "
+            "(objective with the L2 penalty %.4f), %d nodes%s",
+            step, loss, objective, len(usable), note)
+        return loss, list(nodes), rejected
+
+    def _usable_replies(self, server_round: int, replies: list[Message], sent_to: list[int],
+                        messages: list[Message]) -> tuple[list, list[dict[str, object]]]:
+        """The replies that decode and count the rows their node's space was fitted on:
+        ``([(node id, gradient, metrics)], rejected)``; the others logged and rejected."""
+        from gems_fl.naming import describe_node
+        from gems_fl.protocol.replies import decode_gradient_reply, rejection_record
+
         decoded, rejected = validate_replies(
             replies, sent_to, lambda content: decode_gradient_reply(content, self.shapes),
             log_prefix=f"Round {server_round}: ", names=self.names, messages=messages)
@@ -290,60 +310,57 @@ class Refiner:
                 rejected.append(rejection_record(node_id, self.names, reason))
                 continue
             usable.append((node_id, gradient, metrics))
-        if len(usable) < self.min_replies:
-            raise NotEnoughRepliesError(f"refinement step {step}: only {len(usable)} valid "
-                                        f"replies; min-replies={self.min_replies}")
-        usable.sort(key=lambda u: u[0])  # replies come in any order; the node set does not
-        counts = [m["num-train-examples"] for _, _, m in usable]
-        nodes = tuple(node_id for node_id, _, _ in usable)
-        same_nodes = self._pooled[0] == nodes
-        if not same_nodes and self.sums is not None:  # the sums of every accepted node
+        return usable, rejected
+
+    def _pool(self, nodes: tuple[int, ...], counts: list, server_round: int) -> None:
+        """The pooled Gram matrix of ``nodes`` (summed once for a node set; a new set
+        restarts the secant's memory, since objectives over other nodes do not compare)."""
+        from gems_fl.geometry.pooled import pooled_gram
+
+        if self._pooled[0] == nodes:
+            return
+        if self.sums is not None:  # the sums of every accepted node
             if len(nodes) != len(self.spaces):
                 log(WARNING, "Round %d: %d of %d nodes answered; the curvature stays the "
                     "sum over all accepted nodes (the server holds no single node's Gram "
                     "matrix, server-grams=sums)", server_round, len(nodes), len(self.spaces))
             self._pooled = (nodes, self.sums.pooled_gram())
-            self._good = None  # objectives over other nodes do not compare
-            self._curvature = 1.0
-        elif not same_nodes:  # the same nodes every step: sum their G_k once
+        else:
             self._pooled = (nodes, pooled_gram([self.spaces[n].space.gram for n in nodes],
                                                counts).numpy())
-            self._good = None  # objectives over other nodes do not compare
-            self._curvature = 1.0
-        weights = np.asarray(counts) / np.sum(counts)
-        loss = float(np.dot(weights, [m["loss"] for _, _, m in usable]))
-        sent = self._matrix(self._sent)
-        l2 = self._l2()
-        objective, gradient = penalised(sent, loss, pooled_gradient([g for _, g, _ in usable],
-                                                                    counts), l2)
-        note = ""
-        if self.method == "secant":
-            self.last = {"curvature": self._curvature, "kept": True}
-            if self._good is None:
-                self._good = (self._sent, objective, gradient)
-            elif objective <= self._good[1]:
-                good, _, good_gradient = self._good
-                self._curvature = secant_curvature(sent - self._matrix(good),
-                                                   gradient - good_gradient,
-                                                   self._pooled[1], l2)
-                self._good = (self._sent, objective, gradient)
-            else:
-                self.last["kept"] = False
-                note = (f"; the objective rose from {self._good[1]:.4f} to {objective:.4f}: "
-                        "back to the last good point, plain Bohning step next")
-                self._curvature = 1.0
-            good, _, good_gradient = self._good
-            self.x = bohning_step(
-                self._matrix(good), good_gradient, self._pooled[1], self.ridge,
-                l2=l2).reshape(-1)
-        else:
+        self._good = None
+        self._curvature = 1.0
+
+    def _move(self, sent: np.ndarray, objective: float, gradient: np.ndarray,
+              l2: float) -> str:
+        """Set :attr:`x` by Bohning's step (secant: from the last good point, scaled by the
+        curvature); what the log line adds about it."""
+        from gems_fl.geometry.refine import bohning_step, secant_curvature
+
+        if self.method != "secant":
             self.x = bohning_step(sent, gradient, self._pooled[1], self.ridge, l2=l2).reshape(-1)
             self.last = {}
-        self.last["objective"] = objective
-        log(INFO, "Refinement step %d: pooled training loss %.4f at the model sent "
-            "(objective with the L2 penalty %.4f), %d nodes%s",
-            step, loss, objective, len(usable), note)
-        return loss, list(nodes), rejected
+            return ""
+        note = ""
+        self.last = {"curvature": self._curvature, "kept": True}
+        if self._good is None:
+            self._good = (self._sent, objective, gradient)
+        elif objective <= self._good[1]:
+            good, _, good_gradient = self._good
+            self._curvature = secant_curvature(sent - self._matrix(good),
+                                               gradient - good_gradient,
+                                               self._pooled[1], l2)
+            self._good = (self._sent, objective, gradient)
+        else:
+            self.last["kept"] = False
+            note = (f"; the objective rose from {self._good[1]:.4f} to {objective:.4f}: "
+                    "back to the last good point, plain Bohning step next")
+            self._curvature = 1.0
+        good, _, good_gradient = self._good
+        self.x = bohning_step(
+            self._matrix(good), good_gradient, self._pooled[1], self.ridge,
+            l2=l2).reshape(-1)
+        return note
 
 
 def result_at(spaces: list, point: np.ndarray, method: str,
