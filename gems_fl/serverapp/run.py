@@ -51,7 +51,7 @@ from gems_fl.protocol.attendance import (
 from gems_fl.protocol.options import ServerOptions
 from gems_fl.protocol.replies import NotEnoughRepliesError
 from gems_fl.protocol.roster import Roster, identify_nodes
-from gems_fl.protocol.verify import verify_on_nodes
+from gems_fl.protocol.verify import Verification, verify_on_nodes
 from gems_fl.serverapp.finish import finish, stop_before_training
 from gems_fl.serverapp.preflight import preflight
 from gems_fl.serverapp.protocol_run import ProtocolRun
@@ -160,7 +160,11 @@ def load_server_side(
 
 
 def run_server(grid: Grid, context: Context) -> dict[str, Any]:
-    """Run GEMS (convex, or layer-wise for ``model='mlp'``), write the results, return them."""
+    """Run GEMS (convex, or layer-wise for ``model='mlp'``), write the results, return them.
+
+    The stages: settings and preflight, the sites (waited for and identified), training
+    (again with the sites that remain where some leave), the local baselines the run asks
+    for, the sites' own checks of ``h_G``, the server's baselines, the report."""
     started = time.time()
     t0 = time.perf_counter()
     try:
@@ -172,6 +176,34 @@ def run_server(grid: Grid, context: Context) -> dict[str, Any]:
     if in_simulation(grid):  # Flower's engine sweeps every stored message per node
         grid = WindowedGrid(grid)
     set_default_device(settings.device)  # training on the server: Global, tuning, Raw
+    roster, waited = _identified_sites(grid, context, settings, started, deployed)
+    timing = {"wait_for_nodes": waited, "identify": float(roster.report.get("wall_s", 0.0)),
+              "server_data": 0.0, "rounds": 0.0}
+    attempt, roster = _train_to_the_end(grid, settings, roster, timing)
+    run, plan, options = attempt.run, attempt.plan, attempt.options
+    server_data, public = attempt.server_data, attempt.public
+    num_features, num_classes = roster.agreement.model_features, roster.agreement.num_classes
+    if public is not None and server_data is None and settings.baselines == "all":
+        run.node_models.update(tune_on_public(run, public, comparison_options(settings),
+                                              num_features, num_classes))
+    if settings.model_kind.layerwise and server_data is None and settings.baselines != "none":
+        ask_local_mlps(grid, run, roster, settings, options, num_features, num_classes)
+    t_verify = time.perf_counter()
+    verification = _verify(grid, run, roster, settings, options)
+    timing["verify"] = time.perf_counter() - t_verify
+    t_base = time.perf_counter()
+    rows = evaluate_baselines(run, server_data, settings, roster, num_features, num_classes)
+    timing["baselines"] = time.perf_counter() - t_base
+    run.extra["plan"] = plan.to_dict()
+    return finish(context, settings, run, roster, verification, rows, attempt.meta,
+                  attempt.notes, timing=timing, started=started, t0=t0, send_home=deployed)
+
+
+def _identified_sites(grid: Grid, context: Context, settings: Settings, started: float,
+                      deployed: bool) -> tuple[Roster, float]:
+    """Wait for the sites, identify them and agree on the data: ``(roster, seconds
+    waited)``. A required site missing stops the run here (results written, nothing
+    trained); too few sites that fit raise."""
     t_wait = time.perf_counter()
     wanted = parse_required_nodes(settings.required_nodes)
     expected = wanted if isinstance(wanted, int) else len(wanted) if wanted else 0
@@ -195,8 +227,14 @@ def run_server(grid: Grid, context: Context) -> dict[str, Any]:
         raise NotEnoughRepliesError(
             f"only {len(roster.participants)} of {len(node_ids)} nodes have data that fits the "
             f"run; min-replies={settings.min_replies}. Rejected: {reasons}")
-    timing = {"wait_for_nodes": waited, "identify": float(roster.report.get("wall_s", 0.0)),
-              "server_data": 0.0, "rounds": 0.0}
+    return roster, waited
+
+
+def _train_to_the_end(grid: Grid, settings: Settings, roster: Roster,
+                      timing: dict[str, float]) -> tuple[Attempt, Roster]:
+    """Train; where sites leave and the agreement of those that remain differs, train
+    again with those alone. The last attempt (earlier ones recorded in its run) and the
+    roster it ran with."""
     abandoned: list[dict[str, Any]] = []
     while True:
         attempt = _train(grid, settings, roster, timing)
@@ -211,36 +249,28 @@ def run_server(grid: Grid, context: Context) -> dict[str, Any]:
         abandoned.append({"lost": [roster.names[n] for n in lost], "rounds": attempt.run.rounds,
                           "rejected": attempt.run.rejected})
         roster = survivors
-    run, plan, options = attempt.run, attempt.plan, attempt.options
-    server_data, public, meta, notes = attempt.server_data, attempt.public, attempt.meta, attempt.notes
-    num_features, num_classes = roster.agreement.model_features, roster.agreement.num_classes
     if abandoned:  # their bytes were spent; the sites they lost stay left out
-        run.extra["abandoned_attempts"] = abandoned
-        run.rejected = [e for a in abandoned for e in a["rejected"]] + run.rejected
+        attempt.run.extra["abandoned_attempts"] = abandoned
+        attempt.run.rejected = [e for a in abandoned for e in a["rejected"]] + attempt.run.rejected
+    return attempt, roster
 
-    if public is not None and server_data is None and settings.baselines == "all":
-        run.node_models.update(tune_on_public(run, public, comparison_options(settings),
-                                              num_features, num_classes))
-    if settings.model_kind.layerwise and server_data is None and settings.baselines != "none":
-        ask_local_mlps(grid, run, roster, settings, options, num_features, num_classes)
-    t_verify = time.perf_counter()
+
+def _verify(grid: Grid, run: ProtocolRun, roster: Roster, settings: Settings,
+            options: ServerOptions) -> Verification:
+    """Each accepted site checks ``h_G`` (and the comparison models) on its own rows; where
+    the server holds only the sums, those checks are the membership there is."""
+    num_features, num_classes = roster.agreement.model_features, roster.agreement.num_classes
     accepted_ids = [r.node_id for r in run.outcome.accepted]
     verification = verify_on_nodes(grid, accepted_ids, roster.names,
                                    {**options.exchange.node_config, **extra_config(roster)},
                                    run.node_models, options.round_timeout,
                                    own_spaces=own_spaces(run, settings, num_features, num_classes))
-    if run.holds_only_sums:  # the nodes' own checks are the membership there is
+    if run.holds_only_sums:
         run.outcome.intersection = complete_membership(
             run.outcome.intersection, [r.space for r in run.outcome.accepted],
             [(verification.checks[r.node_id].space if r.node_id in verification.checks
               else None) for r in run.outcome.accepted])
-    timing["verify"] = time.perf_counter() - t_verify
-    t_base = time.perf_counter()
-    rows = evaluate_baselines(run, server_data, settings, roster, num_features, num_classes)
-    timing["baselines"] = time.perf_counter() - t_base
-    run.extra["plan"] = plan.to_dict()
-    return finish(context, settings, run, roster, verification, rows, meta, notes,
-                  timing=timing, started=started, t0=t0, send_home=deployed)
+    return verification
 
 
 @dataclass
