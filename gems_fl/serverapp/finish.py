@@ -24,6 +24,7 @@ from gems_fl.evaluation.results import (
 from gems_fl.evaluation.results_bundle import bundle_lines
 from gems_fl.geometry.eps import zero_radius_reason
 from gems_fl.protocol.attendance import (
+    Attendance,
     ModelNotGoodEnough,
     RequiredNodesMissing,
     attendance,
@@ -78,37 +79,19 @@ def finish(context: Context, settings: Settings, run: ProtocolRun, roster: Roste
     """Assemble the results, print the tables, write ``results.json`` and the model
     (``send_home``: also print both into the run's log for the submitting machine,
     :mod:`gems_fl.evaluation.results_bundle`)."""
-    for reply in run.outcome.accepted:
-        if reply.space.radius == 0.0:
-            reason = zero_radius_reason(reply.metrics["local-val-accuracy"],
-                                        reply.metrics.get("eps", settings.eps),
-                                        unscaled=settings.dataset == NODE_FILES
-                                        and settings.standardize == "off")
-            notes.append(f"node {roster.names.get(reply.node_id, reply.node_id)}: radius 0: "
-                         f"{reason}")
-    chance = 1.0 / max(len(meta.get("classes") or []) or meta.get("num_classes", 0), 1)
-    low = sorted({float(r.metrics.get("eps", settings.eps)) for r in run.outcome.accepted
-                  if float(r.metrics.get("eps", settings.eps)) <= chance})
-    if low:
-        notes.append(f"eps={', '.join(f'{e:g}' for e in low)} asks no more than chance of h_G "
-                     f"({chance:.2g} for {round(1 / chance)} classes), so every verdict is easy: "
-                     "set eps to the accuracy the sites require (docs/own-data.md, choosing eps)")
+    notes.extend(_result_notes(settings, run, roster, meta))
     run.extra.pop("first_layer_centers", None)
     names = [roster.names.get(r.node_id, str(r.node_id)) for r in run.outcome.accepted]
     timing["total"] = time.perf_counter() - t0
     sites = attendance(roster.present(), roster.rejected, run.rejected, verification.missing,
                        settings.required_nodes, parse_required_nodes(settings.required_nodes))
-    good, took_part = verification.to_dict()["good_enough"], len(verification.checks)
-    needed = required_good_enough(settings.min_good_enough, took_part)
-    useful = good >= needed
-    verdict = (f"h_G is good enough on {good} of {took_part} site(s) that checked it; "
-               f"min-good-enough={settings.min_good_enough} asks for {needed}")
+    good_enough = _good_enough(settings.min_good_enough, verification)
+    useful, verdict = good_enough["ok"], good_enough["line"]
     results = {
         "status": "completed" if sites.ok and useful else
         "incomplete" if not sites.ok else "not-good-enough",
         "attendance": sites.to_dict(),
-        "good_enough": {"sites": good, "checked": took_part, "required": needed,
-                        "ok": useful, "line": verdict},
+        "good_enough": good_enough,
         "run_id": int(context.run_id),
         "settings": settings.to_config(),
         "dataset": meta,
@@ -128,16 +111,61 @@ def finish(context: Context, settings: Settings, run: ProtocolRun, roster: Roste
     }
     folder = Path(settings.output_dir).expanduser().resolve() / f"run-{context.run_id}"
     results["output"] = {"results": str(folder / RESULTS_FILE), "model": str(folder / MODEL_FILE)}
-    state = run.model_state
-    features = roster.agreement.features if roster.agreement is not None else None
-    if state is not None and features is not None:
-        state = {**state, **features.arrays()}  # the map travels with the weights
-    path = write_results(results, folder, state, started_at=started)
+    path = write_results(results, folder, _model_state(run, roster), started_at=started)
     print_results(results)
     log(INFO, "Results written to %s (model: %s) on the machine running the ServerApp",
         path, folder / MODEL_FILE)
     if send_home:
         _send_home(int(context.run_id), {RESULTS_FILE: path, MODEL_FILE: folder / MODEL_FILE})
+    _conclude(sites, useful, verdict)
+    return results
+
+
+def _good_enough(min_good_enough: str, verification: Verification) -> dict[str, Any]:
+    """On how many sites ``h_G`` was good enough, against what ``min-good-enough`` asks."""
+    good, took_part = verification.to_dict()["good_enough"], len(verification.checks)
+    needed = required_good_enough(min_good_enough, took_part)
+    verdict = (f"h_G is good enough on {good} of {took_part} site(s) that checked it; "
+               f"min-good-enough={min_good_enough} asks for {needed}")
+    return {"sites": good, "checked": took_part, "required": needed, "ok": good >= needed,
+            "line": verdict}
+
+
+def _model_state(run: ProtocolRun, roster: Roster) -> dict[str, Any] | None:
+    """What the model file holds: the weights, and the feature map that travels with them."""
+    state = run.model_state
+    features = roster.agreement.features if roster.agreement is not None else None
+    if state is not None and features is not None:
+        state = {**state, **features.arrays()}
+    return state
+
+
+def _result_notes(settings: Settings, run: ProtocolRun, roster: Roster,
+                  meta: dict[str, Any]) -> list[str]:
+    """What the results add about the sites' verdicts: why a radius is 0, and an eps that
+    asks no more than chance."""
+    notes: list[str] = []
+    for reply in run.outcome.accepted:
+        if reply.space.radius == 0.0:
+            reason = zero_radius_reason(reply.metrics["local-val-accuracy"],
+                                        reply.metrics.get("eps", settings.eps),
+                                        unscaled=settings.dataset == NODE_FILES
+                                        and settings.standardize == "off")
+            notes.append(f"node {roster.names.get(reply.node_id, reply.node_id)}: radius 0: "
+                         f"{reason}")
+    chance = 1.0 / max(len(meta.get("classes") or []) or meta.get("num_classes", 0), 1)
+    low = sorted({float(r.metrics.get("eps", settings.eps)) for r in run.outcome.accepted
+                  if float(r.metrics.get("eps", settings.eps)) <= chance})
+    if low:
+        notes.append(f"eps={', '.join(f'{e:g}' for e in low)} asks no more than chance of h_G "
+                     f"({chance:.2g} for {round(1 / chance)} classes), so every verdict is easy: "
+                     "set eps to the accuracy the sites require (docs/own-data.md, choosing eps)")
+    return notes
+
+
+def _conclude(sites: Attendance, useful: bool, verdict: str) -> None:
+    """Log the attendance and the verdict; raise where a required site is missing or
+    ``h_G`` was good enough on too few sites (the results are written by then)."""
     if not sites.ok:
         log(ERROR, "Sites: %s", sites.line)
         raise RequiredNodesMissing(f"{sites.line} (results written with status 'incomplete'; "
@@ -147,7 +175,6 @@ def finish(context: Context, settings: Settings, run: ProtocolRun, roster: Roste
         log(ERROR, "Not good enough: %s", verdict)
         raise ModelNotGoodEnough(f"{verdict} (results written with status 'not-good-enough'; "
                                  "see each site's figures in the table above)")
-    return results
 
 
 def _send_home(run_id: int, files: dict[str, Path]) -> None:
