@@ -77,33 +77,51 @@ def evaluate_rows(
 ) -> dict[str, dict[str, object]]:
     """Test accuracy (and parameter count) of every row; rows that cannot be computed
     say why. One path for the logistic model and the MLP."""
-    num_features, num_classes = data.test_x.shape[1], data.num_classes
-
-    def row(model: nn.Module, **extra: object) -> dict[str, object]:
-        return {"accuracy": accuracy(model, data.test_x, data.test_y),
-                "parameters": count_parameters(model), **extra}
-
     wanted = set(row_names(models.ensemble, settings.rows))
     rows: dict[str, dict[str, object]] = {}
-    if "Global" in wanted and len(data.train_y) == 0:
-        rows["Global"] = {"accuracy": None,
-                          "skipped": "the server holds no node data (dataset='node-files')"}
-    elif "Global" in wanted:
-        log(INFO, "Global: training on all %d node training samples pooled", len(data.train_y))
-        torch.manual_seed(settings.seed)
-        global_model = settings.training.new_model(num_features, num_classes)
-        report = settings.training.recipe.train(global_model, data.with_all_rows().train_x,
-                                                data.train_y, settings.seed)
-        rows["Global"] = row(global_model, epochs=report.epochs)
-        log(INFO, "Global: %d epochs, test accuracy %.4f", report.epochs, rows["Global"]["accuracy"])
+    if "Global" in wanted:
+        rows["Global"] = _global_row(data, settings)
+    rows.update(_local_rows(models, data, settings, wanted))
+    hidden = getattr(models.gems, "hidden", None)
+    rows["GEMS"] = _test_row(models.gems, data, **(
+        {"hidden_widths": [layer.out_features for layer in hidden]} if hidden is not None else {}))
+    if "Raw" in wanted:
+        rows.update(_public_rows(models.gems, data, settings))
+    return rows
 
+
+def _test_row(model: nn.Module, data: ServerData, **extra: object) -> dict[str, object]:
+    return {"accuracy": accuracy(model, data.test_x, data.test_y),
+            "parameters": count_parameters(model), **extra}
+
+
+def _global_row(data: ServerData, settings: ComparisonOptions) -> dict[str, object]:
+    """Global: the model trained on every node's training rows pooled (where the server
+    holds them)."""
+    if len(data.train_y) == 0:
+        return {"accuracy": None, "skipped": "the server holds no node data (dataset='node-files')"}
+    log(INFO, "Global: training on all %d node training samples pooled", len(data.train_y))
+    torch.manual_seed(settings.seed)
+    global_model = settings.training.new_model(data.test_x.shape[1], data.num_classes)
+    report = settings.training.recipe.train(global_model, data.with_all_rows().train_x,
+                                            data.train_y, settings.seed)
+    row = _test_row(global_model, data, epochs=report.epochs)
+    log(INFO, "Global: %d epochs, test accuracy %.4f", report.epochs, row["accuracy"])
+    return row
+
+
+def _local_rows(models: Candidates, data: ServerData, settings: ComparisonOptions,
+                wanted: set[str]) -> dict[str, dict[str, object]]:
+    """Local (the mean of the nodes' own models), Averaged and Ensemble, where wanted and
+    the server holds the nodes' models."""
+    rows: dict[str, dict[str, object]] = {}
     if "Local" in wanted and models.local:
         per_node = {name: accuracy(m, data.test_x, data.test_y)
                     for name, m in models.local.items()}
         first = next(iter(models.local.values()))
         rows["Local"] = {"accuracy": float(np.mean(list(per_node.values()))),
                          "per_node": per_node, "parameters": count_parameters(first)}
-        rows["Averaged"] = row(models.averaged)
+        rows["Averaged"] = _test_row(models.averaged, data)
     elif "Local" in wanted:
         for name in ("Local", "Averaged"):
             rows[name] = {"accuracy": None, "skipped": "secure-aggregation or dp-epsilon: "
@@ -113,41 +131,41 @@ def evaluate_rows(
         votes = ensemble_predict(local, data.test_x, settings.seed)
         rows["Ensemble"] = {"accuracy": float(np.mean(votes == data.test_y)),
                             "parameters": sum(count_parameters(m) for m in local)}
-    hidden = getattr(models.gems, "hidden", None)
-    rows["GEMS"] = row(models.gems, **({"hidden_widths": [layer.out_features for layer in hidden]}
-                                       if hidden is not None else {}))
+    return rows
 
-    if "Raw" not in wanted:
-        return rows
+
+def _public_rows(gems: nn.Module, data: ServerData,
+                 settings: ComparisonOptions) -> dict[str, dict[str, object]]:
+    """GEMS tuned, Raw and Raw converged: on the public sample, where there is one."""
+    num_features, num_classes = data.test_x.shape[1], data.num_classes
+    rows: dict[str, dict[str, object]] = {}
     if len(data.public_y) == 0 or settings.public_samples == 0:
         reason = ("public-data holds a test split only: no public sample to tune on"
                   if settings.public_data.strip() and settings.public_samples else
                   "public-samples=0: no public sample to tune on")
-        for name in ("GEMS tuned", "Raw", "Raw converged"):
-            rows[name] = {"accuracy": None, "skipped": reason}
-        return rows
+        return {name: {"accuracy": None, "skipped": reason}
+                for name in ("GEMS tuned", "Raw", "Raw converged")}
     tune = settings.tune
     log(INFO, "GEMS tuned (tune-layers=%s) and Raw: %s on %d public samples; Raw "
         "converged: until convergence", settings.tune_layers, tune.describe(),
         len(data.public_y))
-    tuned, report = tune.tune_or_fresh(copy.deepcopy(models.gems), data.public_x,
+    tuned, report = tune.tune_or_fresh(copy.deepcopy(gems), data.public_x,
                                        data.public_y, settings.seed, settings.tune_layers,
                                        lambda: raw_start(settings, num_features, num_classes))
-    rows["GEMS tuned"] = row(tuned, tuned_layers=report.layers, **_tuned(report))
+    rows["GEMS tuned"] = _test_row(tuned, data, tuned_layers=report.layers, **_tuned(report))
     if report.rival_score is not None:
         log(INFO, "GEMS tuned: kept %s (held-out accuracy %.4f) over %s (%.4f)",
             "a fresh model trained to convergence" if report.fresh else "the tuned h_G",
             report.holdout_score[0],
             "the tuned h_G" if report.fresh else "a fresh model trained to convergence",
             report.rival_score[0])
-
     raw = raw_start(settings, num_features, num_classes)
     raw_converged = copy.deepcopy(raw)
     report = tune.tune(raw, data.public_x, data.public_y, settings.seed)
-    rows["Raw"] = row(raw, **_tuned(report))
+    rows["Raw"] = _test_row(raw, data, **_tuned(report))
     report = settings.training.recipe.train(raw_converged, data.public_x, data.public_y,
                                             settings.seed)
-    rows["Raw converged"] = row(raw_converged, epochs=report.epochs)
+    rows["Raw converged"] = _test_row(raw_converged, data, epochs=report.epochs)
     return rows
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import copy
 from dataclasses import dataclass, field
+from functools import partial
 
 import numpy as np
 import torch
@@ -142,6 +143,47 @@ def _run_epochs(
         model.to("cpu")
 
 
+def _optimizer(model: nn.Module, optimizer: str,
+               lr: float) -> tuple[list[nn.Parameter], torch.optim.Optimizer]:
+    """The trainable parameters and the optimizer (``"adam"`` or ``"sgd"``) over them."""
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    if not trainable:
+        raise ValueError("the model has no trainable parameters")
+    if optimizer not in OPTIMIZERS:
+        raise ValueError(f"optimizer={optimizer!r} is not one of {', '.join(OPTIMIZERS)}")
+    return trainable, (torch.optim.SGD(trainable, lr=lr) if optimizer == "sgd"
+                       else torch.optim.Adam(trainable, lr=lr))
+
+
+def _batch_step(model: nn.Module, opt: torch.optim.Optimizer, loss_fn: nn.Module,
+                trainable: list[nn.Parameter], anchor: list[torch.Tensor] | None,
+                proximal_mu: float, xb: torch.Tensor, yb: torch.Tensor) -> torch.Tensor:
+    """One optimizer step on a batch; its loss (with FedProx's term where ``anchor``)."""
+    opt.zero_grad(set_to_none=True)
+    loss = loss_fn(model(xb), yb)
+    if anchor is not None:  # FedProx: (mu / 2) * ||w - w_round_start||^2
+        loss = loss + proximal_mu / 2 * sum(
+            (p - a).pow(2).sum() for p, a in zip(trainable, anchor))
+    loss.backward()
+    opt.step()
+    return loss
+
+
+class _Plateau:
+    """Epochs since the training accuracy or loss last improved. A flat accuracy while the
+    loss still falls fast is a plateau, not convergence (e.g. a 2-class node predicting
+    one class for a few epochs)."""
+
+    def __init__(self) -> None:
+        self.best_acc, self.best_loss, self.since_best = -1.0, float("inf"), 0
+
+    def update(self, acc: float, loss: float) -> int:
+        improving = acc > self.best_acc or loss < self.best_loss - LOSS_TOL
+        self.best_acc, self.best_loss = max(self.best_acc, acc), min(self.best_loss, loss)
+        self.since_best = 0 if improving else self.since_best + 1
+        return self.since_best
+
+
 def _epochs_on(
     model: nn.Module, x: np.ndarray, y: np.ndarray, device: torch.device, *, lr: float,
     batch_size: int, max_epochs: int, patience: int | None, seed: int, proximal_mu: float,
@@ -150,17 +192,12 @@ def _epochs_on(
     xt, yt = (t.to(device) for t in as_tensors(x, y))
     gen = torch.Generator().manual_seed(seed)  # on the CPU: the same order on every device
     on_cpu = device.type == "cpu"
-    trainable = [p for p in model.parameters() if p.requires_grad]
-    if not trainable:
-        raise ValueError("the model has no trainable parameters")
-    if optimizer not in OPTIMIZERS:
-        raise ValueError(f"optimizer={optimizer!r} is not one of {', '.join(OPTIMIZERS)}")
-    opt = (torch.optim.SGD(trainable, lr=lr) if optimizer == "sgd"
-           else torch.optim.Adam(trainable, lr=lr))
+    trainable, opt = _optimizer(model, optimizer, lr)
     anchor = [p.detach().clone() for p in trainable] if proximal_mu > 0 else None
-    loss_fn = nn.CrossEntropyLoss()
+    step = partial(_batch_step, model, opt, nn.CrossEntropyLoss(), trainable, anchor,
+                   proximal_mu)
     report = TrainReport(stopped_by="max-epochs")
-    best_acc, best_loss, since_best = -1.0, float("inf"), 0
+    plateau = _Plateau()
     if holdout is not None:  # the weights before any epoch are a candidate too
         keeper = HoldoutKeeper(model, *holdout)
     for _ in range(max_epochs):
@@ -169,13 +206,7 @@ def _epochs_on(
         total = 0.0 if on_cpu else torch.zeros((), dtype=torch.float64, device=device)
         for start in range(0, len(yt), batch_size):
             idx = order[start : start + batch_size]
-            opt.zero_grad(set_to_none=True)
-            loss = loss_fn(model(xt[idx]), yt[idx])
-            if anchor is not None:  # FedProx: (mu / 2) * ||w - w_round_start||^2
-                loss = loss + proximal_mu / 2 * sum(
-                    (p - a).pow(2).sum() for p, a in zip(trainable, anchor))
-            loss.backward()
-            opt.step()
+            loss = step(xt[idx], yt[idx])
             if on_cpu:
                 total += float(loss.detach()) * len(idx)
             else:  # the same float64 sum, without a device sync per step
@@ -188,14 +219,7 @@ def _epochs_on(
             if keeper.update(model, report.epochs) >= patience:
                 break
             continue
-        if patience is None:
-            continue
-        # A flat accuracy while the loss still falls fast is a plateau, not convergence
-        # (e.g. a 2-class node predicting one class for a few epochs).
-        improving = acc > best_acc or epoch_loss < best_loss - LOSS_TOL
-        best_acc, best_loss = max(best_acc, acc), min(best_loss, epoch_loss)
-        since_best = 0 if improving else since_best + 1
-        if since_best >= patience:
+        if patience is not None and plateau.update(acc, epoch_loss) >= patience:
             report.stopped_by = "converged"
             break
     if holdout is not None:
