@@ -20,7 +20,7 @@ from logging import INFO, WARNING
 from typing import Any
 
 import numpy as np
-from flwr.app import Message, RecordDict
+from flwr.app import ArrayRecord, Message, MetricRecord, RecordDict
 from flwr.common.constant import ErrorCode
 from flwr.common.logger import log
 
@@ -406,27 +406,10 @@ def decode_identity_full(content: RecordDict) -> Identity:
             set(IDENTITY_METRIC_KEYS) | set(IDENTITY_OPTIONAL_METRICS):
         raise ReplyError(f"identity reply '{METRICS_KEY}' must hold exactly "
                          f"{', '.join(IDENTITY_METRIC_KEYS)}", node_name=name)
-    counts = {}
-    for key in IDENTITY_METRIC_KEYS:
-        value = metrics[key]
-        if isinstance(value, (list, bool)) or not float(value).is_integer() or value < 1:
-            raise ReplyError(f"identity reply: {key}={value!r} must be a positive integer",
-                             node_name=name)
-        counts[key] = int(value)
+    counts = _identity_counts(metrics, name)
     labels = [str(v) for v in record.get("labels", [])] if isinstance(record.get("labels", []), list) else []
-    stats = None
-    if STATS_KEY in content.array_records:
-        arrays = content.array_records[STATS_KEY]
-        try:
-            total, squares = (np.asarray(arrays[k].numpy(), dtype=np.float64) for k in ("sum", "sumsq"))
-        except Exception as exc:  # noqa: BLE001 - any decode failure is a bad reply
-            raise ReplyError(f"identity reply: '{STATS_KEY}' cannot be decoded: {exc}",
-                             node_name=name) from None
-        if total.shape != (counts["num-features"],) or squares.shape != total.shape \
-                or not np.all(np.isfinite(total)) or not np.all(np.isfinite(squares)):
-            raise ReplyError(f"identity reply: '{STATS_KEY}' must hold finite sum and sumsq of "
-                             f"shape ({counts['num-features']},)", node_name=name)
-        stats = (counts["num-train-examples"], total, squares)
+    stats = (_identity_stats(content.array_records[STATS_KEY], counts, name)
+             if STATS_KEY in content.array_records else None)
     num_test = int(metrics["num-test-examples"]) if "num-test-examples" in keys else 0
     columns = record.get("columns")
     if columns is not None and (not isinstance(columns, list) or len(columns) != counts["num-features"]
@@ -439,6 +422,34 @@ def decode_identity_full(content: RecordDict) -> Identity:
     return Identity(name, str(record.get("data-source", "")), counts, labels, stats, num_test,
                     None if columns is None else [str(c) for c in columns], list(notes),
                     _category_columns(record.get("category-columns", []), columns, name))
+
+
+def _identity_counts(metrics: MetricRecord, name: str) -> dict[str, int]:
+    """The identity's row and feature counts, each a positive integer."""
+    counts = {}
+    for key in IDENTITY_METRIC_KEYS:
+        value = metrics[key]
+        if isinstance(value, (list, bool)) or not float(value).is_integer() or value < 1:
+            raise ReplyError(f"identity reply: {key}={value!r} must be a positive integer",
+                             node_name=name)
+        counts[key] = int(value)
+    return counts
+
+
+def _identity_stats(arrays: ArrayRecord, counts: dict[str, int],
+                    name: str) -> tuple[int, np.ndarray, np.ndarray]:
+    """``(training rows, per-feature sum, sum of squares)`` for ``standardize='federated'``:
+    finite, one entry per feature."""
+    try:
+        total, squares = (np.asarray(arrays[k].numpy(), dtype=np.float64) for k in ("sum", "sumsq"))
+    except Exception as exc:  # noqa: BLE001 - any decode failure is a bad reply
+        raise ReplyError(f"identity reply: '{STATS_KEY}' cannot be decoded: {exc}",
+                         node_name=name) from None
+    if total.shape != (counts["num-features"],) or squares.shape != total.shape \
+            or not np.all(np.isfinite(total)) or not np.all(np.isfinite(squares)):
+        raise ReplyError(f"identity reply: '{STATS_KEY}' must hold finite sum and sumsq of "
+                         f"shape ({counts['num-features']},)", node_name=name)
+    return counts["num-train-examples"], total, squares
 
 
 def _category_columns(categories: Any, columns: list | None, name: str) -> list[str]:
