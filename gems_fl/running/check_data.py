@@ -61,38 +61,13 @@ def _check_together(sites: dict[str, SiteFile], features: int | None, out: TextI
     if len(sites) < 2:
         say("  (fewer than two files passed alone; nothing to compare)")
         return 0
-    status = 0
     _say_categories(sites, say)
-    counts = Counter(site.num_features() for site in sites.values())
     named = {p: s.columns for p, s in sites.items() if s.columns is not None}
-    if features is None and len(counts) > 1:
-        common = max(counts, key=lambda n: (counts[n], -n))
-        if counts[common] * 2 <= len(sites):  # no count most files share: blame none
-            say("  REJECTED: the files disagree on the number of features and no count is "
-                "held by most of them: " + ", ".join(f"{path} has {site.num_features()}"
-                                                      for path, site in sites.items()))
-            for line in _column_disagreements(named):
-                say(f"    {line}")
-            say("  a run keeps the count most sites report (or num-features); make the files "
-                "agree, or set num-features to the count the run should keep")
-            return 1
-        for path, site in sites.items():
-            if site.num_features() != common:
-                say(f"  REJECTED: {path} has {site.num_features()} features; {counts[common]} of "
-                    f"{len(sites)} files have {common}")
-                status = 1
+    status = _check_feature_counts(sites, features, named, say)
+    if status is None:
+        return 1
     if named and len(named) == len(sites):
-        train_rows = {p: len(s.y.get("train", ())) for p, s in sites.items()}
-        reference, holders = vote_columns(named, train_rows)  # the identity round's vote
-        reference_path = holders[0]
-        for path, columns in named.items():
-            problem = column_difference(columns, reference, reference_path)
-            if problem:
-                say(f"  REJECTED: {path} {problem}")
-                status = 1
-            elif columns != reference:
-                say(f"  note: {path} holds the columns of {reference_path} in another order; a "
-                    "run matches them by name")
+        status = max(status, _check_column_names(sites, named, say))
     elif named:
         say("  note: some files have a header row and some do not; columns are then matched "
             "by position")
@@ -100,6 +75,49 @@ def _check_together(sites: dict[str, SiteFile], features: int | None, out: TextI
         say(f"  OK: the {len(sites)} files agree on "
             f"{next(iter(sites.values())).num_features()} features"
             + (" by column name" if named and len(named) == len(sites) else " (by position)"))
+    return status
+
+
+def _check_feature_counts(sites: dict[str, SiteFile], features: int | None,
+                          named: dict[str, list[str]], say) -> int | None:
+    """Without ``--features``, the files against the count most of them hold: 1 where one
+    differs, 0 where none does, None where no count is held by most (nothing to blame)."""
+    counts = Counter(site.num_features() for site in sites.values())
+    if features is not None or len(counts) <= 1:
+        return 0
+    common = max(counts, key=lambda n: (counts[n], -n))
+    if counts[common] * 2 <= len(sites):
+        say("  REJECTED: the files disagree on the number of features and no count is "
+            "held by most of them: " + ", ".join(f"{path} has {site.num_features()}"
+                                                  for path, site in sites.items()))
+        for line in _column_disagreements(named):
+            say(f"    {line}")
+        say("  a run keeps the count most sites report (or num-features); make the files "
+            "agree, or set num-features to the count the run should keep")
+        return None
+    status = 0
+    for path, site in sites.items():
+        if site.num_features() != common:
+            say(f"  REJECTED: {path} has {site.num_features()} features; {counts[common]} of "
+                f"{len(sites)} files have {common}")
+            status = 1
+    return status
+
+
+def _check_column_names(sites: dict[str, SiteFile], named: dict[str, list[str]], say) -> int:
+    """Every file with a header row against the columns the identity round would vote
+    for: 1 where one lacks or adds a column."""
+    train_rows = {p: len(s.y.get("train", ())) for p, s in sites.items()}
+    reference, holders = vote_columns(named, train_rows)
+    reference_path, status = holders[0], 0
+    for path, columns in named.items():
+        problem = column_difference(columns, reference, reference_path)
+        if problem:
+            say(f"  REJECTED: {path} {problem}")
+            status = 1
+        elif columns != reference:
+            say(f"  note: {path} holds the columns of {reference_path} in another order; a "
+                "run matches them by name")
     return status
 
 
@@ -127,6 +145,39 @@ def _column_disagreements(named: dict[str, list[str]]) -> list[str]:
     return lines
 
 
+def _describe_site(site: SiteFile, path: str, label_column: str, say) -> None:
+    """The file's format, each split's shape and non-finite values, its classes' counts."""
+    suffix = Path(path).suffix.lower()
+    say(f"  format: {suffix[1:]}" + ("" if suffix == ".npz" else
+        f" (label column: {label_column or 'last'}, counted from 0; optional <stem>_val.csv "
+        "and <stem>_test.csv)"))
+    for split in SPLITS:
+        if split not in site.x:
+            say(f"  {split}: none" + (" (optional; a node can split one off with its "
+                                      "test-fraction node config)" if split == "test" else ""))
+            continue
+        x = site.x[split]
+        nan, inf = int(np.isnan(x).sum()), int(np.isinf(x).sum())
+        say(f"  {split}: x {tuple(x.shape)}, y {tuple(site.y[split].shape)}, NaN {nan}, inf {inf}")
+    counts = class_counts(site)
+    say(f"  classes ({len(site.labels)}): {', '.join(site.labels)}")
+    for split, per_class in counts.items():
+        say(f"    {split}: " + ", ".join(f"{name} {n}" for name, n in per_class.items()))
+
+
+def _class_list(site: SiteFile, wanted: list[str] | int | None, say) -> list[str] | None:
+    """The run's class names to check the file against (``--classes``: names, or a count
+    where the file's labels are numbers), or None."""
+    if isinstance(wanted, list):
+        return wanted
+    if isinstance(wanted, int):
+        if all(label.lstrip("-").isdigit() for label in site.labels):
+            return [str(i) for i in range(wanted)]
+        if len(site.labels) > wanted:
+            say(f"  note: the file holds {len(site.labels)} class names, the run {wanted}")
+    return None
+
+
 def _check_one(path: str, features: int | None, classes: str, label_column: str,
                out: TextIO, id_columns: str = ID_AUTO, val_fraction: float = 0.2,
                categories: str = "") -> tuple[int, SiteFile | None]:
@@ -144,30 +195,8 @@ def _check_one(path: str, features: int | None, classes: str, label_column: str,
     except SiteFileError as exc:
         say(f"  REJECTED: {exc}")
         return 1, None
-    suffix = Path(path).suffix.lower()
-    say(f"  format: {suffix[1:]}" + ("" if suffix == ".npz" else
-        f" (label column: {label_column or 'last'}, counted from 0; optional <stem>_val.csv "
-        "and <stem>_test.csv)"))
-    for split in SPLITS:
-        if split not in site.x:
-            say(f"  {split}: none" + (" (optional; a node can split one off with its "
-                                      "test-fraction node config)" if split == "test" else ""))
-            continue
-        x = site.x[split]
-        nan, inf = int(np.isnan(x).sum()), int(np.isinf(x).sum())
-        say(f"  {split}: x {tuple(x.shape)}, y {tuple(site.y[split].shape)}, NaN {nan}, inf {inf}")
-    counts = class_counts(site)
-    say(f"  classes ({len(site.labels)}): {', '.join(site.labels)}")
-    for split, per_class in counts.items():
-        say(f"    {split}: " + ", ".join(f"{name} {n}" for name, n in per_class.items()))
-    class_list = None
-    if isinstance(wanted, list):
-        class_list = wanted
-    elif isinstance(wanted, int):
-        if all(label.lstrip("-").isdigit() for label in site.labels):
-            class_list = [str(i) for i in range(wanted)]
-        elif len(site.labels) > wanted:
-            say(f"  note: the file holds {len(site.labels)} class names, the run {wanted}")
+    _describe_site(site, path, label_column, say)
+    class_list = _class_list(site, wanted, say)
     if site.columns is not None:
         say(f"  feature columns ({len(site.columns)}): {', '.join(site.columns)}")
     for note in site_notes(site):
