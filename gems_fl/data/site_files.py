@@ -394,37 +394,49 @@ def site_problems(site: SiteFile, num_features: int | None = None,
                             f"row of x_{split}")
         if len(x) == 0:
             problems.append(f"the {split} split is empty")
-        bad = ~np.isfinite(x)
-        if bad.any():
-            rows = np.flatnonzero(bad.any(axis=1))
-            columns = np.flatnonzero(bad.any(axis=0))
-            nan, inf = int(np.isnan(x).sum()), int(np.isinf(x).sum())
-            named = ", ".join(column_name(site, int(c)) for c in columns[:5])
-            first = int(rows[0])
-            where = "" if split not in site.source_rows else " of the training file"
-            first = int(site.source_rows[split][first]) if where else first
-            problems.append(f"x_{split} holds {nan} NaN and {inf} infinite value(s) in "
-                            f"{len(rows)} row(s) (first: data row {first + 1}{where}, counted "
-                            f"from 1) and {len(columns)} column(s): {named}"
-                            f"{', ...' if len(columns) > 5 else ''} (counted from 0, as "
-                            "label-column counts); features must be finite numbers: fill or "
-                            "drop those cells")
+        problems.extend(_non_finite(site, split))
         if num_features is not None and x.shape[1] != num_features:
             problems.append(f"x_{split} has {x.shape[1]} features but {run} has {num_features}")
         if classes is not None and y.ndim == 1:
-            unknown = sort_classes(set(y.tolist()) - set(classes))
-            numbered = classes == [str(i) for i in range(len(classes))]
-            if unknown and numbered and all(parses(v, int) for v in unknown):
-                values = [int(v) for v in y]
-                problems.append(
-                    f"y_{split} has labels in [{min(values)}, {max(values)}] but {run} has "
-                    f"{len(classes)} classes (labels 0..{len(classes) - 1})")
-            elif unknown:
-                problems.append(f"y_{split} holds label(s) {', '.join(unknown)} that are not among "
-                                f"the classes of {run} ({', '.join(classes)})")
+            problems.extend(_unknown_labels(y, split, classes, run))
     if len(widths) > 1:
         problems.append(f"the splits have different feature counts ({', '.join(map(str, sorted(widths)))})")
     return problems
+
+
+def _non_finite(site: SiteFile, split: str) -> list[str]:
+    """Where ``split``'s features hold NaN or infinite values, named by row and column."""
+    x = site.x[split]
+    bad = ~np.isfinite(x)
+    if not bad.any():
+        return []
+    rows = np.flatnonzero(bad.any(axis=1))
+    columns = np.flatnonzero(bad.any(axis=0))
+    nan, inf = int(np.isnan(x).sum()), int(np.isinf(x).sum())
+    named = ", ".join(column_name(site, int(c)) for c in columns[:5])
+    first = int(rows[0])
+    where = "" if split not in site.source_rows else " of the training file"
+    first = int(site.source_rows[split][first]) if where else first
+    return [f"x_{split} holds {nan} NaN and {inf} infinite value(s) in "
+            f"{len(rows)} row(s) (first: data row {first + 1}{where}, counted "
+            f"from 1) and {len(columns)} column(s): {named}"
+            f"{', ...' if len(columns) > 5 else ''} (counted from 0, as "
+            "label-column counts); features must be finite numbers: fill or "
+            "drop those cells"]
+
+
+def _unknown_labels(y: np.ndarray, split: str, classes: list[str], run: str) -> list[str]:
+    """Labels of ``split`` outside the run's classes (numbered classes: the range held)."""
+    unknown = sort_classes(set(y.tolist()) - set(classes))
+    numbered = classes == [str(i) for i in range(len(classes))]
+    if unknown and numbered and all(parses(v, int) for v in unknown):
+        values = [int(v) for v in y]
+        return [f"y_{split} has labels in [{min(values)}, {max(values)}] but {run} has "
+                f"{len(classes)} classes (labels 0..{len(classes) - 1})"]
+    if unknown:
+        return [f"y_{split} holds label(s) {', '.join(unknown)} that are not among "
+                f"the classes of {run} ({', '.join(classes)})"]
+    return []
 
 
 def class_counts(site: SiteFile) -> dict[str, dict[str, int]]:
