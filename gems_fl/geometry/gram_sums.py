@@ -109,9 +109,14 @@ class GramSums:
         known = None if self._column_class_grams is None else self._column_class_grams.shape[1]
         columns = self._class_sum("its columns' class Gram matrices", column_class_grams, counts,
                                   self._with_column_class_grams, known)
+        self._accumulate(n_k, parts, counts, grams, columns)
+
+    def _accumulate(self, n_k: int, parts: list[np.ndarray], counts: np.ndarray | None,
+                    grams: tuple | None, columns: tuple | None) -> None:
+        """Add one node's checked fixed-point parts (``counts`` None: no label moments)."""
         self._gram += parts[0]
         self._center_gram += parts[1]
-        if labels:
+        if counts is not None:
             self._moments += parts[2]
             self.class_counts += counts
         if grams is not None:
@@ -123,7 +128,7 @@ class GramSums:
                 self._column_class_grams = np.zeros((self.num_classes, *columns[1].shape[1:]),
                                                     np.int64)
             self._column_class_grams[columns[0]] += columns[1]
-        self._with_labels = labels
+        self._with_labels = counts is not None
         self._with_class_grams = grams is not None
         self._with_column_class_grams = columns is not None
         self.nodes += 1
