@@ -357,6 +357,25 @@ def relative_error(g: np.ndarray, approx: np.ndarray) -> float:
     return diff / norm
 
 
+def _check_semidefinite(sym: torch.Tensor, tol: float) -> None:
+    """ValueError unless the symmetric ``sym``'s smallest eigenvalue is at least
+    ``-tol * max(1, largest)``.
+
+    A Cholesky factor of ``G + tol * max(1, max diag) I`` proves the smallest eigenvalue is
+    above that bound (the largest eigenvalue is at least the largest diagonal entry) for
+    less than an eigenvalue solve costs; only a matrix it does not clear gets one."""
+    n = sym.shape[0]
+    shifted = sym + tol * max(1.0, float(sym.diagonal().max())) * torch.eye(n, dtype=sym.dtype)
+    if int(torch.linalg.cholesky_ex(shifted)[1]) == 0:
+        return
+    lam = torch.linalg.eigvalsh(sym)
+    lo, hi = float(lam[0]), float(lam[-1])
+    if lo < -tol * max(1.0, hi):
+        raise ValueError(f"Gram matrix is not positive semidefinite: smallest eigenvalue "
+                         f"{lo:.3g} < -tol * max(1, largest eigenvalue) = "
+                         f"{-tol * max(1.0, hi):.3g}. Reject this reply")
+
+
 def check_gram(g, n: int, *, tol: float = 1e-6,
                unit_bias_tol: float | None = None) -> np.ndarray:
     """Validate a Gram matrix received from a node; return it as float64 ``(n, n)``.
@@ -389,20 +408,7 @@ def check_gram(g, n: int, *, tol: float = 1e-6,
     if asym > tol * scale:
         raise ValueError(f"Gram matrix is not symmetric: max |G - G^T| = {asym:.3g} exceeds "
                          f"tol * max |G| = {tol * scale:.3g}. Reject this reply")
-    sym = 0.5 * (t + t.T)
-    # A Cholesky factor of G + tol * max(1, max diag) I proves the smallest eigenvalue is
-    # above the bound below (the largest eigenvalue is at least the largest diagonal entry)
-    # for less than an eigenvalue solve costs; only a matrix it does not clear gets one.
-    shifted = sym + tol * max(1.0, float(sym.diagonal().max())) * torch.eye(n, dtype=sym.dtype)
-    if int(torch.linalg.cholesky_ex(shifted)[1]) == 0:
-        lo = hi = 0.0
-    else:
-        lam = torch.linalg.eigvalsh(sym)
-        lo, hi = float(lam[0]), float(lam[-1])
-    if lo < -tol * max(1.0, hi):
-        raise ValueError(f"Gram matrix is not positive semidefinite: smallest eigenvalue "
-                         f"{lo:.3g} < -tol * max(1, largest eigenvalue) = "
-                         f"{-tol * max(1.0, hi):.3g}. Reject this reply")
+    _check_semidefinite(0.5 * (t + t.T), tol)
     if unit_bias_tol is not None and abs(float(t[-1, -1]) - 1.0) > unit_bias_tol:
         raise ValueError(f"Gram matrix bias entry G[-1, -1] = {float(t[-1, -1]):.6g}; a mean "
                          f"of [x, 1][x, 1]^T has 1 there (a sum instead of a mean?). "

@@ -379,15 +379,8 @@ class _Evaluator:
 
 
 def neuron_deviations(
-    W,
-    b,
-    Z,
-    directions,
-    radii,
-    criterion: str = "rms",
-    *,
-    dtype: torch.dtype = torch.float64,
-    chunk: int | None = None,
+    W, b, Z, directions, radii, criterion: str = "rms", *,
+    dtype: torch.dtype = torch.float64, chunk: int | None = None,
 ) -> np.ndarray:
     """Deviation of every neuron along each of its directions at its radius: ``(H, p)``.
 
@@ -473,12 +466,7 @@ def _bisect(ev: _Evaluator, eps: float, r_max: float, delta: float):
 
 
 def neuron_radii(
-    W,
-    b,
-    Z,
-    search: NeuronSearch,
-    *,
-    chunk: int | None = None,
+    W, b, Z, search: NeuronSearch, *, chunk: int | None = None,
     dtype: torch.dtype = torch.float32,
 ) -> NeuronRadii:
     """Good-enough radius of every neuron of a ReLU layer (batched bisection).

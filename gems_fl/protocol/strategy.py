@@ -195,18 +195,7 @@ class GEMS(GEMSBase):
                 timeout=self.options.round_timeout, blocks=blocks)
         except RuntimeError as exc:
             raise NotEnoughRepliesError(str(exc)) from None
-        kept = []
-        for reply in accepted:
-            expected = int(reply.metrics["num-train-examples"])
-            if counts.get(reply.node_id) == expected:
-                kept.append(reply)
-                continue
-            reason = ("did not finish secure aggregation (SecAgg+)" if reply.node_id not in counts
-                      else f"its SecAgg+ weight {counts[reply.node_id]} is not its training "
-                           f"count {expected}")
-            log(WARNING, "Secure aggregation: node %s left out: %s",
-                describe_node(reply.node_id, self.names), reason)
-            self.outcome.rejected.append(rejection_record(reply.node_id, self.names, reason))
+        kept = self._in_the_sums(accepted, counts)
         if len(kept) < len(counts):
             raise NotEnoughRepliesError("secure aggregation: a node whose statistics are in "
                                         "the sums has a wrong weight; the sums cannot be used")
@@ -231,6 +220,22 @@ class GEMS(GEMSBase):
         # the round's traffic includes SecAgg+'s stages, which carry the statistics
         self.rounds[-1]["bytes_sent"] += traffic["bytes_sent"]
         self.rounds[-1]["bytes_received"] += traffic["bytes_received"]
+        return kept
+
+    def _in_the_sums(self, accepted: list[NodeReply], counts: dict[int, int]) -> list[NodeReply]:
+        """The nodes whose SecAgg+ weight is their training count; the others rejected."""
+        kept = []
+        for reply in accepted:
+            expected = int(reply.metrics["num-train-examples"])
+            if counts.get(reply.node_id) == expected:
+                kept.append(reply)
+                continue
+            reason = ("did not finish secure aggregation (SecAgg+)" if reply.node_id not in counts
+                      else f"its SecAgg+ weight {counts[reply.node_id]} is not its training "
+                           f"count {expected}")
+            log(WARNING, "Secure aggregation: node %s left out: %s",
+                describe_node(reply.node_id, self.names), reason)
+            self.outcome.rejected.append(rejection_record(reply.node_id, self.names, reason))
         return kept
 
     def _decode(self, content) -> tuple[object, dict[str, float]]:
