@@ -71,7 +71,7 @@ def parse_gram_ranks(text: str) -> tuple[int | str, ...]:
     return tuple(ranks)
 
 
-def reproduce_command(args: argparse.Namespace, argv: list[str] | None) -> int:
+def reproduce_command(args: argparse.Namespace, argv: list[str] | None) -> int:  # noqa: C901
     """``gems-fl reproduce``: run the studies, write the tables; the exit status."""
     from gems_lab.reproduce import Options, expected_files, reproduce
 

@@ -175,7 +175,7 @@ def feature_map(settings: Settings, num_nodes: int, splits) -> RandomFeatures | 
                           float(bandwidth), int(settings.seed))
 
 
-def run_federated(
+def run_federated(  # noqa: C901
     run_config: dict, num_nodes: int, strategy: str, num_rounds: int,
     local_epochs: int = 1, proximal_mu: float = 0.01,
     optimizer: str = "adam", lr: float | None = None, evaluate_on: str = "test",

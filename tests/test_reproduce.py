@@ -359,7 +359,7 @@ def test_rounds_to_reach():
 # --- the whole command ----------------------------------------------------------------
 
 @pytest.mark.slow
-def test_reproduce_quick_writes_every_table_and_plot_with_every_row(tmp_path):
+def test_reproduce_quick_writes_every_table_and_plot_with_every_row(tmp_path):  # noqa: C901
     from gems_fl.running.cli import main
 
     # One seed for every study keeps this end-to-end run short; the second invocation below

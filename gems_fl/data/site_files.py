@@ -186,7 +186,7 @@ def _npz_keys(public: bool) -> dict[str, tuple[str, str]]:
     return {s: (f"x_{s}", f"y_{s}") for s in SPLITS}
 
 
-def _read_npz(path: Path, public: bool) -> SiteFile:
+def _read_npz(path: Path, public: bool) -> SiteFile:  # noqa: C901
     keys = _npz_keys(public)
     required = ("train",) if public else REQUIRED_SPLITS
     site = SiteFile(path)

@@ -201,7 +201,7 @@ def selection_text(r: dict[str, Any]) -> str:
     return (f"ridge {ridge:g}, " if ridge is not None else "") + f"scale x{r.get('temperature'):g}"
 
 
-def print_results(results: dict[str, Any], console: Console | None = None) -> None:
+def print_results(results: dict[str, Any], console: Console | None = None) -> None:  # noqa: C901
     """Print the accuracy table, per-node spaces and rejections."""
     if console is None:
         console = Console()

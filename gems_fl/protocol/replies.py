@@ -248,7 +248,7 @@ def _read_column_classes(content: RecordDict, labels: tuple, columns: int) -> np
                      f"{['class-grams'] if rank == 0 else sorted(CLASS_FACTOR_KEYS)}")
 
 
-def _read_gram(content: RecordDict, n: int, rank: int) -> np.ndarray:
+def _read_gram(content: RecordDict, n: int, rank: int) -> np.ndarray:  # noqa: C901
     """The Gram matrix of a reply, checked: finite, the right shape, symmetric, PSD (a
     factor reply is both by its form once its parts are checked)."""
     record = content.array_records.get(GRAM_KEY)
@@ -317,7 +317,7 @@ def _read_state(content: RecordDict, key: str, shapes: dict[str, tuple[int, ...]
     return state
 
 
-def read_metrics(content: RecordDict, keys: tuple[str, ...] = METRIC_KEYS,
+def read_metrics(content: RecordDict, keys: tuple[str, ...] = METRIC_KEYS,  # noqa: C901
                  optional: tuple[str, ...] = SOLVE_METRIC_KEYS) -> dict[str, float]:
     """The reply's metrics: every one of ``keys``, and ``optional`` all or none (the exact
     solve's report, from a node that solved its model exactly)."""

@@ -291,7 +291,7 @@ def in_model_order(scores: dict[str, float]) -> dict[str, float]:
     return {k: scores[k] for k in sorted(keys, key=order)}
 
 
-def decode_check(node_id: int, name: str, content: RecordDict) -> NodeCheck:
+def decode_check(node_id: int, name: str, content: RecordDict) -> NodeCheck:  # noqa: C901
     """A node's evaluate reply as its :class:`NodeCheck`, every metric checked; raises
     ``ReplyError`` naming the first problem."""
     record = content.metric_records.get(wire.METRICS_KEY)

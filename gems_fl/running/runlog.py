@@ -239,7 +239,7 @@ def _raised(lines: list[str]) -> re.Match[str] | None:
     return found
 
 
-def summarise_errors(lines: list[str], limit: int = 400) -> list[ErrorSummary]:
+def summarise_errors(lines: list[str], limit: int = 400) -> list[ErrorSummary]:  # noqa: C901
     """The distinct errors of a failed run's log: the server's, then the nodes'.
 
     A node's error is the innermost message of its rejected reply (the exception the
@@ -297,7 +297,7 @@ class RunLog:
         self._results_written = False  # the ServerApp logged where its results are
         self._shutdown_noted = False
 
-    def add(self, line: str) -> None:
+    def add(self, line: str) -> None:  # noqa: C901
         if self.run_id is None:
             match = STARTED.search(line)
             if match:

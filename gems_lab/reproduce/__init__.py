@@ -54,7 +54,7 @@ def _defaults() -> dict:
     return Settings().to_config()
 
 
-def reproduce(options: Options, out: Path, jobs: int = 2, fresh: bool = False,
+def reproduce(options: Options, out: Path, jobs: int = 2, fresh: bool = False,  # noqa: C901
               command: str = "") -> Path:
     """Run the studies of ``options`` into ``out``; return the summary README's path."""
     unknown = set(options.studies) - set(STUDIES)

@@ -200,7 +200,7 @@ class Trial:
         return int(self.run_config["seed"])
 
 
-def build_plan(options: Options) -> list[Trial]:
+def build_plan(options: Options) -> list[Trial]:  # noqa: C901
     """Every trial the chosen studies need, deduplicated, ordered for the cache.
 
     Trials that differ only in the seed are adjacent: two workers then train different

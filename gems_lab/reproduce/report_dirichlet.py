@@ -78,7 +78,7 @@ def _reach_cell(got: dict | None, rounds: int) -> str:
     return f"round {got['round']}, {_mb(got['bytes'])} ({got['vs_gems']:.1f}x)"
 
 
-def dirichlet_section(report: Report, options) -> None:
+def dirichlet_section(report: Report, options) -> None:  # noqa: C901
     """Dirichlet divisions: Averaged, the paper's spaces, the Gram points, refined rounds,
     Global, Raw converged; then FedAvg/FedProx-SGD against the GEMS rows."""
     steps = sorted({1, min(5, options.refine_rounds), options.refine_rounds} - {0})

@@ -51,7 +51,7 @@ def reach_line(model: str, name: str, label: str, target: float, got: dict | Non
             f"GEMS's; its best mean is {m.max():.4f}).")
 
 
-def federated_section(report: Report) -> None:
+def federated_section(report: Report) -> None:  # noqa: C901
     """FedAvg/FedProx (Adam and SGD) against GEMS: accuracy against cumulative bytes,
     and the rounds and bytes each needs to reach GEMS's rows."""
     payload, rows, lines = {}, [], []

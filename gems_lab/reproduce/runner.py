@@ -143,7 +143,7 @@ def _next_trial(queue: list[Trial], running) -> Trial | None:
     return None if busy else queue.pop(0)
 
 
-def run_trials(trials: list[Trial], work_dir: Path, jobs: int) -> tuple[list[dict], int]:
+def run_trials(trials: list[Trial], work_dir: Path, jobs: int) -> tuple[list[dict], int]:  # noqa: C901
     """Run every trial not yet on disk (``jobs`` at a time).
 
     Returns all outcomes in plan order and how many trials this call actually ran.
