@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from enum import StrEnum
 from typing import Any
 
 import numpy as np
@@ -21,9 +22,21 @@ from gems_fl.data.random_features import RandomFeatures
 FEATURE_MAPS = (RandomFeatures, KernelFeatures)
 
 NODE_FILES = "node-files"
-STANDARDIZE_CHOICES = ("off", "node", "federated", "ranges")
+
+
+class Scaling(StrEnum):
+    """How a run scales the features (``standardize`` once ``auto`` is resolved); the
+    setting stays its text, which compares equal to its member."""
+
+    OFF = "off"
+    NODE = "node"
+    FEDERATED = "federated"
+    RANGES = "ranges"
+
+
+STANDARDIZE_CHOICES = tuple(s.value for s in Scaling)
 AUTO_STANDARDIZE = "auto"  # ranges if declared; federated for node-files (not under DP); off
-SHARED_SCALING = ("federated", "ranges")  # one centre and scale for all, in the agreement
+SHARED_SCALING = (Scaling.FEDERATED.value, Scaling.RANGES.value)  # one centre and scale for all, in the agreement
 
 
 def resolve_standardize(value: str, dataset: str, private: bool, ranges: bool = False) -> str:
@@ -34,8 +47,8 @@ def resolve_standardize(value: str, dataset: str, private: bool, ranges: bool = 
     if value != AUTO_STANDARDIZE:
         return value
     if ranges:
-        return "ranges"
-    return "federated" if dataset == NODE_FILES and not private else "off"
+        return Scaling.RANGES.value
+    return (Scaling.FEDERATED if dataset == NODE_FILES and not private else Scaling.OFF).value
 FEATURES_KEY = "agreed-num-features"
 CLASSES_KEY = "agreed-classes"
 MEAN_KEY = "scale-mean"

@@ -12,7 +12,7 @@ import numpy as np
 from flwr.common.logger import log
 
 from gems_fl.data import FeatureOptions, load_dataset, node_data
-from gems_fl.data.agreement import SHARED_SCALING
+from gems_fl.data.agreement import SHARED_SCALING, Scaling
 from gems_fl.data.partition import division_json
 
 
@@ -147,7 +147,7 @@ def public_landmark_rows(settings: ServerDataOptions, agreement) -> tuple[np.nda
     x = np.asarray(x, dtype=np.float64)
     if agreement.mean is not None:
         x = (x - agreement.mean) / agreement.std
-    elif settings.standardize == "node" and len(x):
+    elif settings.standardize == Scaling.NODE and len(x):
         mean, std = combine_stats([feature_stats(x)])
         x = (x - mean) / std
     return x.astype(np.float32), np.asarray(y)
@@ -215,7 +215,7 @@ def load_public_data(settings: ServerDataOptions, agreement) -> PublicData:
     mean = std = None
     if settings.standardize in SHARED_SCALING and agreement.mean is not None:
         mean, std = agreement.mean, agreement.std
-    elif settings.standardize == "node":
+    elif settings.standardize == Scaling.NODE:
         mean, std = combine_stats([feature_stats(x)])
     if mean is not None:
         x, test_x = (x - mean) / std, (test_x - mean) / std
@@ -230,7 +230,7 @@ def scale_server_data(data: ServerData, agreement, settings: ServerDataOptions) 
     """Scale what a simulation's server holds as the nodes scale theirs (``standardize``):
     federated with the nodes' combined mean/std, node with the pooled training rows'; then
     through the run's random-feature map, as the nodes map theirs."""
-    if settings.standardize != "off":
+    if settings.standardize != Scaling.OFF:
         _scale_server_data(data, agreement, settings)
     if agreement is not None and agreement.features is not None:
         data.test_x, data.public_x = (agreement.map_features(data.test_x),

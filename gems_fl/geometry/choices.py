@@ -4,6 +4,7 @@ without importing numpy-heavy or torch modules."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from enum import StrEnum
 
 
 @dataclass(frozen=True)
@@ -53,7 +54,16 @@ GAUSSIAN_L2S = (1e-6, 1e-5, 1e-4, 1e-3)
 # this size (inputs + 1: the MLP's output layer up to width 256, digits); above it, as each
 # class's covariance in gram-rank's factor form (gems_fl.geometry.class_factors), and
 # class-grams=auto sends them only where that form applies (gram-rank > 0 or auto)
-CLASS_GRAMS = ("auto", "true", "false")
+class ClassGrams(StrEnum):
+    """``class-grams``: whether the nodes send their class Gram matrices (``auto``: where
+    the run plan finds a form for them)."""
+
+    AUTO = "auto"
+    TRUE = "true"
+    FALSE = "false"
+
+
+CLASS_GRAMS = tuple(c.value for c in ClassGrams)
 CLASS_GRAMS_AUTO_MAX = 257
 # pooled-ridge=auto: the ridges the selection round scores on the nodes' validation data
 # (relative to one mean Gram matrix), and the one a layer without that round uses.
@@ -68,7 +78,14 @@ DEFAULT_POOLED_RIDGE = 1e-3
 LDA_SHRINKAGES = (1e-3, 1e-2, 1e-1)
 # refine-method: Bohning steps scaled by the secant curvature (checked, backtracking), or
 # plain Bohning steps
-REFINE_METHODS = ("secant", "monotone")
+class RefineMethod(StrEnum):
+    """``refine-method``: Bohning steps scaled by a secant estimate of the curvature, or plain monotone ones."""
+
+    SECANT = "secant"
+    MONOTONE = "monotone"
+
+
+REFINE_METHODS = tuple(m.value for m in RefineMethod)
 # refine-l2: the L2 penalty of the refined objective, relative to the mean diagonal of the
 # pooled Gram matrix (best pooled validation accuracy: results/benchmarks/refinement_offline.json,
 # by refinement_offline.py, a benchmark retired after commit c4a7c72)

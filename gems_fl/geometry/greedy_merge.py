@@ -9,6 +9,7 @@ the exact ball tests it relies on are in :mod:`gems_fl.geometry.ball_meet`.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from enum import StrEnum
 
 import numpy as np
 
@@ -17,7 +18,15 @@ from gems_fl.geometry.checks import check_option, check_scalar
 from gems_fl.geometry.intersect import find_intersection
 from gems_fl.geometry.spaces import Space, within_radius
 
-METHODS = ("dual", "dykstra")
+
+class MergeMethod(StrEnum):
+    """How a neuron merge tests a candidate: the exact dual test first, or Dykstra for every one (the reference)."""
+
+    DUAL = "dual"
+    DYKSTRA = "dykstra"
+
+
+METHODS = tuple(m.value for m in MergeMethod)
 
 # Pairwise Frank-Wolfe steps of the dual test per candidate (each O(g^2)).
 _DUAL_MAX_ITER = 500
@@ -319,7 +328,7 @@ class GreedyMerge:
         if self.verified(trial_global[-1:], group.point):
             self.counts.contains_accepts += 1
             return lam, group.point, "contains"
-        if self.options.method == "dual":
+        if self.options.method == MergeMethod.DUAL:
             verdict, lam, point = self.dual_test(cl, trial, trial_global, lam)
             if verdict == "empty":
                 return None
@@ -379,12 +388,12 @@ class GreedyMerge:
             return mean
         if group.how == "solve":
             return group.point
-        budget = opts.max_iter if opts.method == "dykstra" else opts.polish_max_iter
+        budget = opts.max_iter if opts.method == MergeMethod.DYKSTRA else opts.polish_max_iter
         if budget > 0:
             found = self.solve(members, budget)
             if found is not None:
                 return found
-        if opts.method == "dual" and np.all(cl.r2[group.members] > 0):
+        if opts.method == MergeMethod.DUAL and np.all(cl.r2[group.members] > 0):
             power = self.power_center(cl, group, members)
             if power is not None:
                 return power

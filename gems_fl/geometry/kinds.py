@@ -103,6 +103,12 @@ class SpaceOptions:
     class_components: int = 1
     linear_columns: int = 0
 
+    @property
+    def sends_class_grams(self) -> bool:
+        """The plan resolved ``class_grams`` to ``true``: a node sends its class Gram
+        matrices."""
+        return self.class_grams == choices.ClassGrams.TRUE
+
     def __post_init__(self) -> None:
         check_option(self.kind, "kind", choices.SPACE_KINDS)
         check_option(str(self.class_grams).lower(), "class_grams", choices.CLASS_GRAMS)

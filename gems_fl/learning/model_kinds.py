@@ -54,6 +54,9 @@ class ModelKind:
         The layer's leading inputs are the rows themselves (the kernel model): the model
         family contains the logistic model, whose candidates (with the class statistics
         of those columns) the selection round scores too.
+    titled : callable or None
+        ``titled(cfg, meta, results)``: how a run's results table names the model (None:
+        its name).
     """
 
     name: str
@@ -64,6 +67,7 @@ class ModelKind:
     gram_rank_share: int = 16
     exact_solve: bool = False
     rows_beside: bool = False
+    titled: Callable[[Mapping[str, Any], Mapping[str, Any], Mapping[str, Any]], str] | None = None
 
     def layer_width(self, settings: Any, inputs: int) -> int:
         """The width of the convex layer's input (before the bias) for ``inputs`` features:
@@ -80,32 +84,44 @@ class ModelKind:
               results: Mapping[str, Any]) -> str:
         """How a run's results table names the model (``cfg``: the run's settings,
         ``meta``: its dataset record)."""
-        if self.feature_map == "random-features":
-            rf = meta.get("random_features") or {}
-            return (f"logistic on {rf.get('rf-map', cfg.get('rf-map'))} random features, "
-                    f"D={rf.get('rf-dim', cfg.get('rf-dim'))}")
-        if self.feature_map == "kernel":
-            fmap = meta.get("feature_map") or {}
-            return (f"logistic on the rows and {fmap.get('landmarks', cfg.get('kernel-landmarks'))} "
-                    f"Nystrom features, D={fmap.get('dim', '?')}")
-        if self.layerwise:
-            return (f"MLP hidden {cfg['hidden']} -> aggregated {results.get('hidden_widths')}, "
-                    f"eps_j={cfg['eps-neuron']}, m_eps={cfg['clusters']}")
-        return self.name
+        return self.name if self.titled is None else self.titled(cfg, meta, results)
+
+
+def _random_features_title(cfg: Mapping[str, Any], meta: Mapping[str, Any],
+                           results: Mapping[str, Any]) -> str:
+    rf = meta.get("random_features") or {}
+    return (f"logistic on {rf.get('rf-map', cfg.get('rf-map'))} random features, "
+            f"D={rf.get('rf-dim', cfg.get('rf-dim'))}")
+
+
+def _kernel_title(cfg: Mapping[str, Any], meta: Mapping[str, Any],
+                  results: Mapping[str, Any]) -> str:
+    fmap = meta.get("feature_map") or {}
+    return (f"logistic on the rows and {fmap.get('landmarks', cfg.get('kernel-landmarks'))} "
+            f"Nystrom features, D={fmap.get('dim', '?')}")
+
+
+def _mlp_title(cfg: Mapping[str, Any], meta: Mapping[str, Any],
+               results: Mapping[str, Any]) -> str:
+    return (f"MLP hidden {cfg['hidden']} -> aggregated {results.get('hidden_widths')}, "
+            f"eps_j={cfg['eps-neuron']}, m_eps={cfg['clusters']}")
 
 
 LOGISTIC_KIND = ModelKind("logistic", convex=True, exact_solve=True)
 RANDOM_FEATURES_KIND = ModelKind("random-features", convex=True, feature_map="random-features",
                                  settings=("rf-map", "rf-dim", "rf-bandwidth"),
-                                 width=lambda s, inputs: int(s.rf_dim or 0))
+                                 width=lambda s, inputs: int(s.rf_dim or 0),
+                                 titled=_random_features_title)
 KERNEL_KIND = ModelKind("kernel", convex=True, feature_map="kernel",
                         settings=("kernel-landmarks", "rf-bandwidth"),
                         # 0 (not known) where the count is not given: a node's settings
                         # do not carry it (the map in its messages says the width)
                         width=lambda s, inputs: int(s.kernel_landmarks) + inputs
-                        if s.kernel_landmarks else 0, gram_rank_share=5, rows_beside=True)
+                        if s.kernel_landmarks else 0, gram_rank_share=5, rows_beside=True,
+                        titled=_kernel_title)
 MLP_KIND = ModelKind("mlp", convex=False, settings=("hidden", "dropout", "eps-neuron",
-                                               "neuron-criterion", "neuron-delta", "clusters"))
+                                               "neuron-criterion", "neuron-delta", "clusters"),
+                     titled=_mlp_title)
 
 MODEL_KINDS: dict[str, ModelKind] = {k.name: k for k in (LOGISTIC_KIND, RANDOM_FEATURES_KIND,
                                                                KERNEL_KIND, MLP_KIND)}

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from enum import StrEnum
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # torch is imported when a recipe is used, not when settings are read
@@ -37,10 +38,25 @@ class TrainRecipe:
                                      seed=seed)
 
 
-TUNE_STOPS = ("holdout", "fixed")
+class TuneStop(StrEnum):
+    """``tune-stop``: hold out part of the public sample and keep the best epoch, or a fixed number of epochs."""
+
+    HOLDOUT = "holdout"
+    FIXED = "fixed"
+
+
+TUNE_STOPS = tuple(m.value for m in TuneStop)
 #: which layers of a trained MLP fine-tuning updates: the output layer (the paper), all of
 #: them, or whichever of the two scores better on the held-out rows (``tune-stop=holdout``)
-TUNE_LAYERS = ("auto", "last", "all")
+class TuneLayers(StrEnum):
+    """``tune-layers``: which layers the public sample tunes."""
+
+    AUTO = "auto"
+    LAST = "last"
+    ALL = "all"
+
+
+TUNE_LAYERS = tuple(m.value for m in TuneLayers)
 WARM_SHRINKS = (1.0, 0.5, 0.2, 0.0)  # factors a warm start is tried at (tune-stop=holdout)
 
 
@@ -69,11 +85,11 @@ class TuneRecipe:
     @property
     def active(self) -> bool:
         """Whether this recipe tunes at all (``fixed`` with 0 epochs does not)."""
-        return self.max_epochs > 0 if self.stop == "holdout" else self.epochs > 0
+        return self.max_epochs > 0 if self.stop == TuneStop.HOLDOUT else self.epochs > 0
 
     def describe(self) -> str:
         """The recipe in a few words, for logs."""
-        if self.stop == "holdout":
+        if self.stop == TuneStop.HOLDOUT:
             return (f"up to {self.max_epochs} epochs, the epoch (and a trained start's "
                     f"shrink factor) chosen on a held-out {self.holdout_fraction:.0%} of the "
                     "sample, then tuned on all of it"
@@ -93,7 +109,7 @@ class TuneRecipe:
         """
         from gems_fl.learning.train import fine_tune, fine_tune_holdout
 
-        if self.stop == "holdout":
+        if self.stop == TuneStop.HOLDOUT:
             return fine_tune_holdout(model, x, y, max_epochs=self.max_epochs,
                                      patience=self.patience,
                                      holdout_fraction=self.holdout_fraction, lr=self.lr,
@@ -123,10 +139,10 @@ class TuneRecipe:
             report = self.tune(model, x, y, seed, warm=True)
             report.layers = "all"
             return report
-        if layers == "auto" and self.stop != "holdout":
+        if layers == TuneLayers.AUTO and self.stop != TuneStop.HOLDOUT:
             layers = "last"  # nothing held out to choose on: the paper's choice
-        if layers != "auto":
-            if layers == "last":
+        if layers != TuneLayers.AUTO:
+            if layers == TuneLayers.LAST:
                 freeze_hidden(model)
             report = self.tune(model, x, y, seed, warm=True)
             report.layers = layers
@@ -141,7 +157,7 @@ class TuneRecipe:
             if best is None or _score(report) > _score(best[0]):
                 best = (report, candidate)
         report, chosen = best
-        if report.layers == "last":
+        if report.layers == TuneLayers.LAST:
             freeze_hidden(model)
         model.load_state_dict(chosen.state_dict())
         return report
@@ -164,7 +180,7 @@ class TuneRecipe:
         ``holdout_score`` and ``rival_score`` the held-out scores of the kept one and the other.
         """
         report = self.tune_trained(model, x, y, seed, layers)
-        if self.stop != "holdout" or self.fresh is None or report.holdout_score is None:
+        if self.stop != TuneStop.HOLDOUT or self.fresh is None or report.holdout_score is None:
             return model, report
         from gems_fl.learning.train import converged_holdout_score
 
@@ -192,7 +208,15 @@ def _score(report: TrainReport) -> tuple[float, float]:
 #: how a site fits a convex model: ``exact`` (its convex problem solved to a gradient
 #: tolerance, :mod:`gems_fl.learning.exact`), ``adam`` (the paper's epochs), or ``auto``
 #: (exact where the model says it is measured faster: :attr:`ModelKind.exact_solve`)
-LOCAL_SOLVES = ("auto", "exact", "adam")
+class LocalSolve(StrEnum):
+    """``local-solve``: how a site fits its convex model."""
+
+    AUTO = "auto"
+    EXACT = "exact"
+    ADAM = "adam"
+
+
+LOCAL_SOLVES = tuple(m.value for m in LocalSolve)
 
 
 @dataclass(frozen=True)
@@ -219,7 +243,7 @@ class LocalTraining:
         from gems_fl.learning.model_kinds import model_kind
 
         kind = model_kind(self.model)
-        return kind.convex and (self.solve == "exact" or (self.solve == "auto" and kind.exact_solve))
+        return kind.convex and (self.solve == LocalSolve.EXACT or (self.solve == LocalSolve.AUTO and kind.exact_solve))
 
     def new_model(self, num_features: int, num_classes: int,
                   hidden: list[int] | tuple[int, ...] | None = None) -> nn.Module:

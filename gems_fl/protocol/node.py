@@ -215,7 +215,7 @@ def secure_sums_reply(msg: Message, context: Context, data: NodeData,
     else:
         stats = secure.node_statistics(x_tr, y_tr, own[0], data.num_classes,
                                        work.space.gram_rank,
-                                       class_grams=work.space.class_grams == "true")
+                                       class_grams=work.space.sends_class_grams)
     return Message(content=secure.secure_fit_reply(msg, stats, len(y_tr), data.seed),
                    reply_to=msg)
 
@@ -284,10 +284,10 @@ def train_reply(msg: Message, context: Context, data: NodeData, work: NodeWork,
         x_tr, y_tr, _, _ = data.arrays
         stats = secure.node_statistics(x_tr, y_tr, space.matrix, data.num_classes,
                                        work.space.gram_rank,
-                                       class_grams=work.space.class_grams == "true")
+                                       class_grams=work.space.sends_class_grams)
         return Message(content=secure.encode_prepare_reply({
             **_space_metrics(local, work.eps), **secure.bounds(stats)},
-            secure.blocks_for(False, class_grams=work.space.class_grams == "true")),
+            secure.blocks_for(False, class_grams=work.space.sends_class_grams)),
             reply_to=msg)
     content = encode_layer_space(local.layer, data.num_features, data.num_classes,
                                  eps=work.eps, num_train=local.num_train,

@@ -22,7 +22,7 @@ from flwr.app import Message, MessageType
 from flwr.common.logger import log
 from flwr.serverapp import Grid
 
-from gems_fl.data.agreement import NODE_FILES, DataAgreement
+from gems_fl.data.agreement import NODE_FILES, DataAgreement, Scaling
 from gems_fl.data.categories import agreed_levels, base_of, complete_columns
 from gems_fl.data.datasets import DATASET_SHAPES
 from gems_fl.data.kernel_features import KernelFeatures, class_centres, mean_square_norm, row_scale
@@ -207,7 +207,7 @@ def _log_agreement(agreement: DataAgreement, rule: AgreementRule) -> None:
     log(INFO, "Identify: the run uses %d features and %d classes (%s)%s",
         agreement.num_features, agreement.num_classes, ", ".join(agreement.classes),
         ("" if agreement.mean is None else
-         "; features scaled from the declared feature-ranges" if rule.standardize == "ranges"
+         "; features scaled from the declared feature-ranges" if rule.standardize == Scaling.RANGES
          else "; features standardised with the nodes' combined mean and std"))
     if agreement.columns is not None:
         log(INFO, "Identify: sites' columns are matched by name (%s)",
@@ -349,7 +349,7 @@ def _agree_scaling(identities: dict[int, Identity], refused: dict[int, str],
                    columns: list[str] | None, rule: AgreementRule, num_features: int):
     """The features' ``(mean, std)``: the nodes' combined sums (``standardize='federated'``;
     a node that sent none is refused), the declared ranges, or ``(None, None)``."""
-    if rule.standardize == "federated":
+    if rule.standardize == Scaling.FEDERATED:
         for node_id in [n for n in identities if n not in refused]:
             if identities[node_id].stats is None:
                 refused[node_id] = (f"node '{identities[node_id].name}' sent no feature sums for "
@@ -359,7 +359,7 @@ def _agree_scaling(identities: dict[int, Identity], refused: dict[int, str],
         stats = [_in_order(identities[n], columns) for n in kept]
         if stats:
             return combine_stats(stats)
-    elif rule.standardize == "ranges" and rule.ranges is not None:
+    elif rule.standardize == Scaling.RANGES and rule.ranges is not None:
         return rule.ranges.scaling(columns, num_features)
     return None, None
 
@@ -405,7 +405,7 @@ def _feature_map(identities: dict[int, Identity], refused: dict[int, str],
         if not kept:
             return None  # no node fits the run: the run stops on that
         stats = [_in_order(identities[n], columns) for n in kept]
-        if std is None and rule.standardize == "node":
+        if std is None and rule.standardize == Scaling.NODE:
             std = combine_stats(stats)[1]
         bandwidth = bandwidth_from_stats(stats, std)
         log(INFO, "Identify: random-feature map %s, D=%d, bandwidth %.4g (%.1f x the RMS "
@@ -426,7 +426,7 @@ def _kernel_map(identities: dict[int, Identity], refused: dict[int, str],
     stats = [_in_order(identities[n], columns) for n in kept if identities[n].stats is not None]
     if not kept or not stats:
         return None
-    if std is None and rule.standardize == "node":
+    if std is None and rule.standardize == Scaling.NODE:
         mean, std = combine_stats(stats)  # each node's own scaling, pooled: near enough
     _, bandwidth, _ = rule.kernel
     if bandwidth is None:

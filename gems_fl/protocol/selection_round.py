@@ -17,7 +17,7 @@ import numpy as np
 from flwr.app import Message
 from flwr.common.logger import log
 
-from gems_fl.geometry.choices import DEFAULT_REFINE_L2, REFINE_METHODS, kind_traits
+from gems_fl.geometry.choices import DEFAULT_REFINE_L2, REFINE_METHODS, RefineMethod, kind_traits
 from gems_fl.geometry.gram_merge import gram_result
 from gems_fl.geometry.gram_sums import GramSums, summed_result
 from gems_fl.geometry.intersect import IntersectionResult
@@ -252,7 +252,7 @@ class Refiner:
     def query(self) -> np.ndarray:
         """The model to send for the next step: ``x``, or (secant) the last good point
         moved by ``x``'s plain step divided by the curvature scale."""
-        if self.method == "secant" and self._good is not None:
+        if self.method == RefineMethod.SECANT and self._good is not None:
             good = self._good[0]  # x is the plain Bohning step from it
             self._sent = good + (self.x - good) / self._curvature
         else:
@@ -337,7 +337,7 @@ class Refiner:
         curvature); what the log line adds about it."""
         from gems_fl.geometry.refine import bohning_step, secant_curvature
 
-        if self.method != "secant":
+        if self.method != RefineMethod.SECANT:
             self.x = bohning_step(sent, gradient, self._pooled[1], self.ridge, l2=l2).reshape(-1)
             self.last = {}
             return ""

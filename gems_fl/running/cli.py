@@ -271,27 +271,24 @@ def _command(argv: list[str] | None) -> int:
     extra = {command.name: command for command in commands()}
     if args.command in extra:
         return extra[args.command].run(args, argv)
-    if args.command == "show":
-        return _show(args.path, args.markdown, args.plot)
-    if args.command == "check-data":
-        from gems_fl.running.check_data import check_data
+    handlers = {"show": lambda a: _show(a.path, a.markdown, a.plot), "check-data": _check_data,
+                "split": _split, "predict": _predict, "submit": _submit, "pull": _pull,
+                "status": _status}
+    return handlers.get(args.command, _run)(args)
 
-        return check_data(args.file, features=args.features, classes=args.classes,
-                          label_column=args.label_column, id_columns=args.id_columns,
-                          val_fraction=args.val_fraction, categories=args.categories)
-    if args.command == "split":
-        return _split(args)
-    if args.command == "predict":
-        from gems_fl.running.predict import predict_file
 
-        return predict_file(args.run_folder, args.file, args.label_column, args.out)
-    if args.command == "submit":
-        return _submit(args)
-    if args.command == "pull":
-        return _pull(args)
-    if args.command == "status":
-        return _status(args)
-    return _run(args)
+def _check_data(args: argparse.Namespace) -> int:
+    from gems_fl.running.check_data import check_data
+
+    return check_data(args.file, features=args.features, classes=args.classes,
+                      label_column=args.label_column, id_columns=args.id_columns,
+                      val_fraction=args.val_fraction, categories=args.categories)
+
+
+def _predict(args: argparse.Namespace) -> int:
+    from gems_fl.running.predict import predict_file
+
+    return predict_file(args.run_folder, args.file, args.label_column, args.out)
 
 
 def _submit(args: argparse.Namespace) -> int:

@@ -13,7 +13,7 @@ from typing import Any
 from flwr.app import Context
 from flwr.common.logger import log
 
-from gems_fl.data.agreement import NODE_FILES
+from gems_fl.data.agreement import NODE_FILES, Scaling
 from gems_fl.evaluation.results import (
     MODEL_FILE,
     RESULTS_FILE,
@@ -150,7 +150,7 @@ def _result_notes(settings: Settings, run: ProtocolRun, roster: Roster,
             reason = zero_radius_reason(reply.metrics["local-val-accuracy"],
                                         reply.metrics.get("eps", settings.eps),
                                         unscaled=settings.dataset == NODE_FILES
-                                        and settings.standardize == "off")
+                                        and settings.standardize == Scaling.OFF)
             notes.append(f"node {roster.names.get(reply.node_id, reply.node_id)}: radius 0: "
                          f"{reason}")
     chance = 1.0 / max(len(meta.get("classes") or []) or meta.get("num_classes", 0), 1)

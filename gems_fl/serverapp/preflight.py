@@ -18,6 +18,7 @@ import tempfile
 import zlib
 from pathlib import Path
 
+from gems_fl.data.agreement import NODE_FILES, Scaling
 from gems_fl.settings import Settings, SettingsError
 
 # (magic type code, dimensions) of the four IDX files: uint8 images (n, h, w), uint8 labels (n,).
@@ -51,7 +52,7 @@ def preflight(settings: Settings, num_nodes: int | None = None, *, check_data: b
     """
     if num_nodes is not None:
         check_nodes(settings, num_nodes)
-        if settings.dataset == "node-files":
+        if settings.dataset == NODE_FILES:
             check_site_files(settings, num_nodes)
         else:
             check_division(settings, num_nodes)
@@ -67,7 +68,7 @@ def preflight(settings: Settings, num_nodes: int | None = None, *, check_data: b
 def check_feature_ranges(settings: Settings) -> None:
     """``standardize='ranges'``: the ``feature-ranges`` file reads (its fit to the sites'
     columns is checked at the identity round, which knows them)."""
-    if settings.standardize != "ranges":
+    if settings.standardize != Scaling.RANGES:
         return
     from gems_fl.data.feature_ranges import FeatureRangesError, read_feature_ranges
 
@@ -126,7 +127,7 @@ def check_public_data(settings: Settings) -> None:
     """``public-data``, when set, is a readable file; with ``dataset='node-files'`` and
     ``evaluate-on-server=true`` it is the only data the server has."""
     path = settings.public_data.strip()
-    if settings.dataset == "node-files" and settings.evaluate_on_server and not path:
+    if settings.dataset == NODE_FILES and settings.evaluate_on_server and not path:
         raise PreflightError(
             "dataset='node-files' keeps the data on the nodes: set evaluate-on-server=false "
             "(the nodes evaluate every model on their own data), or give public-data")
@@ -154,14 +155,14 @@ def check_public_data(settings: Settings) -> None:
     except SiteFileError as exc:
         raise PreflightError(f"public-data: {_one_line(str(exc))}") from None
     features = settings.num_features or None
-    if settings.dataset != "node-files":
+    if settings.dataset != NODE_FILES:
         from gems_fl.data.datasets import DATASET_SHAPES
 
         features = DATASET_SHAPES[settings.dataset][0]
     problems = site_problems(site, features, None, run="the run")
     if problems:
         raise PreflightError(f"public-data {path}: {'; '.join(problems)}")
-    if settings.dataset == "node-files" and settings.evaluate_on_server and "test" not in site.x:
+    if settings.dataset == NODE_FILES and settings.evaluate_on_server and "test" not in site.x:
         raise PreflightError(
             f"public-data {path} has no test split, and with dataset='node-files' and "
             "evaluate-on-server=true it is the server's only test set: add x_test/y_test "

@@ -22,7 +22,7 @@ from flwr.common.logger import log
 from flwr.serverapp import Grid
 
 from gems_fl.data import parse_division
-from gems_fl.data.agreement import NODE_FILES, DataAgreement
+from gems_fl.data.agreement import NODE_FILES, DataAgreement, Scaling
 from gems_fl.evaluation.baselines import (
     Candidates,
     evaluate_rows,
@@ -64,6 +64,7 @@ from gems_fl.serverapp.protocols import (
 )
 from gems_fl.serverapp.window import WindowedGrid
 from gems_fl.settings import Settings, SettingsError
+from gems_fl.settings.operation import Baselines
 from gems_fl.settings.options import (
     agreement_rule,
     comparison_options,
@@ -132,7 +133,7 @@ def load_server_side(
     if agreement.features is not None:
         meta[agreement.features.JSON_KEY] = agreement.features.to_json()
     notes: list[str] = []
-    if settings.dataset == NODE_FILES and settings.dp_epsilon and settings.standardize == "off":
+    if settings.dataset == NODE_FILES and settings.dp_epsilon and settings.standardize == Scaling.OFF:
         notes.append("dp-epsilon on the sites' own files: the features are not scaled (the "
                      "federated scaling's sums would leave the sites unnoised); scale the files "
                      "beforehand, to ranges known without the rows, if their features are on "
@@ -183,10 +184,10 @@ def run_server(grid: Grid, context: Context) -> dict[str, Any]:
     run, plan, options = attempt.run, attempt.plan, attempt.options
     server_data, public = attempt.server_data, attempt.public
     num_features, num_classes = roster.agreement.model_features, roster.agreement.num_classes
-    if public is not None and server_data is None and settings.baselines == "all":
+    if public is not None and server_data is None and settings.baselines == Baselines.ALL:
         run.node_models.update(tune_on_public(run, public, comparison_options(settings),
                                               num_features, num_classes))
-    if settings.model_kind.layerwise and server_data is None and settings.baselines != "none":
+    if settings.model_kind.layerwise and server_data is None and settings.baselines != Baselines.NONE:
         ask_local_mlps(grid, run, roster, settings, options, num_features, num_classes)
     t_verify = time.perf_counter()
     verification = _verify(grid, run, roster, settings, options)
@@ -362,11 +363,11 @@ def evaluate_baselines(run: ProtocolRun, data: ServerData | None, settings: Sett
     layerwise = settings.model_kind.layerwise
     if data is None:
         reason = NO_SERVER_DATA
-        if settings.public_data.strip() and settings.baselines == "all":
+        if settings.public_data.strip() and settings.baselines == Baselines.ALL:
             reason = ("evaluate-on-server=false: no server test set; GEMS tuned and Raw (trained "
                       "on public-data) are evaluated on the nodes, see node_evaluation")
         return skipped_rows(reason, row_names(layerwise, settings.baselines))
-    if layerwise and settings.baselines != "none":
+    if layerwise and settings.baselines != Baselines.NONE:
         rebuild_local_mlps(run, data, settings, roster, num_classes)
     log(INFO, "Evaluating %s on the test set (baselines='%s')",
         ", ".join(row_names(layerwise, settings.baselines)), settings.baselines)

@@ -18,8 +18,8 @@ from collections.abc import Mapping
 from dataclasses import InitVar, asdict, dataclass, fields
 from typing import TYPE_CHECKING, Any
 
-from gems_fl.data.agreement import NODE_FILES, resolve_standardize
-from gems_fl.geometry.choices import KindTraits, kind_traits
+from gems_fl.data.agreement import NODE_FILES, Scaling, resolve_standardize
+from gems_fl.geometry.choices import ClassGrams, KindTraits, kind_traits
 from gems_fl.geometry.points import CLASS_GRAMS, point_named
 from gems_fl.learning.model_kinds import ModelKind, model_kind
 from gems_fl.learning.recipe import LocalTraining, TrainRecipe, TuneRecipe
@@ -180,7 +180,7 @@ class Settings(OperationSettings, PrivacySettings, AggregationSettings, SpaceSet
         """Whether the identity round asks the nodes for per-feature sums: for the
         federated scaling, and for the random-feature map's bandwidth (``rf-bandwidth``
         ``auto``; never under ``dp-epsilon``, where they would leave the nodes unnoised)."""
-        return self.standardize == "federated" or (
+        return self.standardize == Scaling.FEDERATED or (
             self.model_kind.feature_map is not None and not self.dp_epsilon)
 
     def for_nodes(self) -> dict[str, Any]:
@@ -188,7 +188,7 @@ class Settings(OperationSettings, PrivacySettings, AggregationSettings, SpaceSet
         With ``dataset='node-files'`` each node reads its own file, so the server's data
         paths (:data:`PARTITION_PATHS`) stay on the server."""
         out = {key_of(f): getattr(self, f.name) for f in fields(self) if f.metadata["node"]}
-        if CLASS_GRAMS in point_named(self.gram_point).needs and self.class_grams == "auto":
+        if CLASS_GRAMS in point_named(self.gram_point).needs and self.class_grams == ClassGrams.AUTO:
             out["class-grams"] = "true"  # the point needs them whatever the layer's size
         if self.dataset == NODE_FILES:
             for key in PARTITION_PATHS:

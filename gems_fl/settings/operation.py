@@ -7,12 +7,22 @@ One :func:`~gems_fl.settings.checks.setting` declaration per setting;
 from __future__ import annotations
 
 from dataclasses import dataclass
+from enum import StrEnum
 
 from gems_fl.settings.checks import at_least, non_empty, one_of, positive, setting
 from gems_fl.settings.values import parse_min_good_enough, parse_required_nodes
 
-#: what ``baselines`` may say, from the fewest comparison rows to the paper's full table
-BASELINES = ("none", "cheap", "all")
+
+class Baselines(StrEnum):
+    """What ``baselines`` may say, from the fewest comparison rows to the paper's full
+    table (the setting stays its text, which compares equal to its member)."""
+
+    NONE = "none"
+    CHEAP = "cheap"
+    ALL = "all"
+
+
+BASELINES = tuple(b.value for b in Baselines)
 PROFILES = ("product", "paper")
 #: what ``profile='paper'`` sets, wherever the setting holds its product default: the
 #: paper's spaces, ellipsoid floor, neuron criterion and fine-tuning, and its full table

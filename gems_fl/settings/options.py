@@ -8,6 +8,7 @@ from dataclasses import replace
 from typing import Any
 
 from gems_fl.data import FeatureOptions
+from gems_fl.data.agreement import Scaling
 from gems_fl.data.feature_ranges import read_feature_ranges
 from gems_fl.data.nodes import NodeDataOptions
 from gems_fl.data.random_features import FOURIER_NORM
@@ -19,6 +20,7 @@ from gems_fl.geometry.kinds import AggregateOptions, SpaceOptions
 from gems_fl.geometry.points import AUTO, point_named, solvable_from_sums
 from gems_fl.learning.model_kinds import KERNEL_KIND, RANDOM_FEATURES_KIND
 from gems_fl.protocol.options import AgreementRule, Exchange, NodeWork, ServerOptions
+from gems_fl.settings.operation import Baselines
 from gems_fl.settings.values import parse_rf_bandwidth
 
 __all__ = ["READ_ONLY_WHEN", "agreement_rule", "aggregate_options", "comparison_options",
@@ -73,7 +75,7 @@ def server_data_options(settings: Settings) -> ServerDataOptions:
         features=FeatureOptions.from_settings(settings), public_samples=settings.public_samples,
         public_data=settings.public_data, label_column=settings.label_column,
         id_columns=settings.id_columns, standardize=settings.standardize,
-        tunes_on_public=settings.baselines == "all")
+        tunes_on_public=settings.baselines == Baselines.ALL)
 
 
 def space_options(settings: Settings) -> SpaceOptions:
@@ -147,7 +149,7 @@ def wants_ridge_choice(settings: Settings) -> bool:
 def agreement_rule(settings: Settings) -> AgreementRule:
     """What the identity round agrees on (dataset, features, classes, scaling)."""
     ranges = (read_feature_ranges(settings.feature_ranges)
-              if settings.standardize == "ranges" else None)
+              if settings.standardize == Scaling.RANGES else None)
     return AgreementRule(dataset=settings.dataset, num_features=int(settings.num_features or 0),
                          classes=settings.classes, standardize=settings.standardize,
                          min_rows=int(settings.min_rows), ranges=ranges,

@@ -18,6 +18,7 @@ from typing import Any
 from gems_fl.geometry.choices import (
     CLASS_GRAMS_AUTO_MAX,
     DEFAULT_REFINE_L2,
+    ClassGrams,
     class_gram_rank_for,
     class_grams_for,
     gram_rank_for,
@@ -89,7 +90,7 @@ def build_plan(settings: Settings, num_nodes: int, num_features: int) -> RunPlan
     features (the identity round's agreement)."""
     gram = settings.space_kind.statistics
     options = space_options(settings)
-    if options.class_grams == "auto" and CLASS_GRAMS in point_named(settings.gram_point).needs:
+    if options.class_grams == ClassGrams.AUTO and CLASS_GRAMS in point_named(settings.gram_point).needs:
         options = replace(options, class_grams="true")  # the point needs them at any size
     if settings.model_kind.convex:
         size = num_features + 1
@@ -97,7 +98,7 @@ def build_plan(settings: Settings, num_nodes: int, num_features: int) -> RunPlan
             if gram else 0
         sent = gram and options.label_moments and class_grams_for(
             options.class_grams, size, options.gram_rank)
-        if settings.model_kind.feature_map is not None and options.class_grams == "auto":
+        if settings.model_kind.feature_map is not None and options.class_grams == ClassGrams.AUTO:
             sent = False  # a factor per class at D + 1 inputs: bytes the measured points skip
         class_rank = class_gram_rank_for(options.gram_rank, size) if sent else None
         if sent and settings.secure_aggregation:  # SecAgg+ sums them per class, whole:
@@ -109,7 +110,7 @@ def build_plan(settings: Settings, num_nodes: int, num_features: int) -> RunPlan
         size, class_rank = None, None
         rank = options.gram_rank if options.gram_rank != "auto" else \
             "auto: per merged width (the factor where it is smaller than the matrix)"
-        sent = ("false" if options.class_grams == "false" or not options.label_moments else
+        sent = (ClassGrams.FALSE.value if options.class_grams == ClassGrams.FALSE or not options.label_moments else
                 f"{options.class_grams}: whole up to a merged width of {CLASS_GRAMS_AUTO_MAX - 1}")
     sums = holds_sums(settings, num_nodes, size or 0)
     # what the nodes are asked to send; the mixture point also needs a node that splits a

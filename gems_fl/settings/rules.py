@@ -6,12 +6,13 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from gems_fl.data.agreement import NODE_FILES
+from gems_fl.data.agreement import NODE_FILES, Scaling
 from gems_fl.data.kernel_features import MIN_ROWS_PER_LANDMARK
-from gems_fl.geometry.choices import SPACE_R_MAX
+from gems_fl.geometry.choices import SPACE_R_MAX, ClassGrams
 from gems_fl.geometry.points import CENTERS, CLASS_GRAMS, LABELS, point_named, solvable_from_sums
 from gems_fl.learning.model_kinds import KERNEL_KIND
 from gems_fl.settings.checks import SettingsError
+from gems_fl.settings.operation import Baselines
 from gems_fl.settings.values import parse_gram_rank
 
 #: a :class:`gems_fl.settings.Settings` (not imported: that package imports this module)
@@ -32,7 +33,7 @@ def check_rules(settings: Settings, node_only: bool) -> None:
         _node_files(settings)
         _feature_ranges(settings)
         _random_features(settings)
-        if settings.tune_curve.strip() and settings.baselines != "all":
+        if settings.tune_curve.strip() and settings.baselines != Baselines.ALL:
             raise SettingsError(
                 f"tune-curve={settings.tune_curve!r} is the paper's fine-tuning study, which "
                 f"tunes on the server: set baselines='all' (now {settings.baselines!r})")
@@ -41,7 +42,7 @@ def check_rules(settings: Settings, node_only: bool) -> None:
             raise SettingsError(
                 f"gram-point='{settings.gram_point}' fits the labels of all nodes from their "
                 "label moments: set label-moments=true, or gram-point='closed-form'")
-        if settings.space_kind.statistics and CLASS_GRAMS in needs and settings.class_grams == "false":
+        if settings.space_kind.statistics and CLASS_GRAMS in needs and settings.class_grams == ClassGrams.FALSE:
             raise SettingsError(
                 f"gram-point='{settings.gram_point}' fits virtual rows of each class's "
                 "Gaussians, from the nodes' class Gram matrices: set class-grams to 'auto' or "
@@ -87,7 +88,7 @@ def _differential_privacy(settings: Settings) -> None:
     if CENTERS in point_named(settings.gram_point).needs:
         wrong.append(f"gram-point='{settings.gram_point}' (needs each node's W_k G_k, which "
                      "is not noised; use auto, pooled or lda)")
-    if settings.class_grams == "true":
+    if settings.class_grams == ClassGrams.TRUE:
         wrong.append("class-grams=true (the noised sums hold no class Gram matrices)")
     if not settings.label_moments:
         wrong.append("label-moments=false (the noised sums are the Gram matrix and the "
@@ -97,7 +98,7 @@ def _differential_privacy(settings: Settings) -> None:
     if settings.refine_rounds:
         wrong.append(f"refine-rounds={settings.refine_rounds} (each step's gradients would "
                      "leave the nodes without noise)")
-    if settings.standardize == "federated":
+    if settings.standardize == Scaling.FEDERATED:
         wrong.append("standardize='federated' (each node's per-feature sums would leave it "
                      "without noise in the identity round; declare the features' ranges with "
                      "feature-ranges, or use 'off' or 'node')")
@@ -182,11 +183,11 @@ def _gram_rank(settings: Settings, features: int) -> None:
 def _feature_ranges(settings: Settings) -> None:
     """``standardize='ranges'`` and ``feature-ranges`` come together."""
     given = bool(settings.feature_ranges.strip())
-    if settings.standardize == "ranges" and not given:
+    if settings.standardize == Scaling.RANGES and not given:
         raise SettingsError(
             "standardize='ranges' scales with declared ranges: give feature-ranges (a CSV "
             "file on the server, header 'feature,min,max', one row per feature)")
-    if given and settings.standardize != "ranges":
+    if given and settings.standardize != Scaling.RANGES:
         raise SettingsError(
             f"feature-ranges={settings.feature_ranges!r} is read only with standardize "
             f"'ranges' or 'auto', not {settings.standardize!r}: leave one of them out")
