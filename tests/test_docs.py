@@ -171,3 +171,17 @@ def test_the_layout_page_names_every_sub_package_and_no_other():
     modules = set(re.findall(r"`gems_fl/(\w+\.py)`", text))
     top = {p.name for p in (ROOT / "gems_fl").glob("*.py") if p.name != "__init__.py"}
     assert top <= modules, sorted(top - modules)
+
+
+def test_the_architecture_page_names_functions_and_rooms_that_exist():
+    """docs/architecture.md's path of one run names real functions and classes, and its
+    picture every sub-package."""
+    text = (ROOT / "docs" / "architecture.md").read_text()
+    source = "\n".join(p.read_text() for p in (ROOT / "gems_fl").rglob("*.py"))
+    defined = set(re.findall(r"^\s*(?:def|class) (\w+)", source, re.M))
+    named = {n.split(".")[-1] for n in re.findall(r"`([A-Za-z_][\w.]*)`", text)
+             if re.fullmatch(r"_?[a-z]+(?:_[a-z]+)+|[A-Z][a-z]+[A-Z]\w*|Settings(?:\.\w+)?", n)}
+    assert named and named <= defined, sorted(named - defined)
+    rooms = set(re.findall(r'^\s+\w+\["(\w+)/', text, re.M))
+    on_disk = {p.parent.name for p in (ROOT / "gems_fl").glob("*/__init__.py")}
+    assert rooms == on_disk, (sorted(rooms - on_disk), sorted(on_disk - rooms))
