@@ -41,7 +41,7 @@ def test_a_class_asked_for_more_landmarks_than_its_rows_allow_keeps_more_of_them
     assert sizes.min() >= MIN_ROWS_PER_LANDMARK and sizes.sum() == 300
     plain = []
     for label in (0, 1):
-        rows = x[y == label]
+        rows = x[y == label].astype(np.float64)  # as the product clusters them
         fit = KMeans(n_clusters=30, n_init=1, max_iter=100, random_state=0).fit(rows)
         keep = np.bincount(fit.labels_, minlength=30) >= MIN_ROWS_PER_LANDMARK
         plain.append(keep.sum())
@@ -49,7 +49,7 @@ def test_a_class_asked_for_more_landmarks_than_its_rows_allow_keeps_more_of_them
     few, few_sizes = class_centres(x, y, share=0.1, seed=0)  # 15 asked per class, cap 30
     expected = []
     for label in (0, 1):
-        rows = x[y == label]
+        rows = x[y == label].astype(np.float64)
         fit = KMeans(n_clusters=15, n_init=1, max_iter=100, random_state=0).fit(rows)
         counts = np.bincount(fit.labels_, minlength=15)
         expected += [rows[fit.labels_ == j].mean(axis=0) for j in np.flatnonzero(counts >= 5)]
