@@ -17,6 +17,7 @@ from gems_fl.data.kernel_features import (
 from gems_fl.protocol import landmarks as landmark_round
 from gems_fl.protocol import wire
 from gems_fl.protocol.replies import ReplyError
+from gems_fl.protocol.rounds import ROUND_NAME_KEY, Round
 from gems_fl.settings import Settings, SettingsError
 from tests.helpers import run_in_process
 
@@ -116,7 +117,7 @@ def test_a_node_that_sends_bad_landmarks_is_left_out_and_the_run_goes_on(tmp_pat
     def app(msg: Message, context):
         reply = client_app(msg, context)
         config = msg.content.config_records.get(wire.CONFIG_KEY, {})
-        if landmark_round.is_landmark_query(dict(config)) and context.node_id == 1001:
+        if config.get(ROUND_NAME_KEY) == Round.LANDMARKS and context.node_id == 1001:
             return Message(content=landmark_round.encode_landmarks(
                 np.full((2, 64), np.nan, np.float32), np.full(2, 10)), reply_to=msg)
         return reply

@@ -4,14 +4,15 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from flwr.app import Context, Message, MessageType, RecordDict
+from flwr.app import Context, RecordDict
 from flwr.common.constant import SUPERLINK_NODE_ID
 from flwr.supercore.task_identity import TaskIdentity
 
-from gems_fl.clientapp.handlers import handle_query, handle_train
+from gems_fl.clientapp.handlers import handle
 from gems_fl.data import load_dataset, node_data, parse_division
 from gems_fl.data.nodes import NodeDataError, load_node_data, load_node_file, node_name
 from gems_fl.protocol import replies, wire
+from gems_fl.protocol.rounds import Round, round_messages
 from gems_fl.settings import Settings
 from gems_fl.settings.options import node_data_options
 from tests.helpers import FAST, app_defaults, run_in_process
@@ -81,14 +82,13 @@ def test_name_and_seed_come_from_the_node_config_not_the_flower_node_id(tmp_path
     assert node_name({"partition-id": 2, "num-partitions": 3}) == "partition-2"
     assert node_name({"data-path": "/srv/hospital-b.npz"}) == "hospital-b"
     settings = {**app_defaults(), **FAST, "space": "ball", "local-solve": "adam"}
-    msg = Message(content=wire.encode_config(settings), message_type=MessageType.TRAIN,
-                  dst_node_id=1, group_id="1")
-    replies = [handle_train(msg, Context(run_id=1, node_id=node_id, node_config=config,
+    msg = round_messages(Round.SPACES, wire.encode_config(settings), [1], group_id="1")[0]
+    replies = [handle(msg, Context(run_id=1, node_id=node_id, node_config=config,
                                          state=RecordDict(), run_config=settings))
                for node_id in (11, 987654321)]
     first, second = (r.content[wire.CENTER_KEY]["weight"].numpy() for r in replies)
     np.testing.assert_array_equal(first, second)
-    renamed = handle_train(msg, Context(run_id=1, node_id=11, node_config={**config, "node-name": "b"},
+    renamed = handle(msg, Context(run_id=1, node_id=11, node_config={**config, "node-name": "b"},
                                         state=RecordDict(), run_config=settings))
     assert not np.array_equal(renamed.content[wire.CENTER_KEY]["weight"].numpy(), first)
 
@@ -96,11 +96,10 @@ def test_name_and_seed_come_from_the_node_config_not_the_flower_node_id(tmp_path
 def test_a_data_file_node_equals_the_partition_node_with_the_same_seed_identity(tmp_path, partition0):
     """data-path plus partition-id (seed identity) gives the partition node's exact reply."""
     settings = {**app_defaults(), **FAST, "space": "ball"}
-    msg = Message(content=wire.encode_config(settings), message_type=MessageType.TRAIN,
-                  dst_node_id=1, group_id="1")
+    msg = round_messages(Round.SPACES, wire.encode_config(settings), [1], group_id="1")[0]
     configs = [{"partition-id": 0, "num-partitions": 3},
                {"partition-id": 0, "data-path": _npz(tmp_path / "p0.npz", *partition0)}]
-    replies = [handle_train(msg, Context(run_id=1, node_id=1, node_config=c, state=RecordDict(),
+    replies = [handle(msg, Context(run_id=1, node_id=1, node_config=c, state=RecordDict(),
                                          run_config=settings)) for c in configs]
     a, b = (r.content[wire.CENTER_KEY]["weight"].numpy() for r in replies)
     np.testing.assert_array_equal(a, b)
@@ -108,10 +107,10 @@ def test_a_data_file_node_equals_the_partition_node_with_the_same_seed_identity(
 
 def test_identity_query_reports_name_and_shape(tmp_path, partition0):
     settings = {**app_defaults(), **FAST}
-    msg = Message(content=wire.encode_config(settings), message_type=MessageType.QUERY,
-                  dst_node_id=1, group_id="identify")
+    msg = round_messages(Round.IDENTIFY, wire.encode_config(settings), [1],
+                         group_id="identify")[0]
     config = {"data-path": _npz(tmp_path / "s.npz", *partition0), "node-name": "site-a"}
-    reply = handle_query(msg, Context(run_id=1, node_id=5, node_config=config,
+    reply = handle(msg, Context(run_id=1, node_id=5, node_config=config,
                                       state=RecordDict(), run_config=settings))
     name, source, counts = replies.decode_identity(reply.content)
     assert name == "site-a" and source.startswith("data-path=")

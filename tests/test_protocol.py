@@ -7,13 +7,14 @@ import logging
 
 import numpy as np
 import pytest
-from flwr.app import Array, Error, Message, MessageType, RecordDict
+from flwr.app import Array, Error, Message, RecordDict
 
 from client_app import app as client_app
 from gems_fl.protocol import replies, wire
 from gems_fl.protocol.attendance import RequiredNodesMissing
 from gems_fl.protocol.inprocess import InProcessGrid
 from gems_fl.protocol.replies import NotEnoughRepliesError
+from gems_fl.protocol.rounds import Round, round_messages
 from gems_fl.settings import Settings
 from tests.helpers import FAST, app_defaults, run_in_process
 
@@ -26,8 +27,7 @@ def _client_reply(space: str) -> RecordDict:
     cfg = {**app_defaults(), **FAST, "space": space}
     grid = InProcessGrid(client_app, 5, cfg)
     content = wire.encode_config(Settings.from_run_config(cfg).to_config())
-    msg = grid.create_message(content, MessageType.TRAIN, 1000, "1")
-    (reply,) = grid.send_and_receive([msg])
+    (reply,) = grid.send_and_receive(round_messages(Round.SPACES, content, [1000], group_id="1"))
     assert not reply.has_error(), reply.error
     return reply.content
 

@@ -165,6 +165,7 @@ def test_nodes_on_their_own_files_receive_none_of_the_servers_data_paths():
 def test_every_message_to_the_nodes_carries_only_node_settings(tmp_path):
     from client_app import app as client_app
     from gems_fl.data.agreement import CLASSES_KEY, FEATURES_KEY
+    from gems_fl.protocol.rounds import ROUND_NAME_KEY
     from gems_fl.protocol.wire import REFINE_KEY, ROUND_KEY, TEMPERATURES_KEY
     from gems_fl.settings import node_keys
     from tests.helpers import run_in_process
@@ -180,10 +181,10 @@ def test_every_message_to_the_nodes_carries_only_node_settings(tmp_path):
     run_in_process(3, tmp_path, client=recording_app, **{"model": "mlp", "hidden": "8",
                                                         "clusters": 8})
     assert set(seen) == {"query", "train", "evaluate"}
-    # the settings nodes read, the data agreement, and the protocol's own keys (the round,
-    # the selection round's index 0 and its logit scales)
-    allowed = set(node_keys()) | {FEATURES_KEY, CLASSES_KEY, ROUND_KEY, REFINE_KEY,
-                                  TEMPERATURES_KEY}
+    # the settings nodes read, the data agreement, and the protocol's own keys (the round's
+    # name, the layer round's index, the selection round's index 0 and its logit scales)
+    allowed = set(node_keys()) | {FEATURES_KEY, CLASSES_KEY, ROUND_NAME_KEY, ROUND_KEY,
+                                  REFINE_KEY, TEMPERATURES_KEY}
     for kind, keys in seen.items():
         assert keys <= allowed, (kind, sorted(keys - allowed))
         assert "output-dir" not in keys and "public-data" not in keys

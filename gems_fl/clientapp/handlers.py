@@ -1,6 +1,8 @@
-"""The Flower handlers a node registers: ``train``, ``query`` and ``evaluate``.
+"""The node's answer to every message: one handler per round (:data:`HANDLERS`).
 
-Each turns its message's settings into the node's settings (validated, with the node's
+Flower's ``train``, ``query`` and ``evaluate`` all go to :func:`handle`, which reads the
+round the message names (:mod:`gems_fl.protocol.rounds`) and calls that round's handler.
+Each turns the message's settings into the node's settings (validated, with the node's
 own overrides: :meth:`gems_fl.settings.Settings.for_node`) and its
 :class:`~gems_fl.protocol.options.NodeWork`, loads the node's data, and hands both to
 the reply builders of :mod:`gems_fl.protocol.node`.
@@ -9,7 +11,7 @@ the reply builders of :mod:`gems_fl.protocol.node`.
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from flwr.app import Context, Message
@@ -27,6 +29,7 @@ from gems_fl.data.nodes import (
 )
 from gems_fl.learning.train import set_default_device
 from gems_fl.protocol import landmarks, node, secure, wire
+from gems_fl.protocol.rounds import Round, round_of
 from gems_fl.settings import Settings
 from gems_fl.settings.options import node_data_options, node_work
 
@@ -34,6 +37,8 @@ logger = logging.getLogger(__name__)
 #: what this process loaded, for the later messages of the run (a simulation's ClientApp
 #: process serves every message of its nodes; a deployed node's process is fresh each time)
 LOADED = NodeDataCache()
+#: a round's handler: the message, the node's context, the message's decoded config
+Handler = Callable[[Message, Context, dict[str, Any]], Message]
 
 
 def node_settings(config: Mapping[str, Any], context: Context) -> Settings:
@@ -53,32 +58,50 @@ def _node_data(settings: Settings, config: Mapping[str, Any], context: Context) 
                       lambda: cast_node_arrays(load_node_data(options, node_config, agreement)))
 
 
-def handle_train(msg: Message, context: Context) -> Message:
-    """Flower ``train`` handler: a round of the protocol, or SecAgg+'s fit instruction."""
-    if secure.is_secure_fit(msg):
-        config = secure.fit_config(msg)
+def _work_reply(reply: Callable[..., Message]) -> Handler:
+    """A handler for a round that works on this node's data: the message's settings (with
+    this node's own overrides) and its data, handed to ``reply``."""
+    def handle(msg: Message, context: Context, config: dict[str, Any]) -> Message:
         settings = node_settings(config, context)
-        return node.secure_sums_reply(msg, context, _node_data(settings, config, context),
-                                      node_work(settings))
-    config = wire.decode_config(msg.content)
+        set_default_device(settings.device)
+        return reply(msg, context, _node_data(settings, config, context), node_work(settings))
+    return handle
+
+
+def _spaces(msg: Message, context: Context, config: dict[str, Any]) -> Message:
+    """The ``spaces`` and ``layer`` rounds: the message's own keys go to the reply."""
     settings = node_settings(config, context)
     set_default_device(settings.device)
-    return node.train_reply(msg, context, _node_data(settings, config, context),
-                            node_work(settings), config)
+    return node.spaces_reply(msg, context, _node_data(settings, config, context),
+                             node_work(settings), config)
 
 
-def handle_evaluate(msg: Message, context: Context) -> Message:
-    """Flower ``evaluate`` handler: score the server's models on this node's own data
-    against its own eps (:func:`gems_fl.protocol.node.evaluate_reply`)."""
-    config = wire.decode_config(msg.content)
+def _secure_sums(msg: Message, context: Context, config: dict[str, Any]) -> Message:
+    """SecAgg+'s fit instruction: this node's masked statistics."""
+    settings = node_settings(config, context)
+    return node.secure_sums_reply(msg, context, _node_data(settings, config, context),
+                                  node_work(settings))
+
+
+def _verify(msg: Message, context: Context, config: dict[str, Any]) -> Message:
+    """Score the server's models on this node's own data against its own eps
+    (:func:`gems_fl.protocol.node.evaluate_reply`)."""
     settings = node_settings(config, context)
     return node.evaluate_reply(msg, context, _node_data(settings, config, context),
                                node_work(settings))
 
 
-def handle_query(msg: Message, context: Context) -> Message:
-    """Flower ``query`` handler: say who this node is and what data it holds (or, for
-    ``model='kernel'``, send the class centres of its rows: :mod:`gems_fl.protocol.landmarks`).
+def _landmarks(msg: Message, context: Context, config: dict[str, Any]) -> Message:
+    """The class centres of this node's rows (``model='kernel'``:
+    :mod:`gems_fl.protocol.landmarks`)."""
+    data = _node_data(node_settings(config, context), config, context)
+    return Message(content=landmarks.landmarks_content(
+        data.x_train, data.y_train, float(config[landmarks.SHARE_KEY]),
+        Settings.from_node_config(config).seed), reply_to=msg)
+
+
+def _identify(msg: Message, context: Context, config: dict[str, Any]) -> Message:
+    """Say who this node is and what data it holds.
 
     The server asks before the first round. The answer carries the node's name, the
     shape of its data, the class names it holds and, for ``standardize='federated'`` or
@@ -87,13 +110,7 @@ def handle_query(msg: Message, context: Context) -> Message:
     features or classes) answers with its name and the reason, so the server names it and
     leaves it out.
     """
-    config = wire.decode_config(msg.content)
     settings = Settings.from_node_config(config)
-    if landmarks.is_landmark_query(config):  # model='kernel', after the identity round
-        data = _node_data(node_settings(config, context), config, context)
-        return Message(content=landmarks.landmarks_content(
-            data.x_train, data.y_train, float(config[landmarks.SHARE_KEY]), settings.seed),
-            reply_to=msg)
     try:
         node_config = own_node_config(context.node_config, settings.site_files)
         name = node_name(node_config)
@@ -109,12 +126,33 @@ def handle_query(msg: Message, context: Context) -> Message:
     return node.identity_reply(msg, data, with_stats=settings.identity_sums)
 
 
+#: how this node answers each round (:mod:`gems_fl.protocol.rounds`)
+HANDLERS: dict[Round, Handler] = {
+    Round.IDENTIFY: _identify,
+    Round.LANDMARKS: _landmarks,
+    Round.SPACES: _spaces,
+    Round.LAYER: _spaces,
+    Round.SECURE_SUMS: _secure_sums,
+    Round.SELECT: _work_reply(node.selection_reply),
+    Round.REFINE: _work_reply(node.refine_reply),
+    Round.LOCAL_MODEL: _work_reply(node.local_model_reply),
+    Round.VERIFY: _verify,
+}
+
+
+def handle(msg: Message, context: Context) -> Message:
+    """Every message this node receives (``train``, ``query`` or ``evaluate``): answered
+    by the handler of the round it names (:data:`HANDLERS`)."""
+    config = secure.fit_config(msg) if secure.is_secure_fit(msg) else \
+        wire.decode_config(msg.content)
+    return HANDLERS[round_of(config, msg.metadata.message_type)](msg, context, config)
+
+
 def build_client_app() -> ClientApp:
     """The GEMS ClientApp: ``train`` (the good-enough space), ``query`` (who this node is
     and what data it holds) and ``evaluate`` (score the server's models, h_G first, on
     this node's own data against its eps)."""
     app = ClientApp(mods=[secure.secure_mod])  # SecAgg+ for its own messages only
-    app.train()(handle_train)
-    app.query()(handle_query)
-    app.evaluate()(handle_evaluate)
+    for register in (app.train, app.query, app.evaluate):
+        register()(handle)
     return app

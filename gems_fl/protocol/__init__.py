@@ -21,6 +21,7 @@ __all__ = [
     "private",
     "replies",
     "roster",
+    "rounds",
     "secure",
     "selection_round",
     "strategy",

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from logging import INFO, WARNING
 from typing import Any
 
-from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
+from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 from flwr.common.logger import log
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Strategy
@@ -25,6 +25,7 @@ from gems_fl.geometry.spaces import GramSpace, Space
 from gems_fl.naming import describe_node
 from gems_fl.protocol.options import ServerOptions
 from gems_fl.protocol.replies import rejection_record
+from gems_fl.protocol.rounds import Round, round_messages
 
 
 @dataclass
@@ -128,13 +129,13 @@ class GEMSBase(Strategy):
         return {**self.options.exchange.node_config,
                 **(self.extra_config if first else self.later_config)}
 
-    def _send(self, content: RecordDict, nodes: list[int], server_round: int) -> list[Message]:
-        """One train message per node; each lives ``round-timeout`` seconds (its TTL), so
-        work for a slow or dead node does not stay queued after the round gave up on it."""
-        self._messages = [Message(content=content, message_type=MessageType.TRAIN,
-                                  dst_node_id=node_id, group_id=str(server_round),
-                                  ttl=self.options.round_timeout)
-                          for node_id in nodes]
+    def _send(self, round_name: Round, content: RecordDict, nodes: list[int],
+              server_round: int) -> list[Message]:
+        """One message of ``round_name`` per node; each lives ``round-timeout`` seconds (its
+        TTL), so work for a slow or dead node does not stay queued after the round gave up
+        on it."""
+        self._messages = round_messages(round_name, content, nodes, group_id=str(server_round),
+                                        ttl=self.options.round_timeout)
         return self._messages
 
     def configure_evaluate(

@@ -26,7 +26,7 @@ from logging import INFO
 from typing import Any
 
 import numpy as np
-from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MessageType, RecordDict
+from flwr.app import Array, ArrayRecord, ConfigRecord, RecordDict
 from flwr.common.logger import log
 from flwr.serverapp import Grid
 
@@ -36,17 +36,13 @@ from gems_fl.data.kernel_features import LANDMARKS_KEY as LANDMARKS_KEY_CONFIG
 from gems_fl.protocol import wire
 from gems_fl.protocol.options import Exchange
 from gems_fl.protocol.replies import ReplyError, validate_replies
+from gems_fl.protocol.rounds import Round, round_messages, sent_bytes
 
 __all__ = ["SHARE_KEY", "collect_landmarks", "decode_landmarks", "encode_landmarks",
-           "is_landmark_query", "landmarks_content", "with_kept_landmarks"]
+           "landmarks_content", "with_kept_landmarks"]
 
 SHARE_KEY = "landmark-share"
 LANDMARKS_KEY = "landmarks"
-
-
-def is_landmark_query(config: dict[str, Any]) -> bool:
-    """Whether a query message asks for the node's landmarks (not its identity)."""
-    return SHARE_KEY in config
 
 
 def landmarks_content(x_train: np.ndarray, y_train: np.ndarray, share: float,
@@ -113,10 +109,9 @@ def collect_landmarks(grid: Grid, exchange: Exchange, agreement: DataAgreement,
     t0 = time.perf_counter()
     share = landmarks / max(sum(rows.values()), 1)
     config = {**exchange.node_config, **agreement.to_config(), SHARE_KEY: float(share)}
-    content = RecordDict({wire.CONFIG_KEY: ConfigRecord(config)})
     nodes = sorted(rows)
-    messages = [Message(content=content, message_type=MessageType.QUERY, dst_node_id=n,
-                        group_id="landmarks", ttl=exchange.round_timeout) for n in nodes]
+    messages = round_messages(Round.LANDMARKS, wire.encode_config(config), nodes,
+                              group_id="landmarks", ttl=exchange.round_timeout)
     replies = list(grid.send_and_receive(messages, timeout=exchange.round_timeout))
 
     most = int(share * max(rows.values())) + agreement.num_classes  # rounding, per class
@@ -130,7 +125,7 @@ def collect_landmarks(grid: Grid, exchange: Exchange, agreement: DataAgreement,
     total = sum(len(c) for c in centres.values())
     log(INFO, "Landmarks: %d class centres from %d node(s) (each the mean of at least %d rows)",
         total, len(centres), MIN_ROWS_PER_LANDMARK)
-    report = {"bytes_sent": wire.content_bytes(content) * len(nodes),
+    report = {"bytes_sent": sent_bytes(messages),
               "bytes_received": sum(wire.content_bytes(r.content) for r in replies
                                     if not r.has_error()),
               "wall_s": time.perf_counter() - t0, "landmarks": total, "asked": int(landmarks),

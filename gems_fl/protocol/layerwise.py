@@ -41,6 +41,7 @@ from gems_fl.protocol.replies import (
     decode_reply,
     validate_replies,
 )
+from gems_fl.protocol.rounds import Round, sent_bytes
 from gems_fl.protocol.selection_round import Refiner, candidate_points, select
 from gems_fl.protocol.wire import content_bytes
 
@@ -139,8 +140,9 @@ class LayerwiseGEMS(GEMSBase):
                 self.rounds[-1].rejected.append(item)
                 self.excluded[item["node_id"]] = f"round {server_round}: {item['reason']}"
         content = wire.encode_layer_round(self.node_config(), server_round, self.layers)
-        self.rounds[-1].bytes_sent = content_bytes(content) * len(nodes)
-        return self._send(content, nodes, server_round)
+        messages = self._send(Round.LAYER, content, nodes, server_round)
+        self.rounds[-1].bytes_sent = sent_bytes(messages)
+        return messages
 
     def aggregate_train(
         self, server_round: int, replies: Iterable[Message]
@@ -258,8 +260,10 @@ class LayerwiseGEMS(GEMSBase):
             content = wire.encode_refine_round(
                 self.node_config(), step,
                 vector_to_state(self._refiner.query(), fan_in, self.num_classes), self.layers)
-        self.rounds[-1].bytes_sent = content_bytes(content) * len(nodes)
-        return self._send(content, nodes, server_round)
+        messages = self._send(Round.REFINE if step else Round.SELECT, content, nodes,
+                              server_round)
+        self.rounds[-1].bytes_sent = sent_bytes(messages)
+        return messages
 
     def _select(self, record: LayerRound, replies: list[Message]) -> None:
         chosen = select(record.round, replies, record.nodes, self._candidates,

@@ -19,12 +19,12 @@ from logging import INFO
 from typing import Any
 
 import numpy as np
-from flwr.app import Message, MessageType
 from flwr.common.logger import log
 from flwr.serverapp import Grid
 
 from gems_fl.protocol import wire
 from gems_fl.protocol.replies import ReplyError, validate_replies
+from gems_fl.protocol.rounds import Round, round_messages, sent_bytes
 
 
 @dataclass
@@ -62,9 +62,8 @@ def collect_local_mlps(grid: Grid, node_ids: list[int], names: Mapping[int, str]
     """Ask ``node_ids`` for their whole local MLP (state dict of ``shapes``); the bad and
     the missing are rejected with a log line naming the node, the others kept."""
     t0 = time.perf_counter()
-    content = wire.encode_local_model_request(config)
-    messages = [Message(content=content, message_type=MessageType.TRAIN, dst_node_id=n,
-                        group_id="local-models", ttl=timeout) for n in node_ids]
+    messages = round_messages(Round.LOCAL_MODEL, wire.encode_config(config), node_ids,
+                              group_id="local-models", ttl=timeout)
     replies = list(grid.send_and_receive(messages, timeout=timeout))
     received = sum(wire.content_bytes(r.content) for r in replies if not r.has_error())
     accepted, rejected = validate_replies(replies, node_ids, _decoder(shapes),
@@ -74,5 +73,5 @@ def collect_local_mlps(grid: Grid, node_ids: list[int], names: Mapping[int, str]
     log(INFO, "Local models: %d of %d nodes sent their whole local MLP for the node-side "
         "Local and Averaged rows", len(states), len(node_ids))
     return LocalModels(dict(sorted(states.items())), rejected, {
-        "bytes_sent": wire.content_bytes(content) * len(node_ids), "bytes_received": received,
+        "bytes_sent": sent_bytes(messages), "bytes_received": received,
         "nodes": sorted(states), "wall_s": time.perf_counter() - t0})

@@ -1,7 +1,8 @@
 """What one node does: train locally, build its good-enough space, reply with it.
 
 Plain functions on numpy arrays, and one reply builder per message the node answers
-(:func:`train_reply`, :func:`evaluate_reply`, :func:`identity_reply`), each given the
+(:func:`spaces_reply`, :func:`selection_reply`, :func:`refine_reply`, :func:`local_model_reply`,
+:func:`evaluate_reply`, :func:`identity_reply`), each given the
 node's loaded data and its :class:`~gems_fl.protocol.options.NodeWork`. The ClientApp's
 handlers (:mod:`gems_fl.clientapp`) turn a message's settings into those and call them.
 Nothing but the replies built here leaves the node.
@@ -141,15 +142,16 @@ def _layer_round_reply(
                               num_train=len(y_tr), num_val=len(y_val), val_accuracy=val_acc)
 
 
-def _local_model_reply(data: NodeData, work: NodeWork) -> RecordDict:
-    """This node's whole round-1 local MLP, retrained from its data and seed (the model
-    whose first layer it sent in round 1), for the node-side Local and Averaged rows."""
+def local_model_reply(msg: Message, context: Context, data: NodeData, work: NodeWork) -> Message:
+    """The ``local-model`` round: this node's whole round-1 local MLP, retrained from its
+    data and seed (the model whose first layer it sent in round 1), for the node-side Local
+    and Averaged rows."""
     x_tr, y_tr, _, _ = data.arrays
     with compute_threads():
         model = train_local_mlp(x_tr, y_tr, data.num_classes, work.training, [],
                                 round_seed(data.seed, 1))
     state = {k: v.detach().cpu().numpy() for k, v in model.state_dict().items()}
-    return wire.encode_local_model_reply(state, len(y_tr))
+    return Message(content=wire.encode_local_model_reply(state, len(y_tr)), reply_to=msg)
 
 
 MERGED_LAYERS_KEY = "gems.merged-layers"  # this node's state: the selection round's layers
@@ -178,28 +180,39 @@ def _merged_layers(msg: Message, context: Context) -> list | None:
     return layers
 
 
-def _refine_reply(msg: Message, context: Context, data: NodeData,
-                  work: NodeWork) -> RecordDict:
-    """A refinement step: this node's cross-entropy gradient at the server's model; in the
-    selection round, each candidate's validation cross-entropy at each logit scale and its
-    correct validation predictions (for the MLP, on the merged hidden layers' features)."""
-    x_tr, y_tr, x_val, y_val = data.arrays
+def _output_layer_inputs(msg: Message, context: Context, data: NodeData, work: NodeWork,
+                         x: np.ndarray) -> np.ndarray:
+    """The rows ``x`` as the output layer sees them: as they are for a convex model; for
+    the MLP, their features through the merged hidden layers."""
     fixed = _merged_layers(msg, context)
-    if fixed is not None:  # the MLP: its output layer's inputs
-        model = build_partial_mlp(data.num_features, data.num_classes,
-                                  work.training, fixed, data.seed)
-        x_tr, x_val = (layer_inputs(model, x, len(fixed)) for x in (x_tr, x_val))
-    if wire.CANDIDATES_KEY in msg.content.array_records:
-        scales = msg.content.config_records[wire.CONFIG_KEY][wire.TEMPERATURES_KEY]
-        losses, correct = score_candidates(wire.decode_candidates(msg.content), x_val, y_val,
-                                           scales)
-        return wire.encode_selection_reply(losses, list(correct), len(y_val))
+    if fixed is None:
+        return x
+    model = build_partial_mlp(data.num_features, data.num_classes, work.training, fixed,
+                              data.seed)
+    return layer_inputs(model, x, len(fixed))
+
+
+def selection_reply(msg: Message, context: Context, data: NodeData, work: NodeWork) -> Message:
+    """The ``select`` round: each candidate's validation cross-entropy at each logit scale
+    and its correct validation predictions (for the MLP, on the merged hidden layers'
+    features)."""
+    x_val = _output_layer_inputs(msg, context, data, work, data.x_val)
+    scales = msg.content.config_records[wire.CONFIG_KEY][wire.TEMPERATURES_KEY]
+    losses, correct = score_candidates(wire.decode_candidates(msg.content), x_val, data.y_val,
+                                       scales)
+    return Message(content=wire.encode_selection_reply(losses, list(correct), len(data.y_val)),
+                   reply_to=msg)
+
+
+def refine_reply(msg: Message, context: Context, data: NodeData, work: NodeWork) -> Message:
+    """A ``refine`` step: this node's cross-entropy gradient at the server's model."""
+    x_tr, y_tr = _output_layer_inputs(msg, context, data, work, data.x_train), data.y_train
     state = wire.decode_model(msg.content)
     w = state_to_vector(state).reshape(data.num_classes, x_tr.shape[1] + 1)
     gradient, loss = softmax_gradient(w, x_tr, y_tr)
-    return wire.encode_gradient_reply(
+    return Message(content=wire.encode_gradient_reply(
         vector_to_state(gradient.reshape(-1), x_tr.shape[1], data.num_classes),
-        loss=loss, num_train_examples=len(y_tr))
+        loss=loss, num_train_examples=len(y_tr)), reply_to=msg)
 
 
 def secure_sums_reply(msg: Message, context: Context, data: NodeData,
@@ -250,16 +263,11 @@ def _private_reply(context: Context, local: LocalSpace, data: NodeData, work: No
     return private.encode_release_reply(metrics, release)
 
 
-def train_reply(msg: Message, context: Context, data: NodeData, work: NodeWork,
-                config: dict) -> Message:
-    """A train message (``config``: its decoded settings and keys): a refinement step or the
-    selection round, the MLP's whole local model, a layer-wise round, or round 1: data ->
-    local model -> good-enough space -> reply (noised sums under DP, metrics and bounds
-    under secure aggregation)."""
-    if wire.REFINE_KEY in config:
-        return Message(content=_refine_reply(msg, context, data, work), reply_to=msg)
-    if wire.LOCAL_MODEL_KEY in config:
-        return Message(content=_local_model_reply(data, work), reply_to=msg)
+def spaces_reply(msg: Message, context: Context, data: NodeData, work: NodeWork,
+                 config: dict) -> Message:
+    """The ``spaces`` round (round 1) or a ``layer`` round of the MLP (``config``: the
+    message's decoded settings and keys): data -> local model -> good-enough space ->
+    reply (noised sums under DP, metrics and bounds under secure aggregation)."""
     if model_kind(work.training.model).rows_beside and work.space.label_moments:
         # the logistic family's class statistics on the rows' own columns (the agreed count)
         work = replace(work, space=replace(work.space,

@@ -2,7 +2,7 @@
 
 The server sends each connected node a ``query`` message carrying the run settings;
 the node answers with its stable name (``node-name`` in its node config) and the shape
-of its data (:func:`gems_fl.clientapp.handlers.handle_query`). A node whose data does not fit (a
+of its data (:data:`gems_fl.clientapp.handlers.HANDLERS`). A node whose data does not fit (a
 wrong number of features or classes, an unreadable file) answers with an error that
 names the problem; it is logged with its node id, recorded in the results and left
 out of every round. The node names are used from then on in logs and results, since
@@ -18,7 +18,6 @@ from logging import INFO, WARNING
 from typing import Any
 
 import numpy as np
-from flwr.app import Message, MessageType
 from flwr.common.logger import log
 from flwr.serverapp import Grid
 
@@ -39,6 +38,7 @@ from gems_fl.protocol import wire
 from gems_fl.protocol.landmarks import collect_landmarks
 from gems_fl.protocol.options import AgreementRule, Exchange
 from gems_fl.protocol.replies import Identity, decode_identity_full, validate_replies
+from gems_fl.protocol.rounds import Round, round_messages, sent_bytes
 
 
 @dataclass
@@ -120,8 +120,7 @@ def identify_nodes(grid: Grid, node_ids: list[int], exchange: Exchange,
     the ``node-name`` the node reports.
     """
     t0 = time.perf_counter()
-    content = wire.encode_config(exchange.node_config)
-    accepted, rejected, bytes_received = _ask_identities(grid, node_ids, exchange, content)
+    accepted, rejected, traffic = _ask_identities(grid, node_ids, exchange)
     identities = {node_id: _registered_name(node_id, item[1], registered or {})
                   for node_id, item in accepted}
     for entry in rejected:
@@ -146,8 +145,7 @@ def identify_nodes(grid: Grid, node_ids: list[int], exchange: Exchange,
     _add_participants(roster, [(n, identities[n]) for n, _ in accepted if n not in refused])
     if agreement is not None:
         _log_agreement(agreement, rule)
-    roster.report = {"bytes_sent": wire.content_bytes(content) * len(node_ids),
-                     "bytes_received": bytes_received, "wall_s": time.perf_counter() - t0}
+    roster.report = {**traffic, "wall_s": time.perf_counter() - t0}
     if landmark_report is not None:
         roster.report["landmark_round"] = landmark_report
         roster.report["bytes_sent"] += landmark_report["bytes_sent"]
@@ -155,13 +153,16 @@ def identify_nodes(grid: Grid, node_ids: list[int], exchange: Exchange,
     return roster
 
 
-def _ask_identities(grid: Grid, node_ids: list[int], exchange: Exchange, content) -> tuple:
-    """Send the identity query to every node: ``(accepted, rejected, bytes received)`` as
-    :func:`validate_replies` sorts the replies (a malformed one is logged and rejected)."""
-    messages = [Message(content=content, message_type=MessageType.QUERY, dst_node_id=n,
-                        group_id="identify", ttl=exchange.round_timeout) for n in node_ids]
+def _ask_identities(grid: Grid, node_ids: list[int], exchange: Exchange) -> tuple:
+    """Send the identity query (the node config) to every node: ``(accepted, rejected,
+    traffic)`` as :func:`validate_replies` sorts the replies (a malformed one is logged and
+    rejected); ``traffic``: the round's ``bytes_sent`` and ``bytes_received``."""
+    messages = round_messages(Round.IDENTIFY, wire.encode_config(exchange.node_config),
+                              node_ids, group_id="identify", ttl=exchange.round_timeout)
     replies = list(grid.send_and_receive(messages, timeout=exchange.round_timeout))
-    bytes_received = sum(wire.content_bytes(r.content) for r in replies if not r.has_error())
+    traffic = {"bytes_sent": sent_bytes(messages),
+               "bytes_received": sum(wire.content_bytes(r.content) for r in replies
+                                     if not r.has_error())}
 
     def check(reply_content):
         identity = decode_identity_full(reply_content)
@@ -169,7 +170,7 @@ def _ask_identities(grid: Grid, node_ids: list[int], exchange: Exchange, content
 
     accepted, rejected = validate_replies(replies, node_ids, check, log_prefix="Identify: ",
                                           messages=messages)
-    return accepted, rejected, bytes_received
+    return accepted, rejected, traffic
 
 
 def _add_participants(roster: Roster, kept: list[tuple[int, Identity]]) -> None:

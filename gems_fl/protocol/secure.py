@@ -36,6 +36,7 @@ from flwr.server.strategy import Strategy
 
 from gems_fl.geometry.gram import pack_triangle, unpack_triangle
 from gems_fl.protocol import wire
+from gems_fl.protocol.rounds import Round, name_round
 
 #: The train message's config key that asks for round 1 of the secure protocol.
 SECURE_PREPARE_KEY = "secure-prepare"
@@ -244,7 +245,7 @@ def secure_sums(grid, node_ids: list[int], config: dict[str, Any], *, max_weight
                            f"2**22 quantisation levels in a 2**32 modulus hold at most "
                            f"{MAX_SECURE_NODES}")
     proxies = [GridClientProxy(n, grid, 0) for n in node_ids]
-    strategy = _SumsStrategy(proxies, config)
+    strategy = _SumsStrategy(proxies, name_round(config, Round.SECURE_SUMS))
     context = LegacyContext(Context(run_id=0, node_id=0, node_config={}, state=RecordDict(),
                                     run_config={}),
                             config=ServerConfig(num_rounds=1), strategy=strategy)

@@ -36,6 +36,7 @@ from gems_fl.protocol.replies import (
     rejection_record,
     validate_replies,
 )
+from gems_fl.protocol.rounds import Round, sent_bytes
 from gems_fl.protocol.secure import (
     CLASS_GRAMS_BLOCK,
     SECURE_PREPARE_KEY,
@@ -117,10 +118,11 @@ class GEMS(GEMSBase):
         config = self.node_config(first=True)
         if self.options.secure_aggregation:
             config[SECURE_PREPARE_KEY] = 1
-        content = wire.encode_config(config)
+        messages = self._send(Round.SPACES, wire.encode_config(config), self._sent_to,
+                              server_round)
         self.rounds.append({"round": server_round, "nodes": list(self._sent_to),
-                            "bytes_sent": content_bytes(content) * len(self._sent_to)})
-        return self._send(content, self._sent_to, server_round)
+                            "bytes_sent": sent_bytes(messages)})
+        return messages
 
     def aggregate_train(
         self, server_round: int, replies: Iterable[Message]
@@ -289,10 +291,12 @@ class GEMS(GEMSBase):
             content = wire.encode_refine_round(
                 self.node_config(), step,
                 vector_to_state(self._refiner.query(), num_features, num_classes))
+        messages = self._send(Round.REFINE if step else Round.SELECT, content, self._sent_to,
+                              server_round)
         self.rounds.append({"round": server_round, "refine": step,
                             "nodes": list(self._sent_to), "rejected": gone,
-                            "bytes_sent": content_bytes(content) * len(self._sent_to)})
-        return self._send(content, self._sent_to, server_round)
+                            "bytes_sent": sent_bytes(messages)})
+        return messages
 
     def _aggregate_refine(self, server_round: int,
                           replies: list[Message]) -> tuple[ArrayRecord, MetricRecord]:

@@ -40,7 +40,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from flwr.app import ConfigRecord, Context, Message, MessageType, MetricRecord, RecordDict
+from flwr.app import ConfigRecord, Context, MetricRecord, RecordDict
 from flwr.common.logger import log
 from flwr.serverapp import Grid
 from torch import nn
@@ -49,6 +49,7 @@ from gems_fl.learning.models import MLP
 from gems_fl.learning.train import accuracy
 from gems_fl.protocol import wire
 from gems_fl.protocol.replies import ReplyError, error_reason, reply_node
+from gems_fl.protocol.rounds import Round, round_messages, sent_bytes
 
 MODEL_PREFIX = "model."
 GEMS_KEY = "gems"
@@ -360,8 +361,7 @@ def verify_on_nodes(
             if any(v is None for v in own_spaces.values()) else None)
     contents = {n: (content if n not in own_spaces else kept if own_spaces[n] is None
                     else encode_evaluate(config, models, own_spaces[n])) for n in node_ids}
-    messages = [Message(content=contents[n], message_type=MessageType.EVALUATE, dst_node_id=n,
-                        group_id="verify", ttl=timeout) for n in node_ids]
+    messages = round_messages(Round.VERIFY, contents, node_ids, group_id="verify", ttl=timeout)
     replies = list(grid.send_and_receive(messages, timeout=timeout))
     checks: dict[int, NodeCheck] = {}
     missing: list[dict[str, object]] = []
@@ -397,5 +397,5 @@ def verify_on_nodes(
             "(each node's check on its own training inputs)",
             sum(bool(c.space and c.space["inside"]) for c in checks.values()), len(checks))
     return Verification(checks, missing,
-                        bytes_sent=sum(wire.content_bytes(contents[n]) for n in node_ids),
+                        bytes_sent=sent_bytes(messages),
                         bytes_received=received)

@@ -94,7 +94,6 @@ COLUMN_CLASSES_KEY = "column-classes"
 CLASS_FACTOR_KEYS = ("class-vectors", "class-scales", "class-residual")
 REFINE_KEY = "gems-refine"  # config key of a refinement round's message: its index (1..R)
 MODEL_KEY = "model"
-LOCAL_MODEL_KEY = "gems-local-model"  # config key: send your whole round-1 local model
 GRADIENT_KEY = "gradient"
 GRADIENT_METRIC_KEYS = ("loss", "num-train-examples")
 TEMPERATURES_KEY = "gems-temperatures"  # config key: the logit scales to score
@@ -215,11 +214,6 @@ def decode_model(content: RecordDict) -> dict[str, np.ndarray]:
     if record is None:
         raise ValueError(f"refinement message has no '{MODEL_KEY}' ArrayRecord")
     return {k: record[k].numpy() for k in record.keys()}
-
-
-def encode_local_model_request(config: dict[str, Any]) -> RecordDict:
-    """Server -> node (the MLP without server data): send your whole local model."""
-    return RecordDict({CONFIG_KEY: ConfigRecord({**config, LOCAL_MODEL_KEY: True})})
 
 
 def encode_local_model_reply(state: dict[str, np.ndarray], num_train_examples: int) -> RecordDict:
