@@ -58,37 +58,20 @@ def _node_data(settings: Settings, config: Mapping[str, Any], context: Context) 
                       lambda: cast_node_arrays(load_node_data(options, node_config, agreement)))
 
 
-def _work_reply(reply: Callable[..., Message]) -> Handler:
+def _on_data(reply: Callable[..., Message], *, sets_device: bool = True,
+             passes_config: bool = False) -> Handler:
     """A handler for a round that works on this node's data: the message's settings (with
-    this node's own overrides) and its data, handed to ``reply``."""
+    this node's own overrides), its data and its work, handed to ``reply`` (with the
+    message's own keys where ``passes_config``; the compute device set where
+    ``sets_device``: the rounds that train or score on the node's rows)."""
     def handle(msg: Message, context: Context, config: dict[str, Any]) -> Message:
         settings = node_settings(config, context)
-        set_default_device(settings.device)
-        return reply(msg, context, _node_data(settings, config, context), node_work(settings))
+        if sets_device:
+            set_default_device(settings.device)
+        extra = (config,) if passes_config else ()
+        return reply(msg, context, _node_data(settings, config, context), node_work(settings),
+                     *extra)
     return handle
-
-
-def _spaces(msg: Message, context: Context, config: dict[str, Any]) -> Message:
-    """The ``spaces`` and ``layer`` rounds: the message's own keys go to the reply."""
-    settings = node_settings(config, context)
-    set_default_device(settings.device)
-    return node.spaces_reply(msg, context, _node_data(settings, config, context),
-                             node_work(settings), config)
-
-
-def _secure_sums(msg: Message, context: Context, config: dict[str, Any]) -> Message:
-    """SecAgg+'s fit instruction: this node's masked statistics."""
-    settings = node_settings(config, context)
-    return node.secure_sums_reply(msg, context, _node_data(settings, config, context),
-                                  node_work(settings))
-
-
-def _verify(msg: Message, context: Context, config: dict[str, Any]) -> Message:
-    """Score the server's models on this node's own data against its own eps
-    (:func:`gems_fl.protocol.node.evaluate_reply`)."""
-    settings = node_settings(config, context)
-    return node.evaluate_reply(msg, context, _node_data(settings, config, context),
-                               node_work(settings))
 
 
 def _landmarks(msg: Message, context: Context, config: dict[str, Any]) -> Message:
@@ -130,13 +113,13 @@ def _identify(msg: Message, context: Context, config: dict[str, Any]) -> Message
 HANDLERS: dict[Round, Handler] = {
     Round.IDENTIFY: _identify,
     Round.LANDMARKS: _landmarks,
-    Round.SPACES: _spaces,
-    Round.LAYER: _spaces,
-    Round.SECURE_SUMS: _secure_sums,
-    Round.SELECT: _work_reply(node.selection_reply),
-    Round.REFINE: _work_reply(node.refine_reply),
-    Round.LOCAL_MODEL: _work_reply(node.local_model_reply),
-    Round.VERIFY: _verify,
+    Round.SPACES: _on_data(node.spaces_reply, passes_config=True),
+    Round.LAYER: _on_data(node.spaces_reply, passes_config=True),
+    Round.SECURE_SUMS: _on_data(node.secure_sums_reply, sets_device=False),
+    Round.SELECT: _on_data(node.selection_reply),
+    Round.REFINE: _on_data(node.refine_reply),
+    Round.LOCAL_MODEL: _on_data(node.local_model_reply),
+    Round.VERIFY: _on_data(node.evaluate_reply, sets_device=False),
 }
 
 
