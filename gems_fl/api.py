@@ -37,6 +37,7 @@ from gems_fl.geometry.kinds import (
     space_kind,
 )
 from gems_fl.geometry.spaces import GramSpace, Space
+from gems_fl.learning.threads import compute_threads
 
 __all__ = ["Aggregate", "Check", "GEMSModel", "NodeSpace", "aggregate", "check", "load_model",
            "node_space"]
@@ -218,8 +219,9 @@ def aggregate(spaces: Sequence[NodeSpace], *, seed: int = 0, no_intersection: st
     options = AggregateOptions(kind=kind, no_intersection=no_intersection, seed=seed,
                                gram_ridge=gram_ridge, gram_point=gram_point,
                                pooled_ridge=pooled_ridge)
-    result = space_kind(kind).aggregate([s.space for s in spaces], [s.num_train for s in spaces],
-                                        options)
+    with compute_threads():  # the run's thread policy: the same bits as a run's point
+        result = space_kind(kind).aggregate([s.space for s in spaces],
+                                            [s.num_train for s in spaces], options)
     shape = spaces[0].weights.shape
     return Aggregate(np.asarray(result.point, dtype=np.float64).reshape(shape),
                      [bool(i) for i in result.inside], bool(result.found), str(result.method))

@@ -9,8 +9,10 @@ import sys
 import numpy as np
 import pytest
 import torch
+from threadpoolctl import threadpool_limits
 
 from gems_fl.api import aggregate, check, load_model, node_space
+from gems_fl.geometry.virtual import forget_draw
 from gems_fl.learning.models import build_model
 from tests.helpers import ROOT, run_in_process
 
@@ -189,3 +191,22 @@ def test_the_classifier_says_what_is_wrong_before_it_runs():
         GEMSClassifier(eps=1.5).fit(sites)
     with pytest.raises(ValueError, match="Invalid parameter 'epsilon'"):
         GEMSClassifier().set_params(epsilon=0.3)
+
+
+def test_the_gaussian_point_is_the_same_bits_whatever_threads_the_caller_runs():
+    """The point is solved on the run's thread policy, not the caller's count: a run that
+    names the point and the selection round that scores it give the same layer (the
+    virtual rows' products round differently on two threads than on one)."""
+    nodes, _, _ = _nodes()
+    spaces = [node_space(*n, kind="gram", class_grams=True, num_directions=20) for n in nodes]
+    previous = torch.get_num_threads()
+    layers = []
+    try:
+        for threads in (1, 2):
+            torch.set_num_threads(threads)
+            forget_draw()  # the draw of virtual rows is made anew at each count
+            with threadpool_limits(limits=threads):
+                layers.append(aggregate(spaces, gram_point="gaussian", pooled_ridge=1e-4).weights)
+    finally:
+        torch.set_num_threads(previous)
+    np.testing.assert_array_equal(layers[0], layers[1])

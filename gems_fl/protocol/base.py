@@ -22,6 +22,7 @@ from gems_fl.geometry.eps import zero_radius_reason
 from gems_fl.geometry.intersect import IntersectionResult
 from gems_fl.geometry.kinds import AggregateOptions, space_kind
 from gems_fl.geometry.spaces import GramSpace, Space
+from gems_fl.learning.threads import compute_threads
 from gems_fl.naming import describe_node
 from gems_fl.protocol.options import ServerOptions
 from gems_fl.protocol.replies import rejection_record
@@ -79,8 +80,9 @@ def aggregate_layer_spaces(
                 describe_node(reply.node_id, names),
                 zero_radius_reason(reply.metrics["local-val-accuracy"], reply.metrics.get("eps")))
     kind = space_kind(options.kind)
-    result = kind.aggregate([r.space for r in nodes],
-                            [r.metrics["num-train-examples"] for r in nodes], options)
+    with compute_threads():  # the thread count fixes the bits: as the selection round's
+        result = kind.aggregate([r.space for r in nodes],
+                                [r.metrics["num-train-examples"] for r in nodes], options)
     log(INFO if result.found or not kind.outside_is_fault else WARNING, "%s",
         kind.report(result, options))
     return result

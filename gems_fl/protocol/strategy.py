@@ -24,6 +24,7 @@ from gems_fl.geometry.points import aggregate_sums
 from gems_fl.geometry.selection import TEMPERATURES
 from gems_fl.geometry.spaces import SummedGramSpace
 from gems_fl.learning.models import vector_to_state
+from gems_fl.learning.threads import compute_threads
 from gems_fl.naming import describe_node
 from gems_fl.protocol import wire
 from gems_fl.protocol.base import ConvexOutcome, GEMSBase, NodeReply, aggregate_layer_spaces, select_nodes
@@ -148,10 +149,11 @@ class GEMS(GEMSBase):
         if self.sums is None:
             result = aggregate_layer_spaces(accepted, options, self.names)
         else:
-            result = aggregate_sums(self.sums, [r.space for r in accepted],
-                                    [r.metrics["num-train-examples"] for r in accepted],
-                                    point=options.gram_point, ridge=options.gram_ridge,
-                                    pooled_ridge=options.pooled_ridge, seed=options.seed)
+            with compute_threads():
+                result = aggregate_sums(self.sums, [r.space for r in accepted],
+                                        [r.metrics["num-train-examples"] for r in accepted],
+                                        point=options.gram_point, ridge=options.gram_ridge,
+                                        pooled_ridge=options.pooled_ridge, seed=options.seed)
             log(INFO, "Gram sums of %d nodes (%d training rows, %.1f MB held): h_G is the "
                 "%s point; the nodes check its membership", self.sums.nodes, self.sums.count,
                 self.sums.nbytes / 1e6, result.method)
