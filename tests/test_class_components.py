@@ -20,7 +20,7 @@ from gems_fl.geometry.kinds import SpaceOptions, build_layer_space
 from gems_fl.geometry.points import aggregate_gram
 from gems_fl.geometry.spaces import GramSpace
 from gems_fl.geometry.virtual import gaussian_point, pooled_class_moments
-from gems_fl.protocol import replies, wire
+from gems_fl.protocol import replies, space_replies, wire
 from gems_fl.settings import Settings, SettingsError
 from gems_fl.settings.options import space_options
 
@@ -131,7 +131,7 @@ def _reply(x, y, components=3):
 def test_components_travel_and_a_tampered_reply_is_refused_by_what_is_wrong():
     x, y = _two_modes(4, 600)
     content, sent = _reply(x, y)
-    space, _ = replies.decode_reply(content, SHAPES, "gram", labels=True)
+    space, _ = space_replies.decode_reply(content, SHAPES, "gram", labels=True)
     np.testing.assert_array_equal(space.class_parts, sent.class_parts)
     np.testing.assert_allclose(space.class_grams, sent.class_grams, rtol=1e-5, atol=1e-5)
 
@@ -150,11 +150,11 @@ def test_components_travel_and_a_tampered_reply_is_refused_by_what_is_wrong():
     ]
     for key, change, message in cases:
         with pytest.raises(replies.ReplyError, match=message):
-            replies.decode_reply(tampered(key, change), SHAPES, "gram", labels=True)
+            space_replies.decode_reply(tampered(key, change), SHAPES, "gram", labels=True)
     short, _ = _reply(x, y)
     short["labels"]["class-components"] = Array(sent.class_parts[:-1].copy())
     with pytest.raises(replies.ReplyError, match="one packed triangle per component"):
-        replies.decode_reply(short, SHAPES, "gram", labels=True)
+        space_replies.decode_reply(short, SHAPES, "gram", labels=True)
 
 
 def test_the_check_refuses_components_without_rows_or_of_a_class_not_held():

@@ -11,7 +11,7 @@ from gems_fl.geometry import choices
 from gems_fl.geometry.class_factors import class_factors, class_grams_from_factors, class_means
 from gems_fl.geometry.gram import class_grams, label_moments
 from gems_fl.geometry.kinds import SpaceOptions, build_layer_space
-from gems_fl.protocol import replies, wire
+from gems_fl.protocol import replies, space_replies, wire
 from gems_fl.protocol.node import encode_layer_space
 
 C, D = 3, 300  # 301 > CLASS_GRAMS_AUTO_MAX: the factor form; gram-rank=auto gives rank 32
@@ -65,7 +65,7 @@ def test_a_low_rank_covariance_travels_exactly_and_the_server_builds_the_nodes_m
     assert set(reply["labels"].keys()) == {"moments", "counts", *wire.CLASS_FACTOR_KEYS}
     sent = sum(a.numpy().nbytes for a in reply["labels"].values())
     assert sent < C * (D + 1) * (D + 2) // 2 * 4 / 4  # under a quarter of the triangles
-    space, _ = replies.decode_reply(reply, SHAPES, "gram", "auto", labels=True)
+    space, _ = space_replies.decode_reply(reply, SHAPES, "gram", "auto", labels=True)
     np.testing.assert_array_equal(space.class_grams, layer.space.class_grams)
     # a covariance of full rank loses only what its top 32 directions leave out, and each
     # feature keeps its own variance through the residual diagonal
@@ -85,7 +85,7 @@ def test_a_node_holding_some_classes_sends_one_factor_per_class_it_holds():
     assert layer.class_factors[0].shape[0] == 2
     reply = encode_layer_space(layer, D, C, eps=0.0, num_train=int(keep.sum()), num_val=60,
                                val_accuracy=0.5)
-    space, _ = replies.decode_reply(reply, SHAPES, "gram", "auto", labels=True)
+    space, _ = space_replies.decode_reply(reply, SHAPES, "gram", "auto", labels=True)
     assert space.class_grams.shape == (2, D + 1, D + 1)
     moments, counts = label_moments(x[keep], y[keep], C)
     np.testing.assert_allclose(space.class_grams[:, -1, :-1], class_means(moments, counts),
@@ -105,7 +105,7 @@ def test_a_malformed_factor_reply_is_rejected_naming_what_is_wrong(key, change, 
     reply = _reply(_layer(x, y))
     reply["labels"][key] = Array(np.ascontiguousarray(change(reply["labels"][key].numpy())))
     with pytest.raises(replies.ReplyError, match=match):
-        replies.decode_reply(reply, SHAPES, "gram", "auto", labels=True)
+        space_replies.decode_reply(reply, SHAPES, "gram", "auto", labels=True)
 
 
 def test_whole_class_grams_where_the_factor_form_is_due_are_rejected():
@@ -117,7 +117,7 @@ def test_whole_class_grams_where_the_factor_form_is_due_are_rejected():
         del labels[key]
     labels["class-grams"] = Array(np.stack([np.ones(3, np.float32)] * C))
     with pytest.raises(replies.ReplyError, match="class-vectors"):
-        replies.decode_reply(reply, SHAPES, "gram", "auto", labels=True)
+        space_replies.decode_reply(reply, SHAPES, "gram", "auto", labels=True)
 
 
 def test_factors_round_trip_by_the_functions_alone():

@@ -11,7 +11,7 @@ import pytest
 
 from gems_fl.evaluation.baselines import row_names
 from gems_fl.learning.models import state_to_vector
-from gems_fl.protocol.replies import decode_reply
+from gems_fl.protocol.space_replies import decode_reply
 from tests.helpers import ROOT, run_in_process
 
 # runs that test something else with an eps (or data) that h_G meets on few sites: the

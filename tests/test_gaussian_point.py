@@ -12,7 +12,7 @@ from gems_fl.geometry.kinds import SpaceOptions, build_layer_space
 from gems_fl.geometry.points import aggregate_gram
 from gems_fl.geometry.spaces import GramSpace
 from gems_fl.geometry.virtual import fit_softmax, gaussian_point, pooled_class_moments
-from gems_fl.protocol import replies, wire
+from gems_fl.protocol import replies, space_replies, wire
 from gems_fl.settings import Settings, SettingsError
 from gems_fl.settings.options import space_options
 
@@ -158,9 +158,9 @@ def _reply(x, y, class_grams_setting="true"):
 def test_class_grams_travel_and_are_checked_against_the_label_moments():
     x, y = _data(5, 200)
     y[y == 2] = 1
-    space, _ = replies.decode_reply(_reply(x, y), SHAPES, "gram", labels=True)
+    space, _ = space_replies.decode_reply(_reply(x, y), SHAPES, "gram", labels=True)
     np.testing.assert_allclose(space.class_grams, class_grams(x, y, C), rtol=1e-5, atol=1e-5)
-    without, _ = replies.decode_reply(_reply(x, y, "false"), SHAPES, "gram", labels=True)
+    without, _ = space_replies.decode_reply(_reply(x, y, "false"), SHAPES, "gram", labels=True)
     assert without.class_grams is None
 
     bad = _reply(x, y)
@@ -168,17 +168,17 @@ def test_class_grams_travel_and_are_checked_against_the_label_moments():
     tri[0, D] += 0.5  # class 0's mean entry no longer matches its label moments
     bad["labels"]["class-grams"] = Array(tri)
     with pytest.raises(replies.ReplyError, match="class mean"):
-        replies.decode_reply(bad, SHAPES, "gram", labels=True)
+        space_replies.decode_reply(bad, SHAPES, "gram", labels=True)
     short = _reply(x, y)
     short["labels"]["class-grams"] = Array(tri[:1])  # two classes held, one matrix
     with pytest.raises(replies.ReplyError, match="one packed triangle per class"):
-        replies.decode_reply(short, SHAPES, "gram", labels=True)
+        space_replies.decode_reply(short, SHAPES, "gram", labels=True)
     nan = _reply(x, y)
     tri = nan["labels"]["class-grams"].numpy().copy()
     tri[1, 0] = np.nan
     nan["labels"]["class-grams"] = Array(tri)
     with pytest.raises(replies.ReplyError, match="NaN"):
-        replies.decode_reply(nan, SHAPES, "gram", labels=True)
+        space_replies.decode_reply(nan, SHAPES, "gram", labels=True)
 
 
 def test_class_grams_auto_follows_the_layer_size():

@@ -10,7 +10,7 @@ import pytest
 from flwr.app import Array, Message
 
 from gems_fl.geometry.gram import gram_matrix, label_moments, pack_triangle
-from gems_fl.protocol import replies, wire
+from gems_fl.protocol import replies, space_replies, wire
 from gems_fl.settings import Settings
 from tests.helpers import run_in_process
 
@@ -37,7 +37,7 @@ def _gram_reply(gram: np.ndarray | None = None) -> object:
 def test_decode_accepts_a_gram_reply_and_rebuilds_the_matrix():
     rng = np.random.default_rng(0)
     gram = gram_matrix(rng.standard_normal((40, 4)))
-    space, metrics = replies.decode_reply(_gram_reply(gram), SHAPES, "gram", labels=True)
+    space, metrics = space_replies.decode_reply(_gram_reply(gram), SHAPES, "gram", labels=True)
     assert space.kind == "gram" and space.radius == 2.0 and space.certified_radius == 0.5
     np.testing.assert_allclose(space.gram, gram, rtol=1e-6, atol=1e-6)  # float32 on the wire
     assert metrics["eps"] == 0.4
@@ -118,15 +118,15 @@ def test_bad_gram_replies_are_rejected_with_a_reason(name):
     content = _gram_reply()
     corrupt(content)
     with pytest.raises(replies.ReplyError, match=reason):
-        replies.decode_reply(content, SHAPES, "gram", labels=True)
+        space_replies.decode_reply(content, SHAPES, "gram", labels=True)
 
 
 def test_label_moments_are_sent_only_when_the_run_asks_for_them():
     with pytest.raises(replies.ReplyError, match="unexpected \\['labels'\\]"):
-        replies.decode_reply(_gram_reply(), SHAPES, "gram")  # label-moments=false
+        space_replies.decode_reply(_gram_reply(), SHAPES, "gram")  # label-moments=false
     content = _gram_reply()
     del content["labels"]
-    space, _ = replies.decode_reply(content, SHAPES, "gram")
+    space, _ = space_replies.decode_reply(content, SHAPES, "gram")
     assert space.moments is None and space.class_counts is None
 
 
@@ -196,7 +196,7 @@ def test_closed_form_center_is_what_h_g_is(tmp_path):
     captured = []
 
     def hook(reply: Message) -> Message:
-        captured.append(replies.decode_reply(reply.content, {"weight": (10, 64), "bias": (10,)},
+        captured.append(space_replies.decode_reply(reply.content, {"weight": (10, 64), "bias": (10,)},
                                           "gram"))
         return reply
 
@@ -274,13 +274,13 @@ def test_a_rank_r_reply_carries_the_residual_diagonal_and_the_server_holds_the_n
     content.array_records["gram"] = wire.array_record({"vectors": np.ones((65, 5), np.float16),
                                                        "scales": np.ones(5, np.float32)})
     with pytest.raises(replies.ReplyError, match="residual"):
-        replies.decode_reply(content, SHAPES, "gram", 5, labels=True)
+        space_replies.decode_reply(content, SHAPES, "gram", 5, labels=True)
     n = SHAPES["weight"][1] + 1
     content.array_records["gram"] = wire.array_record({"vectors": np.full((n, 2), 2, np.float16),
                                                        "scales": np.ones(2, np.float32),
                                                        "residual": np.ones(n, np.float32)})
     with pytest.raises(replies.ReplyError, match=r"\[-1, 1\]"):
-        replies.decode_reply(content, SHAPES, "gram", 2, labels=True)
+        space_replies.decode_reply(content, SHAPES, "gram", 2, labels=True)
 
 
 @pytest.mark.parametrize("features, rank", [(64, 0), (65, 32), (800, 51)])
@@ -309,12 +309,12 @@ def test_gram_rank_auto_compresses_only_where_the_factor_is_smaller(features, ra
         vectors = content.array_records["gram"]["vectors"].numpy()
         assert vectors.shape == (features + 1, rank) and vectors.dtype == np.float16
     shapes = {"weight": (3, features), "bias": (3,)}
-    space, _ = replies.decode_reply(content, shapes, "gram", "auto", labels=True)
+    space, _ = space_replies.decode_reply(content, shapes, "gram", "auto", labels=True)
     if rank:  # the factor travels exactly; the triangle in float32
         np.testing.assert_array_equal(space.gram, layer.space.gram)
     np.testing.assert_allclose(space.gram, layer.space.gram, rtol=1e-5, atol=1e-6)
     with pytest.raises(replies.ReplyError, match="gram-rank"):  # the other form is refused
-        replies.decode_reply(content, shapes, "gram", 0 if rank else 5, labels=True)
+        space_replies.decode_reply(content, shapes, "gram", 0 if rank else 5, labels=True)
 
 
 def test_the_run_plan_resolves_every_auto_and_matches_what_the_run_did(tmp_path):
@@ -349,11 +349,11 @@ def test_a_factor_reply_is_rebuilt_without_a_proof_and_an_overflowing_one_is_ref
                                  num_val_examples=10, local_val_accuracy=0.9, gram_factor=kept,
                                  gram_residual=residual)
 
-    space, _ = replies.decode_reply(reply(), SHAPES, "gram", 2)
+    space, _ = space_replies.decode_reply(reply(), SHAPES, "gram", 2)
     np.testing.assert_allclose(space.gram, from_factor(kept, residual), rtol=1e-6)
     content = reply()
     vectors = content.array_records["gram"]["vectors"].numpy()
     content.array_records["gram"] = wire.array_record({
         "vectors": vectors, "scales": np.full(2, 1e200), "residual": residual})
     with pytest.raises(replies.ReplyError, match="infinite"):
-        replies.decode_reply(content, SHAPES, "gram", 2)
+        space_replies.decode_reply(content, SHAPES, "gram", 2)

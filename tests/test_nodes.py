@@ -11,7 +11,7 @@ from flwr.supercore.task_identity import TaskIdentity
 from gems_fl.clientapp.handlers import handle
 from gems_fl.data import load_dataset, node_data, parse_division
 from gems_fl.data.nodes import NodeDataError, load_node_data, load_node_file, node_name
-from gems_fl.protocol import replies, wire
+from gems_fl.protocol import identity_replies, wire
 from gems_fl.protocol.rounds import Round, round_messages
 from gems_fl.settings import Settings
 from gems_fl.settings.options import node_data_options
@@ -112,7 +112,7 @@ def test_identity_query_reports_name_and_shape(tmp_path, partition0):
     config = {"data-path": _npz(tmp_path / "s.npz", *partition0), "node-name": "site-a"}
     reply = handle(msg, Context(run_id=1, node_id=5, node_config=config,
                                       state=RecordDict(), run_config=settings))
-    name, source, counts = replies.decode_identity(reply.content)
+    name, source, counts = identity_replies.decode_identity(reply.content)
     assert name == "site-a" and source.startswith("data-path=")
     assert counts == {"num-features": 64, "num-classes": 10,
                       "num-train-examples": len(partition0[1]),

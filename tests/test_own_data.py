@@ -489,8 +489,8 @@ def test_check_data_and_the_identity_round_break_a_column_tie_alike(tmp_path):
     rows wins in both (check-data rejects the same two files the run leaves out)."""
     import io
 
+    from gems_fl.protocol.identity_replies import Identity
     from gems_fl.protocol.options import AgreementRule
-    from gems_fl.protocol.replies import Identity
     from gems_fl.protocol.roster import agree
     from gems_fl.running.check_data import check_data
 

@@ -10,7 +10,7 @@ import pytest
 from flwr.app import Array, Error, Message, RecordDict
 
 from client_app import app as client_app
-from gems_fl.protocol import replies, wire
+from gems_fl.protocol import replies, space_replies, wire
 from gems_fl.protocol.attendance import RequiredNodesMissing
 from gems_fl.protocol.inprocess import InProcessGrid
 from gems_fl.protocol.replies import NotEnoughRepliesError
@@ -60,7 +60,7 @@ def _good_reply() -> RecordDict:
 
 
 def test_decode_accepts_good_reply():
-    space, metrics = replies.decode_reply(_good_reply(), SHAPES, "ball")
+    space, metrics = space_replies.decode_reply(_good_reply(), SHAPES, "ball")
     assert space.dim == 650 and space.radius == 1.0 and metrics["num-val-examples"] == 5
 
 
@@ -101,7 +101,7 @@ def test_decode_rejects_bad_reply(name):
     content = _good_reply()
     corrupt(content)
     with pytest.raises(replies.ReplyError, match=reason):
-        replies.decode_reply(content, SHAPES, "ball")
+        space_replies.decode_reply(content, SHAPES, "ball")
 
 
 def test_bad_replies_are_dropped_and_the_round_goes_on(tmp_path, caplog):

@@ -38,11 +38,11 @@ from gems_fl.protocol.options import ServerOptions
 from gems_fl.protocol.replies import (
     NotEnoughRepliesError,
     decode_neuron_reply,
-    decode_reply,
     validate_replies,
 )
 from gems_fl.protocol.rounds import Round, sent_bytes
 from gems_fl.protocol.selection_round import Refiner, candidate_points, select
+from gems_fl.protocol.space_replies import decode_reply
 from gems_fl.protocol.wire import content_bytes
 
 Layer = tuple[np.ndarray, np.ndarray]

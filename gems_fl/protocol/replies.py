@@ -1,12 +1,13 @@
 """Every reply the server receives, checked before any of it is used.
 
-The decoders (:func:`decode_reply`, :func:`decode_neuron_reply`,
-:func:`decode_identity_full`) turn one reply's records into spaces, arrays and counts,
-or raise :class:`ReplyError` saying what is wrong with it. :func:`validate_replies`
-runs a decoder over a round's replies, rejects the bad and the missing with a log line
-naming the node, and returns the rest in a canonical order; both strategies, the
-identity round and the evaluate round use it. The record layout is in
-:mod:`gems_fl.protocol.wire`.
+Each round has its decoder: the spaces round's in :mod:`gems_fl.protocol.space_replies`,
+the identity round's in :mod:`gems_fl.protocol.identity_replies`, and here the layer
+round's (:func:`decode_neuron_reply`), the selection round's and the refinement round's,
+with what they share (:func:`read_state`, :func:`read_metrics`). A decoder turns one
+reply's records into spaces, arrays and counts, or raises :class:`ReplyError` saying what
+is wrong with it. :func:`validate_replies` runs a decoder over a round's replies, rejects
+the bad and the missing with a log line naming the node, and returns the rest in a
+canonical order; every round uses it. The record layout is in :mod:`gems_fl.protocol.wire`.
 """
 
 from __future__ import annotations
@@ -15,50 +16,25 @@ import hashlib
 import math
 import re
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
 from logging import INFO, WARNING
 from typing import Any
 
 import numpy as np
-from flwr.app import ArrayRecord, Message, MetricRecord, RecordDict
+from flwr.app import Message, RecordDict
 from flwr.common.constant import ErrorCode
 from flwr.common.logger import log
 
-from gems_fl.data.categories import SEPARATOR
-from gems_fl.geometry.choices import class_gram_rank_for, gram_rank_for
-from gems_fl.geometry.class_factors import check_class_factors
-from gems_fl.geometry.components import check_component_grams
-from gems_fl.geometry.gram import (
-    check_class_grams,
-    check_gram,
-    check_moments,
-    from_factor,
-    from_half,
-    unpack_triangle,
-)
-from gems_fl.geometry.kinds import space_kind
-from gems_fl.geometry.spaces import GramSpace, Space
 from gems_fl.learning.models import state_to_vector
 from gems_fl.naming import describe_node, describe_nodes
 from gems_fl.protocol.wire import (
-    AXES_KEY,
-    CENTER_KEY,
-    CLASS_FACTOR_KEYS,
-    COLUMN_CLASSES_KEY,
     GRADIENT_KEY,
     GRADIENT_METRIC_KEYS,
-    GRAM_KEY,
-    IDENTITY_KEY,
-    IDENTITY_METRIC_KEYS,
-    IDENTITY_OPTIONAL_METRICS,
-    LABELS_KEY,
     METRIC_KEYS,
     METRICS_KEY,
     NEURON_METRIC_KEYS,
     NEURONS_KEY,
     SELECTION_METRIC_KEYS,
     SOLVE_METRIC_KEYS,
-    STATS_KEY,
 )
 
 
@@ -78,46 +54,6 @@ class NotEnoughRepliesError(RuntimeError):
     """Fewer valid replies than ``min-replies``: no aggregate can be formed."""
 
 
-def decode_reply(
-    content: RecordDict, shapes: dict[str, tuple[int, ...]], kind: str, gram_rank: int | str = 0,
-    *, labels: bool = False, columns: int = 0,
-) -> tuple[Space | GramSpace, dict[str, float]]:
-    """Validate a reply and turn it into a space of ``kind`` plus its metrics.
-
-    The kind (:func:`gems_fl.geometry.kinds.space_kind`) says which records it sends
-    beside the center (``axes``; ``gram``; or none); ``labels=True`` (``label-moments``)
-    expects a Gram reply's ``labels`` too, and with ``columns`` (the kernel model's rows
-    beside its features) the class Gram matrices of those leading columns
-    (``column-classes``). :data:`_EXTRA_READERS` reads each.
-
-    Raises
-    ------
-    ReplyError
-        Missing or extra records/keys, a shape that does not match the model, a
-        non-finite value, a negative radius, non-positive axes, a Gram matrix that is
-        not symmetric positive semi-definite, or label moments inconsistent with the
-        node's training-sample count.
-    """
-    space_type = space_kind(kind)
-    records = space_type.extra_records + (space_type.optional_records if labels else ())
-    with_columns = bool(columns) and labels and LABELS_KEY in records
-    expected = {CENTER_KEY, METRICS_KEY} | set(records) | ({COLUMN_CLASSES_KEY} if with_columns else set())
-    present = set(content.keys())
-    if present != expected:
-        missing, extra = sorted(expected - present), sorted(present - expected)
-        raise ReplyError(f"reply records {sorted(present)}: missing {missing}, unexpected {extra}")
-    center = _read_state(content, CENTER_KEY, shapes)
-    metrics = read_metrics(content)
-    extras = {key: _EXTRA_READERS[key](content, shapes, gram_rank, metrics)
-              for key in records}
-    if with_columns:
-        extras[COLUMN_CLASSES_KEY] = _read_column_classes(content, extras[LABELS_KEY], columns)
-    certified = metrics["certified-radius"]
-    space = space_type.make(state_to_vector(center), metrics["radius"],
-                            math.inf if certified < 0 else certified, extras)
-    return space, metrics
-
-
 def decode_gradient_reply(content: RecordDict, shapes: dict[str, tuple[int, ...]]
                           ) -> tuple[np.ndarray, dict[str, float]]:
     """Validate a refinement reply: ``(gradient (C, d + 1), metrics)``."""
@@ -126,7 +62,7 @@ def decode_gradient_reply(content: RecordDict, shapes: dict[str, tuple[int, ...]
     if present != expected:
         raise ReplyError(f"reply records {sorted(present)}: missing {sorted(expected - present)}, "
                          f"unexpected {sorted(present - expected)}")
-    gradient = state_to_vector(_read_state(content, GRADIENT_KEY, shapes))
+    gradient = state_to_vector(read_state(content, GRADIENT_KEY, shapes))
     record = content.metric_records.get(METRICS_KEY)
     if record is None or set(record.keys()) != set(GRADIENT_METRIC_KEYS):
         raise ReplyError(f"'{METRICS_KEY}' must hold exactly {', '.join(GRADIENT_METRIC_KEYS)}")
@@ -165,137 +101,8 @@ def decode_selection_reply(content: RecordDict, num_candidates: int, num_scales:
     return losses.reshape(num_candidates, num_scales), correct.astype(np.int64), int(rows)
 
 
-def _read_axes(content: RecordDict, shapes: dict[str, tuple[int, ...]], rank: int,
-               metrics: dict[str, float]) -> np.ndarray:
-    """Relative ellipsoid axes, shaped like the model, all positive: as one vector."""
-    axes = state_to_vector(_read_state(content, AXES_KEY, shapes))
-    if np.any(axes <= 0):
-        raise ReplyError("'axes' has entries <= 0; relative axes must be positive")
-    return axes
-
-
-def _read_gram_record(content: RecordDict, shapes: dict[str, tuple[int, ...]],
-                      rank: int | str, metrics: dict[str, float]) -> np.ndarray:
-    n = int(shapes["weight"][1]) + 1
-    return _read_gram(content, n, gram_rank_for(rank, n))
-
-
-def _read_labels(content: RecordDict, shapes: dict[str, tuple[int, ...]], rank: int | str,
-                 metrics: dict[str, float]) -> tuple[np.ndarray, np.ndarray, np.ndarray | None,
-                                                     np.ndarray | None]:
-    """Label moments, class counts and (when sent) class Gram matrices and their
-    components' ``[class, rows]``, checked against the model, the node's count and each
-    other. Class Gram matrices come whole (per class, or per k-means component with
-    ``class-components``) or, where :func:`~gems_fl.geometry.choices.class_gram_rank_for`
-    gives a rank, in factor form."""
-    record = content.array_records.get(LABELS_KEY)
-    if record is None:
-        raise ReplyError(f"'{LABELS_KEY}' is not an ArrayRecord")
-    classes, n = shapes["weight"][0], shapes["weight"][1] + 1
-    class_rank = class_gram_rank_for(rank, n)
-    per_class_keys = set(CLASS_FACTOR_KEYS) if class_rank > 0 else {"class-grams"}
-    allowed = [{"moments", "counts"}, {"moments", "counts", *per_class_keys}]
-    if class_rank == 0:
-        allowed.append({"moments", "counts", "class-grams", "class-components"})
-    if set(record.keys()) not in allowed:
-        raise ReplyError(f"'{LABELS_KEY}' holds {sorted(record.keys())}, expected "
-                         f"['counts', 'moments'] and optionally {sorted(per_class_keys)}"
-                         + ("" if class_rank else " (with 'class-components')"))
-    try:
-        moments, counts = (np.asarray(record[k].numpy()) for k in ("moments", "counts"))
-        moments, counts = check_moments(moments, counts, (classes, n),
-                                        int(metrics["num-train-examples"]))
-        per_class, parts = None, None
-        if "class-components" in record:
-            per_class, parts = check_component_grams(
-                record["class-grams"].numpy(), record["class-components"].numpy(), counts,
-                moments, n)
-        elif "class-grams" in record:
-            per_class = check_class_grams(record["class-grams"].numpy(), counts, moments, n)
-        elif CLASS_FACTOR_KEYS[0] in record:
-            per_class = check_class_factors(*(record[k].numpy() for k in CLASS_FACTOR_KEYS),
-                                            record["moments"].numpy(), counts, n, class_rank)
-        return moments, counts, per_class, parts
-    except ReplyError:
-        raise
-    except Exception as exc:  # noqa: BLE001 - any decode or check failure is a bad reply
-        raise ReplyError(f"'{LABELS_KEY}': {exc}") from None
-
-
-def _read_column_classes(content: RecordDict, labels: tuple, columns: int) -> np.ndarray:
-    """The kernel model's class Gram matrices of its first ``columns`` inputs and the bias,
-    whole or in the logistic model's factor form, checked against the reply's label
-    moments on those columns; float64 ``(m, columns + 1, columns + 1)``."""
-    record = content.array_records.get(COLUMN_CLASSES_KEY)
-    if record is None:
-        raise ReplyError(f"'{COLUMN_CLASSES_KEY}' is not an ArrayRecord")
-    moments, counts = labels[0], labels[1]
-    n = int(columns) + 1
-    if moments.shape[1] <= n - 1:
-        raise ReplyError(f"'{COLUMN_CLASSES_KEY}': the layer has {moments.shape[1] - 1} inputs, "
-                         f"not more than its {columns} leading columns")
-    keep = np.r_[np.arange(columns), moments.shape[1] - 1]
-    rank = class_gram_rank_for("auto", n)
-    try:
-        if rank == 0 and set(record.keys()) == {"class-grams"}:
-            return check_class_grams(record["class-grams"].numpy(), counts, moments[:, keep], n)
-        if rank > 0 and set(record.keys()) == set(CLASS_FACTOR_KEYS):
-            return check_class_factors(*(record[k].numpy() for k in CLASS_FACTOR_KEYS),
-                                       moments[:, keep], counts, n, rank)
-    except ValueError as exc:
-        raise ReplyError(f"'{COLUMN_CLASSES_KEY}': {exc}") from None
-    raise ReplyError(f"'{COLUMN_CLASSES_KEY}' holds {sorted(record.keys())}, expected "
-                     f"{['class-grams'] if rank == 0 else sorted(CLASS_FACTOR_KEYS)}")
-
-
-def _read_gram(content: RecordDict, n: int, rank: int) -> np.ndarray:  # noqa: C901
-    """The Gram matrix of a reply, checked: finite, the right shape, symmetric, PSD (a
-    factor reply is both by its form once its parts are checked)."""
-    record = content.array_records.get(GRAM_KEY)
-    if record is None:
-        raise ReplyError(f"'{GRAM_KEY}' is not an ArrayRecord")
-    key = "vectors" if rank > 0 else "triangle"
-    expected_keys = {"vectors", "scales", "residual"} if rank > 0 else {"triangle"}
-    if set(record.keys()) != expected_keys:
-        raise ReplyError(f"'{GRAM_KEY}' holds {sorted(record.keys())}, expected "
-                         f"{sorted(expected_keys)} (gram-rank={rank})")
-    try:
-        arr = np.asarray(record[key].numpy(), dtype=np.float64)
-    except Exception as exc:
-        raise ReplyError(f"'{GRAM_KEY}.{key}' cannot be decoded: {exc}") from exc
-    if not np.all(np.isfinite(arr)):
-        raise ReplyError(f"'{GRAM_KEY}.{key}' contains NaN or infinite values")
-    try:
-        if rank > 0:
-            expected = (n, min(rank, n))
-            if arr.shape != expected:
-                raise ValueError(f"vectors have shape {arr.shape}, expected {expected}")
-            if np.abs(arr).max(initial=0.0) > 1:
-                raise ValueError("vectors must lie in [-1, 1] (each column's scale is sent apart)")
-            scales = np.asarray(record["scales"].numpy(), dtype=np.float64)
-            if scales.shape != (expected[1],) or not np.all(np.isfinite(scales)) \
-                    or scales.min(initial=1.0) <= 0:
-                raise ValueError(f"scales must be {expected[1]} finite values > 0; got shape "
-                                 f"{scales.shape}")
-            residual = np.asarray(record["residual"].numpy(), dtype=np.float64)
-            if residual.shape != (n,) or not np.all(np.isfinite(residual)) or residual.min() < 0:
-                raise ValueError(f"residual must be {n} finite values >= 0 (the diagonal of "
-                                 f"G - F F^T); got shape {residual.shape}")
-            # F F^T + diag(r), r >= 0: symmetric and PSD by its form, so no proof is solved
-            # for it (at D = 4,246 that Cholesky cost seconds per reply); a float32 F that
-            # overflowed is refused by from_factor, and its square stays finite in float64
-            return from_factor(from_half(arr, scales), residual)
-        if arr.shape != (n * (n + 1) // 2,):
-            raise ValueError(f"triangle has shape {arr.shape}, expected ({n * (n + 1) // 2},) "
-                             f"for a {n} x {n} matrix")
-        gram = unpack_triangle(arr, n)
-        check_gram(gram, n)
-    except ValueError as exc:
-        raise ReplyError(f"'{GRAM_KEY}': {exc}") from None
-    return gram
-
-
-def _read_state(content: RecordDict, key: str, shapes: dict[str, tuple[int, ...]]) -> dict[str, np.ndarray]:
+def read_state(content: RecordDict, key: str, shapes: dict[str, tuple[int, ...]]) -> dict[str, np.ndarray]:
+    """The arrays of record ``key``, exactly ``shapes``' names and shapes, float and finite."""
     record = content.array_records.get(key)
     if record is None:
         raise ReplyError(f"'{key}' is not an ArrayRecord")
@@ -359,114 +166,12 @@ def decode_neuron_reply(
         raise ReplyError(f"reply records {sorted(present)}: missing {sorted(expected - present)}, "
                          f"unexpected {sorted(present - expected)}")
     shapes = {"weight": (width, fan_in), "bias": (width,), "radius": (width,)}
-    state = _read_state(content, NEURONS_KEY, shapes)
+    state = read_state(content, NEURONS_KEY, shapes)
     if np.any(state["radius"] < 0):
         raise ReplyError("'neurons.radius' has negative entries")
     metrics = read_metrics(content, NEURON_METRIC_KEYS, optional=())
     centers = np.concatenate([state["weight"], state["bias"][:, None]], axis=1).astype(np.float64)
     return centers, state["radius"].astype(np.float64), metrics
-
-
-@dataclass
-class Identity:
-    """A node's answer to the identity query, checked."""
-
-    name: str
-    source: str
-    counts: dict[str, int]
-    labels: list[str] = field(default_factory=list)  # class names the node holds
-    stats: tuple[int, np.ndarray, np.ndarray] | None = None  # (n, sum, sum of squares)
-    num_test: int = 0
-    columns: list[str] | None = None  # feature column names, in the node's order
-    notes: list[str] = field(default_factory=list)  # how the node read its file
-    categories: list[str] = field(default_factory=list)  # its category columns, by name
-    landmarks: np.ndarray | None = None  # model='kernel': its class centres (landmark round)
-
-
-def decode_identity_full(content: RecordDict) -> Identity:
-    """Validate a ``query`` reply.
-
-    Raises
-    ------
-    ReplyError
-        The node reported an error about its data (``node_name`` set), or missing
-        records or keys, an empty name, counts that are not positive integers, or
-        statistics of the wrong shape or not finite.
-    """
-    record = content.config_records.get(IDENTITY_KEY)
-    if record is None or not isinstance(record.get("node-name"), str) or not record["node-name"]:
-        raise ReplyError(f"identity reply lacks a '{IDENTITY_KEY}' ConfigRecord with a non-empty "
-                         "'node-name'")
-    name = str(record["node-name"])
-    if record.get("error"):
-        raise ReplyError(str(record["error"]), node_name=name)
-    metrics = content.metric_records.get(METRICS_KEY)
-    keys = set(metrics.keys()) if metrics is not None else set()
-    if metrics is None or not set(IDENTITY_METRIC_KEYS) <= keys <= \
-            set(IDENTITY_METRIC_KEYS) | set(IDENTITY_OPTIONAL_METRICS):
-        raise ReplyError(f"identity reply '{METRICS_KEY}' must hold exactly "
-                         f"{', '.join(IDENTITY_METRIC_KEYS)}", node_name=name)
-    counts = _identity_counts(metrics, name)
-    labels = [str(v) for v in record.get("labels", [])] if isinstance(record.get("labels", []), list) else []
-    stats = (_identity_stats(content.array_records[STATS_KEY], counts, name)
-             if STATS_KEY in content.array_records else None)
-    num_test = int(metrics["num-test-examples"]) if "num-test-examples" in keys else 0
-    columns = record.get("columns")
-    if columns is not None and (not isinstance(columns, list) or len(columns) != counts["num-features"]
-                                or not all(isinstance(c, str) for c in columns)):
-        raise ReplyError(f"identity reply: 'columns' must name each of the "
-                         f"{counts['num-features']} features", node_name=name)
-    notes = record.get("notes", [])
-    if not isinstance(notes, list) or not all(isinstance(n, str) for n in notes):
-        raise ReplyError("identity reply: 'notes' must be a list of text lines", node_name=name)
-    return Identity(name, str(record.get("data-source", "")), counts, labels, stats, num_test,
-                    None if columns is None else [str(c) for c in columns], list(notes),
-                    _category_columns(record.get("category-columns", []), columns, name))
-
-
-def _identity_counts(metrics: MetricRecord, name: str) -> dict[str, int]:
-    """The identity's row and feature counts, each a positive integer."""
-    counts = {}
-    for key in IDENTITY_METRIC_KEYS:
-        value = metrics[key]
-        if isinstance(value, (list, bool)) or not float(value).is_integer() or value < 1:
-            raise ReplyError(f"identity reply: {key}={value!r} must be a positive integer",
-                             node_name=name)
-        counts[key] = int(value)
-    return counts
-
-
-def _identity_stats(arrays: ArrayRecord, counts: dict[str, int],
-                    name: str) -> tuple[int, np.ndarray, np.ndarray]:
-    """``(training rows, per-feature sum, sum of squares)`` for ``standardize='federated'``:
-    finite, one entry per feature."""
-    try:
-        total, squares = (np.asarray(arrays[k].numpy(), dtype=np.float64) for k in ("sum", "sumsq"))
-    except Exception as exc:  # noqa: BLE001 - any decode failure is a bad reply
-        raise ReplyError(f"identity reply: '{STATS_KEY}' cannot be decoded: {exc}",
-                         node_name=name) from None
-    if total.shape != (counts["num-features"],) or squares.shape != total.shape \
-            or not np.all(np.isfinite(total)) or not np.all(np.isfinite(squares)):
-        raise ReplyError(f"identity reply: '{STATS_KEY}' must hold finite sum and sumsq of "
-                         f"shape ({counts['num-features']},)", node_name=name)
-    return counts["num-train-examples"], total, squares
-
-
-def _category_columns(categories: Any, columns: list | None, name: str) -> list[str]:
-    """An identity reply's category columns, each with its 0/1 columns among ``columns``."""
-    if not isinstance(categories, list) or not all(
-            isinstance(c, str) and columns is not None
-            and any(str(k).startswith(c + SEPARATOR) for k in columns) for c in categories):
-        raise ReplyError("identity reply: 'category-columns' must name category columns whose "
-                         "0/1 columns '<column>=<value>' are among its columns", node_name=name)
-    return [str(c) for c in categories]
-
-
-def decode_identity(content: RecordDict) -> tuple[str, str, dict[str, int]]:
-    """Validate a ``query`` reply: ``(node name, data source, counts)``
-    (:func:`decode_identity_full` has the labels and statistics too)."""
-    identity = decode_identity_full(content)
-    return identity.name, identity.source, identity.counts
 
 
 def validate_replies(
@@ -574,12 +279,6 @@ def dedupe_rejections(entries: Iterable[dict[str, object]]) -> list[dict[str, ob
     return out
 
 
-
-
-
-
-
-
 def rejection_record(node_id: int, names: Mapping[int, str], reason: str) -> dict[str, object]:
     entry: dict[str, object] = {"node_id": node_id, "reason": reason}
     if node_id in names:
@@ -594,11 +293,3 @@ def _canonical_key(first: Any) -> str:
     else:
         array = np.asarray(first)
     return hashlib.sha256(np.ascontiguousarray(array).tobytes()).hexdigest()
-
-
-# How the wire format reads each kind's extra record (:attr:`SpaceKind.extra_record`).
-_EXTRA_READERS: dict[str, Callable[..., Any]] = {
-    AXES_KEY: _read_axes,
-    GRAM_KEY: _read_gram_record,
-    LABELS_KEY: _read_labels,
-}

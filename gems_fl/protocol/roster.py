@@ -35,9 +35,10 @@ from gems_fl.data.site_files import (
 )
 from gems_fl.naming import MAX_NODES_NAMED
 from gems_fl.protocol import wire
+from gems_fl.protocol.identity_replies import Identity, decode_identity_full
 from gems_fl.protocol.landmarks import collect_landmarks
 from gems_fl.protocol.options import AgreementRule, Exchange
-from gems_fl.protocol.replies import Identity, decode_identity_full, validate_replies
+from gems_fl.protocol.replies import validate_replies
 from gems_fl.protocol.rounds import Round, round_messages, sent_bytes
 
 

@@ -33,7 +33,6 @@ from gems_fl.protocol.private import decode_release_reply
 from gems_fl.protocol.replies import (
     NotEnoughRepliesError,
     ReplyError,
-    decode_reply,
     rejection_record,
     validate_replies,
 )
@@ -47,6 +46,7 @@ from gems_fl.protocol.secure import (
     secure_sums,
 )
 from gems_fl.protocol.selection_round import Refiner, candidate_points, select
+from gems_fl.protocol.space_replies import decode_reply
 from gems_fl.protocol.wire import content_bytes
 
 

@@ -4,7 +4,7 @@ Server -> client (message type ``query``, before round 1)::
 
     "config":  ConfigRecord  every run setting
 
-Client -> server (the answer; :func:`decode_identity_full` checks it)::
+Client -> server (the answer; :func:`gems_fl.protocol.identity_replies.decode_identity_full` checks it)::
 
     "identity": ConfigRecord node-name, data-source, labels (the class names it
                              holds); or node-name, data-source, error (its data cannot
@@ -56,8 +56,9 @@ Client -> server (the reply; nothing else leaves the client)::
                              own), num-train-examples, num-val-examples,
                              local-val-accuracy
 
-:func:`decode_reply` validates a reply against the server's model before any of it is
-used; a bad reply raises :class:`ReplyError` with a reason the server logs.
+:func:`gems_fl.protocol.space_replies.decode_reply` validates a reply against the
+server's model before any of it is used; a bad reply raises
+:class:`~gems_fl.protocol.replies.ReplyError` with a reason the server logs.
 """
 
 from __future__ import annotations

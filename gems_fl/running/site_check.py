@@ -11,8 +11,9 @@ from __future__ import annotations
 
 from gems_fl.data.nodes import NodeDataError, load_node_data, node_name, own_node_config
 from gems_fl.protocol.attendance import missing_before_training
+from gems_fl.protocol.identity_replies import decode_identity_full
 from gems_fl.protocol.node import identity_content
-from gems_fl.protocol.replies import ReplyError, decode_identity_full
+from gems_fl.protocol.replies import ReplyError
 from gems_fl.protocol.roster import agree
 from gems_fl.settings import Settings
 from gems_fl.settings.options import agreement_rule, node_data_options
