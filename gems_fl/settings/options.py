@@ -5,7 +5,7 @@ itself. :func:`node_config` is what every message carries to the nodes."""
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gems_fl.data import FeatureOptions
 from gems_fl.data.agreement import Scaling
@@ -22,6 +22,9 @@ from gems_fl.learning.model_kinds import KERNEL_KIND, RANDOM_FEATURES_KIND
 from gems_fl.protocol.options import AgreementRule, Exchange, NodeWork, ServerOptions
 from gems_fl.settings.operation import Baselines
 from gems_fl.settings.values import parse_rf_bandwidth
+
+if TYPE_CHECKING:  # the package imports this module
+    from gems_fl.settings import Settings
 
 __all__ = ["READ_ONLY_WHEN", "agreement_rule", "aggregate_options", "comparison_options",
            "dp_spec", "exchange",
@@ -44,9 +47,6 @@ READ_ONLY_WHEN = {
     "ham10000-per-class": lambda s: s.dataset == "ham10000",
     "ham10000-cnn-epochs": lambda s: s.dataset == "ham10000",
 }
-
-#: a :class:`gems_fl.settings.Settings` (not imported: that package imports this module)
-Settings = Any
 
 
 def node_data_options(settings: Settings) -> NodeDataOptions:

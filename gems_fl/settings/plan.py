@@ -13,7 +13,7 @@ MLP's output layer learns its width in its own round: there the plan gives the r
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gems_fl.geometry.choices import (
     CLASS_GRAMS_AUTO_MAX,
@@ -35,10 +35,10 @@ from gems_fl.geometry.points import (
 from gems_fl.learning.train import resolve_device
 from gems_fl.settings.options import holds_sums, space_options
 
-__all__ = ["RunPlan", "build_plan", "refine_l2_for"]
+if TYPE_CHECKING:  # the package imports this module
+    from gems_fl.settings import Settings
 
-#: a :class:`gems_fl.settings.Settings` (not imported: that package imports this module)
-Settings = Any
+__all__ = ["RunPlan", "build_plan", "refine_l2_for"]
 
 
 @dataclass(frozen=True)
