@@ -238,6 +238,33 @@ def test_only_the_entry_points_import_the_settings():
     assert found == []
 
 
+#: the most product functions outside gems_fl/settings that take the whole Settings (the
+#: entry points' stages); the rest take the group or the option object they read
+MAX_WHOLE_SETTINGS = 10
+
+
+def _whole_settings_takers(path: Path) -> list[str]:
+    return [f"{path.name}: {node.name}"
+            for node in ast.walk(ast.parse(path.read_text()))
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+            and any(a.annotation is not None and ast.unparse(a.annotation).strip("'\"") == "Settings"
+                    for a in node.args.args + node.args.kwonlyargs + node.args.posonlyargs)]
+
+
+def test_few_functions_outside_the_settings_take_the_whole_settings():
+    takers = [line for path in _product_sources()
+              if not path.is_relative_to(PACKAGE / "settings")
+              for line in _whole_settings_takers(path)]
+    assert takers and len(takers) <= MAX_WHOLE_SETTINGS, "\n".join(takers)
+
+
+def test_the_settings_rule_sees_a_taker(tmp_path):
+    probe = tmp_path / "probe.py"
+    probe.write_text("def reads(settings: Settings, n: int):\n    return n\n\n\n"
+                     "def small(data: DataSettings):\n    return data\n")
+    assert [line.split(": ")[1] for line in _whole_settings_takers(probe)] == ["reads"]
+
+
 #: the most product functions allowed over LONG_FUNCTION lines (docstring included), and
 #: over ruff's complexity 10 (each marked `noqa: C901` in place; ruff checks the rest)
 LONG_FUNCTION, MAX_LONG, MAX_TANGLED = 50, 15, 10

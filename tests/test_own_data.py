@@ -297,23 +297,30 @@ def test_public_data_takes_the_file_or_its_stem(tmp_path):
     ``/srv/heldout.csv`` find ``heldout_test.csv``; a name with no such file is refused
     before anything starts, saying which files were looked for."""
     from gems_fl.data.site_files import public_data_path
-    from gems_fl.serverapp.preflight import PreflightError, check_public_data
+    from gems_fl.serverapp.preflight import PreflightError
 
     x, y = blobs(60, 13, 8)
     write_csv(tmp_path / "heldout_test.csv", x, y)
     np.savez(tmp_path / "pool.npz", x=x, y=y)
     for given in ("heldout", "heldout.csv", "heldout_test.csv"):
         assert public_data_path(str(tmp_path / given)) == tmp_path / "heldout_test.csv"
-        check_public_data(Settings.from_run_config(
+        _check_public_data(Settings.from_run_config(
             {**OWN, "evaluate-on-server": True, "public-data": str(tmp_path / given)}))
     assert public_data_path(str(tmp_path / "pool")) == tmp_path / "pool.npz"
     assert public_data_path(str(tmp_path / "absent")) is None
     with pytest.raises(PreflightError, match="nor the stem of one"):
-        check_public_data(Settings.from_run_config({**OWN, "public-data": str(tmp_path / "x")}))
+        _check_public_data(Settings.from_run_config({**OWN, "public-data": str(tmp_path / "x")}))
+
+
+def _check_public_data(settings: Settings) -> None:
+    from gems_fl.serverapp.preflight import check_public_data
+    from gems_fl.settings import DataSettings
+
+    check_public_data(settings.part(DataSettings), settings.evaluate_on_server)
 
 
 def test_a_public_file_is_checked_before_any_node_is_contacted(tmp_path, sites):
-    from gems_fl.serverapp.preflight import PreflightError, check_public_data
+    from gems_fl.serverapp.preflight import PreflightError
 
     x, y = blobs(40, 13, 9)
     x[5, 3] = np.nan
@@ -327,7 +334,7 @@ def test_a_public_file_is_checked_before_any_node_is_contacted(tmp_path, sites):
     for name, extra, message in cases:
         settings = Settings.from_run_config({**OWN, **extra, "public-data": str(tmp_path / name)})
         with pytest.raises(PreflightError, match=message):
-            check_public_data(settings)
+            _check_public_data(settings)
     calls = []
     with pytest.raises(PreflightError, match="1 NaN"):
         run_in_process(3, tmp_path / "out", node_configs=sites, reply_hook=calls.append,

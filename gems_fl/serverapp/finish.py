@@ -39,7 +39,8 @@ from gems_fl.serverapp.report import (
     node_table,
     privacy_record,
 )
-from gems_fl.settings import Settings
+from gems_fl.settings import PrivacySettings, Settings
+from gems_fl.settings.options import dp_spec
 from gems_fl.settings.values import parse_required_nodes, required_good_enough
 
 
@@ -79,7 +80,8 @@ def finish(context: Context, settings: Settings, run: ProtocolRun, roster: Roste
     """Assemble the results, print the tables, write ``results.json`` and the model
     (``send_home``: also print both into the run's log for the submitting machine,
     :mod:`gems_fl.evaluation.results_bundle`)."""
-    notes.extend(_result_notes(settings, run, roster, meta))
+    notes.extend(_result_notes(run, roster, meta, settings.eps, unscaled=(
+        settings.dataset == NODE_FILES and settings.standardize == Scaling.OFF)))
     run.extra.pop("first_layer_centers", None)
     names = [roster.names.get(r.node_id, str(r.node_id)) for r in run.outcome.accepted]
     timing["total"] = time.perf_counter() - t0
@@ -97,13 +99,14 @@ def finish(context: Context, settings: Settings, run: ProtocolRun, roster: Roste
         "dataset": meta,
         "rows": rows_from_sites(rows, verification.to_dict()),
         "intersection": keyed_by_name(run.outcome.intersection.to_dict(), names),
-        "nodes": node_table(run, roster, verification, settings),
+        "nodes": node_table(run, roster, verification, settings.eps),
         "verification": verification.to_dict(),
         "rejected": dedupe_rejections(roster.rejected + run.rejected),
         "participants": roster.nodes_json({int(r["node_id"]) for r in run.rejected}),
         "identify": roster.report,
         "notes": notes,
-        "privacy": privacy_record(settings, run.holds_only_sums),
+        "privacy": privacy_record(settings.part(PrivacySettings), dp_spec(settings),
+                                  run.holds_only_sums),
         "rounds": run.rounds,
         "timing_s": timing,
         "started_unix": started,
@@ -140,22 +143,21 @@ def _model_state(run: ProtocolRun, roster: Roster) -> dict[str, Any] | None:
     return state
 
 
-def _result_notes(settings: Settings, run: ProtocolRun, roster: Roster,
-                  meta: dict[str, Any]) -> list[str]:
+def _result_notes(run: ProtocolRun, roster: Roster, meta: dict[str, Any], eps: float, *,
+                  unscaled: bool) -> list[str]:
     """What the results add about the sites' verdicts: why a radius is 0, and an eps that
-    asks no more than chance."""
+    asks no more than chance (``eps``: the run's, for a site that did not report its own;
+    ``unscaled``: the sites' own columns, not standardized)."""
     notes: list[str] = []
     for reply in run.outcome.accepted:
         if reply.space.radius == 0.0:
             reason = zero_radius_reason(reply.metrics["local-val-accuracy"],
-                                        reply.metrics.get("eps", settings.eps),
-                                        unscaled=settings.dataset == NODE_FILES
-                                        and settings.standardize == Scaling.OFF)
+                                        reply.metrics.get("eps", eps), unscaled=unscaled)
             notes.append(f"node {roster.names.get(reply.node_id, reply.node_id)}: radius 0: "
                          f"{reason}")
     chance = 1.0 / max(len(meta.get("classes") or []) or meta.get("num_classes", 0), 1)
-    low = sorted({float(r.metrics.get("eps", settings.eps)) for r in run.outcome.accepted
-                  if float(r.metrics.get("eps", settings.eps)) <= chance})
+    low = sorted({float(r.metrics.get("eps", eps)) for r in run.outcome.accepted
+                  if float(r.metrics.get("eps", eps)) <= chance})
     if low:
         notes.append(f"eps={', '.join(f'{e:g}' for e in low)} asks no more than chance of h_G "
                      f"({chance:.2g} for {round(1 / chance)} classes), so every verdict is easy: "

@@ -19,7 +19,7 @@ import zlib
 from pathlib import Path
 
 from gems_fl.data.agreement import NODE_FILES, Scaling
-from gems_fl.settings import Settings, SettingsError
+from gems_fl.settings import DataSettings, Settings, SettingsError
 
 # (magic type code, dimensions) of the four IDX files: uint8 images (n, h, w), uint8 labels (n,).
 _IDX_EXPECTED = {
@@ -50,30 +50,31 @@ def preflight(settings: Settings, num_nodes: int | None = None, *, check_data: b
         Check the dataset's files (``data-dir``) exist and parse. The ServerApp passes
         ``settings.evaluate_on_server``: a server that holds no data needs no files.
     """
+    data = settings.part(DataSettings)
     if num_nodes is not None:
-        check_nodes(settings, num_nodes)
-        if settings.dataset == NODE_FILES:
-            check_site_files(settings, num_nodes)
+        check_nodes(settings.min_replies, num_nodes)
+        if data.dataset == NODE_FILES:
+            check_site_files(data, num_nodes)
         else:
-            check_division(settings, num_nodes)
+            check_division(data, num_nodes)
     if check_data:
-        check_data_files(settings)
+        check_data_files(data)
         if num_nodes is not None:
-            check_partition(settings, num_nodes)
-    check_public_data(settings)
-    check_feature_ranges(settings)
+            check_partition(data, settings.seed, num_nodes)
+    check_public_data(data, settings.evaluate_on_server)
+    check_feature_ranges(data)
     check_output_dir(settings.output_dir)
 
 
-def check_feature_ranges(settings: Settings) -> None:
+def check_feature_ranges(data: DataSettings) -> None:
     """``standardize='ranges'``: the ``feature-ranges`` file reads (its fit to the sites'
     columns is checked at the identity round, which knows them)."""
-    if settings.standardize != Scaling.RANGES:
+    if data.standardize != Scaling.RANGES:
         return
     from gems_fl.data.feature_ranges import FeatureRangesError, read_feature_ranges
 
     try:
-        read_feature_ranges(settings.feature_ranges)
+        read_feature_ranges(data.feature_ranges)
     except FeatureRangesError as exc:
         raise PreflightError(str(exc)) from None
 
@@ -83,33 +84,34 @@ def check_feature_ranges(settings: Settings) -> None:
 SIZED_DATASETS = ("digits", "fashion-mnist", "mnist")
 
 
-def check_partition(settings: Settings, num_nodes: int) -> None:
+def check_partition(data: DataSettings, seed: int, num_nodes: int) -> None:
     """Every partition node gets training data of each class it holds and validation
-    data: refused here, with the largest node count that works, instead of mid-run."""
-    if settings.dataset not in SIZED_DATASETS:
+    data (the run's division at ``seed``): refused here, with the largest node count that
+    works, instead of mid-run."""
+    if data.dataset not in SIZED_DATASETS:
         return
     from gems_fl.data import load_dataset, parse_division
     from gems_fl.data.partition import check_partition_sizes
 
     try:
-        splits = load_dataset(settings.dataset, seed=settings.seed,
-                              data_dir=settings.data_dir or None)
+        splits = load_dataset(data.dataset, seed=seed,
+                              data_dir=data.data_dir or None)
     except Exception:  # noqa: BLE001 - e.g. bad label values: the nodes report it by name
         return
-    division = parse_division(settings.label_division, num_nodes, splits.num_classes)
+    division = parse_division(data.label_division, num_nodes, splits.num_classes)
     try:
         check_partition_sizes(splits.train_y, splits.val_y, division,
-                              spec=settings.label_division, seed=settings.seed)
+                              spec=data.label_division, seed=seed)
     except ValueError as exc:
         raise PreflightError(f"{_one_line(str(exc))} (with --nodes {num_nodes})") from None
 
 
-def check_site_files(settings: Settings, num_nodes: int) -> None:
+def check_site_files(data: DataSettings, num_nodes: int) -> None:
     """A simulation on site files (``gems-fl run --site``): one existing file per node.
     What is in them is the identity round's to judge, as in a deployed run."""
     from gems_fl.data.nodes import site_files
 
-    files = site_files(settings.site_files)
+    files = site_files(data.site_files)
     if not files:
         raise PreflightError(
             "dataset='node-files' trains on each node's own file: try site files in a local "
@@ -123,11 +125,11 @@ def check_site_files(settings: Settings, num_nodes: int) -> None:
         raise PreflightError(f"site file(s) not found: {', '.join(missing)}")
 
 
-def check_public_data(settings: Settings) -> None:
+def check_public_data(data: DataSettings, evaluate_on_server: bool) -> None:
     """``public-data``, when set, is a readable file; with ``dataset='node-files'`` and
     ``evaluate-on-server=true`` it is the only data the server has."""
-    path = settings.public_data.strip()
-    if settings.dataset == NODE_FILES and settings.evaluate_on_server and not path:
+    path = data.public_data.strip()
+    if data.dataset == NODE_FILES and evaluate_on_server and not path:
         raise PreflightError(
             "dataset='node-files' keeps the data on the nodes: set evaluate-on-server=false "
             "(the nodes evaluate every model on their own data), or give public-data")
@@ -150,37 +152,37 @@ def check_public_data(settings: Settings) -> None:
     path = str(found)
     # read now, before any node is contacted; its classes are checked later
     try:
-        site = read_site_file(path, settings.label_column, public=True,
-                              id_columns=settings.id_columns, categories=settings.categories)
+        site = read_site_file(path, data.label_column, public=True,
+                              id_columns=data.id_columns, categories=data.categories)
     except SiteFileError as exc:
         raise PreflightError(f"public-data: {_one_line(str(exc))}") from None
-    features = settings.num_features or None
-    if settings.dataset != NODE_FILES:
+    features = data.num_features or None
+    if data.dataset != NODE_FILES:
         from gems_fl.data.datasets import DATASET_SHAPES
 
-        features = DATASET_SHAPES[settings.dataset][0]
+        features = DATASET_SHAPES[data.dataset][0]
     problems = site_problems(site, features, None, run="the run")
     if problems:
         raise PreflightError(f"public-data {path}: {'; '.join(problems)}")
-    if settings.dataset == NODE_FILES and settings.evaluate_on_server and "test" not in site.x:
+    if data.dataset == NODE_FILES and evaluate_on_server and "test" not in site.x:
         raise PreflightError(
             f"public-data {path} has no test split, and with dataset='node-files' and "
             "evaluate-on-server=true it is the server's only test set: add x_test/y_test "
             "(or <stem>_test.csv), or set evaluate-on-server=false")
 
 
-def check_nodes(settings: Settings, num_nodes: int) -> None:
+def check_nodes(min_replies: int, num_nodes: int) -> None:
     """At least one node, and at least ``min-replies`` of them."""
     if num_nodes < 1:
         raise PreflightError(f"--nodes {num_nodes}: a run needs at least one node, e.g. --nodes 5")
-    if num_nodes < settings.min_replies:
+    if num_nodes < min_replies:
         raise PreflightError(
-            f"min-replies={settings.min_replies} but --nodes {num_nodes}: the run would wait for "
-            f"replies that cannot come; start --nodes {settings.min_replies} or more, or set "
+            f"min-replies={min_replies} but --nodes {num_nodes}: the run would wait for "
+            f"replies that cannot come; start --nodes {min_replies} or more, or set "
             f"--run-config \"min-replies={num_nodes}\"")
 
 
-def check_division(settings: Settings, num_nodes: int) -> None:
+def check_division(data: DataSettings, num_nodes: int) -> None:
     """``label-division`` fits ``num_nodes``; an explicit one gives each class to one node.
 
     A class listed for two nodes has its samples split between them, which is what the
@@ -189,12 +191,12 @@ def check_division(settings: Settings, num_nodes: int) -> None:
     """
     from gems_fl.data import DATASET_SHAPES, parse_division
 
-    num_classes = DATASET_SHAPES[settings.dataset][1]
+    num_classes = DATASET_SHAPES[data.dataset][1]
     try:
-        division = parse_division(settings.label_division, num_nodes, num_classes)
+        division = parse_division(data.label_division, num_nodes, num_classes)
     except ValueError as exc:
         raise PreflightError(f"{_one_line(str(exc))} (with --nodes {num_nodes})") from None
-    if not is_explicit_division(settings.label_division) or getattr(settings, "allow_overlap", False):
+    if not is_explicit_division(data.label_division) or data.allow_overlap:
         return
     holders: dict[int, list[int]] = {}
     for node, group in enumerate(division):
@@ -205,7 +207,7 @@ def check_division(settings: Settings, num_nodes: int) -> None:
         label, nodes = next(iter(shared.items()))
         more = f" (and {len(shared) - 1} more class(es))" if len(shared) > 1 else ""
         raise PreflightError(
-            f"label-division {settings.label_division!r}: class {label} is held by nodes "
+            f"label-division {data.label_division!r}: class {label} is held by nodes "
             f"{', '.join(map(str, nodes))}{more}; give each class to one node, or set "
             "--run-config \"lab='allow-overlap=true'\" to split its samples among them")
 
@@ -217,12 +219,12 @@ def is_explicit_division(spec: str) -> bool:
     return not (keyword in ("paper", "iid") or keyword.startswith(("classes-per-node", "dirichlet")))
 
 
-def check_data_files(settings: Settings) -> None:
+def check_data_files(data: DataSettings) -> None:
     """The dataset's files are where ``data-dir`` says, and their headers and sizes are sound."""
-    name = settings.dataset
+    name = data.dataset
     if name in ("digits", "node-files"):
         return
-    data_dir = settings.data_dir.strip()
+    data_dir = data.data_dir.strip()
     if not data_dir:
         if name == "fashion-mnist":
             from gems_fl.data import DEFAULT_FASHION_MNIST_DIR
@@ -240,7 +242,7 @@ def check_data_files(settings: Settings) -> None:
     if name in _IDX_DIRS:
         _check_idx_folder(name, folder, data_dir)
     elif name == "cifar10":
-        _check_cifar10(folder, data_dir, settings.vgg16_weights)
+        _check_cifar10(folder, data_dir, data.vgg16_weights)
     elif name == "ham10000":
         _check_ham10000(folder, data_dir)
 

@@ -32,6 +32,7 @@ from gems_fl.learning.models import (
     param_shapes,
     vector_to_state,
 )
+from gems_fl.learning.recipe import LocalTraining
 from gems_fl.protocol.layerwise import LayerwiseGEMS
 from gems_fl.protocol.local_models import collect_local_mlps
 from gems_fl.protocol.options import ServerOptions
@@ -44,7 +45,6 @@ from gems_fl.serverapp.report import (
     layerwise_refinement_report,
     refinement_report,
 )
-from gems_fl.settings import Settings
 
 # Every node scores every node's Local model while there are at most this many nodes:
 # above it the evaluate round's downlink (N + 2 models to each of N nodes) grows as N^2.
@@ -59,11 +59,11 @@ def extra_config(roster: Roster, first: bool = False) -> dict[str, Any]:
 
 def assemble_mlp(
     layers: list[tuple[np.ndarray, np.ndarray]], output: np.ndarray, num_features: int,
-    num_classes: int, settings: Settings,
+    num_classes: int, dropout: float,
 ) -> MLP:
     """The aggregated MLP: merged hidden layers and the aggregated output layer."""
     model = build_model(MLP_KIND.name, num_features, num_classes, [w.shape[0] for w, _ in layers],
-                        settings.dropout)
+                        dropout)
     state = {}
     for i, (weight, bias) in enumerate(layers):
         state[f"hidden.{i}.weight"] = torch.as_tensor(weight, dtype=torch.float32)
@@ -75,7 +75,7 @@ def assemble_mlp(
     return model
 
 
-def run_convex(grid: Grid, settings: Settings, options: ServerOptions, roster: Roster,
+def run_convex(grid: Grid, options: ServerOptions, roster: Roster,
                num_features: int, num_classes: int,
                test_accuracy: Callable[[np.ndarray], float] | None = None) -> ProtocolRun:
     """The convex protocol: one round of spaces, ``h_G`` from them, then ``refine-rounds``
@@ -96,7 +96,7 @@ def run_convex(grid: Grid, settings: Settings, options: ServerOptions, roster: R
                    timeout=options.round_timeout, evaluate_fn=evaluate)
     outcome = strategy.outcome
     point = strategy.point  # h_G, refined when refine-rounds > 0
-    if settings.refine_rounds:  # membership, distances: of the refined model
+    if options.refine_rounds:  # membership, distances: of the refined model
         chosen = outcome.intersection
         outcome.intersection = result_at([r.space for r in outcome.accepted], point,
                                          chosen.method, {**chosen.details, "refined": True})
@@ -125,18 +125,19 @@ def run_convex(grid: Grid, settings: Settings, options: ServerOptions, roster: R
     )
 
 
-def run_layerwise(grid: Grid, settings: Settings, options: ServerOptions, roster: Roster,
-                  num_features: int, num_classes: int,
+def run_layerwise(grid: Grid, options: ServerOptions, roster: Roster, num_features: int,
+                  num_classes: int, dropout: float,
                   test_accuracy: Callable[[nn.Module], float] | None = None) -> ProtocolRun:
     """The layer-wise protocol: one round per hidden layer, then the output layer, then
     the selection round and ``refine-rounds`` steps on the output layer where they run
-    (``test_accuracy`` scores the MLP after each of those rounds, if given)."""
+    (``test_accuracy`` scores the MLP after each of those rounds, if given; ``dropout``:
+    the returned MLP's)."""
     strategy = LayerwiseGEMS(options, num_features, num_classes,
                              participants=roster.participants, names=roster.names,
                              extra_config=extra_config(roster))
     scores: dict[int, float] = {}
     as_mlp = lambda point: assemble_mlp(strategy.layers, point, num_features,
-                                        num_classes, settings)
+                                        num_classes, dropout)
 
     def evaluate(server_round: int, arrays: ArrayRecord) -> MetricRecord | None:
         if server_round <= len(strategy.widths) or test_accuracy is None or strategy.point is None:
@@ -162,13 +163,14 @@ def run_layerwise(grid: Grid, settings: Settings, options: ServerOptions, roster
     )
 
 
-def rebuild_local_mlps(run: ProtocolRun, data: ServerData, settings: Settings,
+def rebuild_local_mlps(run: ProtocolRun, data: ServerData, training: LocalTraining, seed: int,
                        roster: Roster, num_classes: int) -> None:
     """The MLP's Local, Averaged and Ensemble rows need each node's whole local model,
-    which the protocol never sends: in simulation the server retrains them."""
+    which the protocol never sends: in simulation the server retrains them (with the
+    nodes' ``training`` recipe and the run's ``seed``)."""
     log(INFO, "Retraining each node's local MLP on the server for the Local, Averaged and "
         "Ensemble rows")
-    models = reproduce_local_models(settings.local_training, settings.seed,
+    models = reproduce_local_models(training, seed,
                                     data.with_all_rows().node_parts, num_classes)
     by_partition = {int(src.rsplit(" of ", 1)[0].split()[-1]): roster.names[n]
                     for n, src in roster.sources.items() if src.startswith("partition ")}
@@ -178,12 +180,12 @@ def rebuild_local_mlps(run: ProtocolRun, data: ServerData, settings: Settings,
         models, run.extra["first_layer_centers"])
 
 
-def ask_local_mlps(grid: Grid, run: ProtocolRun, roster: Roster, settings: Settings,
-                   options: ServerOptions, num_features: int, num_classes: int) -> None:
+def ask_local_mlps(grid: Grid, run: ProtocolRun, roster: Roster, options: ServerOptions,
+                   num_features: int, num_classes: int, dropout: float) -> None:
     """Without server data: each accepted node's whole local MLP, for the node-side Local
     and Averaged rows (:mod:`gems_fl.protocol.local_models`)."""
     shapes = {k: tuple(v.shape) for k, v in build_model(
-        MLP_KIND.name, num_features, num_classes, settings.hidden_widths, settings.dropout
+        MLP_KIND.name, num_features, num_classes, list(options.hidden_widths), dropout
     ).state_dict().items()}
     ids = [r.node_id for r in run.outcome.accepted]
     got = collect_local_mlps(grid, ids, roster.names,
@@ -194,8 +196,8 @@ def ask_local_mlps(grid: Grid, run: ProtocolRun, roster: Roster, settings: Setti
         return
     models = {}
     for name, state in got.states.items():
-        model = build_model(MLP_KIND.name, num_features, num_classes, settings.hidden_widths,
-                            settings.dropout)
+        model = build_model(MLP_KIND.name, num_features, num_classes,
+                            list(options.hidden_widths), dropout)
         model.load_state_dict({k: torch.as_tensor(v) for k, v in state.items()})
         models[name] = model
     run.local_models = models

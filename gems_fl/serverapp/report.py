@@ -6,12 +6,12 @@ from __future__ import annotations
 
 from typing import Any
 
+from gems_fl.geometry.dp import DPSpec
 from gems_fl.protocol.roster import Roster
 from gems_fl.protocol.verify import GEMS_KEY, Verification
 from gems_fl.protocol.wire import SOLVE_METRIC_KEYS
 from gems_fl.serverapp.protocol_run import ProtocolRun
-from gems_fl.settings import Settings
-from gems_fl.settings.options import dp_spec
+from gems_fl.settings import PrivacySettings
 
 
 def refinement_report(rounds: list[dict[str, Any]], scores: dict[int, float]) -> list[dict[str, Any]]:
@@ -63,9 +63,10 @@ def layerwise_refinement_report(rounds: list[dict[str, Any]],
 
 
 def node_table(run: ProtocolRun, roster: Roster, verification: Verification,
-               settings: Settings) -> list[dict[str, Any]]:
+               eps: float) -> list[dict[str, Any]]:
     """One row per accepted node, sorted by name: its space, whether ``h_G`` is inside,
-    and what the node itself measured for ``h_G`` on its data."""
+    and what the node itself measured for ``h_G`` on its data (``eps``: the run's, for a
+    node whose reply did not say its own)."""
     inter = run.outcome.intersection
     details = inter.details
     rows = []
@@ -75,7 +76,7 @@ def node_table(run: ProtocolRun, roster: Roster, verification: Verification,
         own = None if check is None else check.space
         rows.append({
             "node_id": int(reply.node_id), "name": roster.names.get(reply.node_id, ""),
-            "eps": float(reply.metrics.get("eps", settings.eps)),
+            "eps": float(reply.metrics.get("eps", eps)),
             "radius": reply.space.radius,
             "certified_radius": None if cert < 0 else float(cert),
             "distance": _optional(details["distance"][k]) if "distance" in details
@@ -110,30 +111,31 @@ def keyed_by_name(report: dict[str, Any], names: list[str]) -> dict[str, Any]:
     return out
 
 
-def privacy_record(settings: Settings, holds_sums: bool) -> dict[str, Any]:
+def privacy_record(privacy: PrivacySettings, release: DPSpec, holds_sums: bool) -> dict[str, Any]:
     """``results.json``'s ``privacy``: secure aggregation, what the server held and
-    received, and the nodes' DP release (None without ``dp-epsilon``)."""
-    return {"secure_aggregation": bool(settings.secure_aggregation),
+    received, and the nodes' DP release (``release``, the run's
+    :func:`~gems_fl.settings.options.dp_spec`; None without ``dp-epsilon``)."""
+    return {"secure_aggregation": bool(privacy.secure_aggregation),
             "server_holds": "sums" if holds_sums else "every node's reply",
-            "server_receives": server_receives(settings), "dp": dp_record(settings)}
+            "server_receives": server_receives(privacy), "dp": dp_record(privacy, release)}
 
 
-def server_receives(settings: Settings) -> str:
+def server_receives(privacy: PrivacySettings) -> str:
     """What of a node's statistics reaches the ServerApp in round 1."""
-    if settings.secure_aggregation:
+    if privacy.secure_aggregation:
         return "only the SecAgg+ sum of the nodes' statistics" + (
-            " (each noised on its node)" if settings.dp_epsilon else "")
-    if settings.dp_epsilon:
+            " (each noised on its node)" if privacy.dp_epsilon else "")
+    if privacy.dp_epsilon:
         return "each node's noised sums (no model)"
     return "each node's reply (its model and statistics)"
 
 
-def dp_record(settings: Settings) -> dict[str, Any] | None:
+def dp_record(privacy: PrivacySettings, release: DPSpec) -> dict[str, Any] | None:
     """What the results say of the nodes' DP release (None when ``dp-epsilon`` is 0): the
     guarantee each node's statistics keep, from the accountant, and what it covers."""
-    if not settings.dp_epsilon:
+    if not privacy.dp_epsilon:
         return None
-    return {**dp_spec(settings).report(bool(settings.dp_seeded_noise)),
+    return {**release.report(bool(privacy.dp_seeded_noise)),
             "covers": "each node's training rows, for everything computed from its noised "
                       "sums (the Gram matrix and label moments; the model)",
             "not_covered": "the scalars a node still reports: its row counts, its radius, "

@@ -188,9 +188,10 @@ def run_server(grid: Grid, context: Context) -> dict[str, Any]:
         run.node_models.update(tune_on_public(run, public, comparison_options(settings),
                                               num_features, num_classes))
     if settings.model_kind.layerwise and server_data is None and settings.baselines != Baselines.NONE:
-        ask_local_mlps(grid, run, roster, settings, options, num_features, num_classes)
+        ask_local_mlps(grid, run, roster, options, num_features, num_classes, settings.dropout)
     t_verify = time.perf_counter()
-    verification = _verify(grid, run, roster, settings, options)
+    verification = _verify(grid, run, roster, options, send_own_spaces=(
+        settings.model_kind.convex and settings.space_kind.statistics))
     timing["verify"] = time.perf_counter() - t_verify
     t_base = time.perf_counter()
     rows = evaluate_baselines(run, server_data, settings, roster, num_features, num_classes)
@@ -256,16 +257,18 @@ def _train_to_the_end(grid: Grid, settings: Settings, roster: Roster,
     return attempt, roster
 
 
-def _verify(grid: Grid, run: ProtocolRun, roster: Roster, settings: Settings,
-            options: ServerOptions) -> Verification:
+def _verify(grid: Grid, run: ProtocolRun, roster: Roster, options: ServerOptions, *,
+            send_own_spaces: bool) -> Verification:
     """Each accepted site checks ``h_G`` (and the comparison models) on its own rows; where
-    the server holds only the sums, those checks are the membership there is."""
+    the server holds only the sums, those checks are the membership there is
+    (``send_own_spaces``: the convex model's Gram spaces, each checked by its node)."""
     num_features, num_classes = roster.agreement.model_features, roster.agreement.num_classes
     accepted_ids = [r.node_id for r in run.outcome.accepted]
     verification = verify_on_nodes(grid, accepted_ids, roster.names,
                                    {**options.exchange.node_config, **extra_config(roster)},
                                    run.node_models, options.round_timeout,
-                                   own_spaces=own_spaces(run, settings, num_features, num_classes))
+                                   own_spaces=own_spaces(run, num_features, num_classes)
+                                   if send_own_spaces else None)
     if run.holds_only_sums:
         run.outcome.intersection = complete_membership(
             run.outcome.intersection, [r.space for r in run.outcome.accepted],
@@ -309,22 +312,20 @@ def _train(grid: Grid, settings: Settings, roster: Roster, timing: dict[str, flo
     timing["server_data"] += time.perf_counter() - t_data
     t_round = time.perf_counter()
     if settings.model_kind.layerwise:
-        run = run_layerwise(grid, settings, options, roster, num_features, num_classes,
+        run = run_layerwise(grid, options, roster, num_features, num_classes, settings.dropout,
                             None if server_data is None else
                             lambda m: accuracy(m, server_data.test_x, server_data.test_y))
     else:
-        run = run_convex(grid, settings, options, roster, num_features, num_classes,
+        run = run_convex(grid, options, roster, num_features, num_classes,
                          _test_accuracy(server_data, num_features, num_classes))
     timing["rounds"] += time.perf_counter() - t_round
     return Attempt(run, plan, options, server_data, public, meta, notes)
 
 
-def own_spaces(run: ProtocolRun, settings: Settings, num_features: int, num_classes: int
-               ) -> dict[int, tuple[dict[str, np.ndarray], float]] | None:
-    """For the convex model's Gram spaces: every accepted node's own center and radius,
+def own_spaces(run: ProtocolRun, num_features: int, num_classes: int
+               ) -> dict[int, tuple[dict[str, np.ndarray], float] | None]:
+    """Every accepted node's own center and radius (for the convex model's Gram spaces),
     which the evaluate round sends back so that the node checks h_G against its space."""
-    if not settings.model_kind.convex or not settings.space_kind.statistics:
-        return None
     return {r.node_id: (None if r.space.center is None else  # secure: the space it kept
                         (vector_to_state(r.space.center, num_features, num_classes),
                          r.space.radius)) for r in run.outcome.accepted}
@@ -368,7 +369,7 @@ def evaluate_baselines(run: ProtocolRun, data: ServerData | None, settings: Sett
                       "on public-data) are evaluated on the nodes, see node_evaluation")
         return skipped_rows(reason, row_names(layerwise, settings.baselines))
     if layerwise and settings.baselines != Baselines.NONE:
-        rebuild_local_mlps(run, data, settings, roster, num_classes)
+        rebuild_local_mlps(run, data, settings.local_training, settings.seed, roster, num_classes)
     log(INFO, "Evaluating %s on the test set (baselines='%s')",
         ", ".join(row_names(layerwise, settings.baselines)), settings.baselines)
     rows = evaluate_rows(Candidates(run.gems_model, run.local_models, run.averaged,

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import InitVar, asdict, dataclass, fields
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from gems_fl.data.agreement import NODE_FILES, Scaling, resolve_standardize
 from gems_fl.geometry.choices import ClassGrams, KindTraits, kind_traits
@@ -38,7 +38,15 @@ from gems_fl.settings.values import parse_pooled_ridge, parse_refine_l2, parse_t
 if TYPE_CHECKING:
     from torch import nn
 
-__all__ = ["LAB_KEY", "Settings", "SettingsError", "lab_keys", "node_keys", "product_keys"]
+__all__ = ["GROUPS", "LAB_KEY", "AggregationSettings", "DataSettings", "OperationSettings",
+           "PrivacySettings", "Settings", "SettingsError", "SpaceSettings", "TrainingSettings",
+           "lab_keys", "node_keys", "product_keys"]
+
+#: the settings' groups, each a frozen config of its own (:meth:`Settings.part`)
+GROUPS = (DataSettings, TrainingSettings, SpaceSettings, AggregationSettings, PrivacySettings,
+          OperationSettings)
+Group = TypeVar("Group", DataSettings, TrainingSettings, SpaceSettings, AggregationSettings,
+                PrivacySettings, OperationSettings)
 
 #: Paths only a partitioned dataset's nodes read (the files a simulation cuts into
 #: partitions); nodes on their own files (``node-files``) never receive them.
@@ -120,6 +128,15 @@ class Settings(OperationSettings, PrivacySettings, AggregationSettings, SpaceSet
             return self
         values = {f.name: getattr(self, f.name) for f in fields(self) if f.metadata["node"]}
         return type(self)(**{**values, **kwargs}, scope="node")
+
+    def part(self, group: type[Group]) -> Group:
+        """One group of these settings as its own frozen config (say
+        ``settings.part(DataSettings)``), its values as resolved here: what a component
+        that reads only that group takes instead of the whole settings."""
+        if not (isinstance(group, type) and issubclass(Settings, group) and group is not Settings):
+            raise TypeError(f"{group!r} is not one of the settings' groups "
+                            f"({', '.join(g.__name__ for g in GROUPS)})")
+        return group(**{f.name: getattr(self, f.name) for f in fields(group)})
 
     @property
     def hidden_widths(self) -> list[int]:
