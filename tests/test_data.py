@@ -541,3 +541,37 @@ def test_dataset_shapes_table_matches_the_loaded_data():
     if os.path.exists("/usr/share/datasets/fashion-mnist"):
         fm = load_dataset("fashion-mnist", seed=0)
         assert DATASET_SHAPES["fashion-mnist"] == (fm.num_features, fm.num_classes)
+
+
+def test_a_dataset_is_one_registry_entry(monkeypatch, tmp_path):
+    """load_dataset and the preflight's file check ask the dataset's entry: a dataset
+    registered from here loads through load_dataset, and one whose files are missing is
+    refused before a run with the README section its entry names."""
+    from gems_fl.data import DATASETS, Dataset, dataset_named
+    from gems_fl.serverapp.preflight import PreflightError, check_data_files
+    from gems_fl.settings import DataSettings
+
+    digits = load_dataset("digits", seed=0)
+    seen = []
+
+    def load(folder, seed, options):
+        seen.append((folder, seed))
+        return digits
+
+    monkeypatch.setitem(DATASETS, "toy", Dataset("toy", 64, 10, "8x8 pixels", load))
+    assert dataset_named(" TOY ") is DATASETS["toy"]
+    assert load_dataset("toy", seed=3) is digits and seen == [("", 3)]  # bundled: no folder
+
+    monkeypatch.setitem(DATASETS, "toy-files", Dataset(
+        "toy-files", 784, 10, "28x28 pixels", load, files="idx", idx_subdir="Toy",
+        readme_section='"Toy files"'))
+    with pytest.raises(ValueError, match="needs data_dir"):
+        load_dataset("toy-files", seed=0)
+    assert load_dataset("toy-files", seed=1, data_dir=str(tmp_path)) is digits
+    assert seen[-1] == (str(tmp_path), 1)
+    with pytest.raises(PreflightError, match='README, "Toy files"'):
+        check_data_files(DataSettings(dataset="toy-files"))
+    with pytest.raises(PreflightError, match="holds no toy-files IDX file"):
+        check_data_files(DataSettings(dataset="toy-files", data_dir=str(tmp_path)))
+    with pytest.raises(ValueError, match="valid names are digits, fashion-mnist"):
+        dataset_named("absent")

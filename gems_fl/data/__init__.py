@@ -11,10 +11,13 @@ from typing import TYPE_CHECKING, Any
 from gems_fl.data.datasets import (
     DATASET_NAMES,
     DATASET_SHAPES,
+    DATASETS,
     DEFAULT_FASHION_MNIST_DIR,
+    Dataset,
     DatasetSplits,
     FeatureOptions,
     clear_dataset_cache,
+    dataset_named,
     load_dataset,
 )
 from gems_fl.data.dirichlet import DirichletDivision
@@ -33,7 +36,9 @@ if TYPE_CHECKING:
 __all__ = [
     "DATASET_NAMES",
     "DATASET_SHAPES",
+    "DATASETS",
     "DEFAULT_FASHION_MNIST_DIR",
+    "Dataset",
     "DatasetSplits",
     "DirichletDivision",
     "FeatureOptions",
@@ -41,6 +46,7 @@ __all__ = [
     "PAPER_DIVISIONS",
     "check_division",
     "clear_dataset_cache",
+    "dataset_named",
     "load_dataset",
     "node_data",
     "parse_division",

@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 import numbers
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -18,17 +19,8 @@ import numpy as np
 from gems_fl.data.download import try_torchvision_download
 from gems_fl.data.idx import read_idx
 
-DATASET_NAMES = ("digits", "fashion-mnist", "mnist", "cifar10", "ham10000")
-
-# (num_features, num_classes) of each dataset, known without its files: a server that
-# holds no data still checks every reply's shapes against the model. CIFAR-10 and
-# HAM10000 are represented by 512 extracted features (see cifar10.py, ham10000.py).
-DATASET_SHAPES = {
-    "digits": (64, 10), "fashion-mnist": (784, 10), "mnist": (784, 10),
-    "cifar10": (512, 10), "ham10000": (512, 7),
-}
 DEFAULT_FASHION_MNIST_DIR = "/usr/share/datasets/fashion-mnist"
-# Classes of the IDX datasets and digits; every dataset's count is DATASET_SHAPES[name][1].
+# Classes of the IDX datasets and digits; every dataset's count is its entry's ``classes``.
 NUM_CLASSES = 10
 
 IDX_FILES = {
@@ -37,8 +29,6 @@ IDX_FILES = {
     "test_images": "t10k-images-idx3-ubyte",
     "test_labels": "t10k-labels-idx1-ubyte",
 }
-
-_TORCHVISION_SUBDIR = {"fashion-mnist": "FashionMNIST", "mnist": "MNIST"}
 
 _HOW_TO_GET = {
     "fashion-mnist": (
@@ -158,14 +148,20 @@ def _check_seed(seed: object) -> int:
     return int(seed)
 
 
-def _canonical_name(name: object) -> str:
-    """Map ``name`` (case- and ``_``/``-``-insensitive) to an entry of ``DATASET_NAMES``."""
+def dataset_named(name: object) -> Dataset:
+    """The registered dataset ``name`` (case- and ``_``/``-``-insensitive).
+
+    Raises
+    ------
+    ValueError
+        No dataset of that name; the message lists the names there are.
+    """
     key = str(name).strip().lower().replace("_", "-") if isinstance(name, str) else None
-    if key not in DATASET_NAMES:
+    if key not in DATASETS:
         raise ValueError(
             f"Unknown dataset {name!r}; valid names are {', '.join(DATASET_NAMES)}."
         )
-    return key
+    return DATASETS[key]
 
 
 def _readonly(*arrays: np.ndarray) -> tuple[np.ndarray, ...]:
@@ -177,7 +173,7 @@ def _readonly(*arrays: np.ndarray) -> tuple[np.ndarray, ...]:
 
 def _candidate_paths(name: str, data_dir: Path, stem: str) -> list[Path]:
     """Every path where the IDX file ``stem`` of dataset ``name`` may be."""
-    folders = [data_dir, data_dir / _TORCHVISION_SUBDIR[name] / "raw"]
+    folders = [data_dir, data_dir / DATASETS[name].idx_subdir / "raw"]
     return [folder / f"{stem}{suffix}" for folder in folders for suffix in ("", ".gz")]
 
 
@@ -206,7 +202,7 @@ def _missing_file_error(name: str, missing: list[tuple[str, list[Path]]], note: 
         lines.append(f"Also missing: {', '.join(others)}.")
     if note:
         lines.append(note)
-    lines.append(_HOW_TO_GET[name])
+    lines.append(_how_to_get(name))
     return FileNotFoundError("\n".join(lines))
 
 
@@ -245,7 +241,7 @@ def _load_idx_dataset(name: str, data_dir: str) -> tuple[np.ndarray, np.ndarray,
     """
     folder = Path(data_dir)
     located = _find_idx_files(name, folder)
-    if isinstance(located, list) and name == "mnist":
+    if isinstance(located, list) and DATASETS[name].downloads:
         note = try_torchvision_download(folder)
         located = _find_idx_files(name, folder)
     else:
@@ -312,7 +308,7 @@ def _feature_splits(name: str, parts: dict[str, tuple[np.ndarray, np.ndarray]]) 
     for split, (x, y) in parts.items():
         kwargs[f"{split}_x"] = np.array(x, dtype=np.float32)
         kwargs[f"{split}_y"] = np.array(y, dtype=np.int64)
-    return DatasetSplits(**kwargs, name=name, num_classes=DATASET_SHAPES[name][1])
+    return DatasetSplits(**kwargs, name=name, num_classes=DATASETS[name].classes)
 
 
 def _split_cifar10(data_dir: str, seed: int, options: FeatureOptions) -> DatasetSplits:
@@ -357,6 +353,10 @@ def _idx_split_sizes(n_train_official: int, n_test_official: int, where: str) ->
     return n_train, n_val, n_test
 
 
+def _split_idx_at(name: str, data_dir: str, seed: int, options: FeatureOptions) -> DatasetSplits:
+    return _split_idx(name, data_dir, seed)
+
+
 def _split_idx(name: str, data_dir: str, seed: int) -> DatasetSplits:
     """Seeded train / val / public split of the official train set, and a test subset."""
     tr_img, tr_lbl, te_img, te_lbl = _load_idx_dataset(name, data_dir)
@@ -391,19 +391,18 @@ def _how_to_get(name: str) -> str:
     if name == "ham10000":
         from gems_fl.data.ham10000 import HOW_TO_GET
         return HOW_TO_GET
-    return _HOW_TO_GET[name]
+    return _HOW_TO_GET.get(name, "")
 
 
-def _resolve_data_dir(name: str, data_dir: str | os.PathLike | None) -> str:
-    """Return the absolute data folder of a file-based dataset, applying defaults."""
+def _resolve_data_dir(dataset: Dataset, data_dir: str | os.PathLike | None) -> str:
+    """Return the absolute data folder of a file-based dataset, applying its default."""
     if data_dir is None or (isinstance(data_dir, str) and not data_dir.strip()):
-        if name == "fashion-mnist":
-            data_dir = DEFAULT_FASHION_MNIST_DIR
-        else:
+        if not dataset.default_dir:
             raise ValueError(
-                f"Dataset {name!r} needs data_dir: pass the folder holding its files "
-                "(e.g. via the run setting `data-dir`). " + _how_to_get(name)
+                f"Dataset {dataset.name!r} needs data_dir: pass the folder holding its files "
+                "(e.g. via the run setting `data-dir`). " + _how_to_get(dataset.name)
             )
+        data_dir = dataset.default_dir
     return os.path.abspath(os.fspath(data_dir))
 
 
@@ -455,17 +454,10 @@ def load_dataset(
         If an IDX file is missing; the message lists every path tried and how
         to obtain the files.
     """
-    canonical = _canonical_name(name)
+    dataset = dataset_named(name)
     seed = _check_seed(seed)
-    if canonical == "digits":
-        return _split_digits(seed)
-    folder = _resolve_data_dir(canonical, data_dir)
-    options = features if features is not None else FeatureOptions()
-    if canonical == "cifar10":
-        return _split_cifar10(folder, seed, options)
-    if canonical == "ham10000":
-        return _feature_splits("ham10000", _ham10000_features(folder, seed, options))
-    return _split_idx(canonical, folder, seed)
+    folder = _resolve_data_dir(dataset, data_dir) if dataset.files else ""
+    return dataset.load(folder, seed, features if features is not None else FeatureOptions())
 
 
 @functools.lru_cache(maxsize=2)
@@ -482,3 +474,65 @@ def shared_splits(name: str, seed: int, data_dir: str | None,
         if isinstance(value, np.ndarray):
             value.flags.writeable = False
     return splits
+
+
+def _load_digits(folder: str, seed: int, options: FeatureOptions) -> DatasetSplits:
+    return _split_digits(seed)
+
+
+def _load_cifar10(folder: str, seed: int, options: FeatureOptions) -> DatasetSplits:
+    return _split_cifar10(folder, seed, options)
+
+
+def _load_ham10000(folder: str, seed: int, options: FeatureOptions) -> DatasetSplits:
+    return _feature_splits("ham10000", _ham10000_features(folder, seed, options))
+
+
+@dataclass(frozen=True)
+class Dataset:
+    """One dataset the product partitions over simulated nodes: what a row is, what it
+    needs on disk, and how it loads (``load(folder, seed, features)``: the seeded train /
+    validation / test / public splits; ``folder`` is empty for a bundled dataset).
+
+    ``files`` names the on-disk format the preflight checks (``""``: bundled, nothing
+    on disk; ``idx``; ``cifar10``; ``ham10000``), ``default_dir`` where it is looked for
+    when ``data-dir`` is empty, ``idx_subdir`` torchvision's folder for IDX files,
+    ``downloads`` whether a missing file is fetched through torchvision, ``sized``
+    whether it is cheap enough to load for sizing the partition before a run, and
+    ``hidden`` the MLP's hidden width for ``hidden='auto'``.
+    """
+
+    name: str
+    features: int
+    classes: int
+    rows: str
+    load: Callable[[str, int, FeatureOptions], DatasetSplits]
+    files: str = ""
+    default_dir: str = ""
+    idx_subdir: str = ""
+    downloads: bool = False
+    sized: bool = False
+    hidden: str = "50"
+    readme_section: str = '"Settings"'
+
+
+#: every dataset by name (the ``dataset`` setting's choices, with ``node-files``)
+DATASETS: dict[str, Dataset] = {d.name: d for d in (
+    Dataset("digits", 64, 10, "8x8 grey pixels (scikit-learn's bundled digits)", _load_digits,
+            sized=True),
+    Dataset("fashion-mnist", 784, 10, "28x28 grey pixels, scaled to [0, 1]",
+            functools.partial(_split_idx_at, "fashion-mnist"), files="idx",
+            default_dir=DEFAULT_FASHION_MNIST_DIR, idx_subdir="FashionMNIST", sized=True),
+    Dataset("mnist", 784, 10, "28x28 grey pixels, scaled to [0, 1]",
+            functools.partial(_split_idx_at, "mnist"), files="idx", idx_subdir="MNIST",
+            downloads=True, sized=True),
+    # CIFAR-10 and HAM10000 are represented by 512 extracted features (cifar10.py, ham10000.py)
+    Dataset("cifar10", 512, 10, "512 VGG-16 features of a 32x32 colour image", _load_cifar10,
+            files="cifar10", hidden="100", readme_section='"CIFAR-10"'),
+    Dataset("ham10000", 512, 7, "512 CNN features of a skin-lesion image", _load_ham10000,
+            files="ham10000", readme_section='"HAM10000"'),
+)}
+DATASET_NAMES = tuple(DATASETS)
+#: (num_features, num_classes) of each dataset, known without its files: a server that
+#: holds no data still checks every reply's shapes against the model
+DATASET_SHAPES = {name: (d.features, d.classes) for name, d in DATASETS.items()}

@@ -19,6 +19,7 @@ import zlib
 from pathlib import Path
 
 from gems_fl.data.agreement import NODE_FILES, Scaling
+from gems_fl.data.datasets import DATASETS, Dataset
 from gems_fl.settings import DataSettings, Settings, SettingsError
 
 # (magic type code, dimensions) of the four IDX files: uint8 images (n, h, w), uint8 labels (n,).
@@ -26,7 +27,6 @@ _IDX_EXPECTED = {
     "train-images-idx3-ubyte": 3, "train-labels-idx1-ubyte": 1,
     "t10k-images-idx3-ubyte": 3, "t10k-labels-idx1-ubyte": 1,
 }
-_IDX_DIRS = {"fashion-mnist": "FashionMNIST", "mnist": "MNIST"}
 _IDX_ITEM_SIZE = {0x08: 1, 0x09: 1, 0x0B: 2, 0x0C: 4, 0x0D: 4, 0x0E: 8}
 _CHUNK = 1 << 20
 
@@ -79,17 +79,12 @@ def check_feature_ranges(data: DataSettings) -> None:
         raise PreflightError(str(exc)) from None
 
 
-# The datasets whose partition nodes can be sized before the run (cheap to load: the
-# feature pipelines of CIFAR-10 and HAM10000 are not run for a check).
-SIZED_DATASETS = ("digits", "fashion-mnist", "mnist")
-
-
 def check_partition(data: DataSettings, seed: int, num_nodes: int) -> None:
     """Every partition node gets training data of each class it holds and validation
     data (the run's division at ``seed``): refused here, with the largest node count that
     works, instead of mid-run."""
-    if data.dataset not in SIZED_DATASETS:
-        return
+    if data.dataset not in DATASETS or not DATASETS[data.dataset].sized:
+        return  # the feature pipelines of CIFAR-10 and HAM10000 are not run for a check
     from gems_fl.data import load_dataset, parse_division
     from gems_fl.data.partition import check_partition_sizes
 
@@ -158,9 +153,7 @@ def check_public_data(data: DataSettings, evaluate_on_server: bool) -> None:
         raise PreflightError(f"public-data: {_one_line(str(exc))}") from None
     features = data.num_features or None
     if data.dataset != NODE_FILES:
-        from gems_fl.data.datasets import DATASET_SHAPES
-
-        features = DATASET_SHAPES[data.dataset][0]
+        features = DATASETS[data.dataset].features
     problems = site_problems(site, features, None, run="the run")
     if problems:
         raise PreflightError(f"public-data {path}: {'; '.join(problems)}")
@@ -189,9 +182,9 @@ def check_division(data: DataSettings, num_nodes: int) -> None:
     paper's K=2 division and ``iid`` mean to do, but in a hand-written division it is
     usually a typo, so it needs ``allow-overlap=true``.
     """
-    from gems_fl.data import DATASET_SHAPES, parse_division
+    from gems_fl.data import parse_division
 
-    num_classes = DATASET_SHAPES[data.dataset][1]
+    num_classes = DATASETS[data.dataset].classes
     try:
         division = parse_division(data.label_division, num_nodes, num_classes)
     except ValueError as exc:
@@ -221,41 +214,31 @@ def is_explicit_division(spec: str) -> bool:
 
 def check_data_files(data: DataSettings) -> None:
     """The dataset's files are where ``data-dir`` says, and their headers and sizes are sound."""
-    name = data.dataset
-    if name in ("digits", "node-files"):
+    dataset = DATASETS.get(data.dataset)
+    if dataset is None or not dataset.files:  # the sites' own files, or bundled
         return
-    data_dir = data.data_dir.strip()
+    name, section = dataset.name, dataset.readme_section
+    data_dir = data.data_dir.strip() or dataset.default_dir
     if not data_dir:
-        if name == "fashion-mnist":
-            from gems_fl.data import DEFAULT_FASHION_MNIST_DIR
-
-            data_dir = DEFAULT_FASHION_MNIST_DIR
-        else:
-            raise PreflightError(
-                f"data-dir is empty but dataset='{name}' needs its files: set "
-                f"--run-config \"data-dir='/path/to/{name}'\" (see README, {_readme_section(name)})")
+        raise PreflightError(
+            f"data-dir is empty but dataset='{name}' needs its files: set "
+            f"--run-config \"data-dir='/path/to/{name}'\" (see README, {section})")
     folder = Path(data_dir).expanduser()
     if not folder.is_dir():
         raise PreflightError(
             f"data-dir='{data_dir}' is not a folder (dataset='{name}'): point data-dir at the "
-            f"folder holding the {name} files (see README, {_readme_section(name)})")
-    if name in _IDX_DIRS:
-        _check_idx_folder(name, folder, data_dir)
-    elif name == "cifar10":
-        _check_cifar10(folder, data_dir, data.vgg16_weights)
-    elif name == "ham10000":
-        _check_ham10000(folder, data_dir)
+            f"folder holding the {name} files (see README, {section})")
+    check = {"idx": lambda: _check_idx_folder(dataset, folder, data_dir),
+             "cifar10": lambda: _check_cifar10(folder, data_dir, data.vgg16_weights),
+             "ham10000": lambda: _check_ham10000(folder, data_dir)}
+    check[dataset.files]()
 
 
-def _readme_section(name: str) -> str:
-    return {"cifar10": '"CIFAR-10"', "ham10000": '"HAM10000"'}.get(name, '"Settings"')
-
-
-def _locate_idx(name: str, folder: Path) -> tuple[dict[str, Path], list[str]]:
+def _locate_idx(dataset: Dataset, folder: Path) -> tuple[dict[str, Path], list[str]]:
     """The IDX files found (plain or .gz, also in torchvision's layout) and those missing."""
     found: dict[str, Path] = {}
     for stem in _IDX_EXPECTED:
-        candidates = [d / f"{stem}{suffix}" for d in (folder, folder / _IDX_DIRS[name] / "raw")
+        candidates = [d / f"{stem}{suffix}" for d in (folder, folder / dataset.idx_subdir / "raw")
                       for suffix in ("", ".gz")]
         hit = next((p for p in candidates if p.is_file()), None)
         if hit is not None:
@@ -263,13 +246,14 @@ def _locate_idx(name: str, folder: Path) -> tuple[dict[str, Path], list[str]]:
     return found, [stem for stem in _IDX_EXPECTED if stem not in found]
 
 
-def _check_idx_folder(name: str, folder: Path, data_dir: str) -> None:
-    found, missing = _locate_idx(name, folder)
-    if missing and name == "mnist":  # the loader tries the same download
+def _check_idx_folder(dataset: Dataset, folder: Path, data_dir: str) -> None:
+    name = dataset.name
+    found, missing = _locate_idx(dataset, folder)
+    if missing and dataset.downloads:  # the loader tries the same download
         from gems_fl.data.download import try_torchvision_download
 
         try_torchvision_download(folder)
-        found, missing = _locate_idx(name, folder)
+        found, missing = _locate_idx(dataset, folder)
     if missing:
         raise PreflightError(
             f"data-dir='{data_dir}' holds no {name} IDX file {missing[0]} (plain or .gz)"

@@ -19,6 +19,7 @@ from dataclasses import InitVar, asdict, dataclass, fields
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from gems_fl.data.agreement import NODE_FILES, Scaling, resolve_standardize
+from gems_fl.data.datasets import DATASETS
 from gems_fl.geometry.choices import ClassGrams, KindTraits, kind_traits
 from gems_fl.geometry.points import CLASS_GRAMS, point_named
 from gems_fl.learning.model_kinds import ModelKind, model_kind
@@ -52,8 +53,8 @@ Group = TypeVar("Group", DataSettings, TrainingSettings, SpaceSettings, Aggregat
 #: partitions); nodes on their own files (``node-files``) never receive them.
 PARTITION_PATHS = ("data-dir", "feature-cache-dir", "vgg16-weights")
 
-# What `hidden = "auto"` means per dataset (the paper: 100 for CIFAR-10, 50 otherwise).
-AUTO_HIDDEN = {"cifar10": "100"}
+# What `hidden = "auto"` means on the sites' own files (a registered dataset says its own:
+# the paper's 100 for CIFAR-10, 50 otherwise).
 AUTO_HIDDEN_DEFAULT = "50"
 # the run settings a node's own --node-config may override
 NODE_OVERRIDES = ("eps", "local-max-epochs", "local-patience", "local-solve")
@@ -82,7 +83,8 @@ class Settings(OperationSettings, PrivacySettings, AggregationSettings, SpaceSet
         object.__setattr__(self, "standardize", resolve_standardize(
             self.standardize, self.dataset, bool(self.dp_epsilon), bool(self.feature_ranges.strip())))
         if self.hidden.strip().lower() == "auto":
-            object.__setattr__(self, "hidden", AUTO_HIDDEN.get(self.dataset, AUTO_HIDDEN_DEFAULT))
+            object.__setattr__(self, "hidden", DATASETS[self.dataset].hidden
+                               if self.dataset in DATASETS else AUTO_HIDDEN_DEFAULT)
         # "auto", or the rank as an int whether it came as 50 or "50" (--run-config)
         object.__setattr__(self, "gram_rank", run_gram_rank(self))
         object.__setattr__(self, "refine_l2", parse_refine_l2(self.refine_l2))
