@@ -303,3 +303,25 @@ def test_the_space_kind_is_asked_not_named():
     assert [name for name, t in traits.items() if t.fisher_axes] == ["ellipsoid"]
     with pytest.raises(ValueError, match="ball, ellipsoid, gram"):
         kind_traits("sphere")
+
+
+def test_a_group_of_the_settings_is_a_frozen_config_of_its_own():
+    """``part`` hands a component the one group it reads, with the values as the settings
+    resolved them (``standardize='auto'`` already decided), and refuses what is no group."""
+    import dataclasses
+
+    from gems_fl.settings import GROUPS, DataSettings, PrivacySettings
+
+    settings = Settings.from_run_config({"dataset": "fashion-mnist", "dp-epsilon": 2.0,
+                                         "secure-aggregation": True})
+    data = settings.part(DataSettings)
+    assert type(data) is DataSettings and data.dataset == "fashion-mnist"
+    assert data.standardize == settings.standardize != "auto"
+    assert {f.name for f in dataclasses.fields(data)} < {f.name for f in dataclasses.fields(settings)}
+    privacy = settings.part(PrivacySettings)
+    assert (privacy.dp_epsilon, privacy.secure_aggregation) == (2.0, True)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        privacy.dp_epsilon = 0.0
+    assert all(settings.part(group) == settings.part(group) for group in GROUPS)
+    with pytest.raises(TypeError, match="not one of the settings' groups"):
+        settings.part(Settings)
