@@ -171,8 +171,10 @@ def _readonly(*arrays: np.ndarray) -> tuple[np.ndarray, ...]:
     return arrays
 
 
-def _candidate_paths(name: str, data_dir: Path, stem: str) -> list[Path]:
-    """Every path where the IDX file ``stem`` of dataset ``name`` may be."""
+def idx_file_candidates(name: str, data_dir: Path, stem: str) -> list[Path]:
+    """Every path where the IDX file ``stem`` of dataset ``name`` may be: plain or
+    ``.gz``, in ``data_dir`` or in torchvision's layout under it (the loader and the
+    preflight look in the same places)."""
     folders = [data_dir, data_dir / DATASETS[name].idx_subdir / "raw"]
     return [folder / f"{stem}{suffix}" for folder in folders for suffix in ("", ".gz")]
 
@@ -181,7 +183,7 @@ def _find_idx_files(name: str, data_dir: Path) -> dict[str, Path] | list[tuple[s
     """Locate the four IDX files; return their paths, or the missing ones with the paths tried."""
     found, missing = {}, []
     for key, stem in IDX_FILES.items():
-        candidates = _candidate_paths(name, data_dir, stem)
+        candidates = idx_file_candidates(name, data_dir, stem)
         hit = next((p for p in candidates if p.is_file()), None)
         if hit is None:
             missing.append((stem, candidates))

@@ -19,7 +19,7 @@ import zlib
 from pathlib import Path
 
 from gems_fl.data.agreement import NODE_FILES, Scaling
-from gems_fl.data.datasets import DATASETS, Dataset
+from gems_fl.data.datasets import DATASETS, Dataset, idx_file_candidates
 from gems_fl.settings import DataSettings, Settings, SettingsError
 
 # (magic type code, dimensions) of the four IDX files: uint8 images (n, h, w), uint8 labels (n,).
@@ -238,9 +238,8 @@ def _locate_idx(dataset: Dataset, folder: Path) -> tuple[dict[str, Path], list[s
     """The IDX files found (plain or .gz, also in torchvision's layout) and those missing."""
     found: dict[str, Path] = {}
     for stem in _IDX_EXPECTED:
-        candidates = [d / f"{stem}{suffix}" for d in (folder, folder / dataset.idx_subdir / "raw")
-                      for suffix in ("", ".gz")]
-        hit = next((p for p in candidates if p.is_file()), None)
+        hit = next((p for p in idx_file_candidates(dataset.name, folder, stem) if p.is_file()),
+                   None)
         if hit is not None:
             found[stem] = hit
     return found, [stem for stem in _IDX_EXPECTED if stem not in found]
