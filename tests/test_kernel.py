@@ -13,6 +13,7 @@ from gems_fl.data.kernel_features import (
     KernelFeatures,
     class_centres,
     landmark_quotas,
+    principal_coordinates,
 )
 from gems_fl.protocol import landmarks as landmark_round
 from gems_fl.protocol import wire
@@ -78,6 +79,26 @@ def test_class_centres_are_means_of_enough_rows_in_proportion_to_each_class():
     c, s = class_centres(same, np.zeros(20), 0.2, seed=0)
     np.testing.assert_allclose(c, 1.0)
     assert s.sum() == 20
+
+
+def test_wide_rows_are_clustered_on_their_top_principal_directions():
+    """Rows of more columns than CLUSTER_DIRECTIONS are clustered on their top principal
+    coordinates (distances there are the whole rows' distances less what the other
+    directions add); narrower rows are clustered as they are; a centre is the mean of its
+    cluster's whole rows either way."""
+    rng = np.random.default_rng(4)
+    signal = rng.normal(size=(300, 3)) @ rng.normal(size=(3, 100)) * 5
+    wide = signal + 0.01 * rng.normal(size=(300, 100))
+    z = principal_coordinates(wide, directions=3)
+    assert z.shape == (300, 3)
+    centred = wide - wide.mean(axis=0)
+    np.testing.assert_allclose(np.linalg.norm(z, axis=1), np.linalg.norm(centred, axis=1),
+                               rtol=1e-3)  # the three directions hold the rows' spread
+    narrow = rng.normal(size=(50, 4))
+    assert principal_coordinates(narrow, directions=4) is narrow
+    y = np.zeros(300, dtype=int)
+    centres, sizes = class_centres(wide.astype(np.float32), y, 0.05, seed=0)
+    assert centres.shape[1] == 100 and sizes.sum() == 300
 
 
 @pytest.mark.parametrize("how, reason", [
