@@ -25,9 +25,8 @@ from pathlib import Path
 
 import numpy as np
 
+from gems_fl.data.agreement import FeatureMap, feature_map_from_saved
 from gems_fl.data.categories import encode_raw_columns
-from gems_fl.data.kernel_features import KernelFeatures
-from gems_fl.data.random_features import RandomFeatures
 from gems_fl.geometry import linalg
 from gems_fl.geometry.kinds import (
     AggregateOptions,
@@ -250,8 +249,9 @@ class GEMSModel:
     mean, std : np.ndarray or None
         The run's federated standardisation, applied before the model; None when the
         run did not scale features (``standardize='off'``).
-    features : RandomFeatures, KernelFeatures or None
-        ``model='random-features'``: the run's map, applied after the scaling.
+    features : FeatureMap or None
+        The run's fixed map of the rows (``model='random-features'``, ``'kernel'``),
+        applied after the scaling.
     feature_names : list of str or None
         The feature columns the run matched the sites by (their header names), in the
         model's order; None when the sites' files had no names (matched by position).
@@ -265,7 +265,7 @@ class GEMSModel:
     classes: list[str]
     mean: np.ndarray | None = None
     std: np.ndarray | None = None
-    features: RandomFeatures | KernelFeatures | None = None
+    features: FeatureMap | None = None
     feature_names: list[str] | None = None
     categories: dict[str, list[str]] = field(default_factory=dict)
 
@@ -430,8 +430,7 @@ def load_model(run_folder: str | Path) -> GEMSModel:
         layers = [(state[f"hidden.{i}.weight"], state[f"hidden.{i}.bias"]) for i in hidden]
         out = "output." if hidden else ""
         layers.append((state[f"{out}weight"], state[f"{out}bias"]))
-        features = (RandomFeatures.from_config(dataset.get(RandomFeatures.JSON_KEY, {}))
-                    or KernelFeatures.from_saved(dataset.get(KernelFeatures.JSON_KEY, {}), state))
+        features = feature_map_from_saved(dataset, state)
     layers = [(np.asarray(w, dtype=np.float64), np.asarray(b, dtype=np.float64)) for w, b in layers]
     classes = [str(c) for c in dataset.get("classes", range(layers[-1][0].shape[0]))]
     scale = dataset.get("scale")

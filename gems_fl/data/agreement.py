@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -20,6 +20,19 @@ from gems_fl.data.random_features import RandomFeatures
 #: the fixed maps a run can agree on, each read back from a message's config by its own
 #: ``from_config`` (None where the config carries another or none)
 FEATURE_MAPS = (RandomFeatures, KernelFeatures)
+
+
+class FeatureMap(Protocol):
+    """What the package asks of a model's fixed map of the (scaled) rows."""
+
+    JSON_KEY: str  # results.json's dataset record names the map by it
+    dim: int
+    raw_columns: int  # the leading columns of z(x) that are the rows themselves
+
+    def transform(self, x: np.ndarray) -> np.ndarray: ...
+    def to_config(self, whole: bool = True) -> dict[str, Any]: ...
+    def to_json(self) -> dict[str, Any]: ...
+    def arrays(self) -> dict[str, np.ndarray]: ...
 
 NODE_FILES = "node-files"
 
@@ -65,7 +78,7 @@ class DataAgreement:
     mean: np.ndarray | None = None  # federated standardisation (all nodes' training rows)
     std: np.ndarray | None = None
     columns: list[str] | None = None  # feature names in the run's order (sites with headers)
-    features: RandomFeatures | KernelFeatures | None = None  # the model's map, after scaling
+    features: FeatureMap | None = None  # the model's map, after scaling
     #: category columns' values, each one's 0/1 columns ``<column>=<value>`` in ``columns``
     categories: dict[str, list[str]] | None = None
 
@@ -84,9 +97,9 @@ class DataAgreement:
             return x
         return self.features.transform(x)
 
-    def to_config(self, landmarks: bool = True) -> dict[str, Any]:
-        """Extra ``config`` keys for the train and evaluate messages (``landmarks=False``:
-        the kernel map's landmarks by their hash only, for the messages after a node got
+    def to_config(self, whole: bool = True) -> dict[str, Any]:
+        """Extra ``config`` keys for the train and evaluate messages (``whole=False``: the
+        feature map's large parts by their hash only, for the messages after a node got
         them)."""
         out: dict[str, Any] = {FEATURES_KEY: int(self.num_features),
                                CLASSES_KEY: [str(c) for c in self.classes]}
@@ -96,8 +109,7 @@ class DataAgreement:
         if self.columns is not None:
             out[COLUMNS_KEY] = list(self.columns)
         if self.features is not None:
-            out.update(self.features.to_config(landmarks) if isinstance(self.features, KernelFeatures)
-                       else self.features.to_config())
+            out.update(self.features.to_config(whole))
         return out
 
     def to_json(self) -> dict[str, Any]:
@@ -128,7 +140,16 @@ class DataAgreement:
                    feature_map_from_config(config))
 
 
-def feature_map_from_config(config: Mapping[str, Any]) -> RandomFeatures | KernelFeatures | None:
+def feature_map_from_config(config: Mapping[str, Any]) -> FeatureMap | None:
     """The feature map a message's config carries, if any."""
     return next((fmap for kind in FEATURE_MAPS
                  if (fmap := kind.from_config(config)) is not None), None)
+
+
+def feature_map_from_saved(dataset: Mapping[str, Any], arrays: Mapping[str, np.ndarray]
+                           ) -> FeatureMap | None:
+    """The feature map a saved model carries, if any: ``dataset`` is results.json's
+    dataset record (each map's own key in it), ``arrays`` the model file's."""
+    return next((fmap for kind in FEATURE_MAPS
+                 if (fmap := kind.from_saved(dataset.get(kind.JSON_KEY, {}), arrays)) is not None),
+                None)

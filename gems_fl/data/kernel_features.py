@@ -146,11 +146,11 @@ class KernelFeatures:
             out[start:start + CHUNK_ROWS, start_k:] = part @ proj
         return out
 
-    def to_config(self, landmarks: bool = True) -> dict[str, Any]:
-        """The map as message config keys: the landmarks as float32 bytes, or
-        (``landmarks=False``) only their hash, for a node that keeps them from an earlier
-        message of the run (:mod:`gems_fl.protocol.landmarks`)."""
-        held = ({LANDMARKS_KEY: self.landmarks.tobytes()} if landmarks
+    def to_config(self, whole: bool = True) -> dict[str, Any]:
+        """The map as message config keys: the landmarks as float32 bytes, or (``whole``
+        False) only their hash, for a node that keeps them from an earlier message of the
+        run (:mod:`gems_fl.protocol.landmarks`)."""
+        held = ({LANDMARKS_KEY: self.landmarks.tobytes()} if whole
                 else {DIGEST_KEY: self.digest()})
         return {"feature-map": MAP_NAME, **held,
                 "kernel-shape": [self.num_landmarks, self.num_inputs],

@@ -73,11 +73,14 @@ class RandomFeatures:
                                                      else np.maximum(pre, 0.0))
         return out
 
-    def to_config(self) -> dict[str, Any]:
+    def to_config(self, whole: bool = True) -> dict[str, Any]:
+        """The map as message config keys (``whole`` has no part to leave out here: the
+        seed draws the map)."""
+        return self.to_json()
+
+    def to_json(self) -> dict[str, Any]:
         return {"rf-map": self.kind, "rf-inputs": int(self.num_inputs), "rf-dim": int(self.dim),
                 "rf-bandwidth": float(self.bandwidth), "rf-seed": int(self.seed)}
-
-    to_json = to_config
 
     raw_columns = 0  # no column of z(x) is a row's own feature
 
@@ -96,6 +99,12 @@ class RandomFeatures:
             return None
         return cls(str(config["rf-map"]), int(config["rf-inputs"]), int(config["rf-dim"]),
                    float(config["rf-bandwidth"]), int(config["rf-seed"]))
+
+    @classmethod
+    def from_saved(cls, meta: Mapping[str, Any], arrays: Mapping[str, np.ndarray]
+                   ) -> RandomFeatures | None:
+        """The map a saved model carries (``meta``: results.json's record of it)."""
+        return cls.from_config(meta)
 
 
 @lru_cache(maxsize=4)

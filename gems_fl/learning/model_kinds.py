@@ -57,6 +57,14 @@ class ModelKind:
     titled : callable or None
         ``titled(cfg, meta, results)``: how a run's results table names the model (None:
         its name).
+    map_rule : callable or None
+        ``map_rule(settings, bandwidth)``: what the identity round needs to agree on the
+        model's map, as the keyword of :class:`~gems_fl.protocol.options.AgreementRule`
+        that carries it (``bandwidth``: ``rf-bandwidth`` parsed, None for ``auto``).
+    map_from_rows : bool
+        The map is built from summaries of the nodes' rows (the kernel model's landmarks):
+        under ``dp-epsilon`` it is built from the server's own public rows instead, and a
+        run without them is refused before it starts.
     """
 
     name: str
@@ -68,6 +76,8 @@ class ModelKind:
     exact_solve: bool = False
     rows_beside: bool = False
     titled: Callable[[Mapping[str, Any], Mapping[str, Any], Mapping[str, Any]], str] | None = None
+    map_rule: Callable[[Any, float | None], dict[str, tuple]] | None = None
+    map_from_rows: bool = False
 
     def layer_width(self, settings: Any, inputs: int) -> int:
         """The width of the convex layer's input (before the bias) for ``inputs`` features:
@@ -111,14 +121,18 @@ LOGISTIC_KIND = ModelKind("logistic", convex=True, exact_solve=True)
 RANDOM_FEATURES_KIND = ModelKind("random-features", convex=True, feature_map="random-features",
                                  settings=("rf-map", "rf-dim", "rf-bandwidth"),
                                  width=lambda s, inputs: int(s.rf_dim or 0),
-                                 titled=_random_features_title)
+                                 titled=_random_features_title,
+                                 map_rule=lambda s, bandwidth: {"random_features": (
+                                     s.rf_map, int(s.rf_dim), bandwidth, int(s.seed))})
 KERNEL_KIND = ModelKind("kernel", convex=True, feature_map="kernel",
                         settings=("kernel-landmarks", "rf-bandwidth"),
                         # 0 (not known) where the count is not given: a node's settings
                         # do not carry it (the map in its messages says the width)
                         width=lambda s, inputs: int(s.kernel_landmarks) + inputs
                         if s.kernel_landmarks else 0, gram_rank_share=5, rows_beside=True,
-                        titled=_kernel_title)
+                        titled=_kernel_title, map_from_rows=True,
+                        map_rule=lambda s, bandwidth: {"kernel": (
+                            int(s.kernel_landmarks), bandwidth, int(s.seed))})
 MLP_KIND = ModelKind("mlp", convex=False, settings=("hidden", "dropout", "eps-neuron",
                                                "neuron-criterion", "neuron-delta", "clusters"),
                      titled=_mlp_title)

@@ -54,7 +54,7 @@ MAX_LOCALS_SENT = 20
 def extra_config(roster: Roster, first: bool = False) -> dict[str, Any]:
     """The agreement every message carries: whole in round 1 (``first``), the kernel map's
     landmarks by their hash after it (each node keeps them from round 1)."""
-    return roster.agreement.to_config(landmarks=first) if roster.agreement is not None else {}
+    return roster.agreement.to_config(whole=first) if roster.agreement is not None else {}
 
 
 def assemble_mlp(

@@ -212,7 +212,7 @@ def _identified_sites(grid: Grid, context: Context, settings: Settings, started:
     node_ids = wait_for_nodes(grid, max(settings.min_replies, expected), settings.site_wait)
     waited = time.perf_counter() - t_wait
     rule = agreement_rule(settings)
-    if rule.kernel is not None and settings.dp_epsilon:  # no node's centres: its own rows
+    if settings.model_kind.map_from_rows and settings.dp_epsilon:  # the server's own rows
         rule = replace(rule, public_rows=partial(public_landmark_rows,
                                                  server_data_options(settings)))
     roster = identify_nodes(grid, node_ids, exchange(settings), rule, registered_names(grid))

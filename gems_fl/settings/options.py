@@ -18,7 +18,7 @@ from gems_fl.geometry.choices import SERVER_MATRIX_BYTES, SERVER_NODE_MATRIX_BYT
 from gems_fl.geometry.dp import DPSpec
 from gems_fl.geometry.kinds import AggregateOptions, SpaceOptions
 from gems_fl.geometry.points import AUTO, point_named, solvable_from_sums
-from gems_fl.learning.model_kinds import KERNEL_KIND, RANDOM_FEATURES_KIND
+from gems_fl.learning.model_kinds import RANDOM_FEATURES_KIND
 from gems_fl.protocol.options import AgreementRule, Exchange, NodeWork, ServerOptions
 from gems_fl.settings.operation import Baselines
 from gems_fl.settings.values import parse_rf_bandwidth
@@ -150,16 +150,12 @@ def agreement_rule(settings: Settings) -> AgreementRule:
     """What the identity round agrees on (dataset, features, classes, scaling)."""
     ranges = (read_feature_ranges(settings.feature_ranges)
               if settings.standardize == Scaling.RANGES else None)
+    map_rule = settings.model_kind.map_rule
     return AgreementRule(dataset=settings.dataset, num_features=int(settings.num_features or 0),
                          classes=settings.classes, standardize=settings.standardize,
                          min_rows=int(settings.min_rows), ranges=ranges,
-                         random_features=(settings.rf_map, int(settings.rf_dim),
-                                          parse_rf_bandwidth(settings.rf_bandwidth),
-                                          int(settings.seed))
-                         if settings.model_kind is RANDOM_FEATURES_KIND else None,
-                         kernel=(int(settings.kernel_landmarks), parse_rf_bandwidth(settings.rf_bandwidth),
-                                 int(settings.seed))
-                         if settings.model_kind is KERNEL_KIND else None)
+                         **(map_rule(settings, parse_rf_bandwidth(settings.rf_bandwidth))
+                            if map_rule is not None else {}))
 
 
 def exchange(settings: Settings, plan: Any = None) -> Exchange:

@@ -7,10 +7,8 @@ import math
 from typing import Any
 
 from gems_fl.data.agreement import NODE_FILES, Scaling
-from gems_fl.data.kernel_features import MIN_ROWS_PER_LANDMARK
 from gems_fl.geometry.choices import SPACE_R_MAX, ClassGrams
 from gems_fl.geometry.points import CENTERS, CLASS_GRAMS, LABELS, point_named, solvable_from_sums
-from gems_fl.learning.model_kinds import KERNEL_KIND
 from gems_fl.settings.checks import SettingsError
 from gems_fl.settings.operation import Baselines
 from gems_fl.settings.values import parse_gram_rank
@@ -109,23 +107,23 @@ def _differential_privacy(settings: Settings) -> None:
 
 def _random_features(settings: Settings) -> None:
     """Under ``dp-epsilon`` the identity round sends no feature sums: the random-feature
-    map's bandwidth must be given; the kernel model's landmarks come from the server's own
-    public rows (class centres the nodes would send have no privacy account), so the server
-    must hold some."""
-    if settings.model_kind is KERNEL_KIND and settings.dp_epsilon and not (
+    map's bandwidth must be given; a map built from the nodes' rows (``map_from_rows``:
+    landmarks) comes from the server's own public rows (class centres the nodes would send
+    have no privacy account), so the server must hold some."""
+    kind = settings.model_kind
+    if kind.map_from_rows and settings.dp_epsilon and not (
             settings.public_data.strip()
             or (settings.dataset != NODE_FILES and settings.public_samples > 0)):
         raise SettingsError(
-            f"model='kernel' with dp-epsilon={settings.dp_epsilon:g} takes its landmarks from the "
-            "server's own public rows (the class centres nodes send otherwise, means of at least "
-            f"{MIN_ROWS_PER_LANDMARK} of their rows, have no privacy account), and the server "
+            f"model={kind.name!r} with dp-epsilon={settings.dp_epsilon:g} takes its landmarks "
+            "from the server's own public rows (the class centres nodes send otherwise, each "
+            "the mean of a few of their rows, have no privacy account), and the server "
             "holds none: set public-samples above 0 (a named dataset) or public-data (a file of "
             "the sites' features)")
-    if settings.model_kind.feature_map is not None and settings.model_kind is not KERNEL_KIND \
-            and settings.dp_epsilon \
+    if kind.feature_map is not None and not kind.map_from_rows and settings.dp_epsilon \
             and str(settings.rf_bandwidth).strip().lower() == "auto":
         raise SettingsError(
-            f"model='random-features' with dp-epsilon={settings.dp_epsilon:g}: rf-bandwidth "
+            f"model={kind.name!r} with dp-epsilon={settings.dp_epsilon:g}: rf-bandwidth "
             "'auto' derives the map's bandwidth from the nodes' per-feature sums, which would "
             "leave them unnoised; give rf-bandwidth as a number (in the features' units after "
             "standardize; with feature-ranges mapping d features to [-1, 1], spread evenly "
