@@ -296,3 +296,18 @@ def test_the_length_rule_sees_a_long_function(tmp_path):
     probe.write_text("def short():\n    return 1\n\n\ndef long():\n"
                      + "    x = 1\n" * LONG_FUNCTION + "    return x\n")
     assert [line.split()[1] for line in _long_functions(probe)] == ["long"]
+
+
+def test_the_apps_start_without_the_heavy_libraries_they_use_on_some_paths_only():
+    """Every Flower process (the ServerApp, each ClientApp actor) imports the two app
+    files: scikit-learn (1-3 s), pandas and matplotlib load where a path needs them
+    (k-means, a CSV, a plot), not at start-up."""
+    import subprocess
+    import sys
+
+    heavy = ("sklearn", "pandas", "matplotlib")
+    code = ("import sys, client_app, server_app; "
+            f"print(','.join(m for m in {heavy!r} if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
+                         text=True, check=True)
+    assert out.stdout.strip() == ""

@@ -20,8 +20,6 @@ from collections.abc import Sequence
 
 import numpy as np
 import torch
-from sklearn.cluster import KMeans
-from sklearn.exceptions import ConvergenceWarning
 
 from gems_fl.geometry.gram import checked_class_matrices, labelled_rows
 from gems_fl.geometry.virtual import class_statistics
@@ -61,6 +59,9 @@ def _clusters(rows: torch.Tensor, components: int, min_rows: int,
     k = min(components, len(rows) // min_rows)
     if k <= 1:
         return [torch.arange(len(rows))]
+    from sklearn.cluster import KMeans  # here: scikit-learn's import costs every process 1-3 s
+    from sklearn.exceptions import ConvergenceWarning
+
     with warnings.catch_warnings():  # duplicate rows can leave fewer distinct clusters
         warnings.simplefilter("ignore", ConvergenceWarning)
         labels = KMeans(n_clusters=k, random_state=int(seed), n_init=1).fit_predict(

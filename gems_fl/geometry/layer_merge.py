@@ -94,8 +94,6 @@ from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 import numpy as np
-from sklearn.cluster import KMeans
-from sklearn.exceptions import ConvergenceWarning
 from threadpoolctl import threadpool_limits
 
 from gems_fl.geometry.checks import check_scalar
@@ -243,6 +241,9 @@ def _check_node(k: int, item: Any, d: int | None) -> tuple[np.ndarray, np.ndarra
 def _cluster(c: np.ndarray, m: int, seed: int, n_init: int) -> np.ndarray:
     if m == 1:
         return np.zeros(c.shape[0], dtype=np.int64)
+    from sklearn.cluster import KMeans  # here: scikit-learn's import costs every process 1-3 s
+    from sklearn.exceptions import ConvergenceWarning
+
     with warnings.catch_warnings():
         # Fewer distinct neurons than clusters: some clusters end up empty, which the
         # result reports (num_nonempty_clusters); not worth a warning.
@@ -375,6 +376,8 @@ def bound_width(merge: LayerMerge, max_width: int, seed: int) -> tuple[np.ndarra
     rest = np.setdiff1d(np.arange(len(sizes)), kept)
     room = max_width - len(kept)
     rows = merge.weights[rest]
+    from sklearn.cluster import KMeans
+
     kmeans = KMeans(n_clusters=room, random_state=seed, n_init=1).fit(rows)
     labels = kmeans.labels_
     gap = np.linalg.norm(rows - kmeans.cluster_centers_[labels], axis=1)
