@@ -50,7 +50,7 @@ from gems_fl.geometry.linalg import (
 #: float32: :func:`float32_gram` (BLAS's rank-k update: 0.9-1.8 s against 3.0-4.2 s in
 #: float64 for 10,000 rows of 3,765 inputs, the kernel model's) and :func:`low_rank_factor`'s
 #: top ``rank`` eigenpairs alone (randomized subspace iteration: 1.2 s against LAPACK's MRRR's
-#: 4.9 s for a 3,766-square matrix at rank 754, one thread). The factor travels as
+#: 4.9 s for a 3,766-square matrix at rank 754; the first on one thread, LAPACK on two). The factor travels as
 #: float16 (:func:`half_factor`), so float32's rounding (about 1e-7 of the largest entry)
 #: lies far below what the wire keeps. Below it (the logistic model's 785) both cost a
 #: tenth of a second in float64 and the factors stay as they were.
@@ -290,7 +290,7 @@ def _top_eigenpairs(sym: torch.Tensor, rank: int) -> tuple[torch.Tensor, torch.T
     with a seeded block of ``rank`` plus :func:`eigen_oversampling` columns, then the
     eigenpairs of ``sym`` on that block. BLAS-3 products where LAPACK's tridiagonal
     reduction is BLAS-2: 1.2 s against 4.9 s for the kernel model's 3,766-square matrix
-    at rank 754 (one thread), its rank-754 approximation's Frobenius error 3.5e-4 of
+    at rank 754 (on one thread, LAPACK on two), its rank-754 approximation's Frobenius error 3.5e-4 of
     ``||G||`` against the optimum's 3.4e-4 (the residual diagonal sent beside the factor
     keeps each direction's own variance either way)."""
     n = sym.shape[0]
