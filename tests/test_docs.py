@@ -174,11 +174,12 @@ def test_the_layout_page_names_every_sub_package_and_no_other():
 
 
 def test_the_architecture_page_names_functions_and_rooms_that_exist():
-    """docs/architecture.md's path of one run names real functions and classes, and its
-    picture every sub-package."""
+    """docs/architecture.md's path of one run names real functions, classes and dataclass
+    fields (a ``ModelKind``'s ``map_rule``), and its picture every sub-package."""
     text = (ROOT / "docs" / "architecture.md").read_text()
     source = "\n".join(p.read_text() for p in (ROOT / "gems_fl").rglob("*.py"))
     defined = set(re.findall(r"^\s*(?:def|class) (\w+)", source, re.M))
+    defined |= set(re.findall(r"^    (\w+): [\w\[\]., |]+(?: = .*)?$", source, re.M))
     named = {n.split(".")[-1] for n in re.findall(r"`([A-Za-z_][\w.]*)`", text)
              if re.fullmatch(r"_?[a-z]+(?:_[a-z]+)+|[A-Z][a-z]+[A-Z]\w*|Settings(?:\.\w+)?", n)}
     assert named and named <= defined, sorted(named - defined)
