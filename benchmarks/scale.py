@@ -8,8 +8,9 @@ Prints a table and writes JSON (``--out``, default ``results/benchmarks/scale.js
 memory figure is the largest sum, over one-second samples, of the resident set sizes
 of every process whose environment carries the run's marker (the SuperLink, SuperExec,
 flwr-simulation, Ray and its workers) plus ``gems-fl`` itself; the JSON also gives it per
-process role at that peak, each role's own peak, and the peak of the proportional sum (PSS),
-which counts a page that several processes map (Ray's object store) once.
+process role at that peak, each role's own peak, the peak of the proportional sum (PSS),
+which counts a page that several processes map (Ray's object store) once, and a timeline
+(every ``TIMELINE_EVERY`` seconds, MB per role) to lay beside the run's stage lines.
 """
 
 from __future__ import annotations
@@ -35,6 +36,8 @@ SMOKE = [["--nodes", "3", "--run-config", "label-division='paper'"]]
 from gems_fl.running.timing import timing_line
 
 MARKER = "GEMS_FL_RUN_MARKER"
+#: seconds between two points of the memory timeline
+TIMELINE_EVERY = 5.0
 
 
 def _role(pid: int) -> str:
@@ -79,6 +82,7 @@ def run(nodes: int, run_config: str, out_dir: Path) -> dict:
     cmd = [sys.executable, "-m", "gems_fl.running.cli", "run", str(ROOT), "--nodes", str(nodes),
            "--output-dir", str(out_dir), "--run-config", run_config]
     peak, at_peak, role_peaks, peak_pss = 0, {}, {}, 0
+    timeline: list[dict] = []
     t0 = time.perf_counter()
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     done = threading.Event()
@@ -92,6 +96,10 @@ def run(nodes: int, run_config: str, out_dir: Path) -> dict:
                 peak, at_peak = sum(roles.values()), roles
             for role, size in roles.items():
                 role_peaks[role] = max(role_peaks.get(role, 0), size)
+            now = time.perf_counter() - t0
+            if not timeline or now - timeline[-1]["t_s"] >= TIMELINE_EVERY:
+                timeline.append({"t_s": round(now, 1), "total_mb": round(sum(roles.values()) / 2**20),
+                                 **{k: round(v / 2**20) for k, v in roles.items()}})
             done.wait(1.0)
 
     sampler = threading.Thread(target=sample, daemon=True)
@@ -109,6 +117,7 @@ def run(nodes: int, run_config: str, out_dir: Path) -> dict:
                     # where the memory was: per role at the peak, and each role's own peak
                     "peak_rss_by_role": dict(sorted(at_peak.items(), key=lambda kv: -kv[1])),
                     "role_peak_rss": dict(sorted(role_peaks.items(), key=lambda kv: -kv[1])),
+                    "timeline_mb": timeline,
                     "output_tail": output[-2000:]}
     if results:
         res = json.loads(results[-1].read_text())
