@@ -411,6 +411,7 @@ def _run_in_process(config: dict[str, Any], num_nodes: int, verbose: bool) -> di
         with contextlib.redirect_stdout(io.StringIO()) if not verbose else contextlib.nullcontext():
             return run_server(grid, context)
     finally:
+        grid.forget_node_files()
         if not verbose:
             logger.removeHandler(quiet)
             logger.addHandler(console_handler)

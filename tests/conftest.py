@@ -20,6 +20,24 @@ def pytest_collection_modifyitems(config, items):
     items.sort(key=lambda item: item.name not in LONGEST_FIRST)  # stable: the rest keep order
 
 
+@pytest.fixture(scope="session", autouse=True)
+def node_store_folder(tmp_path_factory):
+    """The files nodes keep for a run (gems_fl/protocol/node_store.py) go to the session's
+    temporary folder, for the real-process runs too (they inherit the environment)."""
+    import os
+
+    from gems_fl.protocol.node_store import ENV_VAR
+
+    folder = tmp_path_factory.mktemp("node-store")
+    before = os.environ.get(ENV_VAR)
+    os.environ[ENV_VAR] = str(folder)
+    yield folder
+    if before is None:
+        os.environ.pop(ENV_VAR, None)
+    else:
+        os.environ[ENV_VAR] = before
+
+
 @pytest.fixture(scope="session")
 def digits_node():
     """Node 0 of digits under the paper's K=5 division, with its trained model."""

@@ -30,5 +30,8 @@ def run_in_process(num_nodes: int, tmp_path: Path, reply_hook=None, node_configs
     grid = InProcessGrid(client or client_app, num_nodes, cfg, reply_hook=reply_hook,
                          node_configs=node_configs, evaluate_hook=evaluate_hook)
     ctx = Context(run_id=1, node_id=1, node_config={}, state=RecordDict(), run_config=cfg)
-    results = run_server(grid, ctx)
+    try:
+        results = run_server(grid, ctx)
+    finally:
+        grid.forget_node_files()
     return (results, grid) if return_grid else results

@@ -132,6 +132,37 @@ def test_the_kernel_model_runs_end_to_end_and_the_saved_model_predicts_raw_rows(
     np.testing.assert_allclose(again.logits(x[:20] / 16.0), model.logits(x[:20] / 16.0))
 
 
+def test_nodes_that_keep_their_arrays_in_files_give_the_same_model_and_leave_no_file(
+        tmp_path, monkeypatch):
+    """A node keeps its landmarks and Gram factor beside Flower's state (which a simulation
+    holds for every node in one process): every array in a file, the same model bit for
+    bit, and no file left once the nodes answered their last round."""
+    from sklearn.datasets import load_digits
+
+    from client_app import app as client_app
+    from gems_fl.protocol import node_store
+
+    store = tmp_path / "store"
+    monkeypatch.setenv(node_store.ENV_VAR, str(store))
+    settings = {"model": "kernel", "kernel-landmarks": 150, "label-division": "dirichlet:0.5"}
+    in_state = run_in_process(3, tmp_path / "state", **settings)
+    assert not list(store.rglob("*.npz"))
+    monkeypatch.setattr(node_store, "SPILL_BYTES", 0)
+    seen = []
+
+    def app(msg: Message, context):
+        reply = client_app(msg, context)
+        seen.append(len(list(store.rglob("*.npz"))) if store.exists() else 0)
+        return reply
+
+    in_files = run_in_process(3, tmp_path / "files", client=app, **settings)
+    assert max(seen) >= 3 and seen[-1] == 0 and not list(store.rglob("*"))
+    x = load_digits(return_X_y=True)[0] / 16.0
+    np.testing.assert_array_equal(load_model(tmp_path / "files" / "run-1").logits(x),
+                                  load_model(tmp_path / "state" / "run-1").logits(x))
+    assert in_files["rows"]["GEMS"] == in_state["rows"]["GEMS"]
+
+
 def test_a_node_that_sends_bad_landmarks_is_left_out_and_the_run_goes_on(tmp_path):
     from client_app import app as client_app
 
@@ -302,6 +333,7 @@ def test_the_landmarks_travel_once_and_a_node_that_lost_them_is_left_out_naming_
     from client_app import app as client_app
     from gems_fl.data.kernel_features import DIGEST_KEY, LANDMARKS_KEY
     from gems_fl.protocol.landmarks import KEPT_KEY
+    from gems_fl.protocol.node_store import NodeStore
 
     seen = []
 
@@ -310,7 +342,7 @@ def test_the_landmarks_travel_once_and_a_node_that_lost_them_is_left_out_naming_
         if config.get("feature-map") == "kernel":
             seen.append((msg.metadata.message_type, LANDMARKS_KEY in config, DIGEST_KEY in config))
             if wire.CANDIDATES_KEY in msg.content.array_records and context.node_id == 1002:
-                del context.state.config_records[KEPT_KEY]  # e.g. a restarted node
+                NodeStore(context).drop(KEPT_KEY)  # e.g. a restarted node
         return client_app(msg, context)
 
     results = run_in_process(3, tmp_path, client=app, model="kernel", **{"kernel-landmarks": 80},

@@ -52,3 +52,36 @@ def test_the_cache_keeps_at_most_its_bytes():
     for k in range(3):
         cache.get(node_data_options(settings), {"node-name": f"n{k}"}, None, data(k))
     assert len(cache) == 1  # each about 1 KB: only the newest fits
+
+
+def test_what_memory_no_longer_holds_is_read_back_from_the_nodes_folder(tmp_path):
+    """Given a folder, a load is written there; another process (another cache) serving
+    the same node reads it back, every field equal, instead of loading again."""
+    from dataclasses import fields
+
+    path = write_csv_site(tmp_path, "site-a", seed=0)
+    settings = Settings(dataset="node-files", evaluate_on_server=False)
+    config = {"data-path": str(path), "node-name": "site-a"}
+    loads = []
+
+    def load():
+        loads.append(1)
+        return cast_node_arrays(load_node_data(node_data_options(settings), config))
+
+    folder = tmp_path / "node"
+    first = NodeDataCache().get(node_data_options(settings), config, None, load, folder=folder)
+    again = NodeDataCache().get(node_data_options(settings), config, None, load, folder=folder)
+    assert len(loads) == 1 and len(list(folder.glob("data-*.npz"))) == 1
+    for f in fields(first):
+        a, b = getattr(first, f.name), getattr(again, f.name)
+        if isinstance(a, np.ndarray):
+            assert a.dtype == b.dtype
+            np.testing.assert_array_equal(a, b)
+        elif isinstance(a, tuple):
+            for x, y in zip(a, b):
+                np.testing.assert_array_equal(x, y)
+        else:
+            assert a == b, f.name
+    (next(folder.glob("data-*.npz"))).write_bytes(b"not an npz")  # unreadable: loaded again
+    NodeDataCache().get(node_data_options(settings), config, None, load, folder=folder)
+    assert len(loads) == 2

@@ -85,6 +85,7 @@ def test_mlp_steps_name_the_kept_hidden_layers_and_a_node_that_lost_them_is_left
     from client_app import app as client_app
     from gems_fl.protocol import wire
     from gems_fl.protocol.node import MERGED_LAYERS_KEY
+    from gems_fl.protocol.node_store import NodeStore
 
     seen = []
 
@@ -95,7 +96,7 @@ def test_mlp_steps_name_the_kept_hidden_layers_and_a_node_that_lost_them_is_left
                          wire.LAYERS_KEY in msg.content.array_records,
                          config.get(wire.LAYERS_DIGEST_KEY)))
             if context.node_id == 1001 and int(config[wire.REFINE_KEY]) == 2:
-                del context.state.array_records[MERGED_LAYERS_KEY]  # e.g. a restarted node
+                NodeStore(context).drop(MERGED_LAYERS_KEY)  # e.g. a restarted node
         return client_app(msg, context)
 
     results, grid = run_in_process(3, tmp_path, client=app, return_grid=True, model="mlp",

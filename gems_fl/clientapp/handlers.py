@@ -29,6 +29,7 @@ from gems_fl.data.nodes import (
 )
 from gems_fl.learning.train import set_default_device
 from gems_fl.protocol import landmarks, node, secure, wire
+from gems_fl.protocol.node_store import NodeStore
 from gems_fl.protocol.rounds import Round, round_of
 from gems_fl.settings import Settings
 from gems_fl.settings.options import node_data_options, node_work
@@ -48,14 +49,16 @@ def node_settings(config: Mapping[str, Any], context: Context) -> Settings:
 
 def _node_data(settings: Settings, config: Mapping[str, Any], context: Context) -> NodeData:
     node_config = own_node_config(context.node_config, settings.site_files)
+    store = NodeStore(context)
     try:
-        config = landmarks.with_kept_landmarks(dict(config), context.state)
+        config = landmarks.with_kept_landmarks(dict(config), store)
     except ValueError as exc:
         raise NodeDataError(f"node '{node_name(node_config)}': {exc}") from None
     agreement = DataAgreement.from_config(config)
     options = node_data_options(settings)
     return LOADED.get(options, node_config, agreement,
-                      lambda: cast_node_arrays(load_node_data(options, node_config, agreement)))
+                      lambda: cast_node_arrays(load_node_data(options, node_config, agreement)),
+                      folder=store.made())
 
 
 def _on_data(reply: Callable[..., Message], *, sets_device: bool = True,
@@ -109,6 +112,17 @@ def _identify(msg: Message, context: Context, config: dict[str, Any]) -> Message
     return node.identity_reply(msg, data, with_stats=settings.identity_sums)
 
 
+def _last_round(handler: Handler) -> Handler:
+    """``handler`` for the run's last round: afterwards (answered or not) the node removes
+    the files it kept for the run (:meth:`NodeStore.forget`)."""
+    def handle(msg: Message, context: Context, config: dict[str, Any]) -> Message:
+        try:
+            return handler(msg, context, config)
+        finally:
+            NodeStore(context).forget()
+    return handle
+
+
 #: how this node answers each round (:mod:`gems_fl.protocol.rounds`)
 HANDLERS: dict[Round, Handler] = {
     Round.IDENTIFY: _identify,
@@ -119,7 +133,7 @@ HANDLERS: dict[Round, Handler] = {
     Round.SELECT: _on_data(node.selection_reply),
     Round.REFINE: _on_data(node.refine_reply),
     Round.LOCAL_MODEL: _on_data(node.local_model_reply),
-    Round.VERIFY: _on_data(node.evaluate_reply, sets_device=False),
+    Round.VERIFY: _last_round(_on_data(node.evaluate_reply, sets_device=False)),
 }
 
 

@@ -10,12 +10,22 @@ the node's config, the agreement, and the file's size and
 modification time (a changed file is read again). Each message gets its own copy of the
 arrays (a copy costs milliseconds; a load, seconds), so no caller can change what the
 next message reads.
+
+A process keeps at most :data:`MAX_BYTES` of rows in memory. Given a ``folder`` (the
+node's own, :class:`~gems_fl.protocol.node_store.NodeStore`), what it loaded is also
+written there and read back when memory no longer holds it: a simulation's ClientApp
+process serves every node in turn, and 100 kernel nodes' mapped rows (about 10 MB each)
+held 1 GB in each process; reading a node's file back takes milliseconds where mapping its
+rows again takes a second. Another process serving the same node reads the same file.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import os
+import uuid
+import zipfile
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, fields, replace
@@ -27,8 +37,9 @@ import numpy as np
 from gems_fl.data.agreement import DataAgreement
 from gems_fl.data.nodes import NodeData, NodeDataOptions
 
-#: the most bytes of rows one process keeps (the oldest entries go first)
-MAX_BYTES = 2 * 2 ** 30
+#: the most bytes of rows one process keeps in memory (the oldest entries go first)
+MAX_BYTES = 256 * 2 ** 20
+_ARRAY_FIELDS = ("x_train", "y_train", "x_val", "y_val", "x_test", "y_test")
 
 
 class NodeDataCache:
@@ -39,13 +50,20 @@ class NodeDataCache:
         self._entries: OrderedDict[str, NodeData] = OrderedDict()
 
     def get(self, options: NodeDataOptions, node_config: Mapping[str, Any],
-            agreement: DataAgreement | None, load: Callable[[], NodeData]) -> NodeData:
-        """The node's data: kept from an earlier message with the same key, else
-        ``load()``. The caller gets its own copy (arrays included)."""
+            agreement: DataAgreement | None, load: Callable[[], NodeData],
+            folder: Path | None = None) -> NodeData:
+        """The node's data: kept from an earlier message with the same key (in memory, or
+        in ``folder``), else ``load()`` (and written to ``folder``). The caller gets its
+        own copy (arrays included)."""
         key = _key(options, node_config, agreement)
         data = self._entries.get(key)
         if data is None:
-            data = load()
+            file = None if folder is None else Path(folder) / f"data-{_digest(key)}.npz"
+            data = _read(file) if file is not None and file.is_file() else None
+            if data is None:
+                data = load()
+                if file is not None:
+                    _write(file, data)
             self._entries[key] = data
             self._trim()
         self._entries.move_to_end(key)
@@ -88,3 +106,44 @@ def _copy(data: NodeData) -> NodeData:
 def _bytes(data: NodeData) -> int:
     return sum(getattr(data, f.name).nbytes for f in fields(data)
                if isinstance(getattr(data, f.name), np.ndarray))
+
+
+def _digest(key: str) -> str:
+    return hashlib.sha256(key.encode()).hexdigest()[:24]
+
+
+def _write(file: Path, data: NodeData) -> None:
+    """``data`` in ``file``: its arrays, and its other fields as JSON (no pickle: the
+    folder may be one other users can write to)."""
+    arrays = {name: getattr(data, name) for name in _ARRAY_FIELDS
+              if getattr(data, name) is not None}
+    if data.scale is not None:
+        arrays["scale_mean"], arrays["scale_std"] = data.scale
+    meta = {f.name: getattr(data, f.name) for f in fields(data)
+            if f.name not in _ARRAY_FIELDS and f.name != "scale"}
+    arrays["meta"] = np.frombuffer(json.dumps(meta, default=_plain).encode(), dtype=np.uint8)
+    file.parent.mkdir(parents=True, exist_ok=True)
+    part = file.with_name(f"{file.stem}-{uuid.uuid4().hex[:8]}.part")
+    with part.open("wb") as f:
+        np.savez(f, **arrays)
+    os.replace(part, file)  # whole or not at all, for a process reading it
+
+
+def _plain(value: Any) -> Any:
+    """A numpy scalar as the Python number JSON writes."""
+    if isinstance(value, np.generic):
+        return value.item()
+    raise TypeError(f"{type(value).__name__} is not kept in a node's data file")
+
+
+def _read(file: Path) -> NodeData | None:
+    """What :func:`_write` wrote, or None where the file cannot be read (loaded again)."""
+    try:
+        with np.load(file, allow_pickle=False) as saved:
+            arrays = {name: saved[name] for name in saved.files}
+        meta = json.loads(arrays.pop("meta").tobytes())
+    except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile):
+        return None
+    scale = ((arrays.pop("scale_mean"), arrays.pop("scale_std")) if "scale_mean" in arrays
+             else None)
+    return NodeData(**meta, **arrays, scale=scale)

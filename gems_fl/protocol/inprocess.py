@@ -20,6 +20,7 @@ from flwr.common.constant import SUPERLINK_NODE_ID
 from flwr.serverapp import Grid
 from flwr.supercore.task_identity import TaskIdentity
 
+from gems_fl.protocol.node_store import NodeStore
 from gems_fl.protocol.wire import content_bytes
 
 ReplyHook = Callable[[Message], Message]
@@ -134,6 +135,12 @@ class InProcessGrid(Grid):
         replies.sort(key=lambda r: r.metadata.src_node_id)
         self._up += sum(content_bytes(r.content) for r in replies if r.has_content())
         return replies
+
+    def forget_node_files(self) -> None:
+        """Remove the files each node kept for the run (:class:`NodeStore`): a node
+        removes its own after the last round; this also covers a run stopped earlier."""
+        for context in self._contexts.values():
+            NodeStore(context).forget()
 
     def send_and_receive(self, messages: Iterable[Message], *, timeout: float | None = None) -> Iterable[Message]:
         self._down = self._up = self._sent = 0

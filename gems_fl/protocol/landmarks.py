@@ -26,7 +26,7 @@ from logging import INFO
 from typing import Any
 
 import numpy as np
-from flwr.app import Array, ArrayRecord, ConfigRecord, RecordDict
+from flwr.app import Array, ArrayRecord, RecordDict
 from flwr.common.logger import log
 from flwr.serverapp import Grid
 
@@ -34,6 +34,7 @@ from gems_fl.data.agreement import DataAgreement
 from gems_fl.data.kernel_features import DIGEST_KEY, MAP_NAME, MIN_ROWS_PER_LANDMARK, class_centres
 from gems_fl.data.kernel_features import LANDMARKS_KEY as LANDMARKS_KEY_CONFIG
 from gems_fl.protocol import wire
+from gems_fl.protocol.node_store import NodeStore
 from gems_fl.protocol.options import Exchange
 from gems_fl.protocol.replies import ReplyError, validate_replies
 from gems_fl.protocol.rounds import Round, round_messages, sent_bytes
@@ -133,13 +134,13 @@ def collect_landmarks(grid: Grid, exchange: Exchange, agreement: DataAgreement,
     return centres, rejected, report
 
 
-#: a node's state record holding the kernel map's landmarks between the messages of a run
+#: what a node keeps the kernel map's landmarks under between the messages of a run
 KEPT_KEY = "gems-kernel-landmarks"
 
 
-def with_kept_landmarks(config: dict[str, Any], state: RecordDict) -> dict[str, Any]:
+def with_kept_landmarks(config: dict[str, Any], store: NodeStore) -> dict[str, Any]:
     """A message's config with the kernel map's landmarks: those it carries are kept in
-    the node's ``state`` (round 1); a later message names them by their hash and gets them
+    the node's ``store`` (round 1); a later message names them by their hash and gets them
     from there.
 
     Raises ``ValueError`` where the node keeps no landmarks of that hash (a node that did
@@ -149,13 +150,13 @@ def with_kept_landmarks(config: dict[str, Any], state: RecordDict) -> dict[str, 
     if config.get("feature-map") != MAP_NAME:
         return config
     if LANDMARKS_KEY_CONFIG in config:
-        state.config_records[KEPT_KEY] = ConfigRecord({
-            "digest": hashlib.sha256(bytes(config[LANDMARKS_KEY_CONFIG])).hexdigest()[:16],
-            "landmarks": bytes(config[LANDMARKS_KEY_CONFIG])})
+        store.keep(KEPT_KEY, {"landmarks": np.frombuffer(bytes(config[LANDMARKS_KEY_CONFIG]),
+                                                         dtype=np.uint8)})
         return config
     wanted = str(config.get(DIGEST_KEY, ""))
-    kept = state.config_records.get(KEPT_KEY)
-    if kept is None or str(kept["digest"]) != wanted:
+    kept = store.kept(KEPT_KEY)
+    landmarks = None if kept is None else kept["landmarks"].tobytes()
+    if landmarks is None or hashlib.sha256(landmarks).hexdigest()[:16] != wanted:
         raise ValueError(f"this node keeps no kernel landmarks of hash {wanted} (it got none in "
                          "this run's round 1, or its state was lost); it cannot map its rows")
-    return {**config, LANDMARKS_KEY_CONFIG: bytes(kept["landmarks"])}
+    return {**config, LANDMARKS_KEY_CONFIG: landmarks}

@@ -40,6 +40,7 @@ from gems_fl.protocol.node_layerwise import (
     round_seed,
     train_local_mlp,
 )
+from gems_fl.protocol.node_store import NodeStore
 from gems_fl.protocol.options import NodeWork
 from gems_fl.protocol.verify import keep_own_factor, kept_gram, score_models
 
@@ -162,18 +163,20 @@ def _merged_layers(msg: Message, context: Context) -> list | None:
     round, which this node keeps in its state, and named by their digest in each
     refinement step (resending them would cost a node about their size every step).
     None for the convex model."""
+    store = NodeStore(context)
     if wire.LAYERS_KEY in msg.content.array_records:
-        context.state.array_records[MERGED_LAYERS_KEY] = msg.content.array_records[wire.LAYERS_KEY]
+        record = msg.content.array_records[wire.LAYERS_KEY]
+        store.keep(MERGED_LAYERS_KEY, {name: record[name].numpy() for name in record.keys()})
         return wire.decode_layers(msg.content)
     digest = msg.content.config_records[wire.CONFIG_KEY].get(wire.LAYERS_DIGEST_KEY)
     if digest is None:
         return None
-    kept = context.state.array_records.get(MERGED_LAYERS_KEY)
+    kept = store.kept(MERGED_LAYERS_KEY)
     if kept is None:
         raise ValueError(f"refinement step: this node keeps no merged hidden layers (the "
                          f"server names digest {digest}); it took no part in the selection "
                          f"round")
-    layers = wire.decode_layers(RecordDict({wire.LAYERS_KEY: kept}))
+    layers = wire.decode_layers(RecordDict({wire.LAYERS_KEY: wire.array_record(kept)}))
     if wire.layers_digest(layers) != digest:
         raise ValueError(f"refinement step: the merged hidden layers this node kept have "
                          f"digest {wire.layers_digest(layers)}, the server names {digest}")

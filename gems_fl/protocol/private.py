@@ -19,6 +19,7 @@ from flwr.app import Context, MetricRecord, RecordDict
 from gems_fl.geometry.dp import DPSpec, noised_statistics
 from gems_fl.geometry.gram import unpack_triangle
 from gems_fl.protocol import wire
+from gems_fl.protocol.node_store import NodeStore
 
 RELEASE_KEY = "dp-release"
 #: the arrays of a DP release: the noised Gram triangle and label-moment sums
@@ -41,16 +42,16 @@ def node_release(x_train: np.ndarray, y_train: np.ndarray, num_classes: int, spe
 
 def keep_release(context: Context, release: Mapping[str, np.ndarray]) -> None:
     """Keep the one draw for SecAgg+ (a second draw would be a second release)."""
-    context.state.array_records[RELEASE_STATE_KEY] = wire.array_record(
-        {k: np.asarray(v, dtype=np.float64) for k, v in release.items()})
+    NodeStore(context).keep(RELEASE_STATE_KEY,
+                            {k: np.asarray(v, dtype=np.float64) for k, v in release.items()})
 
 
 def kept_release(context: Context) -> dict[str, np.ndarray]:
     """The draw this node kept in round 1; ``RuntimeError`` if there is none."""
-    if RELEASE_STATE_KEY not in context.state.array_records:
+    kept = NodeStore(context).kept(RELEASE_STATE_KEY)
+    if kept is None:
         raise RuntimeError("differential privacy: this node kept no release from round 1")
-    record = context.state.array_records[RELEASE_STATE_KEY]
-    return {k: record[k].numpy() for k in record.keys()}
+    return kept
 
 
 def encode_release_reply(metrics: Mapping[str, float],

@@ -9,7 +9,7 @@ intersection report stay on the strategy (:attr:`GEMS.outcome`) for the results.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from logging import INFO, WARNING
 from typing import Any
 
@@ -131,10 +131,16 @@ class GEMS(GEMSBase):
         """Validate replies, intersect the accepted spaces, return ``h_G``."""
         if server_round > 1:
             return self._aggregate_refine(server_round, list(replies))
-        replies = list(replies)
-        self.rounds[-1]["bytes_received"] = sum(
-            content_bytes(r.content) for r in replies if not r.has_error())
-        accepted, rejected = self._validate(replies)
+        received = [0]
+
+        def counted(replies: Iterable[Message]) -> Iterator[Message]:
+            for reply in replies:  # decoded one at a time: the sums keep what they need
+                if not reply.has_error():
+                    received[0] += content_bytes(reply.content)
+                yield reply
+
+        accepted, rejected = self._validate(counted(replies))
+        self.rounds[-1]["bytes_received"] = received[0]
         self.outcome = ConvexOutcome(accepted=accepted, rejected=self._gone + rejected)
         self.rounds[-1]["wall_s"] = time.perf_counter() - self._t0
         if len(accepted) < self.options.min_replies:

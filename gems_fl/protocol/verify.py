@@ -48,6 +48,7 @@ from torch import nn
 from gems_fl.learning.models import MLP
 from gems_fl.learning.train import accuracy
 from gems_fl.protocol import wire
+from gems_fl.protocol.node_store import NodeStore
 from gems_fl.protocol.replies import ReplyError, error_reason, reply_node
 from gems_fl.protocol.rounds import Round, round_messages, sent_bytes
 
@@ -69,18 +70,17 @@ def keep_own_factor(context: Context, factor: np.ndarray | None,
     arrays = {"factor": np.asarray(factor, dtype=np.float32)}
     if residual is not None:
         arrays["residual"] = np.asarray(residual, dtype=np.float32)
-    context.state.array_records[OWN_FACTOR_STATE_KEY] = wire.array_record(arrays)
+    NodeStore(context).keep(OWN_FACTOR_STATE_KEY, arrays)
 
 
 def kept_gram(context: Context) -> np.ndarray | None:
     """The Gram matrix of the factor this node kept in round 1 (None: none kept)."""
     from gems_fl.geometry.gram import from_factor
 
-    if OWN_FACTOR_STATE_KEY not in context.state.array_records:
+    kept = NodeStore(context).kept(OWN_FACTOR_STATE_KEY)
+    if kept is None:
         return None
-    record = context.state.array_records[OWN_FACTOR_STATE_KEY]
-    residual = record["residual"].numpy() if "residual" in record else None
-    return from_factor(record["factor"].numpy(), residual)
+    return from_factor(kept["factor"], kept.get("residual"))
 
 
 def state_to_model(state: Mapping[str, np.ndarray]) -> nn.Module:

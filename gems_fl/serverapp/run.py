@@ -62,7 +62,7 @@ from gems_fl.serverapp.protocols import (
     run_convex,
     run_layerwise,
 )
-from gems_fl.serverapp.window import WindowedGrid
+from gems_fl.serverapp.window import SIMULATION_WINDOW, WindowedGrid
 from gems_fl.settings import Settings, SettingsError
 from gems_fl.settings.operation import Baselines
 from gems_fl.settings.options import (
@@ -174,8 +174,10 @@ def run_server(grid: Grid, context: Context) -> dict[str, Any]:
         raise SettingsError(f"invalid run setting: {exc}") from None
     preflight(settings, check_data=settings.evaluate_on_server)
     deployed = is_deployed(grid)
-    if in_simulation(grid):  # Flower's engine sweeps every stored message per node
-        grid = WindowedGrid(grid)
+    if (in_simulation(grid) or deployed) and not isinstance(grid, WindowedGrid):
+        # replies handed on as they arrive; in a simulation, a window of messages in
+        # flight (in process: the grid's own way)
+        grid = WindowedGrid(grid, None if deployed else SIMULATION_WINDOW)
     set_default_device(settings.device)  # training on the server: Global, tuning, Raw
     roster, waited = _identified_sites(grid, context, settings, started, deployed)
     timing = {"wait_for_nodes": waited, "identify": float(roster.report.get("wall_s", 0.0)),
@@ -335,7 +337,7 @@ def in_simulation(grid: Grid) -> bool:
     """Flower's simulation engine (its in-memory grid)."""
     from flwr.superlink.grid.inmemory_grid import InMemoryGrid
 
-    return isinstance(grid, InMemoryGrid)
+    return isinstance(_beneath(grid), InMemoryGrid)
 
 
 def is_deployed(grid: Grid) -> bool:
@@ -345,7 +347,12 @@ def is_deployed(grid: Grid) -> bool:
 
     from gems_fl.protocol.inprocess import InProcessGrid
 
-    return not isinstance(grid, (InMemoryGrid, InProcessGrid))
+    return not isinstance(_beneath(grid), (InMemoryGrid, InProcessGrid))
+
+
+def _beneath(grid: Grid) -> Grid:
+    """The grid a :class:`WindowedGrid` sends through (else ``grid``)."""
+    return grid.grid if isinstance(grid, WindowedGrid) else grid
 
 
 def _test_accuracy(data: ServerData | None, num_features: int,
