@@ -99,3 +99,16 @@ def test_two_runs_of_the_same_run_and_node_ids_keep_apart(store_dir):
     assert NodeStore(one).folder != NodeStore(other).folder
     NodeStore(one).forget()
     assert NodeStore(other).kept("big")["x"].sum() == SPILL_BYTES
+
+
+def test_by_default_the_files_go_to_a_folder_of_this_users_alone(tmp_path, monkeypatch):
+    import tempfile
+
+    monkeypatch.delenv(ENV_VAR, raising=False)
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    context = _context()
+    NodeStore(context).keep("big", {"x": np.zeros(SPILL_BYTES)})
+    (base,) = tmp_path.glob("gems-fl-node-store-*")
+    assert base.stat().st_mode & 0o777 == 0o700
+    assert NodeStore(context).folder.is_relative_to(base)
+    NodeStore(context).forget()

@@ -7,7 +7,8 @@ travels to the ClientApp actor and back with each message. A kernel node keeps i
 landmarks (about 11 MB on Fashion-MNIST) and the factor of its Gram matrix (about 14 MB)
 for the later rounds: 100 simulated nodes held 2.5 GB of them in the server's process.
 :class:`NodeStore` keeps arrays above :data:`SPILL_BYTES` in a file of the node's own
-(under ``GEMS_FL_NODE_STORE``, else the system's temporary folder) and only the file's
+(under ``GEMS_FL_NODE_STORE``, else the system's temporary folder; folders readable by
+the user alone, since a node's rows are written there too) and only the file's
 path and digest in the state; smaller ones stay in the state as before. A file is read
 back whole and checked against its digest, so a node whose file was removed or changed
 says so instead of answering from other data. A node removes its files after its last
@@ -46,7 +47,10 @@ _FOLDER_KEY = "gems-node-folder"
 
 def _base() -> Path:
     value = os.environ.get(ENV_VAR, "").strip()
-    return Path(value).expanduser() if value else Path(tempfile.gettempdir()) / "gems-fl-node-store"
+    if value:
+        return Path(value).expanduser()
+    user = os.getuid() if hasattr(os, "getuid") else os.getlogin()
+    return Path(tempfile.gettempdir()) / f"gems-fl-node-store-{user}"
 
 
 def _digest(path: Path) -> str:
@@ -116,7 +120,9 @@ class NodeStore:
         folder = self.folder
         if not folder.is_dir():
             fresh = not folder.parent.exists()
-            folder.mkdir(parents=True, exist_ok=True)
+            # the node's rows are written here: readable by this user alone
+            folder.parent.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+            folder.mkdir(mode=0o700, parents=True, exist_ok=True)
             if fresh:
                 _remove_stale_runs(folder.parent.parent)
         return folder
