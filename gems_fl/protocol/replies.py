@@ -197,13 +197,18 @@ def validate_replies(
     node. Each node gets at most one rejection entry.
     """
     names = names or {}
-    by_message = {m.metadata.message_id: m.metadata.dst_node_id for m in messages or []
-                  if m.metadata.message_id}
+    messages = list(messages or [])
+    by_message: dict[str, int] = {}
     accepted: list[tuple[int, tuple[Any, ...]]] = []
     rejected: list[dict[str, object]] = []
     seen: set[int] = set()
     sent_to = list(sent_to)
     for reply in replies:
+        if reply.metadata.reply_to_message_id not in by_message:
+            # ``replies`` may push the messages as it goes (a grid that hands each reply
+            # on as it arrives): their ids are set by then
+            by_message = {m.metadata.message_id: m.metadata.dst_node_id for m in messages
+                          if m.metadata.message_id}
         node_id = reply_node(reply, by_message)
         if node_id in seen:
             continue
