@@ -35,3 +35,20 @@ def run_in_process(num_nodes: int, tmp_path: Path, reply_hook=None, node_configs
     finally:
         grid.forget_node_files()
     return (results, grid) if return_grid else results
+
+
+def node_unavailable(node_id: int):
+    """A reply hook: ``node_id``'s reply becomes the error Flower's SuperLink sends for a
+    dead node (NODE_UNAVAILABLE, from the SuperLink's own id)."""
+    from flwr.app import Error, Message
+    from flwr.common.constant import SUPERLINK_NODE_ID, ErrorCode
+
+    def hook(reply):
+        if reply.metadata.src_node_id != node_id:
+            return reply
+        error = Message(Error(code=ErrorCode.NODE_UNAVAILABLE, reason="Error: Node Unavailable"),
+                        reply_to=reply)
+        error.metadata.__dict__["_src_node_id"] = SUPERLINK_NODE_ID
+        error.metadata.__dict__["_reply_to_message_id"] = reply.metadata.reply_to_message_id
+        return error
+    return hook

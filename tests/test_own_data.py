@@ -344,19 +344,10 @@ def test_a_public_file_is_checked_before_any_node_is_contacted(tmp_path, sites):
 
 def test_a_dead_node_is_rejected_once_by_name_and_is_no_participant(tmp_path, sites):
     """Flower answers for a dead node with NODE_UNAVAILABLE from the SuperLink's own id."""
-    from flwr.app import Error, Message
-    from flwr.common.constant import SUPERLINK_NODE_ID, ErrorCode
+    from tests.helpers import node_unavailable
 
-    def node_unavailable(reply):
-        if reply.metadata.src_node_id != 1002:
-            return reply
-        error = Message(Error(code=ErrorCode.NODE_UNAVAILABLE, reason="Error: Node Unavailable"),
-                        reply_to=reply)
-        error.metadata.__dict__["_src_node_id"] = SUPERLINK_NODE_ID
-        error.metadata.__dict__["_reply_to_message_id"] = reply.metadata.reply_to_message_id
-        return error
-
-    results = run_in_process(3, tmp_path / "out", **NO_CHECK, node_configs=sites, reply_hook=node_unavailable,
+    results = run_in_process(3, tmp_path / "out", **NO_CHECK, node_configs=sites,
+                             reply_hook=node_unavailable(1002),
                              **OWN, **{"required-nodes": "0"})
     (rejected,) = results["rejected"]
     assert rejected["node_name"] == "site-2" and rejected["node_id"] == 1002

@@ -320,26 +320,16 @@ def test_a_dead_node_is_named_when_the_grid_hands_replies_on_as_they_arrive(tmp_
     """Flower answers for a dead node from the SuperLink's own id; a grid that pushes the
     messages as its replies are read (deployed: all at once; simulation: a window) still
     has the reply named by the message it answers."""
-    from flwr.app import Context, Error, Message, RecordDict
-    from flwr.common.constant import SUPERLINK_NODE_ID, ErrorCode
+    from flwr.app import Context, RecordDict
 
     from client_app import app as client_app
     from gems_fl.protocol.inprocess import InProcessGrid
     from gems_fl.serverapp import run_server
     from gems_fl.serverapp.window import WindowedGrid
-    from tests.helpers import FAST, app_defaults
-
-    def node_unavailable(reply):
-        if reply.metadata.src_node_id != 1002:
-            return reply
-        error = Message(Error(code=ErrorCode.NODE_UNAVAILABLE, reason="Error: Node Unavailable"),
-                        reply_to=reply)
-        error.metadata.__dict__["_src_node_id"] = SUPERLINK_NODE_ID
-        error.metadata.__dict__["_reply_to_message_id"] = reply.metadata.reply_to_message_id
-        return error
+    from tests.helpers import FAST, app_defaults, node_unavailable
 
     cfg = {**app_defaults(), **FAST, "output-dir": str(tmp_path), "required-nodes": "0"}
-    grid = InProcessGrid(client_app, 3, cfg, reply_hook=node_unavailable)
+    grid = InProcessGrid(client_app, 3, cfg, reply_hook=node_unavailable(1002))
     ctx = Context(run_id=1, node_id=1, node_config={}, state=RecordDict(), run_config=cfg)
     try:
         results = run_server(WindowedGrid(grid, window), ctx)
