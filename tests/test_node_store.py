@@ -112,3 +112,24 @@ def test_by_default_the_files_go_to_a_folder_of_this_users_alone(tmp_path, monke
     assert base.stat().st_mode & 0o777 == 0o700
     assert NodeStore(context).folder.is_relative_to(base)
     NodeStore(context).forget()
+
+
+def test_a_disk_that_takes_no_file_leaves_the_arrays_in_flowers_state(tmp_path, monkeypatch,
+                                                                        caplog):
+    """A full or read-only disk costs memory, not the run: the arrays stay in the state,
+    the node's rows in its process's memory, each with a warning naming the setting."""
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a folder")
+    monkeypatch.setenv(ENV_VAR, str(blocker / "store"))
+    context = _context()
+    large = {"x": np.arange(SPILL_BYTES // 8 + 1, dtype=np.float64)}
+    with caplog.at_level("WARNING"):
+        NodeStore(context).keep("big", large)
+    assert "big" in context.state.array_records and ENV_VAR in caplog.text
+    np.testing.assert_array_equal(NodeStore(context).kept("big")["x"], large["x"])
+
+    from tests.helpers import run_in_process
+
+    monkeypatch.setattr(node_store, "SPILL_BYTES", 0)
+    results = run_in_process(3, tmp_path / "run")
+    assert results["verification"]["good_enough"] == 3

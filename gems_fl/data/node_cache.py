@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import uuid
 import zipfile
@@ -36,6 +37,8 @@ import numpy as np
 
 from gems_fl.data.agreement import DataAgreement
 from gems_fl.data.nodes import NodeData, NodeDataOptions
+
+logger = logging.getLogger(__name__)
 
 #: the most bytes of rows one process keeps in memory (the oldest entries go first)
 MAX_BYTES = 256 * 2 ** 20
@@ -63,7 +66,11 @@ class NodeDataCache:
             if data is None:
                 data = load()
                 if file is not None:
-                    _write(file, data)
+                    try:
+                        _write(file, data)
+                    except OSError as exc:  # a full or read-only disk: memory alone
+                        logger.warning("node data not kept in %s (%s): loaded again where "
+                                       "memory no longer holds it", file, exc)
             self._entries[key] = data
             self._trim()
         self._entries.move_to_end(key)

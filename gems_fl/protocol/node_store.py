@@ -19,6 +19,7 @@ later by the next run on that machine.
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
 import shutil
 import tempfile
@@ -33,6 +34,8 @@ from flwr.app import ConfigRecord, Context
 from gems_fl.protocol.wire import array_record
 
 __all__ = ["ENV_VAR", "SPILL_BYTES", "NodeStore"]
+
+logger = logging.getLogger(__name__)
 
 #: arrays of more bytes than this go to a file (the logistic model's state stays in Flower's)
 SPILL_BYTES = 1 << 20
@@ -85,16 +88,21 @@ class NodeStore:
         """Keep ``arrays`` under ``key`` (replacing what was kept there)."""
         arrays = {name: np.asarray(value) for name, value in arrays.items()}
         self.drop(key)
-        if sum(a.nbytes for a in arrays.values()) <= SPILL_BYTES:
-            self._state.array_records[key] = array_record(arrays)
-            return
-        path = self.made() / f"{key}-{uuid.uuid4().hex[:12]}.npz"
-        part = path.with_suffix(".part")
-        with part.open("wb") as f:
-            np.savez(f, **arrays)
-        os.replace(part, path)
-        self._state.config_records[key] = ConfigRecord(
-            {_FILE_KEY: str(path), _DIGEST_KEY: _digest(path)})
+        if sum(a.nbytes for a in arrays.values()) > SPILL_BYTES:
+            try:
+                path = self.made() / f"{key}-{uuid.uuid4().hex[:12]}.npz"
+                part = path.with_suffix(".part")
+                with part.open("wb") as f:
+                    np.savez(f, **arrays)
+                os.replace(part, path)
+            except OSError as exc:  # a full or read-only disk: Flower's state holds it
+                logger.warning("node %s: '%s' kept in memory, not in %s (%s); set %s to a "
+                               "writable folder", self._node_id, key, self.folder, exc, ENV_VAR)
+            else:
+                self._state.config_records[key] = ConfigRecord(
+                    {_FILE_KEY: str(path), _DIGEST_KEY: _digest(path)})
+                return
+        self._state.array_records[key] = array_record(arrays)
 
     def kept(self, key: str) -> dict[str, np.ndarray] | None:
         """What was kept under ``key``, or None where nothing was. Raises ``ValueError``
