@@ -131,16 +131,7 @@ class GEMS(GEMSBase):
         """Validate replies, intersect the accepted spaces, return ``h_G``."""
         if server_round > 1:
             return self._aggregate_refine(server_round, list(replies))
-        received = [0]
-
-        def counted(replies: Iterable[Message]) -> Iterator[Message]:
-            for reply in replies:  # decoded one at a time: the sums keep what they need
-                if not reply.has_error():
-                    received[0] += content_bytes(reply.content)
-                yield reply
-
-        accepted, rejected = self._validate(counted(replies))
-        self.rounds[-1]["bytes_received"] = received[0]
+        accepted, rejected = self._validate(self._counted(replies))
         self.outcome = ConvexOutcome(accepted=accepted, rejected=self._gone + rejected)
         self.rounds[-1]["wall_s"] = time.perf_counter() - self._t0
         if len(accepted) < self.options.min_replies:
@@ -177,6 +168,15 @@ class GEMS(GEMSBase):
             "num-rejected": len(rejected),
         })
         return wire.array_record(state), metrics
+
+    def _counted(self, replies: Iterable[Message]) -> Iterator[Message]:
+        """``replies`` one at a time (each decoded and folded into the sums before the next
+        is read), their bytes added to the round's record."""
+        self.rounds[-1]["bytes_received"] = 0
+        for reply in replies:
+            if not reply.has_error():
+                self.rounds[-1]["bytes_received"] += content_bytes(reply.content)
+            yield reply
 
     def _validate(self, replies: Iterable[Message]) -> tuple[list[NodeReply], list[dict[str, object]]]:
         decoded, rejected = validate_replies(
