@@ -50,11 +50,8 @@ def fingerprint(*parts: object) -> str:
 
 def file_digest(path: Path) -> str:
     """SHA-256 of a file's bytes."""
-    digest = hashlib.sha256()
     with path.open("rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
+        return hashlib.file_digest(f, "sha256").hexdigest()
 
 
 @contextmanager
