@@ -49,7 +49,7 @@ from sklearn.utils.validation import (
 )
 
 from gems_fl.api import load_model, rows_in_order
-from gems_fl.learning.model_kinds import MODELS
+from gems_fl.learning.model_kinds import MODEL_KINDS
 from gems_fl.protocol.attendance import ModelNotGoodEnough
 
 __all__ = ["GEMSClassifier", "GoodEnoughWarning", "PooledRowsWarning"]
@@ -82,7 +82,7 @@ class GEMSClassifier(ClassifierMixin, BaseEstimator):
         depend on eps: a grid search over eps returns the same model (scikit-learn's wine,
         3 sites: identical weights for eps 0.3 to 0.9). Set it to the accuracy the sites
         require; it is not a tuning knob.
-    model : str, one of gems_fl.learning.model_kinds.MODELS
+    model : str, one of gems_fl.learning.model_kinds.MODEL_KINDS (a registered model)
         The model (run setting ``model``).
     seed : int
         Fixes every draw: the same seed and data give the same model.
@@ -147,9 +147,9 @@ class GEMSClassifier(ClassifierMixin, BaseEstimator):
         if isinstance(eps, bool) or not isinstance(eps, numbers.Real) or not 0.0 <= eps <= 1.0:
             raise ValueError(f"GEMSClassifier: the parameter eps={eps!r} must be a number in "
                              "[0, 1] (the accuracy each site's good-enough space keeps)")
-        if self.model not in MODELS:
+        if self.model not in MODEL_KINDS:
             raise ValueError(f"GEMSClassifier: the parameter model={self.model!r} must be one "
-                             f"of {', '.join(MODELS)}")
+                             f"of {', '.join(MODEL_KINDS)}")
         if isinstance(self.seed, bool) or not isinstance(self.seed, numbers.Integral):
             raise ValueError(f"GEMSClassifier: the parameter seed={self.seed!r} must be an "
                              "integer")

@@ -10,29 +10,12 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Any, Protocol
+from typing import Any
 
 import numpy as np
 
-from gems_fl.data.kernel_features import KernelFeatures
-from gems_fl.data.random_features import RandomFeatures
-
-#: the fixed maps a run can agree on, each read back from a message's config by its own
-#: ``from_config`` (None where the config carries another or none)
-FEATURE_MAPS = (RandomFeatures, KernelFeatures)
-
-
-class FeatureMap(Protocol):
-    """What the package asks of a model's fixed map of the (scaled) rows."""
-
-    JSON_KEY: str  # results.json's dataset record names the map by it
-    dim: int
-    raw_columns: int  # the leading columns of z(x) that are the rows themselves
-
-    def transform(self, x: np.ndarray) -> np.ndarray: ...
-    def to_config(self, whole: bool = True) -> dict[str, Any]: ...
-    def to_json(self) -> dict[str, Any]: ...
-    def arrays(self) -> dict[str, np.ndarray]: ...
+from gems_fl.data.feature_map import FeatureMap
+from gems_fl.learning.model_kinds import feature_map_classes
 
 NODE_FILES = "node-files"
 
@@ -142,7 +125,7 @@ class DataAgreement:
 
 def feature_map_from_config(config: Mapping[str, Any]) -> FeatureMap | None:
     """The feature map a message's config carries, if any."""
-    return next((fmap for kind in FEATURE_MAPS
+    return next((fmap for kind in feature_map_classes()
                  if (fmap := kind.from_config(config)) is not None), None)
 
 
@@ -150,6 +133,6 @@ def feature_map_from_saved(dataset: Mapping[str, Any], arrays: Mapping[str, np.n
                            ) -> FeatureMap | None:
     """The feature map a saved model carries, if any: ``dataset`` is results.json's
     dataset record (each map's own key in it), ``arrays`` the model file's."""
-    return next((fmap for kind in FEATURE_MAPS
+    return next((fmap for kind in feature_map_classes()
                  if (fmap := kind.from_saved(dataset.get(kind.JSON_KEY, {}), arrays)) is not None),
                 None)

@@ -28,7 +28,12 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["MIN_ROWS_PER_LANDMARK", "KernelFeatures", "absorb_small_clusters", "class_centres",
+from gems_fl.data.feature_map import MapEvidence
+from gems_fl.data.random_features import bandwidth_from_stats
+from gems_fl.data.site_files import combine_stats, feature_stats
+
+__all__ = ["MIN_ROWS_PER_LANDMARK", "KernelFeatures", "KernelRule", "absorb_small_clusters",
+           "class_centres",
            "landmark_quotas", "mean_square_norm", "row_scale"]
 
 MIN_ROWS_PER_LANDMARK = 5  # a landmark is the mean of at least this many of a node's rows
@@ -322,3 +327,63 @@ def class_centres(x: np.ndarray, y: np.ndarray, share: float, seed: int,
     if not centres:
         return np.zeros((0, x.shape[1]), np.float32), np.zeros(0, np.int64)
     return np.concatenate(centres), np.concatenate(sizes).astype(np.int64)
+
+
+@dataclass(frozen=True)
+class KernelRule:
+    """How the identity round agrees on the Nyström map: ``landmarks`` asked of the nodes in
+    the landmark round (their class centres, stacked in the nodes' name order), the RBF
+    width given (``rf-bandwidth``) or, where None, from the nodes' per-feature sums as for
+    random features, and the rows beside scaled to unit RMS norm (:func:`row_scale`).
+    Where the run builds the map from the server's public rows (``dp-epsilon``), no node's
+    summary enters it."""
+
+    landmarks: int
+    bandwidth: float | None
+    seed: int
+
+    @property
+    def round_asks(self) -> int:
+        return int(self.landmarks)
+
+    def agree(self, evidence: MapEvidence) -> tuple[KernelFeatures | None, str | None]:
+        if evidence.public_rows is not None:
+            return self._from_public_rows(evidence) if evidence.nodes else (None, None)
+        sent = tuple(n for n in evidence.nodes if n.sent is not None and len(n.sent))
+        stats = evidence.stats(sent)
+        if not sent or not stats:
+            return None, None  # before the landmark round (no centres yet)
+        mean, std = evidence.mean, evidence.std
+        if std is None and evidence.node_scaling:
+            mean, std = combine_stats(stats)  # each node's own scaling, pooled: near enough
+        bandwidth = self.bandwidth if self.bandwidth is not None else bandwidth_from_stats(stats, std)
+        marks = np.concatenate([n.sent for n in sent])
+        scale = row_scale(mean_square_norm(stats, mean, std), marks.shape[1])
+        note = (f"kernel map on {len(marks)} landmarks from {len(sent)} node(s), "
+                f"D={len(marks) + marks.shape[1]} (the rows and the kernel features), "
+                f"RBF width {bandwidth:.4g}")
+        return KernelFeatures(marks, float(bandwidth), raw_scale=scale), note
+
+    def _from_public_rows(self, evidence: MapEvidence) -> tuple[KernelFeatures, str]:
+        """The map from the server's own public rows: the rows themselves as landmarks where
+        they are no more than asked, else k-means centres of each class's rows; the RBF
+        width and the rows' scale from the same rows. Nothing a node holds enters the map,
+        so no privacy budget is spent on it."""
+        rows, labels = evidence.public_rows()
+        rows = np.asarray(rows, dtype=np.float32)
+        if rows.ndim != 2 or len(rows) < 2 or rows.shape[1] != evidence.num_features:
+            raise ValueError(f"model='kernel' under dp-epsilon takes its landmarks from the "
+                             f"server's public rows, and it holds {len(rows)} of shape "
+                             f"{rows.shape}; give the server at least 2 rows of "
+                             f"{evidence.num_features} features (public-samples in a "
+                             "simulation, public-data otherwise)")
+        marks = rows if len(rows) <= self.landmarks else class_centres(
+            rows, np.asarray(labels), self.landmarks / len(rows), self.seed, min_rows=1)[0]
+        stats = [feature_stats(rows)]  # already scaled as the nodes scale theirs
+        bandwidth = self.bandwidth if self.bandwidth is not None else bandwidth_from_stats(stats)
+        scale = row_scale(mean_square_norm(stats, None, None), marks.shape[1])
+        note = (f"kernel map on {len(marks)} landmarks from the server's {len(rows)} public "
+                f"rows, D={len(marks) + marks.shape[1]} (the rows and the kernel features), "
+                f"RBF width {bandwidth:.4g}")
+        return KernelFeatures(marks, float(bandwidth), raw_scale=scale,
+                              source="the server's public rows"), note

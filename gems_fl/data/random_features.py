@@ -24,7 +24,8 @@ from typing import Any
 
 import numpy as np
 
-from gems_fl.data.site_files import pooled_moments
+from gems_fl.data.feature_map import MapEvidence
+from gems_fl.data.site_files import combine_stats, pooled_moments
 
 MAPS = ("fourier", "relu")
 SEED_OFFSET = 0x5EED_0F_2F  # the map's stream differs from every other draw of the seed
@@ -105,6 +106,38 @@ class RandomFeatures:
                    ) -> RandomFeatures | None:
         """The map a saved model carries (``meta``: results.json's record of it)."""
         return cls.from_config(meta)
+
+
+@dataclass(frozen=True)
+class RandomFeaturesRule:
+    """How the identity round agrees on the random-feature map: the map's kind, width D and
+    seed from the settings; its bandwidth given (``rf-bandwidth``) or, where None, from the
+    nodes' per-feature sums as the nodes will scale their features (under
+    ``standardize='node'`` the pooled std stands in for each node's own)."""
+
+    kind: str
+    dim: int
+    bandwidth: float | None
+    seed: int
+
+    round_asks = 0  # no round of its own: the seed draws the map
+
+    def agree(self, evidence: MapEvidence) -> tuple[RandomFeatures | None, str | None]:
+        note = None
+        bandwidth = self.bandwidth
+        if bandwidth is None:
+            stats = evidence.stats()
+            if not stats:
+                return None, None  # no node fits the run: the run stops on that
+            std = evidence.std
+            if std is None and evidence.node_scaling:
+                std = combine_stats(stats)[1]
+            bandwidth = bandwidth_from_stats(stats, std)
+            note = (f"random-feature map {self.kind}, D={self.dim}, bandwidth {bandwidth:.4g} "
+                    f"({BANDWIDTH_FACTOR:.1f} x the RMS distance between two training rows, "
+                    f"from {len(stats)} node(s)' feature sums)")
+        return RandomFeatures(self.kind, evidence.num_features, self.dim, float(bandwidth),
+                              self.seed), note
 
 
 @lru_cache(maxsize=4)

@@ -15,8 +15,13 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["CONVEX_MODELS", "KERNEL_KIND", "LOGISTIC_KIND", "MLP_KIND", "MODELS", "MODEL_KINDS",
-           "RANDOM_FEATURES_KIND", "ModelKind", "model_kind"]
+from gems_fl.data.feature_map import MapRule
+from gems_fl.data.kernel_features import KernelFeatures, KernelRule
+from gems_fl.data.random_features import RandomFeatures, RandomFeaturesRule
+
+__all__ = ["KERNEL_KIND", "LOGISTIC_KIND", "MLP_KIND", "MODELS", "MODEL_KINDS",
+           "RANDOM_FEATURES_KIND", "ModelKind", "feature_map_classes", "model_kind",
+           "register_model", "unregister_model"]
 
 
 @dataclass(frozen=True)
@@ -31,10 +36,11 @@ class ModelKind:
         A softmax-linear layer (on the rows, or on ``feature_map`` of them): one round of
         Gram spaces, the points, refinement, secure sums and DP apply. False: the MLP's
         layer-wise protocol (one round per hidden layer, then the output layer).
-    feature_map : str or None
-        The fixed map a node applies to its (scaled) rows before the convex layer, agreed
-        in the identity round and saved with the model: ``"random-features"``, ``"kernel"``
-        (Nyström features on landmarks the nodes send), or None.
+    feature_map : type or None
+        The class of the fixed map a node applies to its (scaled) rows before the convex
+        layer (a :class:`~gems_fl.data.feature_map.FeatureMap`: it reads the map back from
+        a message's config and from a saved model), agreed in the identity round and saved
+        with the model; None: the rows themselves.
     settings : tuple of str
         The settings only this model reads.
     width : callable or None
@@ -58,9 +64,9 @@ class ModelKind:
         ``titled(cfg, meta, results)``: how a run's results table names the model (None:
         its name).
     map_rule : callable or None
-        ``map_rule(settings, bandwidth)``: what the identity round needs to agree on the
-        model's map, as the keyword of :class:`~gems_fl.protocol.options.AgreementRule`
-        that carries it (``bandwidth``: ``rf-bandwidth`` parsed, None for ``auto``).
+        ``map_rule(settings, bandwidth)``: how the identity round builds the model's map,
+        a :class:`~gems_fl.data.feature_map.MapRule` (``bandwidth``: ``rf-bandwidth``
+        parsed, None for ``auto``).
     map_from_rows : bool
         The map is built from summaries of the nodes' rows (the kernel model's landmarks):
         under ``dp-epsilon`` it is built from the server's own public rows instead, and a
@@ -69,14 +75,14 @@ class ModelKind:
 
     name: str
     convex: bool
-    feature_map: str | None = None
+    feature_map: type | None = None
     settings: tuple[str, ...] = ()
     width: Callable[[Any, int], int] | None = None
     gram_rank_share: int = 16
     exact_solve: bool = False
     rows_beside: bool = False
     titled: Callable[[Mapping[str, Any], Mapping[str, Any], Mapping[str, Any]], str] | None = None
-    map_rule: Callable[[Any, float | None], dict[str, tuple]] | None = None
+    map_rule: Callable[[Any, float | None], MapRule] | None = None
     map_from_rows: bool = False
 
     def layer_width(self, settings: Any, inputs: int) -> int:
@@ -118,30 +124,58 @@ def _mlp_title(cfg: Mapping[str, Any], meta: Mapping[str, Any],
 
 
 LOGISTIC_KIND = ModelKind("logistic", convex=True, exact_solve=True)
-RANDOM_FEATURES_KIND = ModelKind("random-features", convex=True, feature_map="random-features",
+RANDOM_FEATURES_KIND = ModelKind("random-features", convex=True, feature_map=RandomFeatures,
                                  settings=("rf-map", "rf-dim", "rf-bandwidth"),
                                  width=lambda s, inputs: int(s.rf_dim or 0),
                                  titled=_random_features_title,
-                                 map_rule=lambda s, bandwidth: {"random_features": (
-                                     s.rf_map, int(s.rf_dim), bandwidth, int(s.seed))})
-KERNEL_KIND = ModelKind("kernel", convex=True, feature_map="kernel",
+                                 map_rule=lambda s, bandwidth: RandomFeaturesRule(
+                                     s.rf_map, int(s.rf_dim), bandwidth, int(s.seed)))
+KERNEL_KIND = ModelKind("kernel", convex=True, feature_map=KernelFeatures,
                         settings=("kernel-landmarks", "rf-bandwidth"),
                         # 0 (not known) where the count is not given: a node's settings
                         # do not carry it (the map in its messages says the width)
                         width=lambda s, inputs: int(s.kernel_landmarks) + inputs
                         if s.kernel_landmarks else 0, gram_rank_share=5, rows_beside=True,
                         titled=_kernel_title, map_from_rows=True,
-                        map_rule=lambda s, bandwidth: {"kernel": (
-                            int(s.kernel_landmarks), bandwidth, int(s.seed))})
+                        map_rule=lambda s, bandwidth: KernelRule(
+                            int(s.kernel_landmarks), bandwidth, int(s.seed)))
 MLP_KIND = ModelKind("mlp", convex=False, settings=("hidden", "dropout", "eps-neuron",
                                                "neuron-criterion", "neuron-delta", "clusters"),
                      titled=_mlp_title)
 
+#: every model a run can name, built in or registered (:func:`register_model`)
 MODEL_KINDS: dict[str, ModelKind] = {k.name: k for k in (LOGISTIC_KIND, RANDOM_FEATURES_KIND,
                                                                KERNEL_KIND, MLP_KIND)}
+#: the built-in models' names
 MODELS = tuple(MODEL_KINDS)
-#: the convex models' names (a softmax-linear layer on the inputs or on a map of them)
-CONVEX_MODELS = tuple(name for name, kind in MODEL_KINDS.items() if kind.convex)
+
+
+def register_model(kind: ModelKind) -> ModelKind:
+    """Make ``kind`` a model a run can name (``model='<its name>'``) in this process: the
+    settings accept it, the nodes and the server ask it what they ask every model, and a
+    saved model that carries its map loads. A name already registered is refused (say
+    :func:`unregister_model` first to replace one)."""
+    if not isinstance(kind, ModelKind):
+        raise TypeError(f"register a ModelKind, not {type(kind).__name__}")
+    if kind.name in MODEL_KINDS:
+        raise ValueError(f"a model named {kind.name!r} is registered already")
+    if not kind.convex and kind.feature_map is not None:
+        raise ValueError(f"model {kind.name!r}: a feature map needs a convex model")
+    MODEL_KINDS[kind.name] = kind
+    return kind
+
+
+def unregister_model(name: str) -> None:
+    """Forget a model :func:`register_model` added (a built-in model stays)."""
+    if name in MODELS:
+        raise ValueError(f"{name!r} is a built-in model; it cannot be removed")
+    MODEL_KINDS.pop(name, None)
+
+
+def feature_map_classes() -> tuple[type, ...]:
+    """The map classes of the registered models, once each, in registration order."""
+    return tuple(dict.fromkeys(k.feature_map for k in MODEL_KINDS.values()
+                               if k.feature_map is not None))
 
 
 def model_kind(name: str) -> ModelKind:
@@ -149,4 +183,4 @@ def model_kind(name: str) -> ModelKind:
     try:
         return MODEL_KINDS[str(name)]
     except KeyError:
-        raise ValueError(f"unknown model {name!r}; available: {', '.join(MODELS)}") from None
+        raise ValueError(f"unknown model {name!r}; available: {', '.join(MODEL_KINDS)}") from None

@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+from gems_fl.data.feature_map import MapRule
 from gems_fl.data.feature_ranges import FeatureRanges
 from gems_fl.geometry.dp import DPSpec
 from gems_fl.geometry.kinds import AggregateOptions, SpaceOptions, space_kind
@@ -55,13 +56,11 @@ class AgreementRule:
     standardize: str = "off"
     min_rows: int = 1  # node-files: a site with fewer training rows is left out
     ranges: FeatureRanges | None = None  # standardize='ranges': the declared feature ranges
-    #: model='random-features': (map, D, bandwidth or None for the sums' rule, seed)
-    random_features: tuple[str, int, float | None, int] | None = None
-    #: model='kernel': (landmarks m, bandwidth or None for the sums' rule, seed)
-    kernel: tuple[int, float | None, int] | None = None
-    #: model='kernel' under dp-epsilon: ``agreement -> (rows, labels)``, the server's own
-    #: public rows scaled as the nodes scale theirs; the landmarks, the RBF width and the
-    #: rows' scale come from them, and no landmark round runs (nothing of a node's unnoised)
+    #: how the model's map of the rows is built (its ``map_rule``); None: no map
+    map: MapRule | None = None
+    #: a map built from the nodes' rows, under dp-epsilon: ``agreement -> (rows, labels)``,
+    #: the server's own public rows scaled as the nodes scale theirs; the map comes from
+    #: them, and the map's own round does not run (nothing of a node's unnoised)
     public_rows: Callable[[Any], tuple[np.ndarray, np.ndarray]] | None = None
 
 

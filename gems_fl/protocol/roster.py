@@ -14,6 +14,7 @@ from __future__ import annotations
 import time
 from collections import Counter
 from dataclasses import dataclass, field, replace
+from functools import partial
 from logging import INFO, WARNING
 from typing import Any
 
@@ -24,12 +25,10 @@ from flwr.serverapp import Grid
 from gems_fl.data.agreement import NODE_FILES, DataAgreement, Scaling
 from gems_fl.data.categories import agreed_levels, base_of, complete_columns
 from gems_fl.data.datasets import DATASET_SHAPES
-from gems_fl.data.kernel_features import KernelFeatures, class_centres, mean_square_norm, row_scale
-from gems_fl.data.random_features import BANDWIDTH_FACTOR, RandomFeatures, bandwidth_from_stats
+from gems_fl.data.feature_map import FeatureMap, MapEvidence, NodeEvidence
 from gems_fl.data.site_columns import column_difference, vote_columns
 from gems_fl.data.site_files import (
     combine_stats,
-    feature_stats,
     parse_classes,
     sort_classes,
 )
@@ -130,7 +129,8 @@ def identify_nodes(grid: Grid, node_ids: list[int], exchange: Exchange,
             entry["node_name"] = name
     agreement, refused = agree(identities, rule)
     landmark_report = None
-    if rule.kernel is not None and rule.public_rows is None and agreement is not None:
+    if rule.map is not None and rule.map.round_asks and rule.public_rows is None \
+            and agreement is not None:
         identities, lost, landmark_report = _landmark_round(
             grid, exchange, rule, agreement, identities, refused)
         rejected.extend(lost)
@@ -220,13 +220,13 @@ def _log_agreement(agreement: DataAgreement, rule: AgreementRule) -> None:
 def _landmark_round(grid: Grid, exchange: Exchange, rule: AgreementRule,
                     agreement: DataAgreement, identities: dict[int, Identity],
                     refused: dict[int, str]):
-    """``model='kernel'``: ask the nodes that fit for their class centres. Returns the
-    identities (those that answered, with their centres), the rejection entries of those
-    that did not, and the round's report."""
+    """The map's own round (the kernel model's landmarks): ask the nodes that fit for
+    their class centres. Returns the identities (those that answered, with their centres),
+    the rejection entries of those that did not, and the round's report."""
     kept = {n: int(i.counts["num-train-examples"]) for n, i in identities.items() if n not in refused}
     if not kept:
         return identities, [], None
-    centres, lost, report = collect_landmarks(grid, exchange, agreement, kept, rule.kernel[0],
+    centres, lost, report = collect_landmarks(grid, exchange, agreement, kept, rule.map.round_asks,
                                               {n: identities[n].name for n in identities})
     answered = {n: replace(i, landmarks=centres[n]) if n in centres else i
                 for n, i in identities.items() if n not in kept or n in centres}
@@ -273,14 +273,9 @@ def agree(identities: dict[int, Identity], rule: AgreementRule
     _refuse_unknown_labels(identities, classes, refused)
     mean, std = _agree_scaling(identities, refused, columns, rule, num_features)
     features = None
-    if rule.random_features is not None:
-        features = _feature_map(identities, refused, columns, rule, num_features, std)
-    elif rule.kernel is not None and rule.public_rows is not None:
-        if any(n not in refused for n in identities):
-            features = _public_kernel_map(
-                rule, DataAgreement(num_features, classes, mean, std, columns, None))
-    elif rule.kernel is not None:
-        features = _kernel_map(identities, refused, columns, rule, mean, std)
+    if rule.map is not None:
+        features = _agreed_map(identities, refused, columns, rule,
+                               DataAgreement(num_features, classes, mean, std, columns, None))
     return DataAgreement(num_features, classes, mean, std, columns, features,
                          {b: v for b, v in categories.items()
                           if any(base_of(c, [b]) for c in columns or [])} or None), refused
@@ -394,77 +389,23 @@ def _complete_categories(identities: dict[int, Identity]
     return out, levels
 
 
-def _feature_map(identities: dict[int, Identity], refused: dict[int, str],
-                 columns: list[str] | None, rule: AgreementRule, num_features: int,
-                 std: np.ndarray | None) -> RandomFeatures | None:
-    """The run's random-feature map. Its bandwidth, unless set, comes from the kept
-    nodes' per-feature sums as the nodes will scale their features (``std``: the shared
-    scaling's; ``node``: the pooled std stands in for each node's own)."""
-    kind, dim, bandwidth, seed = rule.random_features
-    if bandwidth is None:
-        kept = sorted((n for n in identities if n not in refused and identities[n].stats is not None),
-                      key=lambda n: (identities[n].name, n))
-        if not kept:
-            return None  # no node fits the run: the run stops on that
-        stats = [_in_order(identities[n], columns) for n in kept]
-        if std is None and rule.standardize == Scaling.NODE:
-            std = combine_stats(stats)[1]
-        bandwidth = bandwidth_from_stats(stats, std)
-        log(INFO, "Identify: random-feature map %s, D=%d, bandwidth %.4g (%.1f x the RMS "
-            "distance between two training rows, from %d node(s)' feature sums)", kind, dim,
-            bandwidth, BANDWIDTH_FACTOR, len(kept))
-    return RandomFeatures(kind, num_features, dim, float(bandwidth), seed)
-
-
-def _kernel_map(identities: dict[int, Identity], refused: dict[int, str],
-                columns: list[str] | None, rule: AgreementRule, mean: np.ndarray | None,
-                std: np.ndarray | None) -> KernelFeatures | None:
-    """The run's Nyström map: the kept nodes' class centres in their name order, the RBF
-    width as for random features, the rows beside scaled to unit RMS norm (both from the
-    nodes' feature sums). None before the landmark round (no centres yet)."""
-    kept = sorted((n for n in identities if n not in refused
-                   and identities[n].landmarks is not None and len(identities[n].landmarks)),
+def _agreed_map(identities: dict[int, Identity], refused: dict[int, str],
+                columns: list[str] | None, rule: AgreementRule, shape: DataAgreement
+                ) -> FeatureMap | None:
+    """The model's map, as its rule builds it from what the nodes that fit said (in name
+    order, their feature sums in the run's column order); ``shape``: the agreement so far."""
+    kept = sorted((n for n in identities if n not in refused),
                   key=lambda n: (identities[n].name, n))
-    stats = [_in_order(identities[n], columns) for n in kept if identities[n].stats is not None]
-    if not kept or not stats:
-        return None
-    if std is None and rule.standardize == Scaling.NODE:
-        mean, std = combine_stats(stats)  # each node's own scaling, pooled: near enough
-    _, bandwidth, _ = rule.kernel
-    if bandwidth is None:
-        bandwidth = bandwidth_from_stats(stats, std)
-    marks = np.concatenate([identities[n].landmarks for n in kept])
-    scale = row_scale(mean_square_norm(stats, mean, std), marks.shape[1])
-    log(INFO, "Identify: kernel map on %d landmarks from %d node(s), D=%d (the rows and the "
-        "kernel features), RBF width %.4g", len(marks), len(kept),
-        len(marks) + marks.shape[1], bandwidth)
-    return KernelFeatures(marks, float(bandwidth), raw_scale=scale)
-
-
-def _public_kernel_map(rule: AgreementRule, agreement: DataAgreement) -> KernelFeatures:
-    """The Nyström map from the server's own public rows (``dp-epsilon``): the rows
-    themselves as landmarks where they are no more than asked, else k-means centres of
-    each class's rows; the RBF width and the rows' scale from the same rows. Nothing a
-    node holds enters the map, so no privacy budget is spent on it."""
-    count, bandwidth, seed = rule.kernel
-    rows, labels = rule.public_rows(agreement)
-    rows = np.asarray(rows, dtype=np.float32)
-    if rows.ndim != 2 or len(rows) < 2 or rows.shape[1] != agreement.num_features:
-        raise ValueError(f"model='kernel' under dp-epsilon takes its landmarks from the server's "
-                         f"public rows, and it holds {len(rows)} of shape {rows.shape}; give "
-                         f"the server at least 2 rows of {agreement.num_features} features "
-                         "(public-samples in a simulation, public-data otherwise)")
-    marks = rows if len(rows) <= count else class_centres(
-        rows, np.asarray(labels), count / len(rows), seed, min_rows=1)[0]
-    stats = [feature_stats(rows)]  # already scaled as the nodes scale theirs
-    if bandwidth is None:
-        bandwidth = bandwidth_from_stats(stats)
-    scale = row_scale(mean_square_norm(stats, None, None), marks.shape[1])
-    log(INFO, "Identify: kernel map on %d landmarks from the server's %d public rows, D=%d "
-        "(the rows and the kernel features), RBF width %.4g", len(marks), len(rows),
-        len(marks) + marks.shape[1], bandwidth)
-    return KernelFeatures(marks, float(bandwidth), raw_scale=scale,
-                          source="the server's public rows")
+    nodes = tuple(NodeEvidence(None if identities[n].stats is None
+                               else _in_order(identities[n], columns), identities[n].landmarks)
+                  for n in kept)
+    public = None if rule.public_rows is None else partial(rule.public_rows, shape)
+    evidence = MapEvidence(shape.num_features, nodes, shape.mean, shape.std,
+                           rule.standardize == Scaling.NODE, public)
+    features, note = rule.map.agree(evidence)
+    if note:
+        log(INFO, "Identify: %s", note)
+    return features
 
 
 def _agree_columns(identities: dict[int, Identity], nodes: list[int],

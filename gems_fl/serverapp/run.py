@@ -304,7 +304,8 @@ def _train(grid: Grid, settings: Settings, roster: Roster, timing: dict[str, flo
         plan = replace(plan, features=agreement.features.describe())
     log(INFO, "Plan: %s", plan_line(plan))
     options = server_options(settings, plan)
-    if agreement.features is not None and agreement.features.raw_columns:
+    if settings.model_kind.rows_beside and agreement.features is not None \
+            and agreement.features.raw_columns:  # as the plan and the nodes ask the kind
         options = replace(options, aggregate=replace(
             options.aggregate, linear_columns=agreement.features.raw_columns))
     t_data = time.perf_counter()

@@ -154,8 +154,8 @@ def agreement_rule(settings: Settings) -> AgreementRule:
     return AgreementRule(dataset=settings.dataset, num_features=int(settings.num_features or 0),
                          classes=settings.classes, standardize=settings.standardize,
                          min_rows=int(settings.min_rows), ranges=ranges,
-                         **(map_rule(settings, parse_rf_bandwidth(settings.rf_bandwidth))
-                            if map_rule is not None else {}))
+                         map=(map_rule(settings, parse_rf_bandwidth(settings.rf_bandwidth))
+                              if map_rule is not None else None))
 
 
 def exchange(settings: Settings, plan: Any = None) -> Exchange:

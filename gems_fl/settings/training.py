@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from gems_fl.data.random_features import MAPS
-from gems_fl.learning.model_kinds import LOGISTIC_KIND, MODELS
+from gems_fl.learning.model_kinds import LOGISTIC_KIND, MODEL_KINDS
 from gems_fl.learning.recipe import LOCAL_SOLVES, TUNE_LAYERS, TUNE_STOPS
 from gems_fl.settings.checks import at_least, in_range, one_of, parses, positive, setting
 from gems_fl.settings.values import check_hidden, parse_rf_bandwidth, parse_tune_curve
@@ -47,7 +47,7 @@ class TrainingSettings:
         '`logistic`, `random-features` (on a random-feature map of the inputs; '
         'docs/random-features.md), `kernel` (on the rows beside Nyström features of the RBF '
         'kernel; docs/kernel.md) or `mlp` (one round per hidden layer, then the output layer)',
-        one_of(MODELS), node=True, user=True,
+        one_of(MODEL_KINDS), node=True, user=True,
         detail='The convex models (`logistic`, `random-features`, `kernel`) run the spaces '
         'round, then the selection round (`[ROUND 1/2]`, `[ROUND 2/2]`); `random-features` '
         'draws its map from the seed (`rf-map`, `rf-dim`), `kernel` takes its landmarks from '
