@@ -11,12 +11,12 @@ from gems_fl.api import GEMSModel, load_model
 from gems_fl.data.kernel_features import (
     MIN_ROWS_PER_LANDMARK,
     KernelFeatures,
+    LandmarkRound,
     class_centres,
     landmark_quotas,
     principal_coordinates,
 )
-from gems_fl.protocol import landmarks as landmark_round
-from gems_fl.protocol import wire
+from gems_fl.protocol import map_round, wire
 from gems_fl.protocol.replies import ReplyError
 from gems_fl.protocol.rounds import ROUND_NAME_KEY, Round
 from gems_fl.settings import Settings, SettingsError
@@ -112,8 +112,8 @@ def test_a_malformed_landmark_reply_is_refused_naming_why(how, reason):
     elif how == "small":
         sizes[1] = 2
     with pytest.raises(ReplyError, match=reason):
-        landmark_round.decode_landmarks(landmark_round.encode_landmarks(centres, sizes), 4,
-                                        most=2 if how == "many" else 10)
+        map_round.decode_summaries(map_round.encode_summaries({"centres": centres, "sizes": sizes}),
+                                   LandmarkRound(), 4, most=2 if how == "many" else 10)
 
 
 def test_the_kernel_model_runs_end_to_end_and_the_saved_model_predicts_raw_rows(tmp_path):
@@ -121,7 +121,7 @@ def test_the_kernel_model_runs_end_to_end_and_the_saved_model_predicts_raw_rows(
                              **{"label-division": "dirichlet:0.5"})
     fmap = results["dataset"]["feature_map"]
     assert 0 < fmap["landmarks"] <= 150 and fmap["dim"] == 64 + fmap["landmarks"]
-    assert results["identify"]["landmark_round"]["landmarks"] == fmap["landmarks"]
+    assert results["identify"]["map_round"]["landmarks"] == fmap["landmarks"]
     assert results["rows"]["GEMS"]["accuracy"] > 0.9
     model = load_model(tmp_path / "run-1")
     assert isinstance(model.features, KernelFeatures) and model.features.dim == fmap["dim"]
@@ -169,9 +169,10 @@ def test_a_node_that_sends_bad_landmarks_is_left_out_and_the_run_goes_on(tmp_pat
     def app(msg: Message, context):
         reply = client_app(msg, context)
         config = msg.content.config_records.get(wire.CONFIG_KEY, {})
-        if config.get(ROUND_NAME_KEY) == Round.LANDMARKS and context.node_id == 1001:
-            return Message(content=landmark_round.encode_landmarks(
-                np.full((2, 64), np.nan, np.float32), np.full(2, 10)), reply_to=msg)
+        if config.get(ROUND_NAME_KEY) == Round.MAP and context.node_id == 1001:
+            return Message(content=map_round.encode_summaries(
+                {"centres": np.full((2, 64), np.nan, np.float32), "sizes": np.full(2, 10)}),
+                reply_to=msg)
         return reply
 
     results = run_in_process(3, tmp_path, client=app, model="kernel", **{"kernel-landmarks": 100},
@@ -219,7 +220,7 @@ def test_under_dp_the_landmarks_are_the_servers_public_rows_and_no_node_sends_an
     """dp-epsilon: no landmark round; the map's landmarks are the server's public sample
     (rows no node holds), its width and scale from them; nodes send only noised sums."""
     from gems_fl.data.agreement import DataAgreement
-    from gems_fl.evaluation.server_data import public_landmark_rows
+    from gems_fl.evaluation.server_data import public_map_rows
     from gems_fl.settings.options import server_data_options
 
     asked = []
@@ -232,12 +233,12 @@ def test_under_dp_the_landmarks_are_the_servers_public_rows_and_no_node_sends_an
     overrides = {"kernel-landmarks": 500, "public-samples": 120, "dp-epsilon": 8.0,
                  "dp-seeded-noise": True, "label-division": "dirichlet:0.5", "seed": 3}
     results = run_in_process(3, tmp_path, client=app, model="kernel", **overrides)
-    assert not any(landmark_round.SHARE_KEY in c for c in asked)
-    assert results["identify"].get("landmark_round") is None
+    assert not any(map_round.SHARE_KEY in c for c in asked)
+    assert results["identify"].get("map_round") is None
     fmap = results["dataset"]["feature_map"]
     assert fmap["landmarks-from"] == "the server's public rows" and fmap["landmarks"] == 120
     assert results["privacy"]["dp"]["epsilon"] == 8.0
-    public, _ = public_landmark_rows(
+    public, _ = public_map_rows(
         server_data_options(Settings(dataset="digits", public_samples=120, seed=3,
                                      standardize="off")),
         DataAgreement(64, [str(i) for i in range(10)], None, None, None, None))
@@ -332,7 +333,7 @@ def test_the_landmarks_travel_once_and_a_node_that_lost_them_is_left_out_naming_
     maps its rows with those it kept. A node whose state was lost answers an error."""
     from client_app import app as client_app
     from gems_fl.data.kernel_features import DIGEST_KEY, LANDMARKS_KEY
-    from gems_fl.protocol.landmarks import KEPT_KEY
+    from gems_fl.protocol.map_round import KEPT_KEY
     from gems_fl.protocol.node_store import NodeStore
 
     seen = []
@@ -351,7 +352,7 @@ def test_the_landmarks_travel_once_and_a_node_that_lost_them_is_left_out_naming_
     assert seen[3:] and all(not whole and digest for _, whole, digest in seen[3:])
     lost = [x for r in results["rounds"] for x in r.get("rejected", [])
             if x["node_id"] == 1002]
-    assert lost and "keeps no kernel landmarks of hash" in lost[0]["reason"]
+    assert lost and "keeps no map part of hash" in lost[0]["reason"]
     assert results["verification"]["good_enough"] == 2
 
 

@@ -60,7 +60,7 @@ def test_the_run_records_how_many_landmarks_it_kept_and_why(tmp_path):
     from tests.helpers import run_in_process
 
     results = run_in_process(3, tmp_path, model="kernel", **{"kernel-landmarks": 4000})
-    report = results["identify"]["landmark_round"]
+    report = results["identify"]["map_round"]
     assert report["asked"] == 4000 and report["landmarks"] < 4000
     assert report["why"].startswith(f"{report['landmarks']} of 4000 asked: ")
     assert "at most one per 5 rows of a class" in report["why"]

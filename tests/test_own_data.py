@@ -523,7 +523,7 @@ def test_under_dp_the_kernel_model_takes_its_landmarks_from_the_public_data_file
                                 "standardize": "node"})
     fmap = results["dataset"]["feature_map"]
     assert fmap["landmarks-from"] == "the server's public rows" and fmap["landmarks"] == 60
-    assert results["identify"].get("landmark_round") is None
+    assert results["identify"].get("map_round") is None
     assert results["privacy"]["dp"]["epsilon"] == 8.0 and len(results["participants"]) == 3
 
 

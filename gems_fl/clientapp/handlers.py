@@ -28,7 +28,7 @@ from gems_fl.data.nodes import (
     own_node_config,
 )
 from gems_fl.learning.train import set_default_device
-from gems_fl.protocol import landmarks, node, secure, wire
+from gems_fl.protocol import map_round, node, secure, wire
 from gems_fl.protocol.node_store import NodeStore
 from gems_fl.protocol.rounds import Round, round_of
 from gems_fl.settings import Settings
@@ -51,7 +51,8 @@ def _node_data(settings: Settings, config: Mapping[str, Any], context: Context) 
     node_config = own_node_config(context.node_config, settings.site_files)
     store = NodeStore(context)
     try:
-        config = landmarks.with_kept_landmarks(dict(config), store)
+        config = map_round.with_kept_map_part(
+            dict(config), store, getattr(settings.model_kind.feature_map, "LARGE_CONFIG", None))
     except ValueError as exc:
         raise NodeDataError(f"node '{node_name(node_config)}': {exc}") from None
     agreement = DataAgreement.from_config(config)
@@ -82,13 +83,18 @@ def _on_data(reply: Callable[..., Message], *, sets_device: bool = True,
     return handle
 
 
-def _landmarks(msg: Message, context: Context, config: dict[str, Any]) -> Message:
-    """The class centres of this node's rows (``model='kernel'``:
-    :mod:`gems_fl.protocol.landmarks`)."""
-    data = _node_data(node_settings(config, context), config, context)
-    return Message(content=landmarks.landmarks_content(
-        data.x_train, data.y_train, float(config[landmarks.SHARE_KEY]),
-        Settings.from_node_config(config).seed), reply_to=msg)
+def _map_round(msg: Message, context: Context, config: dict[str, Any]) -> Message:
+    """Summaries of this node's rows for the model's map (the kernel model's class centres:
+    :mod:`gems_fl.protocol.map_round`)."""
+    settings = node_settings(config, context)
+    round_ = settings.model_kind.map_round
+    if round_ is None:
+        raise ValueError(f"the server asks for the map round, and model '{settings.model}' has "
+                         "none: run the same version of gems-fl on the server and every node")
+    data = _node_data(settings, config, context)
+    return Message(content=map_round.summaries_content(
+        round_, data.x_train, data.y_train, float(config[map_round.SHARE_KEY]), settings.seed),
+        reply_to=msg)
 
 
 def _identify(msg: Message, context: Context, config: dict[str, Any]) -> Message:
@@ -131,7 +137,7 @@ def _last_round(handler: Handler) -> Handler:
 #: how this node answers each round (:mod:`gems_fl.protocol.rounds`)
 HANDLERS: dict[Round, Handler] = {
     Round.IDENTIFY: _identify,
-    Round.LANDMARKS: _landmarks,
+    Round.MAP: _map_round,
     Round.SPACES: _on_data(node.spaces_reply, passes_config=True),
     Round.LAYER: _on_data(node.spaces_reply, passes_config=True),
     Round.SECURE_SUMS: _on_data(node.secure_sums_reply, sets_device=False),

@@ -11,13 +11,13 @@ them, and never which map it is.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 import numpy as np
 
-__all__ = ["FeatureMap", "MapEvidence", "MapRule", "NodeEvidence"]
+__all__ = ["FeatureMap", "MapEvidence", "MapRound", "MapRule", "NodeEvidence"]
 
 #: a node's per-feature sums ``(rows, sum, sum of squares)``
 Stats = tuple[int, np.ndarray, np.ndarray]
@@ -82,3 +82,27 @@ class MapRule(Protocol):
     def agree(self, evidence: MapEvidence) -> tuple[FeatureMap | None, str | None]:
         """The run's map (None where no node gave what it needs yet) and a line for the
         log saying how it was built (None: nothing worth a line)."""
+
+
+class MapRound(Protocol):
+    """A model's own round after the identity round (the kernel model's landmarks): each
+    node that fits sends summaries of its rows, never a row, and the model's
+    :class:`MapRule` builds the map from them (:attr:`NodeEvidence.sent`). The protocol
+    carries the arrays (:mod:`gems_fl.protocol.map_round`); this object says what they are."""
+
+    def summarize(self, x_train: np.ndarray, y_train: np.ndarray, share: float,
+                  seed: int) -> dict[str, np.ndarray]:
+        """A node's answer from its (scaled) training rows: about ``share`` summaries per
+        row, as named arrays."""
+
+    def check(self, arrays: Mapping[str, np.ndarray], num_features: int,
+              most: int) -> np.ndarray:
+        """The summaries a reply's ``arrays`` hold, checked (at most ``most`` of
+        ``num_features`` each); ``ValueError`` saying what is wrong."""
+
+    def report(self, kept: int, asked: int, rows: int) -> dict[str, Any]:
+        """What results.json records of the round: ``kept`` summaries of ``asked``, from
+        ``rows`` training rows in all."""
+
+    def describe(self, kept: int, nodes: int) -> str:
+        """The round's outcome in words, for the log."""

@@ -32,7 +32,8 @@ from gems_fl.data.feature_map import MapEvidence
 from gems_fl.data.random_features import bandwidth_from_stats
 from gems_fl.data.site_files import combine_stats, feature_stats
 
-__all__ = ["MIN_ROWS_PER_LANDMARK", "KernelFeatures", "KernelRule", "absorb_small_clusters",
+__all__ = ["MIN_ROWS_PER_LANDMARK", "KernelFeatures", "KernelRule", "LandmarkRound",
+           "absorb_small_clusters",
            "class_centres",
            "landmark_quotas", "mean_square_norm", "row_scale"]
 
@@ -66,6 +67,10 @@ class KernelFeatures:
     _projection: list = field(default_factory=list, init=False, repr=False, compare=False)
 
     JSON_KEY = "feature_map"  # results.json's dataset record names the map by it
+    #: the config keys of the map's large part (the landmarks) and of its hash: the first
+    #: message of a run carries the part, a later one only its hash, and each node keeps
+    #: the part between the two (:func:`gems_fl.protocol.map_round.with_kept_map_part`)
+    LARGE_CONFIG = (LANDMARKS_KEY, DIGEST_KEY)
 
     def __post_init__(self) -> None:
         marks = np.ascontiguousarray(self.landmarks, dtype=np.float32)
@@ -154,7 +159,7 @@ class KernelFeatures:
     def to_config(self, whole: bool = True) -> dict[str, Any]:
         """The map as message config keys: the landmarks as float32 bytes, or (``whole``
         False) only their hash, for a node that keeps them from an earlier message of the
-        run (:mod:`gems_fl.protocol.landmarks`)."""
+        run (:data:`LARGE_CONFIG`)."""
         held = ({LANDMARKS_KEY: self.landmarks.tobytes()} if whole
                 else {DIGEST_KEY: self.digest()})
         return {"feature-map": MAP_NAME, **held,
@@ -387,3 +392,56 @@ class KernelRule:
                 f"RBF width {bandwidth:.4g}")
         return KernelFeatures(marks, float(bandwidth), raw_scale=scale,
                               source="the server's public rows"), note
+
+
+class LandmarkRound:
+    """The kernel model's own round: each node sends k-means centres of each class of its
+    (scaled) training rows (:func:`class_centres`), in proportion to its rows, each the mean
+    of at least :data:`MIN_ROWS_PER_LANDMARK` of them; they become the map's landmarks."""
+
+    def summarize(self, x_train: np.ndarray, y_train: np.ndarray, share: float,
+                  seed: int) -> dict[str, np.ndarray]:
+        centres, sizes = class_centres(x_train, y_train, share, seed)
+        return {"centres": np.ascontiguousarray(centres, dtype=np.float32),
+                "sizes": np.ascontiguousarray(sizes, dtype=np.int64)}
+
+    def check(self, arrays: Mapping[str, np.ndarray], num_features: int,
+              most: int) -> np.ndarray:
+        if "centres" not in arrays or "sizes" not in arrays:
+            raise ValueError(f"the landmark reply lacks 'centres' and 'sizes' (it holds "
+                             f"{sorted(arrays)})")
+        centres, sizes = np.asarray(arrays["centres"]), np.asarray(arrays["sizes"])
+        if centres.ndim != 2 or centres.shape[1] != num_features or sizes.shape != (len(centres),):
+            raise ValueError(f"landmark reply has centres of shape {centres.shape} and sizes of "
+                             f"shape {sizes.shape}; the run has {num_features} features")
+        if not np.all(np.isfinite(centres)):
+            raise ValueError("landmark reply holds NaN or infinite values")
+        if len(sizes) and int(sizes.min()) < MIN_ROWS_PER_LANDMARK:
+            raise ValueError(f"landmark reply has a centre of {int(sizes.min())} row(s); each "
+                             f"must be the mean of at least {MIN_ROWS_PER_LANDMARK}")
+        if len(centres) > most:
+            raise ValueError(f"landmark reply has {len(centres)} centres; the node's share "
+                             f"allows at most {most}")
+        return centres.astype(np.float32)
+
+    def report(self, kept: int, asked: int, rows: int) -> dict[str, Any]:
+        return {"landmarks": int(kept), "asked": int(asked),
+                "why": landmark_count_reason(kept, asked, rows)}
+
+    def describe(self, kept: int, nodes: int) -> str:
+        return (f"{kept} class centres from {nodes} node(s) (each the mean of at least "
+                f"{MIN_ROWS_PER_LANDMARK} rows)")
+
+
+def landmark_count_reason(kept: int, asked: int, rows: int) -> str:
+    """Why a run has ``kept`` landmarks when ``asked`` were asked of ``rows`` training rows
+    (results.json: ``identify.map_round.why``)."""
+    rule = (f"each a k-means centre of one class at one site, the mean of at least "
+            f"{MIN_ROWS_PER_LANDMARK} of its rows")
+    if kept >= asked:
+        return f"{kept} as asked, {rule}"
+    if asked * MIN_ROWS_PER_LANDMARK > rows:
+        return (f"{kept} of {asked} asked: {rows} training rows allow at most one per "
+                f"{MIN_ROWS_PER_LANDMARK} rows of a class ({rule}; clusters under that "
+                "dissolved into the others)")
+    return f"{kept} of {asked} asked: {rule}; clusters under that were dropped"

@@ -126,8 +126,9 @@ def load_server_data(
 
 
 
-def public_landmark_rows(settings: ServerDataOptions, agreement) -> tuple[np.ndarray, np.ndarray]:
-    """The server's own public rows for the kernel map's landmarks under ``dp-epsilon``,
+def public_map_rows(settings: ServerDataOptions, agreement) -> tuple[np.ndarray, np.ndarray]:
+    """The server's own public rows for a map built from rows (the kernel map's landmarks)
+    under ``dp-epsilon``,
     scaled as the nodes scale theirs (the agreement's scaling; ``node``: the rows' own),
     with their class indices: the ``public-data`` file, else (a named dataset) the public
     sample a simulation's server draws (``public-samples`` rows no node holds)."""
@@ -138,8 +139,8 @@ def public_landmark_rows(settings: ServerDataOptions, agreement) -> tuple[np.nda
         public = load_public_data(settings, agreement)
         return public.x, public.y
     if settings.dataset == NODE_FILES:
-        raise ValueError("model='kernel' under dp-epsilon takes its landmarks from the server's "
-                         "public rows: give the server a public-data file of the sites' features")
+        raise ValueError("under dp-epsilon the model's map is built from the server's own public "
+                         "rows: give the server a public-data file of the sites' features")
     splits = load_dataset(settings.dataset, seed=settings.seed, data_dir=settings.data_dir or None,
                           features=settings.features)
     x, y = draw_public_sample(splits.public_x, splits.public_y,

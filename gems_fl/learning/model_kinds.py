@@ -15,8 +15,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from gems_fl.data.feature_map import MapRule
-from gems_fl.data.kernel_features import KernelFeatures, KernelRule
+from gems_fl.data.feature_map import MapRound, MapRule
+from gems_fl.data.kernel_features import KernelFeatures, KernelRule, LandmarkRound
 from gems_fl.data.random_features import RandomFeatures, RandomFeaturesRule
 
 __all__ = ["KERNEL_KIND", "LOGISTIC_KIND", "MLP_KIND", "MODELS", "MODEL_KINDS",
@@ -67,6 +67,10 @@ class ModelKind:
         ``map_rule(settings, bandwidth)``: how the identity round builds the model's map,
         a :class:`~gems_fl.data.feature_map.MapRule` (``bandwidth``: ``rf-bandwidth``
         parsed, None for ``auto``).
+    map_round : MapRound or None
+        The model's own round after the identity round, where its map is built from
+        summaries of the nodes' rows (the kernel model's landmarks; its rule's
+        ``round_asks`` says how many): what a node sends and how the server checks it.
     map_from_rows : bool
         The map is built from summaries of the nodes' rows (the kernel model's landmarks):
         under ``dp-epsilon`` it is built from the server's own public rows instead, and a
@@ -83,6 +87,7 @@ class ModelKind:
     rows_beside: bool = False
     titled: Callable[[Mapping[str, Any], Mapping[str, Any], Mapping[str, Any]], str] | None = None
     map_rule: Callable[[Any, float | None], MapRule] | None = None
+    map_round: MapRound | None = None
     map_from_rows: bool = False
 
     def layer_width(self, settings: Any, inputs: int) -> int:
@@ -136,7 +141,7 @@ KERNEL_KIND = ModelKind("kernel", convex=True, feature_map=KernelFeatures,
                         # do not carry it (the map in its messages says the width)
                         width=lambda s, inputs: int(s.kernel_landmarks) + inputs
                         if s.kernel_landmarks else 0, gram_rank_share=5, rows_beside=True,
-                        titled=_kernel_title, map_from_rows=True,
+                        titled=_kernel_title, map_round=LandmarkRound(), map_from_rows=True,
                         map_rule=lambda s, bandwidth: KernelRule(
                             int(s.kernel_landmarks), bandwidth, int(s.seed)))
 MLP_KIND = ModelKind("mlp", convex=False, settings=("hidden", "dropout", "eps-neuron",

@@ -38,7 +38,7 @@ class Identity:
     columns: list[str] | None = None  # feature column names, in the node's order
     notes: list[str] = field(default_factory=list)  # how the node read its file
     categories: list[str] = field(default_factory=list)  # its category columns, by name
-    landmarks: np.ndarray | None = None  # model='kernel': its class centres (landmark round)
+    summaries: np.ndarray | None = None  # what it sent in the model's map round, if any
 
 
 def decode_identity_full(content: RecordDict) -> Identity:

@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from gems_fl.data.feature_map import MapRule
+from gems_fl.data.feature_map import MapRound, MapRule
 from gems_fl.data.feature_ranges import FeatureRanges
 from gems_fl.geometry.dp import DPSpec
 from gems_fl.geometry.kinds import AggregateOptions, SpaceOptions, space_kind
@@ -58,6 +58,8 @@ class AgreementRule:
     ranges: FeatureRanges | None = None  # standardize='ranges': the declared feature ranges
     #: how the model's map of the rows is built (its ``map_rule``); None: no map
     map: MapRule | None = None
+    #: the model's own round for its map (``map_round``), where ``map.round_asks`` asks one
+    map_round: MapRound | None = None
     #: a map built from the nodes' rows, under dp-epsilon: ``agreement -> (rows, labels)``,
     #: the server's own public rows scaled as the nodes scale theirs; the map comes from
     #: them, and the map's own round does not run (nothing of a node's unnoised)

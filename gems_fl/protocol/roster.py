@@ -35,7 +35,7 @@ from gems_fl.data.site_files import (
 from gems_fl.naming import MAX_NODES_NAMED
 from gems_fl.protocol import wire
 from gems_fl.protocol.identity_replies import Identity, decode_identity_full
-from gems_fl.protocol.landmarks import collect_landmarks
+from gems_fl.protocol.map_round import collect_summaries
 from gems_fl.protocol.options import AgreementRule, Exchange
 from gems_fl.protocol.replies import validate_replies
 from gems_fl.protocol.rounds import Round, round_messages, sent_bytes
@@ -128,10 +128,10 @@ def identify_nodes(grid: Grid, node_ids: list[int], exchange: Exchange,
         if name:
             entry["node_name"] = name
     agreement, refused = agree(identities, rule)
-    landmark_report = None
-    if rule.map is not None and rule.map.round_asks and rule.public_rows is None \
-            and agreement is not None:
-        identities, lost, landmark_report = _landmark_round(
+    map_report = None
+    if rule.map is not None and rule.map.round_asks and rule.map_round is not None \
+            and rule.public_rows is None and agreement is not None:
+        identities, lost, map_report = _map_round(
             grid, exchange, rule, agreement, identities, refused)
         rejected.extend(lost)
         accepted = [(n, item) for n, item in accepted if n in identities]
@@ -147,10 +147,10 @@ def identify_nodes(grid: Grid, node_ids: list[int], exchange: Exchange,
     if agreement is not None:
         _log_agreement(agreement, rule)
     roster.report = {**traffic, "wall_s": time.perf_counter() - t0}
-    if landmark_report is not None:
-        roster.report["landmark_round"] = landmark_report
-        roster.report["bytes_sent"] += landmark_report["bytes_sent"]
-        roster.report["bytes_received"] += landmark_report["bytes_received"]
+    if map_report is not None:
+        roster.report["map_round"] = map_report
+        roster.report["bytes_sent"] += map_report["bytes_sent"]
+        roster.report["bytes_received"] += map_report["bytes_received"]
     return roster
 
 
@@ -217,19 +217,20 @@ def _log_agreement(agreement: DataAgreement, rule: AgreementRule) -> None:
             else ", ".join(agreement.columns[:12]) + ", ...")
 
 
-def _landmark_round(grid: Grid, exchange: Exchange, rule: AgreementRule,
-                    agreement: DataAgreement, identities: dict[int, Identity],
-                    refused: dict[int, str]):
-    """The map's own round (the kernel model's landmarks): ask the nodes that fit for
-    their class centres. Returns the identities (those that answered, with their centres),
-    the rejection entries of those that did not, and the round's report."""
+def _map_round(grid: Grid, exchange: Exchange, rule: AgreementRule,
+               agreement: DataAgreement, identities: dict[int, Identity],
+               refused: dict[int, str]):
+    """The model's own round for its map: ask the nodes that fit for summaries of their
+    rows (``rule.map_round``). Returns the identities (those that answered, with what they
+    sent), the rejection entries of those that did not, and the round's report."""
     kept = {n: int(i.counts["num-train-examples"]) for n, i in identities.items() if n not in refused}
     if not kept:
         return identities, [], None
-    centres, lost, report = collect_landmarks(grid, exchange, agreement, kept, rule.map.round_asks,
-                                              {n: identities[n].name for n in identities})
-    answered = {n: replace(i, landmarks=centres[n]) if n in centres else i
-                for n, i in identities.items() if n not in kept or n in centres}
+    sent, lost, report = collect_summaries(grid, exchange, agreement, rule.map_round, kept,
+                                           rule.map.round_asks,
+                                           {n: identities[n].name for n in identities})
+    answered = {n: replace(i, summaries=sent[n]) if n in sent else i
+                for n, i in identities.items() if n not in kept or n in sent}
     return answered, lost, report
 
 
@@ -397,7 +398,7 @@ def _agreed_map(identities: dict[int, Identity], refused: dict[int, str],
     kept = sorted((n for n in identities if n not in refused),
                   key=lambda n: (identities[n].name, n))
     nodes = tuple(NodeEvidence(None if identities[n].stats is None
-                               else _in_order(identities[n], columns), identities[n].landmarks)
+                               else _in_order(identities[n], columns), identities[n].summaries)
                   for n in kept)
     public = None if rule.public_rows is None else partial(rule.public_rows, shape)
     evidence = MapEvidence(shape.num_features, nodes, shape.mean, shape.std,

@@ -9,7 +9,7 @@ type that round travels as. A new round is one name here and one handler on each
 round           type     what the node does
 =============== ======== =====================================================================
 ``identify``    query    says who it is and what data it holds (:mod:`~.roster`)
-``landmarks``   query    sends class centres of its rows (``model='kernel'``; :mod:`~.landmarks`)
+``map``         query    sends summaries of its rows for the model's map (:mod:`~.map_round`)
 ``spaces``      train    fits its local model and sends its good-enough space (round 1; noised
                          sums under ``dp-epsilon``, bounds under secure aggregation)
 ``layer``       train    a layer-wise round of the MLP: one hidden layer's neuron spaces, or the
@@ -42,7 +42,7 @@ class Round(StrEnum):
     """The rounds of the protocol, as messages name them."""
 
     IDENTIFY = "identify"
-    LANDMARKS = "landmarks"
+    MAP = "map"
     SPACES = "spaces"
     LAYER = "layer"
     SECURE_SUMS = "secure-sums"
@@ -57,7 +57,7 @@ class Round(StrEnum):
         return _MESSAGE_TYPES.get(self, MessageType.TRAIN)
 
 
-_MESSAGE_TYPES = {Round.IDENTIFY: MessageType.QUERY, Round.LANDMARKS: MessageType.QUERY,
+_MESSAGE_TYPES = {Round.IDENTIFY: MessageType.QUERY, Round.MAP: MessageType.QUERY,
                   Round.VERIFY: MessageType.EVALUATE}
 
 

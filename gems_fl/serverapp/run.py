@@ -34,7 +34,7 @@ from gems_fl.evaluation.server_data import (
     ServerData,
     load_public_data,
     load_server_data,
-    public_landmark_rows,
+    public_map_rows,
     scale_server_data,
 )
 from gems_fl.extensions import StudyInputs, study
@@ -215,7 +215,7 @@ def _identified_sites(grid: Grid, context: Context, settings: Settings, started:
     waited = time.perf_counter() - t_wait
     rule = agreement_rule(settings)
     if settings.model_kind.map_from_rows and settings.dp_epsilon:  # the server's own rows
-        rule = replace(rule, public_rows=partial(public_landmark_rows,
+        rule = replace(rule, public_rows=partial(public_map_rows,
                                                  server_data_options(settings)))
     roster = identify_nodes(grid, node_ids, exchange(settings), rule, registered_names(grid))
     missing = missing_before_training(roster.present(), roster.participants, roster.names,

@@ -155,7 +155,8 @@ def agreement_rule(settings: Settings) -> AgreementRule:
                          classes=settings.classes, standardize=settings.standardize,
                          min_rows=int(settings.min_rows), ranges=ranges,
                          map=(map_rule(settings, parse_rf_bandwidth(settings.rf_bandwidth))
-                              if map_rule is not None else None))
+                              if map_rule is not None else None),
+                         map_round=settings.model_kind.map_round)
 
 
 def exchange(settings: Settings, plan: Any = None) -> Exchange:
