@@ -137,3 +137,13 @@ def test_a_built_in_model_cannot_be_removed_nor_a_non_model_registered():
         register_model("squares")
     with pytest.raises(ValueError, match="feature map needs a convex model"):
         register_model(ModelKind("deep-squares", convex=False, feature_map=SquaresMap))
+
+
+def test_the_classifier_fits_a_registered_model(squares):
+    from gems_fl.estimator import GEMSClassifier
+
+    x, y = load_digits(return_X_y=True)
+    clf = GEMSClassifier(model="squares").fit(x[:1200] / 16.0, y[:1200],
+                                              sites=np.arange(1200) % 3)
+    assert isinstance(clf.model_.features, SquaresMap)
+    assert clf.score(x[1200:] / 16.0, y[1200:]) > 0.85
