@@ -26,7 +26,11 @@ Stats = tuple[int, np.ndarray, np.ndarray]
 class FeatureMap(Protocol):
     """What the package asks of a model's fixed map of the (scaled) rows. The class also
     reads one back: ``from_config(config)`` (a message's config keys) and
-    ``from_saved(record, arrays)`` (a saved model), each None where it carries no such map."""
+    ``from_saved(record, arrays)`` (a saved model), each None where it carries no such map.
+    A map with a large part (the kernel map's landmarks) may declare ``LARGE_CONFIG = (the
+    part's config key, its hash's key)``: ``to_config(whole=False)`` then sends only the
+    hash, and each node keeps the part from the run's first message
+    (:func:`gems_fl.protocol.map_round.with_kept_map_part`)."""
 
     JSON_KEY: str  # results.json's dataset record names the map by it
     dim: int
