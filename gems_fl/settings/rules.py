@@ -4,17 +4,51 @@ by :class:`gems_fl.settings.Settings` after each setting passed its own check.""
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Protocol
 
 from gems_fl.data.agreement import NODE_FILES, Scaling
-from gems_fl.geometry.choices import SPACE_R_MAX, ClassGrams
+from gems_fl.geometry.choices import SPACE_R_MAX, ClassGrams, KindTraits
 from gems_fl.geometry.points import CENTERS, CLASS_GRAMS, LABELS, point_named, solvable_from_sums
+from gems_fl.learning.model_kinds import ModelKind
 from gems_fl.settings.checks import SettingsError
 from gems_fl.settings.operation import Baselines
 from gems_fl.settings.values import parse_gram_rank
 
-#: a :class:`gems_fl.settings.Settings` (not imported: that package imports this module)
-Settings = Any
+
+class Settings(Protocol):
+    """What the rules read of a :class:`gems_fl.settings.Settings` (a structural type: that
+    package imports this module, so this one cannot import it)."""
+
+    dataset: str
+    num_features: int
+    classes: str
+    standardize: str
+    feature_ranges: str
+    public_data: str
+    public_samples: int
+    model: str
+    rf_bandwidth: str
+    space: str
+    r_max: float
+    gram_rank: int | str
+    gram_point: str
+    class_grams: bool | str
+    label_moments: bool
+    server_grams: str
+    secure_aggregation: bool
+    refine_rounds: int
+    dp_epsilon: float
+    delta: float
+    baselines: str
+    evaluate_on_server: bool
+    tune_curve: str
+
+    @property
+    def model_kind(self) -> ModelKind: ...
+
+    @property
+    def space_kind(self) -> KindTraits: ...
+
 
 def check_rules(settings: Settings, node_only: bool) -> None:
     """Raise :class:`SettingsError` naming the settings that contradict each other
