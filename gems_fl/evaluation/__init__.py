@@ -10,5 +10,6 @@ __all__ = [
     "local_models",
     "results",
     "results_bundle",
+    "run_files",
     "server_data",
 ]

@@ -6,7 +6,6 @@ import json
 import os
 import platform
 import shutil
-import subprocess
 import time
 from collections import Counter
 from datetime import UTC, datetime, timedelta
@@ -18,12 +17,12 @@ import numpy as np
 from rich.console import Console
 from rich.table import Table
 
+from gems_fl.evaluation.run_files import RESULTS_FILE, git_commit
 from gems_fl.geometry.kinds import space_kind
 from gems_fl.learning.model_kinds import LOGISTIC_KIND, model_kind
 from gems_fl.naming import MAX_NODES_NAMED
 from gems_fl.protocol.verify import MIN_VERDICT_ROWS
 
-RESULTS_FILE = "results.json"
 MODEL_FILE = "gems_model.npz"
 
 
@@ -333,22 +332,6 @@ def _version(dist: str) -> str | None:
         return metadata.version(dist)
     except metadata.PackageNotFoundError:
         return None
-
-
-def git_commit(path: Path | None = None) -> dict[str, Any] | None:
-    """``{"commit", "dirty"}`` of the checkout holding ``path`` (this package), else None."""
-    here = Path(path or __file__).resolve().parent
-    try:
-        head = subprocess.run(["git", "-C", str(here), "rev-parse", "HEAD"], capture_output=True,
-                              text=True, timeout=5, check=False)
-        if head.returncode != 0:
-            return None
-        status = subprocess.run(["git", "-C", str(here), "status", "--porcelain",
-                                 "--untracked-files=no"], capture_output=True, text=True,
-                                timeout=5, check=False)
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return {"commit": head.stdout.strip(), "dirty": bool(status.stdout.strip())}
 
 
 def _iso(moment: datetime) -> str:

@@ -25,7 +25,7 @@ from typing import Any
 import httpx
 import tomli_w
 
-from gems_fl.evaluation.results import RESULTS_FILE
+from gems_fl.evaluation.run_files import RESULTS_FILE
 from gems_fl.running.outcome import RunFailed
 from gems_fl.running.processes import flower_tool, with_flower_on_path
 from gems_fl.running.superlink import free_port, run_status

@@ -29,13 +29,12 @@ from pathlib import Path
 
 import tomli_w
 
-from gems_fl.evaluation.results import RESULTS_FILE, git_commit
+from gems_fl.evaluation.run_files import RESULTS_FILE, git_commit
 from gems_fl.running.outcome import RunFailed, RunInterrupted, RunOutcome
 from gems_fl.running.prepare import PreparedRun, prepare_run
 from gems_fl.running.processes import describe
 from gems_fl.running.runlog import Progress, RunLog, summarise_errors
 from gems_fl.running.signals import Signalled, hold_signals, signals_raise
-from gems_fl.running.site_check import check_sites
 from gems_fl.running.superlink import CONNECTION, LocalSuperLink, run_status
 from gems_fl.running.watch import conclude, new_log_path
 
@@ -152,6 +151,10 @@ def _launch_environment(prepared: PreparedRun, ray_address: str | None) -> dict[
     """The variables the SuperLink and what it starts get (the checkout's commit, Ray's
     address), after warning about sites the run may leave out and checking the address."""
     if prepared.sites:
+        # the sites' files read as their nodes will read them: torch and Flower's message
+        # types, loaded into this process only for a run on site files
+        from gems_fl.running.site_check import check_sites
+
         for line in check_sites(prepared.settings):
             print(f"gems-fl: warning: {line}", file=sys.stderr)
     extra_env = _git_env(prepared.app)

@@ -25,8 +25,8 @@ from typing import Any
 
 import tomli_w
 
-from gems_fl.evaluation.results import RESULTS_FILE, git_commit
 from gems_fl.evaluation.results_bundle import BundleError, BundleReader
+from gems_fl.evaluation.run_files import RESULTS_FILE, git_commit
 from gems_fl.running.outcome import RunFailed, RunInterrupted, RunOutcome
 from gems_fl.running.packaged_app import resolve_app
 from gems_fl.running.processes import flower_tool, with_flower_on_path

@@ -11,7 +11,7 @@ import time
 from datetime import UTC, datetime
 from pathlib import Path
 
-from gems_fl.evaluation.results import RESULTS_FILE
+from gems_fl.evaluation.run_files import RESULTS_FILE
 from gems_fl.running.outcome import RunFailed, RunOutcome, incomplete_run
 from gems_fl.running.runlog import RunLog, summarise_errors
 from gems_fl.running.timing import add_launch_timing
