@@ -163,29 +163,3 @@ def test_lda_at_a_grid_of_shrinkages_is_each_shrinkage_alone_and_survives_an_ind
     expected = (mu.numpy() @ vec[:, keep]) / lam[keep] @ vec[:, keep].T
     np.testing.assert_allclose(pooled_ldas(factored, moments, counts, [1e-3])[0][:, :30],
                                expected, rtol=1e-6, atol=1e-8)
-
-
-@pytest.mark.parametrize("negative", [1, 5])
-def test_the_deflated_solve_is_the_spectral_min_norm_solution_without_a_full_decomposition(
-        negative):
-    """A symmetric matrix with a few eigenvalues at or below the floor (the kernel model's
-    within-class matrix): deflating them gives the eigendecomposition's minimum-norm
-    solution; too many, and the caller decomposes instead (None)."""
-    import torch
-
-    from gems_fl.geometry.linalg import MAX_DEFLATED, deflated_solve_right, spectral_solve_right
-
-    rng = np.random.default_rng(negative)
-    n = 300
-    q, _ = np.linalg.qr(rng.normal(size=(n, n)))
-    lam = np.concatenate([-rng.uniform(0.01, 0.5, negative), [0.0],
-                          rng.uniform(1e-3, 250.0, n - negative - 1)])
-    a = torch.as_tensor((q * lam) @ q.T)
-    a = 0.5 * (a + a.T)
-    b = torch.as_tensor(rng.normal(size=(4, n)))
-    expected = spectral_solve_right(torch.linalg.eigh(a), b)
-    np.testing.assert_allclose(deflated_solve_right(a, b).numpy(), expected.numpy(),
-                               rtol=1e-7, atol=1e-9)
-    many = np.concatenate([-rng.uniform(0.01, 0.5, MAX_DEFLATED + 1),
-                           rng.uniform(1e-3, 250.0, n - MAX_DEFLATED - 1)])
-    assert deflated_solve_right(torch.as_tensor((q * many) @ q.T), b) is None

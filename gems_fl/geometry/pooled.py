@@ -21,12 +21,7 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-from gems_fl.geometry.linalg import (
-    cholesky_solve_right,
-    deflated_solve_right,
-    solve_right,
-    spectral_solve_right,
-)
+from gems_fl.geometry.linalg import cholesky_solve_right, solve_right, spectral_solve_right
 
 
 def _normalised(num_train: Sequence[float]) -> np.ndarray:
@@ -97,8 +92,7 @@ def pooled_ldas(grams: Sequence[np.ndarray], moments: Sequence[np.ndarray],
     """:func:`pooled_lda` at each of ``shrinkages`` from one pooled system. Where ``A`` is
     not numerically positive definite (the within-class matrix of Gram matrices sent as
     low-rank factors is not exactly PSD: the kernel model's), the minimum-norm solution
-    deflates its few non-positive directions (:func:`deflated_solve_right`), else comes
-    from one eigendecomposition of the unshrunk matrix, shared by every value (three
+    comes from one eigendecomposition of the unshrunk matrix, shared by every value (three
     3,765-square decompositions cost 30 s of the kernel model's selection round)."""
     for shrinkage in shrinkages:
         if not (math.isfinite(shrinkage) and shrinkage >= 0):
@@ -116,8 +110,6 @@ def pooled_ldas(grams: Sequence[np.ndarray], moments: Sequence[np.ndarray],
         shrunk = within.clone()
         shrunk.diagonal().add_(shift)
         weight = cholesky_solve_right(shrunk, mu)
-        if weight is None and eigen is None:
-            weight = deflated_solve_right(shrunk, mu)
         if weight is None:
             eigen = torch.linalg.eigh(within) if eigen is None else eigen
             weight = spectral_solve_right(eigen, mu, shift)
