@@ -17,6 +17,8 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from gems_fl.data.site_files import combine_stats
+
 __all__ = ["FeatureMap", "MapEvidence", "MapRound", "MapRule", "NodeEvidence"]
 
 #: a node's per-feature sums ``(rows, sum, sum of squares)``
@@ -73,6 +75,13 @@ class MapEvidence:
     def stats(self, nodes: tuple[NodeEvidence, ...] | None = None) -> list[Stats]:
         """The per-feature sums of ``nodes`` (default: all) that sent them."""
         return [n.stats for n in (self.nodes if nodes is None else nodes) if n.stats is not None]
+
+    def scaling(self, stats: list[Stats]) -> tuple[np.ndarray | None, np.ndarray | None]:
+        """``(mean, std)`` as the nodes will scale their rows: the run's shared scaling, or
+        under ``node_scaling`` the pooled ``stats``' (each node's own, pooled: near enough)."""
+        if self.std is None and self.node_scaling:
+            return combine_stats(stats)
+        return self.mean, self.std
 
 
 class MapRule(Protocol):

@@ -30,7 +30,7 @@ import numpy as np
 
 from gems_fl.data.feature_map import MapEvidence
 from gems_fl.data.random_features import bandwidth_from_stats
-from gems_fl.data.site_files import combine_stats, feature_stats
+from gems_fl.data.site_files import feature_stats
 
 __all__ = ["MIN_ROWS_PER_LANDMARK", "KernelFeatures", "KernelRule", "LandmarkRound",
            "absorb_small_clusters",
@@ -358,9 +358,7 @@ class KernelRule:
         stats = evidence.stats(sent)
         if not sent or not stats:
             return None, None  # before the landmark round (no centres yet)
-        mean, std = evidence.mean, evidence.std
-        if std is None and evidence.node_scaling:
-            mean, std = combine_stats(stats)  # each node's own scaling, pooled: near enough
+        mean, std = evidence.scaling(stats)
         bandwidth = self.bandwidth if self.bandwidth is not None else bandwidth_from_stats(stats, std)
         marks = np.concatenate([n.sent for n in sent])
         scale = row_scale(mean_square_norm(stats, mean, std), marks.shape[1])

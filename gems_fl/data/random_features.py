@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from gems_fl.data.feature_map import MapEvidence
-from gems_fl.data.site_files import combine_stats, pooled_moments
+from gems_fl.data.site_files import pooled_moments
 
 MAPS = ("fourier", "relu")
 SEED_OFFSET = 0x5EED_0F_2F  # the map's stream differs from every other draw of the seed
@@ -129,10 +129,7 @@ class RandomFeaturesRule:
             stats = evidence.stats()
             if not stats:
                 return None, None  # no node fits the run: the run stops on that
-            std = evidence.std
-            if std is None and evidence.node_scaling:
-                std = combine_stats(stats)[1]
-            bandwidth = bandwidth_from_stats(stats, std)
+            bandwidth = bandwidth_from_stats(stats, evidence.scaling(stats)[1])
             note = (f"random-feature map {self.kind}, D={self.dim}, bandwidth {bandwidth:.4g} "
                     f"({BANDWIDTH_FACTOR:.1f} x the RMS distance between two training rows, "
                     f"from {len(stats)} node(s)' feature sums)")
