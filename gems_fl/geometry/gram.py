@@ -248,7 +248,8 @@ def unpack_triangle(vec: np.ndarray, n: int | None = None) -> np.ndarray:
     return g
 
 
-def low_rank_factor(g: np.ndarray, rank: int, rows: np.ndarray | None = None) -> np.ndarray:
+def low_rank_factor(g: np.ndarray, rank: int, rows: np.ndarray | None = None,
+                    root: torch.Tensor | None = None) -> np.ndarray:
     """``F`` of shape ``(n, rank)``, float32, with ``G ~= F F^T`` (top eigenpairs).
 
     Columns are ``sqrt(lambda_i) v_i`` for the ``rank`` largest eigenvalues (negative
@@ -259,14 +260,18 @@ def low_rank_factor(g: np.ndarray, rank: int, rows: np.ndarray | None = None) ->
     ``rows``: the inputs ``(N, n - 1)`` that ``G`` is the :func:`gram_matrix` of. With
     fewer rows than ``n`` the eigenpairs come from the thin SVD of ``[x, 1] / sqrt(N)``
     (``N x n``) instead of ``G`` (``n x n``): the same pairs, at a fraction of the cost
-    (a node of 50 rows with 785 inputs), and zero columns past rank ``N``.
+    (a node of 50 rows with 785 inputs), and zero columns past rank ``N``. ``root``: in
+    place of ``rows``, any ``(N, n)`` matrix ``R`` with ``G = R^T R`` (the class-centred
+    rows of :func:`within_root`).
     """
     t = square_matrix("G", g)
     n = len(t)
     if not isinstance(rank, (int, np.integer)) or not 1 <= rank <= n:
         raise ValueError(f"rank must be an integer in [1, {n}]; got {rank!r}")
-    if rows is not None and 0 < len(rows) < n:
-        xa = augment(rows) / math.sqrt(len(rows))
+    if root is None and rows is not None and 0 < len(rows) < n:
+        root = augment(rows) / math.sqrt(len(rows))
+    if root is not None and len(root) < n:
+        xa = root
         if xa.shape[1] != n:
             raise ValueError(f"rows have {xa.shape[1] - 1} features; G is {n} x {n}")
         _, sing, vh = torch.linalg.svd(xa, full_matrices=False)  # descending
@@ -332,10 +337,42 @@ def from_half(vectors: np.ndarray, scales: np.ndarray) -> np.ndarray:
     return np.asarray(vectors, dtype=np.float32) * np.asarray(scales, dtype=np.float32)
 
 
-def sent_factor(g: np.ndarray, rank: int, rows: np.ndarray | None = None) -> np.ndarray:
+def sent_factor(g: np.ndarray, rank: int, rows: np.ndarray | None = None,
+                root: torch.Tensor | None = None) -> np.ndarray:
     """The rank-``rank`` factor of ``G`` as the server receives it (float16 vectors,
     power-of-two scales): :func:`low_rank_factor` through :func:`half_factor`."""
-    return from_half(*half_factor(low_rank_factor(g, rank, rows)))
+    return from_half(*half_factor(low_rank_factor(g, rank, rows, root)))
+
+
+def mean_columns(moments: np.ndarray, counts: np.ndarray) -> np.ndarray:
+    """The class-mean part of a Gram matrix as factor columns ``(n, m)`` float64:
+    ``sqrt(pi_c) [mu_c, 1]`` for each of the ``m`` held classes, so that ``G = W + C C^T``
+    with ``W`` the within-class scatter (each row less its class mean). Built from the
+    label moments as they travel (float32) and the counts, so both ends build the same
+    columns."""
+    m = np.asarray(moments, dtype=np.float32).astype(np.float64)
+    c = np.asarray(counts, dtype=np.float64)
+    if m.ndim != 2 or c.shape != (m.shape[0],):
+        raise ValueError(f"moments {m.shape} and counts {c.shape} must be (C, n) and (C,)")
+    held = np.flatnonzero(c > 0)
+    if not len(held):
+        raise ValueError("no class has a row: label moments need at least one")
+    share = c[held] / c.sum()
+    return (m[held] / np.sqrt(share)[:, None]).T
+
+
+def within_root(rows: np.ndarray, labels: np.ndarray, columns: np.ndarray) -> torch.Tensor:
+    """``(N, n)`` float64: each row ``[x, 1]`` less its class's ``[mu_c, 1]`` (the means of
+    :func:`mean_columns` ``columns``, held classes in label order), over ``sqrt(N)``: its
+    ``R^T R`` is the within-class scatter ``G - C C^T``."""
+    y = np.asarray(labels).reshape(-1)
+    held = np.unique(y)
+    if columns.shape[1] != len(held):
+        raise ValueError(f"{columns.shape[1]} mean columns for {len(held)} classes held by the rows")
+    share = np.bincount(y)[held] / len(y)
+    means = torch.as_tensor(columns.T / np.sqrt(share)[:, None], dtype=torch.float64)
+    index = torch.as_tensor(np.searchsorted(held, y))
+    return (augment(rows) - means[index]) / math.sqrt(len(y))
 
 
 def residual_diagonal(g: np.ndarray, factor: np.ndarray) -> np.ndarray:
@@ -351,10 +388,14 @@ def residual_diagonal(g: np.ndarray, factor: np.ndarray) -> np.ndarray:
     return rest.clamp_min(0.0).numpy().astype(np.float32)
 
 
-def from_factor(f: np.ndarray, residual: np.ndarray | None = None) -> np.ndarray:
-    """``F F^T (+ diag(residual))`` in float64 from a ``low_rank_factor`` output ``(n, r)``
-    and, where sent, its :func:`residual_diagonal`."""
+def from_factor(f: np.ndarray, residual: np.ndarray | None = None,
+                means: np.ndarray | None = None) -> np.ndarray:
+    """``F F^T (+ diag(residual)) (+ C C^T)`` in float64 from a ``low_rank_factor``
+    output ``(n, r)``, where sent its :func:`residual_diagonal`, and where the factor is
+    of the within-class scatter the class-mean columns ``C`` of :func:`mean_columns`."""
     t = layer_matrix("factor F", f)
+    if means is not None:
+        t = torch.cat([t, layer_matrix("mean columns", means)], dim=1)
     g = t @ t.T
     if residual is not None:
         d = torch.as_tensor(np.asarray(residual), dtype=torch.float64).reshape(-1)

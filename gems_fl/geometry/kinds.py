@@ -36,8 +36,10 @@ from gems_fl.geometry.gram import (
     from_factor,
     gram_matrix,
     label_moments,
+    mean_columns,
     residual_diagonal,
     sent_factor,
+    within_root,
 )
 from gems_fl.geometry.gram_search import search_gram_radius
 from gems_fl.geometry.intersect import IntersectionResult, find_intersection
@@ -155,6 +157,8 @@ class LayerSpace:
     center_accuracy: float
     factor: np.ndarray | None = None  # the rank-r factor of G sent instead of G
     residual: np.ndarray | None = None  # with it, diag(G - F F^T)
+    # with a factor of the within-class scatter, the class-mean columns C the matrix adds
+    factor_means: np.ndarray | None = None
     # the class Gram matrices' factor form sent instead of them (class_factors.class_factors)
     class_factors: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
     # the kernel model: its leading columns' class Gram matrices as sent (whole, or factors)
@@ -261,9 +265,11 @@ class Gram(SpaceKind):
     def build(self, center, train, val_inputs, y_val, options, seed, gram=None) -> LayerSpace:
         center = np.asarray(center, dtype=np.float64)
         train_inputs, train_labels = train
-        gram, factor, residual = node_gram(train_inputs, options.gram_rank, exact=gram)
         moments, counts = (label_moments(train_inputs, train_labels, center.shape[0])
                            if options.label_moments else (None, None))
+        gram, factor, residual = node_gram(
+            train_inputs, options.gram_rank, exact=gram,
+            classes=(train_labels, moments, counts) if options.label_moments else None)
         per_class, sent_classes, parts = None, None, None
         if options.label_moments and choices.class_grams_for(options.class_grams,
                                                              gram.shape[0], options.gram_rank):
@@ -280,7 +286,9 @@ class Gram(SpaceKind):
             if column_sent is None:
                 column_sent = column_grams
         # once, for both: from the factor form's structure (no n^3 step), else eigh
-        white = (factor_whitening(factor, residual) if factor is not None else
+        means = mean_columns(moments, counts) if factor is not None and moments is not None else None
+        white = (factor_whitening(_whole_factor(factor, means), residual)
+                 if factor is not None else
                  eigen_whitening(torch.as_tensor(gram, dtype=torch.float64)))
         search = search_gram_radius(center, gram, val_inputs, y_val, eps=options.eps,
                                     num_directions=options.num_directions,
@@ -290,7 +298,8 @@ class Gram(SpaceKind):
                                      whitening=white)
         return LayerSpace(GramSpace(center.reshape(-1), gram, search.radius, cert, moments,
                                     counts, per_class, parts, column_grams), cert,
-                          search.center_accuracy, factor, residual, sent_classes, column_sent)
+                          search.center_accuracy, factor, residual, means, sent_classes,
+                          column_sent)
 
     def make(self, center, radius, certified, extras) -> GramSpace:
         moments, counts, per_class, parts = extras.get("labels", (None, None, None, None))
@@ -350,14 +359,29 @@ def class_statistics(inputs: np.ndarray, labels: np.ndarray, moments: np.ndarray
     return per_class, factors, parts
 
 
+def _whole_factor(factor: np.ndarray, means: np.ndarray | None) -> np.ndarray:
+    """The factor of :func:`node_gram`'s matrix less its residual diagonal: the sent
+    factor, beside the class-mean columns where label moments travel with it."""
+    if means is None:
+        return factor
+    return np.concatenate([np.asarray(factor, dtype=np.float64), means], axis=1)
+
+
 def node_gram(train_inputs: np.ndarray, gram_rank: int | str = 0,
-              exact: np.ndarray | None = None
+              exact: np.ndarray | None = None, classes: tuple | None = None
               ) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None]:
     """A node's Gram matrix as its space uses it, ``(gram, factor, residual)``: the
     exact matrix of ``[x, 1]`` over ``train_inputs`` (``exact``, where the caller
     computed it already), or with ``gram_rank`` the rank-r factor plus the residual
     diagonal (the form the server receives; ``factor`` and ``residual`` None for the
-    whole matrix)."""
+    whole matrix).
+
+    ``classes``: ``(labels, moments, counts)`` where the label moments travel beside the
+    factor. The factor is then of the within-class scatter ``G - C C^T`` and the matrix
+    is ``F F^T + diag(r) + C C^T`` (:func:`~gems_fl.geometry.gram.mean_columns` ``C``, exact
+    from the moments): a low-rank cut then drops only within-class variance, so every
+    within-class matrix built from sums of such Gram matrices (the LDA point's) is
+    positive semidefinite by construction, as it is for whole matrices."""
     size = np.shape(train_inputs)[1] + 1
     rank = choices.gram_rank_for(gram_rank, size)
     if exact is not None:
@@ -368,9 +392,19 @@ def node_gram(train_inputs: np.ndarray, gram_rank: int | str = 0,
         gram = gram_matrix(train_inputs)
     if rank <= 0:
         return gram, None, None
-    factor = sent_factor(gram, min(rank, gram.shape[0]), train_inputs)
-    residual = residual_diagonal(gram, factor)  # of the factor as sent, so both ends agree
-    return from_factor(factor, residual), factor, residual
+    rank = min(rank, gram.shape[0])
+    if classes is None:
+        factor = sent_factor(gram, rank, train_inputs)
+        residual = residual_diagonal(gram, factor)  # of the factor as sent: both ends agree
+        return from_factor(factor, residual), factor, residual
+    labels, moments, counts = classes
+    means = mean_columns(moments, counts)
+    within = gram - means @ means.T
+    root = (within_root(train_inputs, labels, means) if len(train_inputs) < gram.shape[0]
+            else None)
+    factor = sent_factor(within, rank, root=root)
+    residual = residual_diagonal(within, factor)
+    return from_factor(factor, residual, means), factor, residual
 
 
 _KINDS: dict[str, SpaceKind] = {k.name: k for k in (Ball(), Ellipsoid(), Gram())}

@@ -280,7 +280,7 @@ def spaces_reply(msg: Message, context: Context, data: NodeData, work: NodeWork,
             content = _layer_round_reply(msg, work, data.num_classes, data.arrays, data.seed)
             return Message(content=content, reply_to=msg)
         local = build_local_space(*data.arrays, data.num_classes, work, seed=data.seed)
-    keep_own_factor(context, local.layer.factor, local.layer.residual)
+    keep_own_factor(context, local.layer.factor, local.layer.residual, local.layer.factor_means)
     logger.info(
         "node %s (%s): %d train / %d val, val acc %.3f, %s radius %.4f (certified %.4g)",
         data.name, data.source, local.num_train, local.num_val,

@@ -70,8 +70,8 @@ def node_statistics(x_train: np.ndarray, y_train: np.ndarray, center: np.ndarray
     from gems_fl.geometry.gram import label_moments
     from gems_fl.geometry.kinds import node_gram
 
-    gram = node_gram(x_train, gram_rank)[0]
     moments, counts = label_moments(x_train, y_train, num_classes)
+    gram = node_gram(x_train, gram_rank, classes=(y_train, moments, counts))[0]
     w = np.asarray(center, dtype=np.float64).reshape(num_classes, -1)
     out = {"gram": pack_triangle(gram).astype(np.float64), "center-gram": w @ gram,
            "moments": np.asarray(moments, dtype=np.float64),

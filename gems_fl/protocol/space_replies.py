@@ -23,6 +23,7 @@ from gems_fl.geometry.gram import (
     check_gram,
     check_moments,
     from_factor,
+    mean_columns,
     from_half,
     unpack_triangle,
 )
@@ -71,8 +72,12 @@ def decode_reply(
         raise ReplyError(f"reply records {sorted(present)}: missing {missing}, unexpected {extra}")
     center = read_state(content, CENTER_KEY, shapes)
     metrics = read_metrics(content)
-    extras = {key: _EXTRA_READERS[key](content, shapes, gram_rank, metrics)
-              for key in records}
+    extras: dict[str, Any] = {}
+    # the labels first: a Gram factor sent beside label moments is of the within-class
+    # scatter, and its matrix adds the class means read from them
+    for key in sorted(records, key=lambda k: k != LABELS_KEY):
+        extras[key] = _EXTRA_READERS[key](content, shapes, gram_rank, metrics,
+                                          extras.get(LABELS_KEY))
     if with_columns:
         extras[COLUMN_CLASSES_KEY] = _read_column_classes(content, extras[LABELS_KEY], columns)
     certified = metrics["certified-radius"]
@@ -82,7 +87,7 @@ def decode_reply(
 
 
 def _read_axes(content: RecordDict, shapes: dict[str, tuple[int, ...]], rank: int,
-               metrics: dict[str, float]) -> np.ndarray:
+               metrics: dict[str, float], labels: tuple | None = None) -> np.ndarray:
     """Relative ellipsoid axes, shaped like the model, all positive: as one vector."""
     axes = state_to_vector(read_state(content, AXES_KEY, shapes))
     if np.any(axes <= 0):
@@ -91,13 +96,14 @@ def _read_axes(content: RecordDict, shapes: dict[str, tuple[int, ...]], rank: in
 
 
 def _read_gram_record(content: RecordDict, shapes: dict[str, tuple[int, ...]],
-                      rank: int | str, metrics: dict[str, float]) -> np.ndarray:
+                      rank: int | str, metrics: dict[str, float],
+                      labels: tuple | None = None) -> np.ndarray:
     n = int(shapes["weight"][1]) + 1
-    return _read_gram(content, n, gram_rank_for(rank, n))
+    return _read_gram(content, n, gram_rank_for(rank, n), labels)
 
 
 def _read_labels(content: RecordDict, shapes: dict[str, tuple[int, ...]], rank: int | str,
-                 metrics: dict[str, float]) -> tuple[np.ndarray, np.ndarray, np.ndarray | None,
+                 metrics: dict[str, float], labels: tuple | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray | None,
                                                      np.ndarray | None]:
     """Label moments, class counts and (when sent) class Gram matrices and their
     components' ``[class, rows]``, checked against the model, the node's count and each
@@ -164,7 +170,8 @@ def _read_column_classes(content: RecordDict, labels: tuple, columns: int) -> np
                      f"{['class-grams'] if rank == 0 else sorted(CLASS_FACTOR_KEYS)}")
 
 
-def _read_gram(content: RecordDict, n: int, rank: int) -> np.ndarray:  # noqa: C901
+def _read_gram(content: RecordDict, n: int, rank: int,  # noqa: C901
+               labels: tuple | None = None) -> np.ndarray:
     """The Gram matrix of a reply, checked: finite, the right shape, symmetric, PSD (a
     factor reply is both by its form once its parts are checked)."""
     record = content.array_records.get(GRAM_KEY)
@@ -200,7 +207,8 @@ def _read_gram(content: RecordDict, n: int, rank: int) -> np.ndarray:  # noqa: C
             # F F^T + diag(r), r >= 0: symmetric and PSD by its form, so no proof is solved
             # for it (at D = 4,246 that Cholesky cost seconds per reply); a float32 F that
             # overflowed is refused by from_factor, and its square stays finite in float64
-            return from_factor(from_half(arr, scales), residual)
+            means = None if labels is None else mean_columns(labels[0], labels[1])
+            return from_factor(from_half(arr, scales), residual, means)
         if arr.shape != (n * (n + 1) // 2,):
             raise ValueError(f"triangle has shape {arr.shape}, expected ({n * (n + 1) // 2},) "
                              f"for a {n} x {n} matrix")

@@ -61,15 +61,18 @@ OWN_FACTOR_STATE_KEY = "gems-own-gram-factor"  # node state: the factor form of 
 
 
 def keep_own_factor(context: Context, factor: np.ndarray | None,
-                    residual: np.ndarray | None) -> None:
-    """Keep the factor form of this node's Gram matrix, as round 1 sent it, in the node's
-    state: the evaluate round checks h_G in that space, and rebuilding it there would
-    repeat round 1's eigendecomposition (a quarter of a random-feature run's time)."""
+                    residual: np.ndarray | None, means: np.ndarray | None = None) -> None:
+    """Keep the factor form of this node's Gram matrix, as round 1 sent it (with the
+    class-mean columns ``means`` of a within-class factor), in the node's state: the
+    evaluate round checks h_G in that space, and rebuilding it there would repeat round
+    1's eigendecomposition (a quarter of a random-feature run's time)."""
     if factor is None:
         return
     arrays = {"factor": np.asarray(factor, dtype=np.float32)}
     if residual is not None:
         arrays["residual"] = np.asarray(residual, dtype=np.float32)
+    if means is not None:
+        arrays["means"] = np.asarray(means, dtype=np.float64)
     NodeStore(context).keep(OWN_FACTOR_STATE_KEY, arrays)
 
 
@@ -80,7 +83,7 @@ def kept_gram(context: Context) -> np.ndarray | None:
     kept = NodeStore(context).kept(OWN_FACTOR_STATE_KEY)
     if kept is None:
         return None
-    return from_factor(kept["factor"], kept.get("residual"))
+    return from_factor(kept["factor"], kept.get("residual"), kept.get("means"))
 
 
 def state_to_model(state: Mapping[str, np.ndarray]) -> nn.Module:
