@@ -23,8 +23,8 @@ from gems_fl.geometry.gram import (
     check_gram,
     check_moments,
     from_factor,
-    mean_columns,
     from_half,
+    mean_columns,
     unpack_triangle,
 )
 from gems_fl.geometry.kinds import space_kind
