@@ -49,8 +49,28 @@ def prepare_run(app_dir: str | Path | None = None, *, num_nodes: int = 5,
         overrides.update(site_overrides(sites, overrides))
         num_nodes = len(sites)
     settings = Settings.from_run_config({**app_config(app), **overrides})
-    preflight(settings, num_nodes)
+    preflight_apart(settings, num_nodes)
     return PreparedRun(app, overrides, settings, num_nodes, tuple(sites or ()))
+
+
+def preflight_apart(settings: Settings, num_nodes: int) -> None:
+    """:func:`~gems_fl.serverapp.preflight.preflight` in a child process: its division
+    check loads the dataset and flwr-datasets (pandas, pyarrow: 350 MB resident), which
+    this process would otherwise hold while it waits on the whole run. Its refusal is
+    raised here as it was there; a child that could not start or died runs the checks
+    here instead."""
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+    from concurrent.futures.process import BrokenProcessPool
+
+    # fork where there is one: no second interpreter to start and import into
+    method = "fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn"
+    try:
+        with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context(method)) as pool:
+            checked = pool.submit(preflight, settings, num_nodes)
+            checked.result()
+    except (BrokenProcessPool, OSError):
+        preflight(settings, num_nodes)
 
 
 def site_overrides(sites: list[str], overrides: dict) -> dict:
