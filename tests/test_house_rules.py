@@ -313,30 +313,6 @@ def test_the_apps_start_without_the_heavy_libraries_they_use_on_some_paths_only(
     assert out.stdout.strip() == ""
 
 
-def test_the_checks_before_a_run_leave_the_dataset_and_its_libraries_out_of_the_cli():
-    """The preflight's division check loads the dataset and flwr-datasets (pandas,
-    pyarrow): it runs in a child process, so ``gems-fl run`` does not hold them while it
-    waits on the run; a division it refuses is still refused, with its message."""
-    import subprocess
-    import sys
-
-    heavy = ("pandas", "pyarrow", "datasets", "flwr_datasets", "sklearn", "torch")
-    code = ("import sys\n"
-            "from gems_fl.running.prepare import prepare_run\n"
-            f"prepare_run({str(ROOT)!r}, num_nodes=5, "
-            "run_config=\"label-division='dirichlet:0.5' output-dir='/tmp'\")\n"
-            f"print(','.join(m for m in {heavy!r} if m in sys.modules))\n"
-            "try:\n"
-            f"    prepare_run({str(ROOT)!r}, num_nodes=2, "
-            "run_config=\"min-replies=3 output-dir='/tmp'\")\n"
-            "except ValueError as exc:\n"
-            "    print('refused:', exc)\n")
-    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
-                         text=True, check=True)
-    loaded, refusal = out.stdout.splitlines()
-    assert loaded == ""
-    assert refusal.startswith("refused:") and "min-replies" in refusal
-
 
 def test_the_command_that_runs_a_simulation_holds_no_torch_and_no_flower_while_it_waits():
     """``gems-fl run`` starts the SuperLink and waits on the run for its whole length: its
