@@ -313,7 +313,6 @@ def test_the_apps_start_without_the_heavy_libraries_they_use_on_some_paths_only(
     assert out.stdout.strip() == ""
 
 
-
 def test_the_command_that_runs_a_simulation_holds_no_torch_and_no_flower_while_it_waits():
     """``gems-fl run`` starts the SuperLink and waits on the run for its whole length: its
     own process imports neither torch nor Flower (the run's processes do), which kept
