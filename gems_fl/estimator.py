@@ -381,7 +381,7 @@ def _write_site(folder: Path, name: str, data: Mapping[str, Any]) -> Path:
     for key in (*SITE_KEYS, "x_test", "y_test"):
         if key in data:
             value = np.asarray(data[key])
-            arrays[key] = value.astype(str) if value.dtype.kind == "O" else value
+            arrays[key] = value.astype(str) if np.issubdtype(value.dtype, np.object_) else value
     if data.get("columns") is not None:
         arrays["columns"] = np.asarray(data["columns"], dtype=str)
     path = folder / f"{name}.npz"

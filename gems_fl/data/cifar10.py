@@ -123,7 +123,7 @@ def read_batch(path: Path) -> tuple[np.ndarray, np.ndarray]:
             f"CIFAR-10 batch file {str(path)!r}: expected 'data' as uint8 of shape (n, 3072) "
             f"(32x32 RGB planes), found dtype {data.dtype} with shape {data.shape}."
         )
-    if labels.ndim != 1 or len(labels) != len(data) or (labels.size and labels.dtype.kind not in "iu"):
+    if labels.ndim != 1 or len(labels) != len(data) or (labels.size and not np.issubdtype(labels.dtype, np.integer)):
         raise ValueError(
             f"CIFAR-10 batch file {str(path)!r}: expected {len(data)} integer 'labels', one per "
             f"image, found dtype {labels.dtype} with shape {labels.shape}."

@@ -215,7 +215,7 @@ def _check_idx_pair(images: np.ndarray, labels: np.ndarray, img_path: Path, lbl_
             f"IDX file {str(img_path)!r}: expected uint8 images of shape (n, height, width) "
             f"(magic 0x00000803), found dtype {images.dtype} with shape {images.shape}."
         )
-    if labels.ndim != 1 or labels.dtype.kind not in "iu":
+    if labels.ndim != 1 or not np.issubdtype(labels.dtype, np.integer):
         raise ValueError(
             f"IDX file {str(lbl_path)!r}: expected integer labels of shape (n,) "
             f"(magic 0x00000801), found dtype {labels.dtype} with shape {labels.shape}."

@@ -187,7 +187,7 @@ def parse_division(spec: str, num_nodes: int,
 def _check_labels(labels: object) -> np.ndarray:
     """Return ``labels`` as a 1-D integer array, or raise ``ValueError``."""
     array = np.asarray(labels)
-    if array.ndim != 1 or (array.size and array.dtype.kind not in "iu"):
+    if array.ndim != 1 or (array.size and not np.issubdtype(array.dtype, np.integer)):
         raise ValueError(
             f"labels must be a 1-D array of integer class labels, got dtype {array.dtype} "
             f"with shape {array.shape}."

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from enum import StrEnum
 from functools import lru_cache
 from typing import Any
 
@@ -27,11 +28,25 @@ import numpy as np
 from gems_fl.data.feature_map import MapEvidence
 from gems_fl.data.site_files import pooled_moments
 
-MAPS = ("fourier", "relu")
+
+class RandomMap(StrEnum):
+    """The random-feature maps (``rf-map``): each is one entry of the tables below."""
+
+    FOURIER = "fourier"
+    RELU = "relu"
+
+
+MAPS = tuple(m.value for m in RandomMap)
 SEED_OFFSET = 0x5EED_0F_2F  # the map's stream differs from every other draw of the seed
 BANDWIDTH_FACTOR = 0.6  # times the RMS distance between two rows (see bandwidth_from_stats)
 FOURIER_NORM = float(np.sqrt(2.0))  # |z(x)| <= sqrt(2) for Fourier features: DP's clip
 CHUNK_ROWS = 4096  # rows mapped at once: bounds the float64 temporary to CHUNK_ROWS x D
+#: each map's offsets ``b`` (drawn after ``W`` from the map's stream) and its nonlinearity
+_OFFSETS = {RandomMap.FOURIER: lambda rng, dim: rng.uniform(0.0, 2.0 * np.pi, dim),
+            RandomMap.RELU: lambda rng, dim: rng.standard_normal(dim)}
+_NONLINEARITY = {RandomMap.FOURIER: np.cos, RandomMap.RELU: lambda pre: np.maximum(pre, 0.0)}
+#: the largest norm a mapped row can have, whatever the row (DP's clip is never above it)
+NORM_BOUND = {RandomMap.FOURIER: FOURIER_NORM, RandomMap.RELU: float("inf")}
 
 
 @dataclass(frozen=True)
@@ -68,10 +83,10 @@ class RandomFeatures:
         w, b = self.weights()
         out = np.empty((len(x), self.dim), dtype=np.float32)
         scale = np.float32(np.sqrt(2.0 / self.dim))
+        nonlinearity = _NONLINEARITY[RandomMap(self.kind)]
         for start in range(0, len(x), CHUNK_ROWS):
             pre = x[start:start + CHUNK_ROWS] @ w + b
-            out[start:start + CHUNK_ROWS] = scale * (np.cos(pre) if self.kind == "fourier"
-                                                     else np.maximum(pre, 0.0))
+            out[start:start + CHUNK_ROWS] = scale * nonlinearity(pre)
         return out
 
     def to_config(self, whole: bool = True) -> dict[str, Any]:
@@ -142,7 +157,7 @@ def _weights(kind: str, num_inputs: int, dim: int, bandwidth: float, seed: int
              ) -> tuple[np.ndarray, np.ndarray]:
     rng = np.random.Generator(np.random.PCG64([int(seed), SEED_OFFSET]))
     w = rng.standard_normal((num_inputs, dim)) / bandwidth
-    b = rng.uniform(0.0, 2.0 * np.pi, dim) if kind == "fourier" else rng.standard_normal(dim)
+    b = _OFFSETS[RandomMap(kind)](rng, dim)
     return w.astype(np.float32), b.astype(np.float32)
 
 

@@ -87,15 +87,15 @@ def label_names(y: np.ndarray, where: str) -> np.ndarray:
     Raises :class:`SiteFileError` for non-integer numeric labels or NaN.
     """
     y = np.asarray(y)
-    if y.dtype.kind in "US":
+    if np.issubdtype(y.dtype, np.character):
         return np.array([str(v).strip() for v in y.astype(str)], dtype=object).astype(str)
-    if y.dtype.kind == "O":
+    if np.issubdtype(y.dtype, np.object_):
         return np.array([str(v).strip() for v in y], dtype=object).astype(str)
-    if y.dtype.kind == "b":
+    if np.issubdtype(y.dtype, np.bool_):
         y = y.astype(np.int64)
-    if y.dtype.kind not in "iuf":
+    if not (np.issubdtype(y.dtype, np.integer) or np.issubdtype(y.dtype, np.floating)):
         raise SiteFileError(f"{where} has dtype {y.dtype}; labels must be integers or text")
-    if y.dtype.kind == "f":
+    if np.issubdtype(y.dtype, np.floating):
         bad = ~np.isfinite(y) | (np.mod(np.where(np.isfinite(y), y, 0), 1) != 0)
         if np.any(bad):
             raise SiteFileError(
@@ -215,7 +215,7 @@ def _read_npz(path: Path, public: bool) -> SiteFile:  # noqa: C901
     except (OSError, ValueError, EOFError) as exc:
         raise SiteFileError(f"{path} cannot be read as .npz: {exc}") from None
     for split, x in site.x.items():
-        if x.dtype.kind not in "iufb":
+        if not any(np.issubdtype(x.dtype, t) for t in (np.integer, np.floating, np.bool_)):
             raise SiteFileError(f"{path}: {keys[split][0]} has dtype {x.dtype}; features must be numbers")
         site.x[split] = x.astype(np.float64)
     width = site.num_features()

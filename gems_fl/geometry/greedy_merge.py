@@ -9,7 +9,7 @@ the exact ball tests it relies on are in :mod:`gems_fl.geometry.ball_meet`.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from enum import StrEnum
+from enum import Enum, StrEnum
 
 import numpy as np
 
@@ -27,6 +27,15 @@ class MergeMethod(StrEnum):
 
 
 METHODS = tuple(m.value for m in MergeMethod)
+
+
+class Joined(Enum):
+    """How a group's last member joined it (its point is then from that step)."""
+
+    SEED = "seed"  # the group's first member: its own center
+    CONTAINS = "contains"  # the group's point already lay in the member's ball
+    DUAL = "dual"  # the dual test's verified common point
+    SOLVE = "solve"  # find_intersection's point
 
 # Pairwise Frank-Wolfe steps of the dual test per candidate (each O(g^2)).
 _DUAL_MAX_ITER = 500
@@ -186,14 +195,13 @@ class _Cluster:
 class _Group:
     """A group being grown: local members, dual weights and a verified common point.
 
-    ``how`` says how the last member joined: ``"seed"``, ``"contains"``, ``"dual"`` or
-    ``"solve"`` (through :func:`find_intersection`, whose point it then is).
+    ``how`` says how the last member joined (:class:`Joined`).
     """
 
     members: list[int]
     lam: np.ndarray
     point: np.ndarray
-    how: str
+    how: Joined
 
 
 def _node_blocks(node: np.ndarray, order: np.ndarray) -> list[np.ndarray]:
@@ -257,7 +265,7 @@ class GreedyMerge:
         current point first; the first that joins ends the node's turn.
         """
         assigned[s] = True
-        group = _Group([s], np.ones(1), cl.c[s], "seed")
+        group = _Group([s], np.ones(1), cl.c[s], Joined.SEED)
         viable = self.candidates(cl, s, assigned)
         for block in _node_blocks(cl.node, np.flatnonzero(viable)):
             for j in self.nearest_first(cl, block[viable[block]], group.point):
@@ -314,28 +322,28 @@ class GreedyMerge:
 
     def try_join(
         self, cl: _Cluster, group: _Group, j: int
-    ) -> tuple[np.ndarray, np.ndarray, str] | None:
+    ) -> tuple[np.ndarray, np.ndarray, Joined] | None:
         """``(dual weights, verified common point, how)`` of ``group + [j]``, or None.
 
-        In order: the group's point may already be in ``j``'s ball (``"contains"``);
+        In order: the group's point may already be in ``j``'s ball (``CONTAINS``);
         with ``method="dual"``, :meth:`dual_test` may prove the balls disjoint (None)
-        or give a verified common point (``"dual"``); otherwise
-        :func:`find_intersection` decides (``"solve"``).
+        or give a verified common point (``DUAL``); otherwise
+        :func:`find_intersection` decides (``SOLVE``).
         """
         trial = group.members + [j]
         trial_global = cl.global_indices(trial)
         lam = np.append(group.lam, 0.0)
         if self.verified(trial_global[-1:], group.point):
             self.counts.contains_accepts += 1
-            return lam, group.point, "contains"
+            return lam, group.point, Joined.CONTAINS
         if self.options.method == MergeMethod.DUAL:
             verdict, lam, point = self.dual_test(cl, trial, trial_global, lam)
             if verdict == "empty":
                 return None
             if verdict == "point":
-                return lam, point, "dual"
+                return lam, point, Joined.DUAL
         found = self.solve(trial_global, self.options.max_iter)
-        return None if found is None else (lam, found, "solve")
+        return None if found is None else (lam, found, Joined.SOLVE)
 
     def dual_test(
         self, cl: _Cluster, trial: list[int], trial_global: list[int], lam: np.ndarray
@@ -386,7 +394,7 @@ class GreedyMerge:
         if self.verified(members, mean):
             self.counts.mean_points += 1
             return mean
-        if group.how == "solve":
+        if group.how is Joined.SOLVE:
             return group.point
         budget = opts.max_iter if opts.method == MergeMethod.DYKSTRA else opts.polish_max_iter
         if budget > 0:

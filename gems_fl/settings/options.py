@@ -11,7 +11,7 @@ from gems_fl.data import FeatureOptions
 from gems_fl.data.agreement import Scaling
 from gems_fl.data.feature_ranges import read_feature_ranges
 from gems_fl.data.nodes import NodeDataOptions
-from gems_fl.data.random_features import FOURIER_NORM
+from gems_fl.data.random_features import NORM_BOUND
 from gems_fl.evaluation.baselines import ComparisonOptions
 from gems_fl.evaluation.server_data import ServerDataOptions
 from gems_fl.geometry.choices import SERVER_MATRIX_BYTES, SERVER_NODE_MATRIX_BYTES, SUMS_ABOVE_NODES
@@ -123,8 +123,8 @@ def dp_spec(settings: Settings) -> DPSpec:
     features have norm at most ``sqrt(2)`` whatever the row, so their clip is never above
     it: the noise is calibrated to the map's own bound (clipping there changes no row)."""
     clip = float(settings.dp_clip)
-    if settings.model_kind is RANDOM_FEATURES_KIND and settings.rf_map == "fourier":
-        clip = min(clip, FOURIER_NORM)
+    if settings.model_kind is RANDOM_FEATURES_KIND:
+        clip = min(clip, NORM_BOUND[settings.rf_map])
     return DPSpec(float(settings.dp_epsilon), float(settings.dp_delta), clip)
 
 
