@@ -7,8 +7,10 @@ reported before torch, scikit-learn or Flower's server side are imported
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from gems_fl.running.packaged_app import resolve_app
 from gems_fl.running.run_config import app_config, resolve_overrides
@@ -49,16 +51,15 @@ def prepare_run(app_dir: str | Path | None = None, *, num_nodes: int = 5,
         overrides.update(site_overrides(sites, overrides))
         num_nodes = len(sites)
     settings = Settings.from_run_config({**app_config(app), **overrides})
-    preflight_apart(settings, num_nodes)
+    in_child_process(preflight, settings, num_nodes)
     return PreparedRun(app, overrides, settings, num_nodes, tuple(sites or ()))
 
 
-def preflight_apart(settings: Settings, num_nodes: int) -> None:
-    """:func:`~gems_fl.serverapp.preflight.preflight` in a child process: its division
-    check loads the dataset and flwr-datasets (pandas, pyarrow: 350 MB resident), which
-    this process would otherwise hold while it waits on the whole run. Its refusal is
-    raised here as it was there; a child that could not start or died runs the checks
-    here instead."""
+def in_child_process(function: Callable[..., None], *args: Any) -> None:
+    """``function(*args)`` in a child process, its exception raised here as it was there;
+    a child that could not start or died runs it here instead. For the preflight: its
+    division check loads the dataset and flwr-datasets (pandas, pyarrow: 350 MB
+    resident), which this process would otherwise hold while it waits on the whole run."""
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor
     from concurrent.futures.process import BrokenProcessPool
@@ -67,10 +68,9 @@ def preflight_apart(settings: Settings, num_nodes: int) -> None:
     method = "fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn"
     try:
         with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context(method)) as pool:
-            checked = pool.submit(preflight, settings, num_nodes)
-            checked.result()
+            pool.submit(function, *args).result()
     except (BrokenProcessPool, OSError):
-        preflight(settings, num_nodes)
+        function(*args)
 
 
 def site_overrides(sites: list[str], overrides: dict) -> dict:
