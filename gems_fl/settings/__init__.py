@@ -15,7 +15,7 @@ node receives (:meth:`Settings.for_nodes`: only the settings node code reads).
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import InitVar, asdict, dataclass, fields
+from dataclasses import asdict, dataclass, fields
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from gems_fl.data.agreement import NODE_FILES, Scaling, resolve_standardize
@@ -71,33 +71,14 @@ class Settings(OperationSettings, PrivacySettings, AggregationSettings, SpaceSet
     code that reads one fails loudly instead of using a default the operator never set.
     """
 
-    scope: InitVar[str] = "run"
-
-    def __post_init__(self, scope: str) -> None:
+    def __init__(self, scope: str = "run", **given: Any) -> None:
+        # each field is set once, to its resolved value: nothing is rewritten afterwards
+        unknown = sorted(set(given) - set(_DEFAULTS))
+        if unknown:
+            raise TypeError(f"Settings() got unexpected keyword argument(s): {', '.join(unknown)}")
         node_only = scope == "node"
-        if self.profile == "paper":
-            for key, value in PAPER_PROFILE.items():
-                name = key.replace("-", "_")
-                if getattr(self, name) == _DEFAULTS[name]:
-                    object.__setattr__(self, name, value)
-        object.__setattr__(self, "standardize", resolve_standardize(
-            self.standardize, self.dataset, bool(self.dp_epsilon), bool(self.feature_ranges.strip())))
-        if self.hidden.strip().lower() == "auto":
-            object.__setattr__(self, "hidden", DATASETS[self.dataset].hidden
-                               if self.dataset in DATASETS else AUTO_HIDDEN_DEFAULT)
-        # "auto", or the rank as an int whether it came as 50 or "50" (--run-config)
-        object.__setattr__(self, "gram_rank", run_gram_rank(self))
-        object.__setattr__(self, "refine_l2", parse_refine_l2(self.refine_l2))
-        for f in fields(self):
-            value = getattr(self, f.name)
-            if node_only and not f.metadata["node"]:
-                if value != f.default:
-                    raise SettingsError(f"{key_of(f)} is a server-side setting; nodes do not "
-                                        "receive it")
-                object.__setattr__(self, f.name, None)
-                continue
-            if f.metadata["check"] is not None:
-                f.metadata["check"](key_of(f), value)
+        for name, value in _resolved({**_DEFAULTS, **given}, node_only).items():
+            object.__setattr__(self, name, value)
         check_rules(self, node_only)
 
     @classmethod
@@ -216,6 +197,40 @@ class Settings(OperationSettings, PrivacySettings, AggregationSettings, SpaceSet
 
 
 _DEFAULTS = {f.name: f.default for f in fields(Settings)}
+
+
+def _resolved(values: dict[str, Any], node_only: bool) -> dict[str, Any]:
+    """The fields' values as the settings hold them: the paper profile's values where a
+    field was left at its default, every ``auto`` the settings resolve themselves, each
+    value checked; for a node (``node_only``), the server-side fields ``None``."""
+    values = dict(values)
+    if values["profile"] == "paper":
+        for key, value in PAPER_PROFILE.items():
+            name = key.replace("-", "_")
+            if values[name] == _DEFAULTS[name]:
+                values[name] = value
+    values["standardize"] = resolve_standardize(
+        values["standardize"], values["dataset"], bool(values["dp_epsilon"]),
+        bool(values["feature_ranges"].strip()))
+    if values["hidden"].strip().lower() == "auto":
+        dataset = values["dataset"]
+        values["hidden"] = DATASETS[dataset].hidden if dataset in DATASETS else AUTO_HIDDEN_DEFAULT
+    # "auto", or the rank as an int whether it came as 50 or "50" (--run-config)
+    whole = (values["secure_aggregation"] or values["dp_epsilon"]
+             or model_kind(values["model"]).layerwise)
+    values["gram_rank"] = run_gram_rank(values["gram_rank"], whole)
+    values["refine_l2"] = parse_refine_l2(values["refine_l2"])
+    for f in fields(Settings):
+        value = values[f.name]
+        if node_only and not f.metadata["node"]:
+            if value != f.default:
+                raise SettingsError(f"{key_of(f)} is a server-side setting; nodes do not "
+                                    "receive it")
+            values[f.name] = None
+            continue
+        if f.metadata["check"] is not None:
+            f.metadata["check"](key_of(f), value)
+    return values
 _LAB_DEFAULTS = {key_of(f): f.default for f in fields(Settings) if f.metadata["lab"]}
 
 

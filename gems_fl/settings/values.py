@@ -60,13 +60,12 @@ def parse_gram_rank(value: str | int) -> str | int:
                            "rank-r factor; auto a rank that follows the matrix size)")
 
 
-def run_gram_rank(settings) -> int | str:
+def run_gram_rank(gram_rank: int | str, whole: bool) -> int | str:
     """``gram-rank`` as the run uses it: parsed, and ``auto`` as the whole matrix (0)
-    where a factor does not pay: under SecAgg+ and DP, whose sums carry the whole
-    triangle anyway, and for the MLP, whose output layer lost 0.53 point with it
+    where a factor does not pay (``whole``): under SecAgg+ and DP, whose sums carry the
+    whole triangle anyway, and for the MLP, whose output layer lost 0.53 point with it
     (results/README.md, "1b")."""
-    rank = parse_gram_rank(settings.gram_rank)
-    whole = settings.secure_aggregation or settings.dp_epsilon or settings.model_kind.layerwise
+    rank = parse_gram_rank(gram_rank)
     return 0 if rank == "auto" and whole else rank
 
 
