@@ -40,7 +40,10 @@ Client -> server (the reply; nothing else leaves the client)::
     "gram":    ArrayRecord   gram only: "triangle", the upper triangle of G (float32), or
                              a rank-r factor F = "vectors" (n x r, float16 in [-1, 1]) *
                              "scales" (r powers of two, float32) and "residual" d
-                             (float32) with G ~ F F^T + diag(d) (gram-rank r > 0, auto)
+                             (float32) with G ~ F F^T + diag(d) (gram-rank r > 0, auto);
+                             sent beside "labels", F and d are of the within-class
+                             scatter G - C C^T, C = sqrt(share_c) [mean_c, 1] from the
+                             moments and counts, and G ~ F F^T + diag(d) + C C^T
     "labels":  ArrayRecord   gram only: "moments", mean of e_y [x, 1]^T over the training
                              rows (C x (d+1), float32), and "counts", the class counts;
                              with class-grams, "class-grams": the packed upper triangle

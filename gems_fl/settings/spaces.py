@@ -71,7 +71,8 @@ class SpaceSettings:
         "`gram` only: how a node's Gram matrix travels. 0: the whole matrix (upper triangle, "
         'float32; exact). r > 0: a rank-r factor `F` (float16 vectors, power-of-two scales) '
         'and the diagonal of the rest, `G ~ F F^T + diag(G - F F^T)` (fewer bytes, a coarser '
-        'space). `auto` (the default): rank r = max(32, ceil(size / 16)) (50 for 784 features) '
+        'space); beside label moments, `F` is of the within-class scatter and the class means '
+        'come exactly from the moments. `auto` (the default): rank r = max(32, ceil(size / 16)) (50 for 784 features) '
         'where the matrix is larger than 2 r + 1, else the whole matrix (digits travels whole); '
         'the whole matrix under secure-aggregation and DP, which sum it whole anyway, and for the '
         'MLP, whose output layer lost up to 1.1 points with it (set a rank to compress it). '
