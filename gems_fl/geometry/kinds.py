@@ -399,7 +399,9 @@ def node_gram(train_inputs: np.ndarray, gram_rank: int | str = 0,
         return from_factor(factor, residual), factor, residual
     labels, moments, counts = classes
     means = mean_columns(moments, counts)
-    within = gram - means @ means.T
+    # in place where the matrix is this function's own (140 MB at the kernel model's D)
+    within = gram - means @ means.T if exact is not None else np.subtract(
+        gram, means @ means.T, out=gram)
     root = (within_root(train_inputs, labels, means) if len(train_inputs) < gram.shape[0]
             else None)
     factor = sent_factor(within, rank, root=root)
