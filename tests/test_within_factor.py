@@ -86,3 +86,32 @@ def test_the_pooled_within_class_matrix_of_cut_factors_is_psd_by_construction():
     new_eigen = np.linalg.eigvalsh(_within(new, moments, num_train))
     assert old_low < -1e-3 * new_eigen[-1]  # the case the change is for
     assert new_eigen[0] > -1e-9 * new_eigen[-1]
+
+
+def test_the_server_and_the_nodes_evaluate_round_build_the_nodes_own_matrix(tmp_path, monkeypatch):
+    """What the server decodes from the reply and what the node rebuilds from what it kept
+    for the evaluate round are the matrix its space was built with, bit for bit."""
+    from flwr.app import Context, RecordDict
+
+    from gems_fl.geometry.kinds import SpaceOptions, build_layer_space
+    from gems_fl.protocol import space_replies
+    from gems_fl.protocol.node import encode_layer_space
+    from gems_fl.protocol.node_store import ENV_VAR
+    from gems_fl.protocol.verify import keep_own_factor, kept_gram
+
+    monkeypatch.setenv(ENV_VAR, str(tmp_path))
+    rng = np.random.default_rng(2)
+    x, y = _site(rng, 240, [0.5, 0.3, 0.2, 0.0], d=70)
+    w = rng.normal(size=(4, 71)) * 0.01
+    options = SpaceOptions(kind="gram", eps=0.0, num_directions=20, gram_rank=6,
+                           label_moments=True)
+    layer = build_layer_space(w, (x, y), x[:60], y[:60], options, seed=0)
+    assert layer.factor.shape == (71, 6) and layer.factor_means.shape == (71, 3)
+    content = encode_layer_space(layer, 70, 4, eps=0.0, num_train=240, num_val=60,
+                                 val_accuracy=0.5)
+    space, _ = space_replies.decode_reply(content, {"weight": (4, 70), "bias": (4,)}, "gram", 6,
+                                          labels=True)
+    np.testing.assert_array_equal(space.gram, layer.space.gram)
+    context = Context(run_id=1, node_id=7, node_config={}, state=RecordDict(), run_config={})
+    keep_own_factor(context, layer.factor, layer.residual, layer.factor_means)
+    np.testing.assert_array_equal(kept_gram(context), layer.space.gram)
