@@ -55,6 +55,7 @@ def main() -> None:
     parser.add_argument("--out", default=default_out("profile_run"))
     args = parser.parse_args()
     from inprocess_run import run_apps
+
     from tests.helpers import app_defaults
 
     overrides = dict(item.split("=", 1) for item in args.set)

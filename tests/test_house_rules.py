@@ -298,56 +298,47 @@ def test_the_length_rule_sees_a_long_function(tmp_path):
     assert [line.split()[1] for line in _long_functions(probe)] == ["long"]
 
 
+def _fresh_python(code: str, heavy: tuple[str, ...]) -> list[str]:
+    """Run ``code`` in a fresh interpreter in the checkout; its printed lines, the first
+    naming which of ``heavy`` were imported by then (comma-separated, empty for none)."""
+    import subprocess
+    import sys
+
+    code += f"\nprint(','.join(m for m in {heavy!r} if m in sys.modules))\n"
+    out = subprocess.run([sys.executable, "-c", "import sys\n" + code], cwd=ROOT,
+                         capture_output=True, text=True, check=True)
+    return out.stdout.splitlines()
+
+
 def test_the_apps_start_without_the_heavy_libraries_they_use_on_some_paths_only():
     """Every Flower process (the ServerApp, each ClientApp actor) imports the two app
     files: scikit-learn (1-3 s), pandas and matplotlib load where a path needs them
     (k-means, a CSV, a plot), not at start-up."""
-    import subprocess
-    import sys
-
-    heavy = ("sklearn", "pandas", "matplotlib")
-    code = ("import sys, client_app, server_app; "
-            f"print(','.join(m for m in {heavy!r} if m in sys.modules))")
-    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
-                         text=True, check=True)
-    assert out.stdout.strip() == ""
+    assert _fresh_python("import client_app, server_app",
+                         ("sklearn", "pandas", "matplotlib")) == [""]
 
 
 def test_the_command_that_runs_a_simulation_holds_no_torch_and_no_flower_while_it_waits():
     """``gems-fl run`` starts the SuperLink and waits on the run for its whole length: its
     own process imports neither torch nor Flower (the run's processes do), which kept
     about 450 MB more resident at every run's peak."""
-    import subprocess
-    import sys
-
-    heavy = ("torch", "flwr", "sklearn", "ray")
-    code = ("import sys, gems_fl.running.cli, gems_fl.running.launch; "
-            f"print(','.join(m for m in {heavy!r} if m in sys.modules))")
-    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
-                         text=True, check=True)
-    assert out.stdout.strip() == ""
+    assert _fresh_python("import gems_fl.running.cli, gems_fl.running.launch",
+                         ("torch", "flwr", "sklearn", "ray")) == [""]
 
 
 def test_the_checks_before_a_run_leave_the_dataset_and_its_libraries_out_of_the_cli():
     """The preflight's division check loads the dataset and flwr-datasets (pandas,
     pyarrow): it runs in a child process, so ``gems-fl run`` does not hold them while it
     waits on the run; a division it refuses is still refused, with its message."""
-    import subprocess
-    import sys
-
-    heavy = ("pandas", "pyarrow", "datasets", "flwr_datasets", "sklearn", "torch")
-    code = ("import sys\n"
-            "from gems_fl.running.prepare import prepare_run\n"
-            f"prepare_run({str(ROOT)!r}, num_nodes=5, "
-            "run_config=\"label-division='dirichlet:0.5' output-dir='/tmp'\")\n"
-            f"print(','.join(m for m in {heavy!r} if m in sys.modules))\n"
+    code = ("from gems_fl.running.prepare import prepare_run\n"
             "try:\n"
             f"    prepare_run({str(ROOT)!r}, num_nodes=2, "
             "run_config=\"min-replies=3 output-dir='/tmp'\")\n"
             "except ValueError as exc:\n"
-            "    print('refused:', exc)\n")
-    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
-                         text=True, check=True)
-    loaded, refusal = out.stdout.splitlines()
+            "    print('refused:', exc)\n"
+            f"prepare_run({str(ROOT)!r}, num_nodes=5, "
+            "run_config=\"label-division='dirichlet:0.5' output-dir='/tmp'\")")
+    refusal, loaded = _fresh_python(
+        code, ("pandas", "pyarrow", "datasets", "flwr_datasets", "sklearn", "torch"))
     assert loaded == ""
     assert refusal.startswith("refused:") and "min-replies" in refusal
