@@ -400,8 +400,8 @@ def node_gram(train_inputs: np.ndarray, gram_rank: int | str = 0,
     labels, moments, counts = classes
     means = mean_columns(moments, counts)
     # in place where the matrix is this function's own (140 MB at the kernel model's D)
-    within = gram - means @ means.T if exact is not None else np.subtract(
-        gram, means @ means.T, out=gram)
+    within = gram if exact is None else gram.copy()
+    within -= means @ means.T
     root = (within_root(train_inputs, labels, means) if len(train_inputs) < gram.shape[0]
             else None)
     factor = sent_factor(within, rank, root=root)
