@@ -19,9 +19,10 @@ A linear layer ``W`` is the ``(C, d + 1)`` matrix ``[weight | bias]``: ``C`` cla
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -39,7 +40,7 @@ from gems_fl.geometry.spaces import GramSpace, Space
 from gems_fl.learning.threads import compute_threads
 
 __all__ = ["Aggregate", "Check", "GEMSModel", "NodeSpace", "aggregate", "check", "load_model",
-           "node_space"]
+           "model_from_state", "node_space"]
 
 MODEL_FILE = "gems_model.npz"  # what a run writes beside results.json
 RESULTS_FILE = "results.json"
@@ -421,16 +422,25 @@ def load_model(run_folder: str | Path) -> GEMSModel:
             raise FileNotFoundError(f"{path} not found: pass the folder of a finished run "
                                     "(<output-dir>/run-<id>)")
     dataset = json.loads(results_path.read_text()).get("dataset", {})
+    with np.load(model_path) as state:
+        return model_from_state(dataset, state, str(folder))
+
+
+def model_from_state(dataset: Mapping[str, Any], state: Mapping[str, np.ndarray],
+                     where: str = "the run") -> GEMSModel:
+    """The model of a run's ``dataset`` record (its classes, scaling, columns and feature
+    map, as ``results.json`` holds it) and its model arrays (``gems_model.npz``'s, or
+    :class:`gems_fl.serverapp.finish.RunOutcome`'s ``model_state``)."""
     if dataset.get("standardize") == "node":
-        raise ValueError(f"{folder}: the run used standardize='node' (each node scaled its "
+        raise ValueError(f"{where}: the run used standardize='node' (each node scaled its "
                          "features its own way), so there is no one scaling for new rows; "
                          "rerun with standardize='federated' or 'off'")
-    with np.load(model_path) as state:
-        hidden = sorted({int(k.split(".")[1]) for k in state.files if k.startswith("hidden.")})
-        layers = [(state[f"hidden.{i}.weight"], state[f"hidden.{i}.bias"]) for i in hidden]
-        out = "output." if hidden else ""
-        layers.append((state[f"{out}weight"], state[f"{out}bias"]))
-        features = feature_map_from_saved(dataset, state)
+    names = list(state.keys())
+    hidden = sorted({int(k.split(".")[1]) for k in names if k.startswith("hidden.")})
+    layers = [(state[f"hidden.{i}.weight"], state[f"hidden.{i}.bias"]) for i in hidden]
+    out = "output." if hidden else ""
+    layers.append((state[f"{out}weight"], state[f"{out}bias"]))
+    features = feature_map_from_saved(dataset, state)
     layers = [(np.asarray(w, dtype=np.float64), np.asarray(b, dtype=np.float64)) for w, b in layers]
     classes = [str(c) for c in dataset.get("classes", range(layers[-1][0].shape[0]))]
     scale = dataset.get("scale")
@@ -441,4 +451,3 @@ def load_model(run_folder: str | Path) -> GEMSModel:
                   for k, values in dataset.get("categories", {}).items()}
     return GEMSModel(layers, classes, mean, std, features,
                      None if names is None else [str(c) for c in names], categories)
-

@@ -1,9 +1,10 @@
 """GEMS as a scikit-learn classifier: ``GEMSClassifier().fit(X, y, sites=site_of_row)``.
 
-``fit`` runs the real protocol, the same ServerApp and ClientApp code as ``gems-fl run
---site``, over an in-process grid (no Flower processes, no Ray): each site trains its
-own model, sends its good-enough space, the server intersects them (the run's point
-selection), and each site checks ``h_G`` on its own validation rows. So the model is
+``fit`` runs the real protocol through :func:`gems_fl.fitting.fit`, the same ServerApp
+and ClientApp code as ``gems-fl run --site``, over an in-process grid (no Flower
+processes, no Ray, no files written): each site trains its own model, sends its
+good-enough space, the server intersects them (the run's point selection), and each site
+checks ``h_G`` on its own validation rows. So the model is
 the one ``gems-fl run --site`` gives on the same rows, labels may be text and each site
 may hold any subset of the classes, and features are scaled as a run scales them
 (``standardize='auto'``: one mean and std from the sites' sums).
@@ -26,12 +27,7 @@ Flower is imported when ``fit`` runs, not when this module is.
 
 from __future__ import annotations
 
-import contextlib
-import io
-import json
-import logging
 import numbers
-import tempfile
 import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import fields, replace
@@ -48,14 +44,14 @@ from sklearn.utils.validation import (
     column_or_1d,
 )
 
-from gems_fl.api import load_model, rows_in_order
+from gems_fl.api import rows_in_order
+from gems_fl.fitting import fit as fit_sites
 from gems_fl.learning.model_kinds import MODEL_KINDS
-from gems_fl.protocol.attendance import ModelNotGoodEnough
 
 __all__ = ["GEMSClassifier", "GoodEnoughWarning", "PooledRowsWarning"]
 
 SITE_KEYS = ("x_train", "y_train", "x_val", "y_val")  # plus optional x_test, y_test
-FIXED = ("dataset", "site-files", "output-dir")  # what fit sets itself
+FIXED = ("dataset", "site-files", "output-dir")  # what fit sets itself (output-dir: unused)
 ONE_SITE = "site-0"  # fit(X, y) without sites: every row is this site's
 
 
@@ -137,8 +133,8 @@ class GEMSClassifier(ClassifierMixin, BaseEstimator):
         # a library call takes the rows it is given (a run's guard against a tiny site is
         # min-rows=10) and has no server test set
         config = {"min-rows": 2, "evaluate-on-server": False, **extra, "eps": float(self.eps),
-                  "model": str(self.model), "seed": int(self.seed), "dataset": "node-files"}
-        Settings.from_run_config(config)  # a clear SettingsError before anything runs
+                  "model": str(self.model), "seed": int(self.seed)}
+        Settings.from_run_config({**config, "dataset": "node-files"})  # a clear SettingsError
         return config
 
     def _check_parameters(self) -> None:
@@ -212,17 +208,11 @@ class GEMSClassifier(ClassifierMixin, BaseEstimator):
         named = {name: _encoded(data, self.classes_) for name, data in named.items()}
         if len(named) == 1 and "min-replies" not in config:
             config["min-replies"] = 1  # one site: its own model, checked like a run's
-        with tempfile.TemporaryDirectory(prefix="gems-fl-fit-") as tmp:
-            paths = [_write_site(Path(tmp), name, data) for name, data in named.items()]
-            config = {**config, "site-files": ",".join(map(str, paths)),
-                      "output-dir": str(Path(tmp) / "out")}
-            folder = Path(tmp) / "out" / "run-1"
-            try:
-                self.results_ = _run_in_process(config, len(paths), self.verbose)
-            except ModelNotGoodEnough:  # where a run exits 4, a library call warns
-                self.results_ = json.loads((folder / "results.json").read_text())
-                warnings.warn(_not_good_enough(self.results_), GoodEnoughWarning, stacklevel=2)
-            model = load_model(folder)
+        fitted = fit_sites(named, config, verbose=self.verbose)
+        self.results_ = fitted.results
+        if not fitted.good_enough:  # where a run exits 4, a library call warns
+            warnings.warn(_not_good_enough(self.results_), GoodEnoughWarning, stacklevel=2)
+        model = fitted.model
         # the run named the classes by their index; the model names them as fit was given
         self.model_ = replace(model, classes=[str(self.classes_[int(i)]) for i in model.classes])
         self.n_features_in_ = int(self.model_.num_features)
@@ -373,46 +363,3 @@ def _encoded(data: Mapping[str, Any], classes: np.ndarray) -> dict[str, Any]:
         if key in out:
             out[key] = np.searchsorted(classes, np.asarray(out[key]).ravel()).astype(np.int64)
     return out
-
-
-def _write_site(folder: Path, name: str, data: Mapping[str, Any]) -> Path:
-    """The site as the ``.npz`` file a SuperNode would read (its stem names the node)."""
-    arrays = {}
-    for key in (*SITE_KEYS, "x_test", "y_test"):
-        if key in data:
-            value = np.asarray(data[key])
-            arrays[key] = value.astype(str) if np.issubdtype(value.dtype, np.object_) else value
-    if data.get("columns") is not None:
-        arrays["columns"] = np.asarray(data["columns"], dtype=str)
-    path = folder / f"{name}.npz"
-    np.savez(path, **arrays)
-    return path
-
-
-def _run_in_process(config: dict[str, Any], num_nodes: int, verbose: bool) -> dict[str, Any]:
-    from flwr.app import Context, RecordDict
-    from flwr.common.logger import console_handler
-
-    from gems_fl.apps import client_app
-    from gems_fl.protocol.inprocess import InProcessGrid
-    from gems_fl.serverapp import run_server
-
-    grid = InProcessGrid(client_app, num_nodes, config)
-    context = Context(run_id=1, node_id=1, node_config={}, state=RecordDict(), run_config=config)
-    logger = logging.getLogger("flwr")
-    colored = console_handler.colored
-    # Flower colours its level names whatever the stream: not in a file or a pipe
-    console_handler.colored = bool(getattr(console_handler.stream, "isatty", lambda: False)())
-    quiet = logging.NullHandler()  # quiet: no console, and no lastResort printing either
-    if not verbose:
-        logger.removeHandler(console_handler)
-        logger.addHandler(quiet)
-    try:
-        with contextlib.redirect_stdout(io.StringIO()) if not verbose else contextlib.nullcontext():
-            return run_server(grid, context)
-    finally:
-        grid.forget_node_files()
-        if not verbose:
-            logger.removeHandler(quiet)
-            logger.addHandler(console_handler)
-        console_handler.colored = colored

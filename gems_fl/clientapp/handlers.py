@@ -57,11 +57,11 @@ def _node_data(settings: Settings, config: Mapping[str, Any], context: Context) 
         raise NodeDataError(f"node '{node_name(node_config)}': {exc}") from None
     agreement = DataAgreement.from_config(config)
     options = node_data_options(settings)
+    folder = None
     try:
-        folder = store.made()
+        folder = store.made() if store.disk else None
     except OSError as exc:  # a full or read-only disk: this process's memory alone
         logger.warning("node '%s': no folder for its rows (%s)", node_name(node_config), exc)
-        folder = None
     return LOADED.get(options, node_config, agreement,
                       lambda: cast_node_arrays(load_node_data(options, node_config, agreement)),
                       folder=folder)

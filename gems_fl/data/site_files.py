@@ -32,6 +32,7 @@ so the same name gets the same index everywhere.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -49,6 +50,7 @@ from gems_fl.data.categories import (
 )
 from gems_fl.data.csv_table import SiteFileError, checked_drop, parses, read_csv_table
 from gems_fl.data.site_columns import ID_AUTO, column_difference
+from gems_fl.data.site_memory import held_arrays
 
 SPLITS = ("train", "val", "test")
 REQUIRED_SPLITS = ("train",)
@@ -163,6 +165,11 @@ def read_site_file(path: str | Path, label_column: str = "", *,
         The file or a required array/companion file is missing, or cannot be parsed.
         Values (NaN, shapes, classes) are checked by :func:`site_problems`.
     """
+    held = held_arrays(path)
+    if held is not None:  # a site handed over as arrays (gems_fl.fitting.fit)
+        site = _site_of_arrays(Path(str(path)), held, public)
+        _drop_npz_ids(site, id_columns)
+        return site
     path = Path(str(path)).expanduser()
     if not path.is_file():
         raise SiteFileError(f"{path} does not exist or is not a file")
@@ -186,34 +193,40 @@ def _npz_keys(public: bool) -> dict[str, tuple[str, str]]:
     return {s: (f"x_{s}", f"y_{s}") for s in SPLITS}
 
 
-def _read_npz(path: Path, public: bool) -> SiteFile:  # noqa: C901
-    keys = _npz_keys(public)
-    required = ("train",) if public else REQUIRED_SPLITS
-    site = SiteFile(path)
+def _read_npz(path: Path, public: bool) -> SiteFile:
     try:
         with np.load(path, allow_pickle=False) as f:
-            files = set(f.files)
-            if public and not {"x", "y"} & files and {"x_test", "y_test"} <= files:
-                required = ("test",)  # a test-only public file: the server evaluates on it
-            missing = [k for s in required for k in keys[s] if k not in files]
-            optional = [k for s in keys if s not in required for k in keys[s]]
-            half = [s for s in keys if s not in required and (keys[s][0] in files) != (keys[s][1] in files)]
-            missing += [k for s in half for k in keys[s] if k not in files]
-            if missing:
-                want = ", ".join(k for s in required for k in keys[s])
-                raise SiteFileError(
-                    f"{path} lacks array(s) {', '.join(missing)}; it must hold {want} "
-                    f"(optional: {', '.join(optional)}; found: {', '.join(sorted(files)) or 'none'})")
-            for split, (kx, ky) in keys.items():
-                if kx in files:
-                    site.x[split] = np.asarray(f[kx])
-                    site.y[split] = label_names(f[ky], f"{path}: {ky}")
-            if "columns" in files:
-                site.columns = [str(c).strip() for c in np.asarray(f["columns"]).ravel()]
+            return _site_of_arrays(path, f, public)
     except SiteFileError:
         raise
     except (OSError, ValueError, EOFError) as exc:
         raise SiteFileError(f"{path} cannot be read as .npz: {exc}") from None
+
+
+def _site_of_arrays(path: Path, f: Mapping[str, np.ndarray], public: bool) -> SiteFile:
+    """A site from the arrays of an ``.npz`` file (or the same arrays held in memory:
+    :mod:`gems_fl.data.site_memory`); ``path`` names it in messages."""
+    keys = _npz_keys(public)
+    required = ("train",) if public else REQUIRED_SPLITS
+    site = SiteFile(path)
+    files = set(f.keys())
+    if public and not {"x", "y"} & files and {"x_test", "y_test"} <= files:
+        required = ("test",)  # a test-only public file: the server evaluates on it
+    missing = [k for s in required for k in keys[s] if k not in files]
+    optional = [k for s in keys if s not in required for k in keys[s]]
+    half = [s for s in keys if s not in required and (keys[s][0] in files) != (keys[s][1] in files)]
+    missing += [k for s in half for k in keys[s] if k not in files]
+    if missing:
+        want = ", ".join(k for s in required for k in keys[s])
+        raise SiteFileError(
+            f"{path} lacks array(s) {', '.join(missing)}; it must hold {want} "
+            f"(optional: {', '.join(optional)}; found: {', '.join(sorted(files)) or 'none'})")
+    for split, (kx, ky) in keys.items():
+        if kx in files:
+            site.x[split] = np.asarray(f[kx])
+            site.y[split] = label_names(f[ky], f"{path}: {ky}")
+    if "columns" in files:
+        site.columns = [str(c).strip() for c in np.asarray(f["columns"]).ravel()]
     for split, x in site.x.items():
         if not any(np.issubdtype(x.dtype, t) for t in (np.integer, np.floating, np.bool_)):
             raise SiteFileError(f"{path}: {keys[split][0]} has dtype {x.dtype}; features must be numbers")

@@ -407,23 +407,30 @@ def key_per_node(results: dict[str, Any]) -> dict[str, Any]:
     return results
 
 
-def write_results(results: dict[str, Any], folder: Path, h_g: dict[str, np.ndarray] | None,
-                  started_at: datetime | float | None = None) -> Path:
-    """Write ``results.json`` (and the aggregated model as ``.npz``) into ``folder``, atomically.
-
-    Adds ``results["run"]`` (:func:`run_metadata`; the start defaults to now minus
-    ``timing_s.total``) and keys per-node lists by node name (:func:`key_per_node`), in
-    ``results`` itself. Everything is written into a hidden sibling folder first and
-    renamed to ``folder`` at the end, so an interrupted write leaves no folder that
-    looks complete. An existing ``folder`` is replaced file by file, ``results.json``
-    last.
-    """
+def complete_results(results: dict[str, Any],
+                     started_at: datetime | float | None = None) -> dict[str, Any]:
+    """``results`` as a finished run keeps them, in place: per-node lists keyed by node
+    name (:func:`key_per_node`) and ``results["run"]`` (:func:`run_metadata`; the start
+    defaults to now minus ``timing_s.total``). :func:`write_results` writes them so."""
     if started_at is None:
         total = results.get("timing_s", {}).get("total")
         if isinstance(total, (int, float)):
             started_at = datetime.now(UTC) - timedelta(seconds=float(total))
     key_per_node(results)
     results["run"] = run_metadata(started_at)
+    return results
+
+
+def write_results(results: dict[str, Any], folder: Path, h_g: dict[str, np.ndarray] | None,
+                  started_at: datetime | float | None = None) -> Path:
+    """Write ``results.json`` (and the aggregated model as ``.npz``) into ``folder``, atomically.
+
+    Completes ``results`` first, in place (:func:`complete_results`). Everything is written into a hidden sibling folder first and
+    renamed to ``folder`` at the end, so an interrupted write leaves no folder that
+    looks complete. An existing ``folder`` is replaced file by file, ``results.json``
+    last.
+    """
+    complete_results(results, started_at)
     folder = Path(folder)
     folder.parent.mkdir(parents=True, exist_ok=True)
     text = json.dumps(results, indent=2, sort_keys=False) + "\n"

@@ -168,11 +168,23 @@ def expected_line(required: str, wanted: int | tuple[str, ...] | None, heard_fro
             + _grouped(missing))
 
 
-class RequiredNodesMissing(RuntimeError):
+class RunStopped(RuntimeError):
+    """A run that ended without the model it was asked for, with what it ended with:
+    ``results`` (what ``results.json`` holds) and ``model_state`` (``h_G``'s arrays, None
+    where nothing was trained); both None where the exception was raised without them."""
+
+    def __init__(self, message: str, results: dict[str, Any] | None = None,
+                 model_state: dict[str, Any] | None = None) -> None:
+        super().__init__(message)
+        self.results = results
+        self.model_state = model_state
+
+
+class RequiredNodesMissing(RunStopped):
     """A site that ``required-nodes`` names (or counts) did not take part to the end; the
-    results were written with status ``incomplete``."""
+    results say so with status ``incomplete``."""
 
 
-class ModelNotGoodEnough(RuntimeError):
+class ModelNotGoodEnough(RunStopped):
     """``h_G`` was good enough on fewer sites than ``min-good-enough`` asks; the results
-    were written with status ``not-good-enough``."""
+    say so with status ``not-good-enough``."""

@@ -46,6 +46,9 @@ class InProcessGrid(Grid):
     node_configs : list of dict, optional
         One node config per node (e.g. ``data-path`` and ``node-name``, as a
         SuperNode's ``--node-config``) instead of ``partition-id``/``num-partitions``.
+    in_memory : bool
+        The nodes keep what they keep between rounds in memory, never in a file
+        (:meth:`NodeStore.in_memory_only`): a fit that writes nothing.
     """
 
     def __init__(
@@ -58,6 +61,7 @@ class InProcessGrid(Grid):
         reply_hook: ReplyHook | None = None,
         node_configs: list[dict] | None = None,
         evaluate_hook: Callable[[Message], Message | None] | None = None,
+        in_memory: bool = False,
     ) -> None:
         if node_configs is not None and len(node_configs) != num_nodes:
             raise ValueError(f"node_configs has {len(node_configs)} entries for {num_nodes} nodes")
@@ -74,6 +78,9 @@ class InProcessGrid(Grid):
             )
             for k in range(num_nodes)
         }
+        if in_memory:
+            for context in self._contexts.values():
+                NodeStore.in_memory_only(context)
         self._replies: dict[str, Message] = {}
         self._run = None
         self.exchanges: list[dict[str, int]] = []

@@ -13,7 +13,9 @@ path and digest in the state; smaller ones stay in the state as before. A file i
 back whole and checked against its digest, so a node whose file was removed or changed
 says so instead of answering from other data. A node removes its files after its last
 round (:meth:`NodeStore.forget`); folders a crashed run left behind are removed a week
-later by the next run on that machine.
+later by the next run on that machine. A node whose context is marked
+:meth:`NodeStore.in_memory_only` (an in-process fit on arrays, which writes no files)
+keeps everything in its state.
 """
 
 from __future__ import annotations
@@ -46,6 +48,7 @@ STALE_AFTER_S = 7 * 24 * 3600
 
 _FILE_KEY, _DIGEST_KEY = "kept-in-file", "sha256"
 _FOLDER_KEY = "gems-node-folder"
+_MEMORY_KEY = "gems-node-in-memory"
 
 
 def _base() -> Path:
@@ -70,6 +73,17 @@ class NodeStore:
         self._run_folder = _base() / f"run-{context.run_id}"
         self._node_id = context.node_id
 
+    @staticmethod
+    def in_memory_only(context: Context) -> None:
+        """Mark ``context``'s node to keep every array in its state, none in a file (and
+        its loaded rows in memory alone: :attr:`disk`)."""
+        context.state.config_records[_MEMORY_KEY] = ConfigRecord({_MEMORY_KEY: True})
+
+    @property
+    def disk(self) -> bool:
+        """Whether this node may keep files (not marked :meth:`in_memory_only`)."""
+        return _MEMORY_KEY not in self._state.config_records
+
     @property
     def folder(self) -> Path:
         """This node's folder in this run, named once and kept in its state (two runs in
@@ -85,7 +99,7 @@ class NodeStore:
         """Keep ``arrays`` under ``key`` (replacing what was kept there)."""
         arrays = {name: np.asarray(value) for name, value in arrays.items()}
         self.drop(key)
-        if sum(a.nbytes for a in arrays.values()) > SPILL_BYTES:
+        if self.disk and sum(a.nbytes for a in arrays.values()) > SPILL_BYTES:
             try:
                 path = self.made() / f"{key}-{uuid.uuid4().hex[:12]}.npz"
                 part = path.with_suffix(".part")

@@ -1,11 +1,14 @@
 """How a run ends: the results assembled, printed and written (``results.json`` and the
 model), the sites' attendance and the good-enough verdict, and the exit that goes with them
 (:func:`finish`); or, when a required site is missing at the identity round, results that
-say so and a stop before any training (:func:`stop_before_training`)."""
+say so and a stop before any training (:func:`stop_before_training`). A run that writes
+no files (``write=False``: :func:`gems_fl.fitting.fit`) gets the same results and model
+back as a :class:`RunOutcome`, or on the exception that stops it."""
 
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from logging import ERROR, INFO
 from pathlib import Path
 from typing import Any
@@ -17,6 +20,7 @@ from gems_fl.data.agreement import NODE_FILES, Scaling
 from gems_fl.evaluation.results import (
     MODEL_FILE,
     RESULTS_FILE,
+    complete_results,
     print_results,
     rows_from_sites,
     write_results,
@@ -44,13 +48,23 @@ from gems_fl.settings.options import dp_spec
 from gems_fl.settings.values import parse_required_nodes, required_good_enough
 
 
+@dataclass(frozen=True)
+class RunOutcome:
+    """What a run ends with: its ``results`` (what ``results.json`` holds) and
+    ``model_state``, ``h_G``'s arrays as the model file holds them (None where nothing was
+    trained)."""
+
+    results: dict[str, Any]
+    model_state: dict[str, Any] | None
+
+
 def stop_before_training(context: Context, settings: Settings, roster: Roster,
                          missing: list[tuple[str, str]], wanted: int | tuple[str, ...] | None,
-                         started: float, send_home: bool = False) -> None:
+                         started: float, send_home: bool = False, write: bool = True) -> None:
     """A required site is missing or was rejected at the identity round (``wanted``: the
     parsed ``required-nodes``): write results that say so (status ``incomplete``, no model;
-    ``send_home``: also into the run's log, as :func:`finish` does) and stop before any
-    training."""
+    ``send_home``: also into the run's log, as :func:`finish` does; ``write=False``: only
+    on the exception) and stop before any training."""
     heard = sorted(roster.present().values())
     line = expected_line(settings.required_nodes, wanted, heard, missing)
     results = {
@@ -63,23 +77,27 @@ def stop_before_training(context: Context, settings: Settings, roster: Roster,
         "run_id": int(context.run_id), "settings": settings.to_config(),
         "rejected": roster.rejected, "identify": roster.report,
     }
-    folder = Path(settings.output_dir).expanduser().resolve() / f"run-{context.run_id}"
-    path = write_results(results, folder, None, started_at=started)
-    if send_home:
-        _send_home(int(context.run_id), {RESULTS_FILE: path})
+    if write:
+        folder = Path(settings.output_dir).expanduser().resolve() / f"run-{context.run_id}"
+        path = write_results(results, folder, None, started_at=started)
+        if send_home:
+            _send_home(int(context.run_id), {RESULTS_FILE: path})
+    else:
+        complete_results(results, started)
     log(ERROR, "Sites: %s", line)
-    raise RequiredNodesMissing(f"{line} (nothing trained; results written with status "
+    raise RequiredNodesMissing(f"{line} (nothing trained; results {_kept(write)} with status "
                                "'incomplete'; set required-nodes to a count or names to accept "
-                               "fewer)")
+                               "fewer)", results)
 
 
 def finish(context: Context, settings: Settings, run: ProtocolRun, roster: Roster,
            verification: Verification, rows: dict[str, Any], meta: dict[str, Any],
            notes: list[str], *, timing: dict[str, float], started: float,
-           t0: float, send_home: bool = False) -> dict[str, Any]:
+           t0: float, send_home: bool = False, write: bool = True) -> RunOutcome:
     """Assemble the results, print the tables, write ``results.json`` and the model
     (``send_home``: also print both into the run's log for the submitting machine,
-    :mod:`gems_fl.evaluation.results_bundle`)."""
+    :mod:`gems_fl.evaluation.results_bundle`; ``write=False``: write nothing) and return
+    them. A missing required site or too few good-enough verdicts raise, with both."""
     notes.extend(_result_notes(run, roster, meta, settings.eps, unscaled=(
         settings.dataset == NODE_FILES and settings.standardize == Scaling.OFF)))
     run.extra.pop("first_layer_centers", None)
@@ -112,16 +130,22 @@ def finish(context: Context, settings: Settings, run: ProtocolRun, roster: Roste
         "started_unix": started,
         **run.extra,
     }
-    folder = Path(settings.output_dir).expanduser().resolve() / f"run-{context.run_id}"
-    results["output"] = {"results": str(folder / RESULTS_FILE), "model": str(folder / MODEL_FILE)}
-    path = write_results(results, folder, _model_state(run, roster), started_at=started)
+    outcome = RunOutcome(results, _model_state(run, roster))
+    if write:
+        folder = Path(settings.output_dir).expanduser().resolve() / f"run-{context.run_id}"
+        results["output"] = {"results": str(folder / RESULTS_FILE),
+                             "model": str(folder / MODEL_FILE)}
+        path = write_results(results, folder, outcome.model_state, started_at=started)
+    else:
+        complete_results(results, started)
     print_results(results)
-    log(INFO, "Results written to %s (model: %s) on the machine running the ServerApp",
-        path, folder / MODEL_FILE)
-    if send_home:
-        _send_home(int(context.run_id), {RESULTS_FILE: path, MODEL_FILE: folder / MODEL_FILE})
-    _conclude(sites, useful, verdict)
-    return results
+    if write:
+        log(INFO, "Results written to %s (model: %s) on the machine running the ServerApp",
+            path, folder / MODEL_FILE)
+        if send_home:
+            _send_home(int(context.run_id), {RESULTS_FILE: path, MODEL_FILE: folder / MODEL_FILE})
+    _conclude(sites, useful, verdict, outcome, write)
+    return outcome
 
 
 def _good_enough(min_good_enough: str, verification: Verification) -> dict[str, Any]:
@@ -165,18 +189,26 @@ def _result_notes(run: ProtocolRun, roster: Roster, meta: dict[str, Any], eps: f
     return notes
 
 
-def _conclude(sites: Attendance, useful: bool, verdict: str) -> None:
-    """Log the attendance and the verdict; raise where a required site is missing or
-    ``h_G`` was good enough on too few sites (the results are written by then)."""
+def _conclude(sites: Attendance, useful: bool, verdict: str, outcome: RunOutcome,
+              written: bool) -> None:
+    """Log the attendance and the verdict; raise, with the ``outcome``, where a required
+    site is missing or ``h_G`` was good enough on too few sites (the results are
+    ``written`` by then, or not at all)."""
     if not sites.ok:
         log(ERROR, "Sites: %s", sites.line)
-        raise RequiredNodesMissing(f"{sites.line} (results written with status 'incomplete'; "
-                                   "set required-nodes to a count or names to accept fewer)")
+        raise RequiredNodesMissing(f"{sites.line} (results {_kept(written)} with status "
+                                   "'incomplete'; set required-nodes to a count or names to "
+                                   "accept fewer)", outcome.results, outcome.model_state)
     log(INFO, "Sites: %s; %s", sites.line, sites.roll)
     if not useful:
         log(ERROR, "Not good enough: %s", verdict)
-        raise ModelNotGoodEnough(f"{verdict} (results written with status 'not-good-enough'; "
-                                 "see each site's figures in the table above)")
+        raise ModelNotGoodEnough(f"{verdict} (results {_kept(written)} with status "
+                                 "'not-good-enough'; see each site's figures in the table "
+                                 "above)", outcome.results, outcome.model_state)
+
+
+def _kept(written: bool) -> str:
+    return "written" if written else "kept on the exception"
 
 
 def _send_home(run_id: int, files: dict[str, Path]) -> None:

@@ -35,7 +35,8 @@ class PreflightError(SettingsError):
     """A run cannot succeed as configured; the one-line message names the setting and the fix."""
 
 
-def preflight(settings: Settings, num_nodes: int | None = None, *, check_data: bool = True) -> None:
+def preflight(settings: Settings, num_nodes: int | None = None, *, check_data: bool = True,
+              writes: bool = True) -> None:
     """Raise :class:`PreflightError` for the first check the run would fail.
 
     Parameters
@@ -49,6 +50,9 @@ def preflight(settings: Settings, num_nodes: int | None = None, *, check_data: b
     check_data : bool
         Check the dataset's files (``data-dir``) exist and parse. The ServerApp passes
         ``settings.evaluate_on_server``: a server that holds no data needs no files.
+    writes : bool
+        The run writes its results into ``output-dir`` (checked writable); False for a
+        run that keeps them in memory (:func:`gems_fl.fitting.fit`).
     """
     data = settings.part(DataSettings)
     if num_nodes is not None:
@@ -63,7 +67,8 @@ def preflight(settings: Settings, num_nodes: int | None = None, *, check_data: b
             check_partition(data, settings.seed, num_nodes)
     check_public_data(data, settings.evaluate_on_server)
     check_feature_ranges(data)
-    check_output_dir(settings.output_dir)
+    if writes:
+        check_output_dir(settings.output_dir)
 
 
 def check_feature_ranges(data: DataSettings) -> None:

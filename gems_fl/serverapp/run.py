@@ -52,7 +52,7 @@ from gems_fl.protocol.options import ServerOptions
 from gems_fl.protocol.replies import NotEnoughRepliesError
 from gems_fl.protocol.roster import Roster, identify_nodes
 from gems_fl.protocol.verify import Verification, verify_on_nodes
-from gems_fl.serverapp.finish import finish, stop_before_training
+from gems_fl.serverapp.finish import RunOutcome, finish, stop_before_training
 from gems_fl.serverapp.preflight import preflight
 from gems_fl.serverapp.protocol_run import ProtocolRun
 from gems_fl.serverapp.protocols import (
@@ -166,20 +166,31 @@ def run_server(grid: Grid, context: Context) -> dict[str, Any]:
     The stages: settings and preflight, the sites (waited for and identified), training
     (again with the sites that remain where some leave), the local baselines the run asks
     for, the sites' own checks of ``h_G``, the server's baselines, the report."""
+    return _run(grid, context, write=True).results
+
+
+def run_without_files(grid: Grid, context: Context) -> RunOutcome:
+    """:func:`run_server` that writes nothing (no ``output-dir``): the results and the
+    model's arrays come back, or on the exception that stops the run
+    (:class:`~gems_fl.protocol.attendance.RunStopped`)."""
+    return _run(grid, context, write=False)
+
+
+def _run(grid: Grid, context: Context, *, write: bool) -> RunOutcome:
     started = time.time()
     t0 = time.perf_counter()
     try:
         settings = Settings.from_run_config(context.run_config)
     except SettingsError as exc:
         raise SettingsError(f"invalid run setting: {exc}") from None
-    preflight(settings, check_data=settings.evaluate_on_server)
+    preflight(settings, check_data=settings.evaluate_on_server, writes=write)
     deployed = is_deployed(grid)
     if (in_simulation(grid) or deployed) and not isinstance(grid, WindowedGrid):
         # replies handed on as they arrive; in a simulation, a window of messages in
         # flight (in process: the grid's own way)
         grid = WindowedGrid(grid, None if deployed else SIMULATION_WINDOW)
     set_default_device(settings.device)  # training on the server: Global, tuning, Raw
-    roster, waited = _identified_sites(grid, context, settings, started, deployed)
+    roster, waited = _identified_sites(grid, context, settings, started, deployed, write)
     timing = {"wait_for_nodes": waited, "identify": float(roster.report.get("wall_s", 0.0)),
               "server_data": 0.0, "rounds": 0.0}
     attempt, roster = _train_to_the_end(grid, settings, roster, timing)
@@ -200,11 +211,12 @@ def run_server(grid: Grid, context: Context) -> dict[str, Any]:
     timing["baselines"] = time.perf_counter() - t_base
     run.extra["plan"] = plan.to_dict()
     return finish(context, settings, run, roster, verification, rows, attempt.meta,
-                  attempt.notes, timing=timing, started=started, t0=t0, send_home=deployed)
+                  attempt.notes, timing=timing, started=started, t0=t0, send_home=deployed,
+                  write=write)
 
 
 def _identified_sites(grid: Grid, context: Context, settings: Settings, started: float,
-                      deployed: bool) -> tuple[Roster, float]:
+                      deployed: bool, write: bool) -> tuple[Roster, float]:
     """Wait for the sites, identify them and agree on the data: ``(roster, seconds
     waited)``. A required site missing stops the run here (results written, nothing
     trained); too few sites that fit raise."""
@@ -222,7 +234,7 @@ def _identified_sites(grid: Grid, context: Context, settings: Settings, started:
                                       roster.rejected, wanted, waited)
     if missing:
         stop_before_training(context, settings, roster, missing, wanted, started,
-                             send_home=deployed)
+                             send_home=deployed, write=write)
     if len(node_ids) < settings.min_replies:
         raise RuntimeError(f"only {len(node_ids)} nodes connected; min-replies={settings.min_replies}")
     if len(roster.participants) < settings.min_replies or roster.agreement is None:
