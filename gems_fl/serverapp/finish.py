@@ -1,6 +1,6 @@
-"""How a run ends: the results assembled, printed and written (``results.json`` and the
-model), the sites' attendance and the good-enough verdict, and the exit that goes with them
-(:func:`finish`); or, when a required site is missing at the identity round, results that
+"""How a run ends: the results assembled (:func:`report`), printed and written
+(``results.json`` and the model: :func:`publish`), the sites' attendance and the
+good-enough verdict, and the exit that goes with them (:func:`conclude`); or, when a required site is missing at the identity round, results that
 say so and a stop before any training (:func:`stop_before_training`). A run that writes
 no files (``write=False``: :func:`gems_fl.fitting.fit`) gets the same results and model
 back as a :class:`RunOutcome`, or on the exception that stops it."""
@@ -28,7 +28,6 @@ from gems_fl.evaluation.results import (
 from gems_fl.evaluation.results_bundle import bundle_lines
 from gems_fl.geometry.eps import zero_radius_reason
 from gems_fl.protocol.attendance import (
-    Attendance,
     ModelNotGoodEnough,
     RequiredNodesMissing,
     attendance,
@@ -63,7 +62,7 @@ def stop_before_training(context: Context, settings: Settings, roster: Roster,
                          started: float, send_home: bool = False, write: bool = True) -> None:
     """A required site is missing or was rejected at the identity round (``wanted``: the
     parsed ``required-nodes``): write results that say so (status ``incomplete``, no model;
-    ``send_home``: also into the run's log, as :func:`finish` does; ``write=False``: only
+    ``send_home``: also into the run's log, as :func:`publish` does; ``write=False``: only
     on the exception) and stop before any training."""
     heard = sorted(roster.present().values())
     line = expected_line(settings.required_nodes, wanted, heard, missing)
@@ -78,8 +77,8 @@ def stop_before_training(context: Context, settings: Settings, roster: Roster,
         "rejected": roster.rejected, "identify": roster.report,
     }
     if write:
-        folder = Path(settings.output_dir).expanduser().resolve() / f"run-{context.run_id}"
-        path = write_results(results, folder, None, started_at=started)
+        path = write_results(results, run_folder(settings.output_dir, int(context.run_id)),
+                             None, started_at=started)
         if send_home:
             _send_home(int(context.run_id), {RESULTS_FILE: path})
     else:
@@ -90,14 +89,13 @@ def stop_before_training(context: Context, settings: Settings, roster: Roster,
                                "fewer)", results)
 
 
-def finish(context: Context, settings: Settings, run: ProtocolRun, roster: Roster,
+def report(run_id: int, settings: Settings, run: ProtocolRun, roster: Roster,
            verification: Verification, rows: dict[str, Any], meta: dict[str, Any],
            notes: list[str], *, timing: dict[str, float], started: float,
-           t0: float, send_home: bool = False, write: bool = True) -> RunOutcome:
-    """Assemble the results, print the tables, write ``results.json`` and the model
-    (``send_home``: also print both into the run's log for the submitting machine,
-    :mod:`gems_fl.evaluation.results_bundle`; ``write=False``: write nothing) and return
-    them. A missing required site or too few good-enough verdicts raise, with both."""
+           t0: float) -> RunOutcome:
+    """The report stage: the results of a run (attendance, the good-enough verdict, the
+    tables' rows, the nodes, the rounds) and the model's arrays, assembled; nothing is
+    printed or written (:func:`publish`, :func:`conclude`) and nothing is sent."""
     notes.extend(_result_notes(run, roster, meta, settings.eps, unscaled=(
         settings.dataset == NODE_FILES and settings.standardize == Scaling.OFF)))
     run.extra.pop("first_layer_centers", None)
@@ -106,13 +104,12 @@ def finish(context: Context, settings: Settings, run: ProtocolRun, roster: Roste
     sites = attendance(roster.present(), roster.rejected, run.rejected, verification.missing,
                        settings.required_nodes, parse_required_nodes(settings.required_nodes))
     good_enough = _good_enough(settings.min_good_enough, verification)
-    useful, verdict = good_enough["ok"], good_enough["line"]
     results = {
-        "status": "completed" if sites.ok and useful else
+        "status": "completed" if sites.ok and good_enough["ok"] else
         "incomplete" if not sites.ok else "not-good-enough",
         "attendance": sites.to_dict(),
         "good_enough": good_enough,
-        "run_id": int(context.run_id),
+        "run_id": int(run_id),
         "settings": settings.to_config(),
         "dataset": meta,
         "rows": rows_from_sites(rows, verification.to_dict()),
@@ -130,22 +127,32 @@ def finish(context: Context, settings: Settings, run: ProtocolRun, roster: Roste
         "started_unix": started,
         **run.extra,
     }
-    outcome = RunOutcome(results, _model_state(run, roster))
-    if write:
-        folder = Path(settings.output_dir).expanduser().resolve() / f"run-{context.run_id}"
-        results["output"] = {"results": str(folder / RESULTS_FILE),
-                             "model": str(folder / MODEL_FILE)}
-        path = write_results(results, folder, outcome.model_state, started_at=started)
-    else:
+    return RunOutcome(results, _model_state(run, roster))
+
+
+def publish(outcome: RunOutcome, folder: Path | None, *, send_home: bool = False) -> None:
+    """Print the results' tables and write ``results.json`` and the model into ``folder``
+    (``None``: write nothing; the results are completed in place all the same, as
+    :func:`~gems_fl.evaluation.results.complete_results` completes them; ``send_home``:
+    also print both into the run's log for the submitting machine,
+    :mod:`gems_fl.evaluation.results_bundle`)."""
+    results, started = outcome.results, outcome.results.get("started_unix")
+    if folder is None:
         complete_results(results, started)
+        print_results(results)
+        return
+    results["output"] = {"results": str(folder / RESULTS_FILE), "model": str(folder / MODEL_FILE)}
+    path = write_results(results, folder, outcome.model_state, started_at=started)
     print_results(results)
-    if write:
-        log(INFO, "Results written to %s (model: %s) on the machine running the ServerApp",
-            path, folder / MODEL_FILE)
-        if send_home:
-            _send_home(int(context.run_id), {RESULTS_FILE: path, MODEL_FILE: folder / MODEL_FILE})
-    _conclude(sites, useful, verdict, outcome, write)
-    return outcome
+    log(INFO, "Results written to %s (model: %s) on the machine running the ServerApp",
+        path, folder / MODEL_FILE)
+    if send_home:
+        _send_home(int(results["run_id"]), {RESULTS_FILE: path, MODEL_FILE: folder / MODEL_FILE})
+
+
+def run_folder(output_dir: str, run_id: int) -> Path:
+    """Where a run writes its results: ``<output-dir>/run-<run id>``."""
+    return Path(output_dir).expanduser().resolve() / f"run-{run_id}"
 
 
 def _good_enough(min_good_enough: str, verification: Verification) -> dict[str, Any]:
@@ -189,20 +196,20 @@ def _result_notes(run: ProtocolRun, roster: Roster, meta: dict[str, Any], eps: f
     return notes
 
 
-def _conclude(sites: Attendance, useful: bool, verdict: str, outcome: RunOutcome,
-              written: bool) -> None:
-    """Log the attendance and the verdict; raise, with the ``outcome``, where a required
-    site is missing or ``h_G`` was good enough on too few sites (the results are
-    ``written`` by then, or not at all)."""
-    if not sites.ok:
-        log(ERROR, "Sites: %s", sites.line)
-        raise RequiredNodesMissing(f"{sites.line} (results {_kept(written)} with status "
+def conclude(outcome: RunOutcome, *, written: bool) -> None:
+    """Log the attendance and the verdict the results record; raise, with the ``outcome``,
+    where a required site is missing or ``h_G`` was good enough on too few sites (the
+    results are ``written`` by then, or not at all)."""
+    sites, good_enough = outcome.results["attendance"], outcome.results["good_enough"]
+    if not sites["ok"]:
+        log(ERROR, "Sites: %s", sites["line"])
+        raise RequiredNodesMissing(f"{sites['line']} (results {_kept(written)} with status "
                                    "'incomplete'; set required-nodes to a count or names to "
                                    "accept fewer)", outcome.results, outcome.model_state)
-    log(INFO, "Sites: %s; %s", sites.line, sites.roll)
-    if not useful:
-        log(ERROR, "Not good enough: %s", verdict)
-        raise ModelNotGoodEnough(f"{verdict} (results {_kept(written)} with status "
+    log(INFO, "Sites: %s; %s", sites["line"], sites["roll"])
+    if not good_enough["ok"]:
+        log(ERROR, "Not good enough: %s", good_enough["line"])
+        raise ModelNotGoodEnough(f"{good_enough['line']} (results {_kept(written)} with status "
                                  "'not-good-enough'; see each site's figures in the table "
                                  "above)", outcome.results, outcome.model_state)
 

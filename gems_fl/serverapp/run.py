@@ -1,10 +1,14 @@
 """The ServerApp's run: settings -> identity round -> GEMS protocol -> verification on
 the nodes -> baselines -> results on disk.
 
-:func:`run_server` does the steps every run shares; the protocol runs
-(:mod:`gems_fl.serverapp.protocols`) each hand back a :class:`ProtocolRun`, which
-:func:`gems_fl.serverapp.finish.finish` turns into the results (table, ``results.json``,
-the model).
+:func:`run_server` runs the stages, each handing the next a typed value: identify
+(:class:`Roster`), plan (:func:`plan_stage`: :class:`Planned`, nothing sent), the rounds
+(:func:`rounds_stage`: spaces, then the selection round and the refinement steps where the
+plan runs them, through :mod:`gems_fl.serverapp.protocols`: a :class:`ProtocolRun`),
+verify (:func:`verify_stage`: :class:`Verification`), the baselines' rows, and report
+(:func:`gems_fl.serverapp.finish.report`: a :class:`RunOutcome`, nothing sent), which
+:func:`~gems_fl.serverapp.finish.publish` prints and writes and
+:func:`~gems_fl.serverapp.finish.conclude` turns into the run's exit.
 """
 
 from __future__ import annotations
@@ -52,7 +56,14 @@ from gems_fl.protocol.options import ServerOptions
 from gems_fl.protocol.replies import NotEnoughRepliesError
 from gems_fl.protocol.roster import Roster, identify_nodes
 from gems_fl.protocol.verify import Verification, verify_on_nodes
-from gems_fl.serverapp.finish import RunOutcome, finish, stop_before_training
+from gems_fl.serverapp.finish import (
+    RunOutcome,
+    conclude,
+    publish,
+    report,
+    run_folder,
+    stop_before_training,
+)
 from gems_fl.serverapp.preflight import preflight
 from gems_fl.serverapp.protocol_run import ProtocolRun
 from gems_fl.serverapp.protocols import (
@@ -193,9 +204,9 @@ def _run(grid: Grid, context: Context, *, write: bool) -> RunOutcome:
     roster, waited = _identified_sites(grid, context, settings, started, deployed, write)
     timing = {"wait_for_nodes": waited, "identify": float(roster.report.get("wall_s", 0.0)),
               "server_data": 0.0, "rounds": 0.0}
-    attempt, roster = _train_to_the_end(grid, settings, roster, timing)
-    run, plan, options = attempt.run, attempt.plan, attempt.options
-    server_data, public = attempt.server_data, attempt.public
+    attempt, roster = _train_to_the_end(roster, partial(_train, grid, settings, timing=timing))
+    run, plan, options = attempt.run, attempt.planned.plan, attempt.planned.options
+    server_data, public = attempt.server.data, attempt.server.public
     num_features, num_classes = roster.agreement.model_features, roster.agreement.num_classes
     if public is not None and server_data is None and settings.baselines == Baselines.ALL:
         run.node_models.update(tune_on_public(run, public, comparison_options(settings),
@@ -203,16 +214,20 @@ def _run(grid: Grid, context: Context, *, write: bool) -> RunOutcome:
     if settings.model_kind.layerwise and server_data is None and settings.baselines != Baselines.NONE:
         ask_local_mlps(grid, run, roster, options, num_features, num_classes, settings.dropout)
     t_verify = time.perf_counter()
-    verification = _verify(grid, run, roster, options, send_own_spaces=(
+    verification = verify_stage(grid, run, roster, options, send_own_spaces=(
         settings.model_kind.convex and settings.space_kind.statistics))
     timing["verify"] = time.perf_counter() - t_verify
     t_base = time.perf_counter()
     rows = evaluate_baselines(run, server_data, settings, roster, num_features, num_classes)
     timing["baselines"] = time.perf_counter() - t_base
     run.extra["plan"] = plan.to_dict()
-    return finish(context, settings, run, roster, verification, rows, attempt.meta,
-                  attempt.notes, timing=timing, started=started, t0=t0, send_home=deployed,
-                  write=write)
+    outcome = report(int(context.run_id), settings, run, roster, verification, rows,
+                     attempt.server.meta, attempt.server.notes, timing=timing, started=started,
+                     t0=t0)
+    publish(outcome, run_folder(settings.output_dir, int(context.run_id)) if write else None,
+            send_home=deployed)
+    conclude(outcome, written=write)
+    return outcome
 
 
 def _identified_sites(grid: Grid, context: Context, settings: Settings, started: float,
@@ -246,14 +261,14 @@ def _identified_sites(grid: Grid, context: Context, settings: Settings, started:
     return roster, waited
 
 
-def _train_to_the_end(grid: Grid, settings: Settings, roster: Roster,
-                      timing: dict[str, float]) -> tuple[Attempt, Roster]:
-    """Train; where sites leave and the agreement of those that remain differs, train
-    again with those alone. The last attempt (earlier ones recorded in its run) and the
-    roster it ran with."""
+def _train_to_the_end(roster: Roster, train: Callable[[Roster], Attempt]
+                      ) -> tuple[Attempt, Roster]:
+    """``train`` the roster; where sites leave and the agreement of those that remain
+    differs, train again with those alone. The last attempt (earlier ones recorded in its
+    run) and the roster it ran with."""
     abandoned: list[dict[str, Any]] = []
     while True:
-        attempt = _train(grid, settings, roster, timing)
+        attempt = train(roster)
         survivors = roster.after_losing(attempt.run.rejected)
         if survivors is None:
             break
@@ -271,8 +286,8 @@ def _train_to_the_end(grid: Grid, settings: Settings, roster: Roster,
     return attempt, roster
 
 
-def _verify(grid: Grid, run: ProtocolRun, roster: Roster, options: ServerOptions, *,
-            send_own_spaces: bool) -> Verification:
+def verify_stage(grid: Grid, run: ProtocolRun, roster: Roster, options: ServerOptions, *,
+                 send_own_spaces: bool) -> Verification:
     """Each accepted site checks ``h_G`` (and the comparison models) on its own rows; where
     the server holds only the sums, those checks are the membership there is
     (``send_own_spaces``: the convex model's Gram spaces, each checked by its node)."""
@@ -291,50 +306,86 @@ def _verify(grid: Grid, run: ProtocolRun, roster: Roster, options: ServerOptions
     return verification
 
 
-@dataclass
-class Attempt:
-    """One pass of the protocol over a roster: the plan, the options, what the server
-    holds, and the protocol's run."""
+@dataclass(frozen=True)
+class Planned:
+    """The plan stage's handoff to the rounds: the ``plan`` (every ``auto`` resolved, as
+    ``results.json`` records it), the ``options`` the strategies read, and the model's
+    shape: ``layerwise`` (the MLP's protocol, else the convex one) and the MLP's
+    ``dropout``."""
 
-    run: ProtocolRun
     plan: RunPlan
     options: ServerOptions
-    server_data: ServerData | None
+    layerwise: bool
+    dropout: float
+
+
+@dataclass(frozen=True)
+class ServerSide:
+    """What the server holds beside the protocol: its copy of the partitions' data (in
+    simulation; None without it), the ``public-data`` rows, the dataset's description for
+    the results (``meta``) and notes for the user."""
+
+    data: ServerData | None
     public: Any
     meta: dict[str, Any]
     notes: list[str]
 
 
-def _train(grid: Grid, settings: Settings, roster: Roster, timing: dict[str, float]) -> Attempt:
-    """Plan the run for ``roster``'s participants and agreement, load the server's side
-    and run the protocol (``timing`` gains the time spent)."""
+@dataclass
+class Attempt:
+    """One pass of the protocol over a roster: what was planned, what the server holds,
+    and the protocol's run."""
+
+    run: ProtocolRun
+    planned: Planned
+    server: ServerSide
+
+
+def plan_stage(settings: Settings, roster: Roster) -> Planned:
+    """The plan of a run of ``settings`` over ``roster``'s participants and agreement, and
+    the options the protocol takes from it; nothing is sent (no Flower needed)."""
     agreement = roster.agreement
-    num_features, num_classes = agreement.model_features, agreement.num_classes
-    num_nodes = len(roster.participants)
-    plan = build_plan(settings, num_nodes, num_features)
+    plan = build_plan(settings, len(roster.participants), agreement.model_features)
     if agreement.features is not None:
         plan = replace(plan, features=agreement.features.describe())
-    log(INFO, "Plan: %s", plan_line(plan))
     options = server_options(settings, plan)
     if settings.model_kind.rows_beside and agreement.features is not None \
             and agreement.features.raw_columns:  # as the plan and the nodes ask the kind
         options = replace(options, aggregate=replace(
             options.aggregate, linear_columns=agreement.features.raw_columns))
+    return Planned(plan, options, settings.model_kind.layerwise, settings.dropout)
+
+
+def rounds_stage(grid: Grid, planned: Planned, roster: Roster,
+                 server_data: ServerData | None) -> ProtocolRun:
+    """The GEMS rounds the plan asks for: spaces (the MLP: one round per layer), then
+    the selection round and the refinement steps where they run (scored after each
+    round on the server's test set, where it holds one)."""
+    agreement = roster.agreement
+    num_features, num_classes = agreement.model_features, agreement.num_classes
+    if planned.layerwise:
+        return run_layerwise(grid, planned.options, roster, num_features, num_classes,
+                             planned.dropout, None if server_data is None else
+                             lambda m: accuracy(m, server_data.test_x, server_data.test_y))
+    return run_convex(grid, planned.options, roster, num_features, num_classes,
+                      _test_accuracy(server_data, num_features, num_classes))
+
+
+def _train(grid: Grid, settings: Settings, roster: Roster, *, timing: dict[str, float]) -> Attempt:
+    """The plan stage, the server's side and the rounds stage for ``roster`` (``timing``
+    gains the time spent)."""
+    planned = plan_stage(settings, roster)
+    log(INFO, "Plan: %s", plan_line(planned.plan))
     t_data = time.perf_counter()
-    server_data, public, meta, notes = load_server_side(settings, agreement, num_nodes)
-    for note in notes:
+    server = ServerSide(*load_server_side(settings, roster.agreement,
+                                          len(roster.participants)))
+    for note in server.notes:
         log(WARNING, note)
     timing["server_data"] += time.perf_counter() - t_data
     t_round = time.perf_counter()
-    if settings.model_kind.layerwise:
-        run = run_layerwise(grid, options, roster, num_features, num_classes, settings.dropout,
-                            None if server_data is None else
-                            lambda m: accuracy(m, server_data.test_x, server_data.test_y))
-    else:
-        run = run_convex(grid, options, roster, num_features, num_classes,
-                         _test_accuracy(server_data, num_features, num_classes))
+    run = rounds_stage(grid, planned, roster, server.data)
     timing["rounds"] += time.perf_counter() - t_round
-    return Attempt(run, plan, options, server_data, public, meta, notes)
+    return Attempt(run, planned, server)
 
 
 def own_spaces(run: ProtocolRun, num_features: int, num_classes: int
