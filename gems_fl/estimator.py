@@ -30,7 +30,7 @@ from __future__ import annotations
 import numbers
 import warnings
 from collections.abc import Mapping, Sequence
-from dataclasses import fields, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -46,6 +46,7 @@ from sklearn.utils.validation import (
 
 from gems_fl.api import rows_in_order
 from gems_fl.fitting import fit as fit_sites
+from gems_fl.fitting import refuse_unknown_settings
 from gems_fl.learning.model_kinds import MODEL_KINDS
 
 __all__ = ["GEMSClassifier", "GoodEnoughWarning", "PooledRowsWarning"]
@@ -119,9 +120,7 @@ class GEMSClassifier(ClassifierMixin, BaseEstimator):
 
     def run_config(self) -> dict[str, Any]:
         """The run settings ``fit`` uses (validated), keys as in ``pyproject.toml``."""
-        from gems_fl.running.run_config import refuse_unknown
-        from gems_fl.settings import LAB_KEY, Settings
-        from gems_fl.settings.checks import key_of
+        from gems_fl.settings import Settings
 
         self._check_parameters()
         extra = dict(self.settings or {})
@@ -129,7 +128,7 @@ class GEMSClassifier(ClassifierMixin, BaseEstimator):
         if taken:
             raise ValueError(f"settings sets {', '.join(taken)}: pass eps, model and seed as "
                              "parameters; dataset, site-files and output-dir are fit's own")
-        refuse_unknown(extra, {key_of(f) for f in fields(Settings)} | {LAB_KEY})
+        refuse_unknown_settings(extra)
         # a library call takes the rows it is given (a run's guard against a tiny site is
         # min-rows=10) and has no server test set
         config = {"min-rows": 2, "evaluate-on-server": False, **extra, "eps": float(self.eps),

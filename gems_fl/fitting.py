@@ -27,7 +27,7 @@ from typing import Any
 from gems_fl.api import GEMSModel, model_from_state
 from gems_fl.data.site_memory import held_sites
 
-__all__ = ["FittedRun", "fit"]
+__all__ = ["FittedRun", "fit", "refuse_unknown_settings"]
 
 #: the run settings fit sets itself
 OWN_KEYS = ("dataset", "site-files")
@@ -75,7 +75,8 @@ def fit(sites: Mapping[str, Mapping[str, Any]] | Sequence[str | Path],
     Raises
     ------
     ValueError
-        ``sites`` is empty or malformed, or ``config`` sets a key the fit sets itself.
+        ``sites`` is empty or malformed, or ``config`` names no run setting or one the fit
+        sets itself (``FileNotFoundError``: a site file that is not there).
     SettingsError
         A run setting is invalid (the message names it).
     RequiredNodesMissing
@@ -88,8 +89,11 @@ def fit(sites: Mapping[str, Mapping[str, Any]] | Sequence[str | Path],
     if given:
         raise ValueError(f"fit() sets {', '.join(given)} itself: give the sites as its first "
                          "argument")
+    refuse_unknown_settings(config)
     with _site_paths(sites) as paths:
-        run_config = {**config, "dataset": "node-files", "site-files": ",".join(paths)}
+        # the sites keep their rows: the server evaluates only on public-data's, if asked
+        run_config = {"evaluate-on-server": False, **config, "dataset": "node-files",
+                      "site-files": ",".join(paths)}
         try:
             outcome = _run_in_process(run_config, len(paths), verbose)
             results, state = outcome.results, outcome.model_state
@@ -120,7 +124,22 @@ def _site_paths(sites: Mapping[str, Mapping[str, Any]] | Sequence[str | Path]
     paths = [str(Path(p).expanduser()) for p in sites]
     if any("," in p for p in paths):
         raise ValueError(f"site file paths must hold no ',': {paths}")
+    missing = [p for p in paths if not Path(p).is_file()]
+    if missing:
+        raise FileNotFoundError(f"site file(s) not found: {', '.join(missing)}")
     yield paths
+
+
+def refuse_unknown_settings(config: Mapping[str, Any]) -> None:
+    """``ValueError`` naming each key of ``config`` that is no run setting (with the
+    closest names), as ``--run-config`` refuses it."""
+    from dataclasses import fields
+
+    from gems_fl.running.run_config import refuse_unknown
+    from gems_fl.settings import LAB_KEY, Settings
+    from gems_fl.settings.checks import key_of
+
+    refuse_unknown(dict(config), {key_of(f) for f in fields(Settings)} | {LAB_KEY})
 
 
 def _run_in_process(config: dict[str, Any], num_nodes: int, verbose: bool):

@@ -134,12 +134,14 @@ def test_a_site_that_does_not_fit_stops_the_fit_with_the_results():
     assert stop.value.results["attendance"]["missing_required"] == ["site-2"]
 
 
-@pytest.mark.parametrize(("sites", "config", "message"), [
-    ({}, {}, "at least one site"),
-    ({"a,b": {}}, {}, "no ',' or '/'"),
-    ("site.npz", {}, "mapping of site name"),
-    ({"a": {}}, {"site-files": "x.npz"}, "site-files itself"),
+@pytest.mark.parametrize(("sites", "config", "error", "message"), [
+    ({}, {}, ValueError, "at least one site"),
+    ({"a,b": {}}, {}, ValueError, "no ',' or '/'"),
+    ("site.npz", {}, ValueError, "mapping of site name"),
+    ({"a": {}}, {"site-files": "x.npz"}, ValueError, "site-files itself"),
+    ({"a": {}}, {"gram-rnak": 3}, ValueError, "did you mean 'gram-rank'"),
+    (["/nowhere/site-a.npz"], {}, FileNotFoundError, "not found: /nowhere/site-a.npz"),
 ])
-def test_fit_refuses_what_it_cannot_take(sites, config, message):
-    with pytest.raises(ValueError, match=message):
+def test_fit_refuses_what_it_cannot_take(sites, config, error, message):
+    with pytest.raises(error, match=message):
         fit(sites, config)
