@@ -46,7 +46,6 @@ from sklearn.utils.validation import (
 
 from gems_fl.api import rows_in_order
 from gems_fl.fitting import fit as fit_sites
-from gems_fl.fitting import refuse_unknown_settings
 from gems_fl.learning.model_kinds import MODEL_KINDS
 
 __all__ = ["GEMSClassifier", "GoodEnoughWarning", "PooledRowsWarning"]
@@ -120,6 +119,7 @@ class GEMSClassifier(ClassifierMixin, BaseEstimator):
 
     def run_config(self) -> dict[str, Any]:
         """The run settings ``fit`` uses (validated), keys as in ``pyproject.toml``."""
+        from gems_fl.running.run_config import refuse_unknown_settings
         from gems_fl.settings import Settings
 
         self._check_parameters()

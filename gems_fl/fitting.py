@@ -27,7 +27,7 @@ from typing import Any
 from gems_fl.api import GEMSModel, model_from_state
 from gems_fl.data.site_memory import held_sites
 
-__all__ = ["FittedRun", "fit", "refuse_unknown_settings"]
+__all__ = ["FittedRun", "fit"]
 
 #: the run settings fit sets itself
 OWN_KEYS = ("dataset", "site-files")
@@ -89,7 +89,9 @@ def fit(sites: Mapping[str, Mapping[str, Any]] | Sequence[str | Path],
     if given:
         raise ValueError(f"fit() sets {', '.join(given)} itself: give the sites as its first "
                          "argument")
-    refuse_unknown_settings(config)
+    from gems_fl.running.run_config import refuse_unknown_settings
+
+    refuse_unknown_settings(dict(config))
     with _site_paths(sites) as paths:
         # the sites keep their rows: the server evaluates only on public-data's, if asked
         run_config = {"evaluate-on-server": False, **config, "dataset": "node-files",
@@ -128,18 +130,6 @@ def _site_paths(sites: Mapping[str, Mapping[str, Any]] | Sequence[str | Path]
     if missing:
         raise FileNotFoundError(f"site file(s) not found: {', '.join(missing)}")
     yield paths
-
-
-def refuse_unknown_settings(config: Mapping[str, Any]) -> None:
-    """``ValueError`` naming each key of ``config`` that is no run setting (with the
-    closest names), as ``--run-config`` refuses it."""
-    from dataclasses import fields
-
-    from gems_fl.running.run_config import refuse_unknown
-    from gems_fl.settings import LAB_KEY, Settings
-    from gems_fl.settings.checks import key_of
-
-    refuse_unknown(dict(config), {key_of(f) for f in fields(Settings)} | {LAB_KEY})
 
 
 def _run_in_process(config: dict[str, Any], num_nodes: int, verbose: bool):

@@ -62,6 +62,16 @@ def refuse_unknown(overrides: dict[str, Any], known: Any) -> None:
                      "docs/settings.md list them")
 
 
+def refuse_unknown_settings(config: dict[str, Any]) -> None:
+    """:func:`refuse_unknown` against every run setting (a library call's settings, which
+    no app's ``pyproject.toml`` lists)."""
+    from dataclasses import fields
+
+    from gems_fl.settings.checks import key_of
+
+    refuse_unknown(config, {key_of(f) for f in fields(Settings)} | {LAB_KEY})
+
+
 def resolve_overrides(app_dir: Path, run_config: str | None, output_dir: str | None) -> dict[str, Any]:
     """Parse ``key=value`` overrides, validate them, make ``output-dir`` absolute.
 
