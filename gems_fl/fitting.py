@@ -83,26 +83,31 @@ def fit(sites: Mapping[str, Mapping[str, Any]] | Sequence[str | Path],
         A site's data did not fit the others' (the message says which and why; the
         results are on the exception), as ``gems-fl run`` exits 3.
     """
-    from gems_fl.protocol.attendance import ModelNotGoodEnough
+    from gems_fl.running.run_config import refuse_unknown_settings
 
     given = sorted(set(config) & set(OWN_KEYS))
     if given:
         raise ValueError(f"fit() sets {', '.join(given)} itself: give the sites as its first "
                          "argument")
-    from gems_fl.running.run_config import refuse_unknown_settings
-
     refuse_unknown_settings(dict(config))
     with _site_paths(sites) as paths:
         # the sites keep their rows: the server evaluates only on public-data's, if asked
-        run_config = {"evaluate-on-server": False, **config, "dataset": "node-files",
-                      "site-files": ",".join(paths)}
-        try:
-            outcome = _run_in_process(run_config, len(paths), verbose)
-            results, state = outcome.results, outcome.model_state
-        except ModelNotGoodEnough as stop:  # where a run exits 4, a fit returns the model
-            results, state = stop.results, stop.model_state
-            if results is None or state is None:
-                raise
+        return _fitted({"evaluate-on-server": False, **config, "dataset": "node-files",
+                        "site-files": ",".join(paths)}, len(paths), verbose)
+
+
+def _fitted(run_config: dict[str, Any], num_sites: int, verbose: bool) -> FittedRun:
+    """The run's model and results; where a run exits 4 (not good enough), the model all
+    the same, from the exception that carries it."""
+    from gems_fl.protocol.attendance import ModelNotGoodEnough
+
+    try:
+        outcome = _run_in_process(run_config, num_sites, verbose)
+        results, state = outcome.results, outcome.model_state
+    except ModelNotGoodEnough as stop:
+        results, state = stop.results, stop.model_state
+        if results is None or state is None:
+            raise
     return FittedRun(model_from_state(results["dataset"], state), results)
 
 
