@@ -425,9 +425,9 @@ def write_results(results: dict[str, Any], folder: Path, h_g: dict[str, np.ndarr
                   started_at: datetime | float | None = None) -> Path:
     """Write ``results.json`` (and the aggregated model as ``.npz``) into ``folder``, atomically.
 
-    Completes ``results`` first, in place (:func:`complete_results`). Everything is written into a hidden sibling folder first and
-    renamed to ``folder`` at the end, so an interrupted write leaves no folder that
-    looks complete. An existing ``folder`` is replaced file by file, ``results.json``
+    Completes ``results`` first, in place (:func:`complete_results`). Everything is
+    written into a hidden sibling folder first and renamed to ``folder`` at the end, so an
+    interrupted write leaves no folder that looks complete. An existing ``folder`` is replaced file by file, ``results.json``
     last.
     """
     complete_results(results, started_at)

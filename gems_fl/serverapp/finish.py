@@ -1,9 +1,10 @@
 """How a run ends: the results assembled (:func:`report`), printed and written
 (``results.json`` and the model: :func:`publish`), the sites' attendance and the
-good-enough verdict, and the exit that goes with them (:func:`conclude`); or, when a required site is missing at the identity round, results that
-say so and a stop before any training (:func:`stop_before_training`). A run that writes
-no files (``write=False``: :func:`gems_fl.fitting.fit`) gets the same results and model
-back as a :class:`RunOutcome`, or on the exception that stops it."""
+good-enough verdict, and the exit that goes with them (:func:`conclude`); or, when a
+required site is missing at the identity round, results that say so and a stop before
+any training (:func:`stop_before_training`). A run that writes no files
+(:func:`gems_fl.fitting.fit`) gets the same results and model back as a
+:class:`RunOutcome`, or on the exception that stops it."""
 
 from __future__ import annotations
 
