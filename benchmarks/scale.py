@@ -78,9 +78,10 @@ def _tree_rss(root_pid: int) -> tuple[dict[str, int], int]:
     return roles, pss
 
 
-def run(nodes: int, run_config: str, out_dir: Path) -> dict:
+def run(nodes: int, run_config: str, out_dir: Path, cpus_per_node: int = 1) -> dict:
     cmd = [sys.executable, "-m", "gems_fl.running.cli", "run", str(ROOT), "--nodes", str(nodes),
-           "--output-dir", str(out_dir), "--run-config", run_config]
+           "--output-dir", str(out_dir), "--run-config", run_config,
+           "--cpus-per-node", str(cpus_per_node)]
     peak, at_peak, role_peaks, peak_pss = 0, {}, {}, 0
     timeline: list[dict] = []
     t0 = time.perf_counter()
@@ -147,13 +148,16 @@ def main() -> None:
     parser.add_argument("--nodes", type=int, nargs="+", default=[100])
     parser.add_argument("--run-config", default="dataset='fashion-mnist' "
                         "label-division='classes-per-node:2'")
+    parser.add_argument("--cpus-per-node", type=int, default=1,
+                        help="gems-fl run's --cpus-per-node (2 on two cores: one ClientApp "
+                        "actor; GEMS_FL_THREADS sets its threads)")
     parser.add_argument("--out", default=default_out("scale"))
     args = parser.parse_args()
     machine = {"cores": os.cpu_count(), "loadavg_before": os.getloadavg()}
     reports = []
     for n in args.nodes:
         out_dir = Path(args.out).parent / f"scale-runs-{n}"
-        reports.append(run(n, args.run_config, out_dir))
+        reports.append(run(n, args.run_config, out_dir, args.cpus_per_node))
     machine["loadavg_after"] = os.getloadavg()
     print(f"machine: {machine}")
     print("| nodes | exit | wall s | peak RSS MB | accepted | rejected | good enough | GEMS |")
@@ -172,7 +176,8 @@ def main() -> None:
         for rd in r.get("rounds", []):
             print(f"    round {rd}")
     write_envelope("scale", args.out, {"machine": machine, "runs": reports},
-                   settings={"run-config": args.run_config})
+                   settings={"run-config": args.run_config, "cpus-per-node": args.cpus_per_node,
+                             "GEMS_FL_THREADS": os.environ.get("GEMS_FL_THREADS", "")})
 
 
 if __name__ == "__main__":
