@@ -77,10 +77,9 @@ def assemble_mlp(
 
 def run_convex(grid: Grid, options: ServerOptions, roster: Roster,
                num_features: int, num_classes: int,
-               test_accuracy: Callable[[np.ndarray], float | None] | None = None) -> ProtocolRun:
+               test_accuracy: Callable[[np.ndarray], float] | None = None) -> ProtocolRun:
     """The convex protocol: one round of spaces, ``h_G`` from them, then ``refine-rounds``
-    refinement rounds (``test_accuracy`` scores the model after each round, if given; a score of None is
-    no score)."""
+    refinement rounds (``test_accuracy`` scores the model after each round, if given)."""
     strategy = GEMS(options, param_shapes(num_features, num_classes),
                     participants=roster.participants, names=roster.names,
                     extra_config=extra_config(roster, first=True),
@@ -90,11 +89,8 @@ def run_convex(grid: Grid, options: ServerOptions, roster: Roster,
     def evaluate(server_round: int, arrays: ArrayRecord) -> MetricRecord | None:
         if server_round < 1 or test_accuracy is None:
             return None
-        score = test_accuracy(strategy.point)
-        if score is None:  # the server holds no test set
-            return None
-        scores[server_round] = score
-        return MetricRecord({"test-accuracy": score})
+        scores[server_round] = test_accuracy(strategy.point)
+        return MetricRecord({"test-accuracy": scores[server_round]})
 
     strategy.start(grid=grid, initial_arrays=ArrayRecord(), num_rounds=strategy.num_rounds,
                    timeout=options.round_timeout, evaluate_fn=evaluate)
@@ -131,7 +127,7 @@ def run_convex(grid: Grid, options: ServerOptions, roster: Roster,
 
 def run_layerwise(grid: Grid, options: ServerOptions, roster: Roster, num_features: int,
                   num_classes: int, dropout: float,
-                  test_accuracy: Callable[[nn.Module], float | None] | None = None) -> ProtocolRun:
+                  test_accuracy: Callable[[nn.Module], float] | None = None) -> ProtocolRun:
     """The layer-wise protocol: one round per hidden layer, then the output layer, then
     the selection round and ``refine-rounds`` steps on the output layer where they run
     (``test_accuracy`` scores the MLP after each of those rounds, if given; ``dropout``:
@@ -146,11 +142,8 @@ def run_layerwise(grid: Grid, options: ServerOptions, roster: Roster, num_featur
     def evaluate(server_round: int, arrays: ArrayRecord) -> MetricRecord | None:
         if server_round <= len(strategy.widths) or test_accuracy is None or strategy.point is None:
             return None
-        score = test_accuracy(as_mlp(strategy.point))
-        if score is None:  # the server holds no test set
-            return None
-        scores[server_round] = score
-        return MetricRecord({"test-accuracy": score})
+        scores[server_round] = test_accuracy(as_mlp(strategy.point))
+        return MetricRecord({"test-accuracy": scores[server_round]})
 
     strategy.start(grid=grid, initial_arrays=ArrayRecord(), num_rounds=strategy.num_rounds,
                    timeout=options.round_timeout, evaluate_fn=evaluate)

@@ -13,12 +13,8 @@ verify (:func:`verify_stage`: :class:`Verification`), the baselines' rows, and r
 
 from __future__ import annotations
 
-import contextlib
-import os
-import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from functools import partial
 from logging import INFO, WARNING
@@ -91,8 +87,6 @@ from gems_fl.settings.plan import RunPlan, build_plan
 from gems_fl.settings.values import parse_required_nodes
 
 NODE_WAIT_S = 60.0
-#: the nice value the server's data loads at while the rounds run (:func:`_train`)
-BACKGROUND_NICE = 10
 NO_SERVER_DATA = "evaluate-on-server=false: the server holds no training, test or public data"
 
 
@@ -363,57 +357,35 @@ def plan_stage(settings: Settings, roster: Roster) -> Planned:
 
 
 def rounds_stage(grid: Grid, planned: Planned, roster: Roster,
-                 server_data: Callable[[], ServerData | None]) -> ProtocolRun:
+                 server_data: ServerData | None) -> ProtocolRun:
     """The GEMS rounds the plan asks for: spaces (the MLP: one round per layer), then
     the selection round and the refinement steps where they run (scored after each
-    round on the server's test set, where it holds one). ``server_data()`` gives that
-    set (or None); it is first called once the first round's replies are in, so it may
-    wait on a load that runs while the sites work."""
+    round on the server's test set, where it holds one)."""
     agreement = roster.agreement
     num_features, num_classes = agreement.model_features, agreement.num_classes
     if planned.layerwise:
-        def mlp_score(model) -> float | None:
-            data = server_data()
-            return None if data is None else accuracy(model, data.test_x, data.test_y)
         return run_layerwise(grid, planned.options, roster, num_features, num_classes,
-                             planned.dropout, mlp_score)
+                             planned.dropout, None if server_data is None else
+                             lambda m: accuracy(m, server_data.test_x, server_data.test_y))
     return run_convex(grid, planned.options, roster, num_features, num_classes,
                       _test_accuracy(server_data, num_features, num_classes))
 
 
 def _train(grid: Grid, settings: Settings, roster: Roster, *, timing: dict[str, float]) -> Attempt:
     """The plan stage, the server's side and the rounds stage for ``roster`` (``timing``
-    gains the time spent).
-
-    The server's side loads in a thread of its own, at a lower CPU priority, while the
-    rounds run: the server waits on the sites in the first round, and where the sites
-    outnumber the cores the last of them leaves cores idle (5 sites on 2 cores: a third
-    of the round on one core). The load is a function of the settings and the agreement
-    alone, so when it runs changes no bit of it."""
+    gains the time spent)."""
     planned = plan_stage(settings, roster)
     log(INFO, "Plan: %s", plan_line(planned.plan))
-    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="gems-server-data") as pool:
-        loading = pool.submit(_load_in_background, settings, roster.agreement,
-                              len(roster.participants))
-        t_round = time.perf_counter()
-        run = rounds_stage(grid, planned, roster, lambda: loading.result()[0].data)
-        timing["rounds"] += time.perf_counter() - t_round
-        server, seconds = loading.result()
+    t_data = time.perf_counter()
+    server = ServerSide(*load_server_side(settings, roster.agreement,
+                                          len(roster.participants)))
     for note in server.notes:
         log(WARNING, note)
-    timing["server_data"] += seconds
+    timing["server_data"] += time.perf_counter() - t_data
+    t_round = time.perf_counter()
+    run = rounds_stage(grid, planned, roster, server.data)
+    timing["rounds"] += time.perf_counter() - t_round
     return Attempt(run, planned, server)
-
-
-def _load_in_background(settings: Settings, agreement: DataAgreement, num_nodes: int
-                        ) -> tuple[ServerSide, float]:
-    """:func:`load_server_side` on this thread at a lower priority (Linux: a thread's own
-    nice value; elsewhere as it is), with the seconds it took."""
-    started = time.perf_counter()
-    with contextlib.suppress(AttributeError, OSError):
-        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), BACKGROUND_NICE)
-    server = ServerSide(*load_server_side(settings, agreement, num_nodes))
-    return server, time.perf_counter() - started
 
 
 def own_spaces(run: ProtocolRun, num_features: int, num_classes: int
@@ -447,17 +419,14 @@ def _beneath(grid: Grid) -> Grid:
     return grid.grid if isinstance(grid, WindowedGrid) else grid
 
 
-def _test_accuracy(server_data: Callable[[], ServerData | None], num_features: int,
-                   num_classes: int) -> Callable[[np.ndarray], float | None]:
+def _test_accuracy(data: ServerData | None, num_features: int,
+                   num_classes: int) -> Callable[[np.ndarray], float] | None:
     """Test accuracy of a logistic model given as a vector, as the GEMS row scores it
     (None without a server test set)."""
-    def score(v: np.ndarray) -> float | None:
-        data = server_data()
-        if data is None:
-            return None
-        return accuracy(model_from_vector(v, num_features, num_classes), data.test_x,
-                        data.test_y)
-    return score
+    if data is None:
+        return None
+    return lambda v: accuracy(model_from_vector(v, num_features, num_classes), data.test_x,
+                              data.test_y)
 
 
 def evaluate_baselines(run: ProtocolRun, data: ServerData | None, settings: Settings,
