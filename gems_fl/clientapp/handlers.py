@@ -27,7 +27,6 @@ from gems_fl.data.nodes import (
     node_name,
     own_node_config,
 )
-from gems_fl.learning.heap import release_freed_memory
 from gems_fl.learning.train import set_default_device
 from gems_fl.protocol import map_round, node, secure, wire
 from gems_fl.protocol.node_store import NodeStore
@@ -151,15 +150,10 @@ HANDLERS: dict[Round, Handler] = {
 
 def handle(msg: Message, context: Context) -> Message:
     """Every message this node receives (``train``, ``query`` or ``evaluate``): answered
-    by the handler of the round it names (:data:`HANDLERS`). What the round freed goes
-    back to the system (:func:`release_freed_memory`): the process may wait idle for
-    minutes before its next message."""
+    by the handler of the round it names (:data:`HANDLERS`)."""
     config = secure.fit_config(msg) if secure.is_secure_fit(msg) else \
         wire.decode_config(msg.content)
-    try:
-        return HANDLERS[round_of(config, msg.metadata.message_type)](msg, context, config)
-    finally:
-        release_freed_memory()
+    return HANDLERS[round_of(config, msg.metadata.message_type)](msg, context, config)
 
 
 def build_client_app() -> ClientApp:
