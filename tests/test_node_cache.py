@@ -1,5 +1,6 @@
 """A node keeps what it loaded for the later messages of a run, keyed by everything the
-data depend on; each message gets its own copy."""
+data depend on (in its folder where it has one, else in memory); each message gets arrays
+of its own."""
 
 from __future__ import annotations
 
@@ -69,9 +70,16 @@ def test_what_memory_no_longer_holds_is_read_back_from_the_nodes_folder(tmp_path
         return cast_node_arrays(load_node_data(node_data_options(settings), config))
 
     folder = tmp_path / "node"
-    first = NodeDataCache().get(node_data_options(settings), config, None, load, folder=folder)
+    cache = NodeDataCache()
+    first = cache.get(node_data_options(settings), config, None, load, folder=folder)
     again = NodeDataCache().get(node_data_options(settings), config, None, load, folder=folder)
     assert len(loads) == 1 and len(list(folder.glob("data-*.npz"))) == 1
+    assert len(cache) == 0  # with a folder, memory keeps none of a node's rows
+    kept = first.x_train[0, 0].copy()
+    first.x_train[0, 0] += 1.0  # the first message's change does not reach the next
+    third = cache.get(node_data_options(settings), config, None, load, folder=folder)
+    assert len(loads) == 1 and third.x_train[0, 0] == again.x_train[0, 0] != first.x_train[0, 0]
+    first.x_train[0, 0] = kept
     for f in fields(first):
         a, b = getattr(first, f.name), getattr(again, f.name)
         if isinstance(a, np.ndarray):
@@ -85,3 +93,26 @@ def test_what_memory_no_longer_holds_is_read_back_from_the_nodes_folder(tmp_path
     (next(folder.glob("data-*.npz"))).write_bytes(b"not an npz")  # unreadable: loaded again
     NodeDataCache().get(node_data_options(settings), config, None, load, folder=folder)
     assert len(loads) == 2
+
+
+def test_where_the_folder_refuses_the_file_memory_keeps_the_rows(tmp_path, monkeypatch):
+    from gems_fl.data import node_cache
+
+    path = write_csv_site(tmp_path, "site-a", seed=0)
+    settings = Settings(dataset="node-files", evaluate_on_server=False)
+    config = {"data-path": str(path), "node-name": "site-a"}
+    loads = []
+
+    def load():
+        loads.append(1)
+        return cast_node_arrays(load_node_data(node_data_options(settings), config))
+
+    def full_disk(file, data):
+        raise OSError("No space left on device")
+
+    monkeypatch.setattr(node_cache, "_write", full_disk)
+    cache, folder = NodeDataCache(), tmp_path / "node"
+    first = cache.get(node_data_options(settings), config, None, load, folder=folder)
+    second = cache.get(node_data_options(settings), config, None, load, folder=folder)
+    assert len(loads) == 1 and len(cache) == 1 and second.x_train is not first.x_train
+    np.testing.assert_array_equal(second.x_train, first.x_train)

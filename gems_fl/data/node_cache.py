@@ -7,16 +7,19 @@ each message cost 12-16 s of a 2,048-feature run. :class:`NodeDataCache` keeps t
 loaded :class:`~gems_fl.data.nodes.NodeData` keyed by everything it depends on: the
 data options the message's settings make (:class:`~gems_fl.data.nodes.NodeDataOptions`),
 the node's config, the agreement, and the file's size and
-modification time (a changed file is read again). Each message gets its own copy of the
-arrays (a copy costs milliseconds; a load, seconds), so no caller can change what the
-next message reads.
+modification time (a changed file is read again). Each message gets arrays of its own,
+so no caller can change what the next message reads.
 
-A process keeps at most :data:`MAX_BYTES` of rows in memory. Given a ``folder`` (the
-node's own, :class:`~gems_fl.protocol.node_store.NodeStore`), what it loaded is also
-written there and read back when memory no longer holds it: a simulation's ClientApp
-process serves every node in turn, and 100 kernel nodes' mapped rows (about 10 MB each)
-held 1 GB in each process; reading a node's file back takes milliseconds where mapping its
-rows again takes a second. Another process serving the same node reads the same file.
+Given a ``folder`` (the node's own, :class:`~gems_fl.protocol.node_store.NodeStore`),
+what a node loaded is written there and read back for each later message, and memory
+keeps none of it: a simulation's ClientApp process serves every node in turn, and rows
+kept in memory for the next message stayed there while the process worked on other
+nodes (100 kernel nodes' mapped rows, about 10 MB each, held 1 GB in each process before
+memory was bounded; a 5-site kernel node's, about 240 MB, twice over with the message's
+copy). Reading a node's file back takes milliseconds to a fraction of a second where
+mapping its rows again takes seconds; another process serving the same node reads the
+same file. Without a folder (a node marked memory-only, or a disk that refused the file)
+a process keeps at most :data:`MAX_BYTES` of rows in memory and hands out copies.
 """
 
 from __future__ import annotations
@@ -55,26 +58,28 @@ class NodeDataCache:
     def get(self, options: NodeDataOptions, node_config: Mapping[str, Any],
             agreement: DataAgreement | None, load: Callable[[], NodeData],
             folder: Path | None = None) -> NodeData:
-        """The node's data: kept from an earlier message with the same key (in memory, or
-        in ``folder``), else ``load()`` (and written to ``folder``). The caller gets its
-        own copy (arrays included)."""
+        """The node's data: kept from an earlier message with the same key (in ``folder``,
+        else in memory), else ``load()`` (and written to ``folder``). The caller gets
+        arrays no one else holds: read from the file, or a copy of memory's."""
         key = _key(options, node_config, agreement)
-        data = self._entries.get(key)
-        if data is None:
-            file = None if folder is None else Path(folder) / f"data-{_digest(key)}.npz"
-            data = _read(file) if file is not None and file.is_file() else None
-            if data is None:
-                data = load()
-                if file is not None:
-                    try:
-                        _write(file, data)
-                    except OSError as exc:  # a full or read-only disk: memory alone
-                        logger.warning("node data not kept in %s (%s): loaded again where "
-                                       "memory no longer holds it", file, exc)
+        file = None if folder is None else Path(folder) / f"data-{_digest(key)}.npz"
+        if key not in self._entries and file is not None:
+            data = _read(file) if file.is_file() else None
+            if data is not None:
+                return data
+            data = load()
+            try:
+                _write(file, data)
+                return data
+            except OSError as exc:  # a full or read-only disk: memory alone
+                logger.warning("node data not kept in %s (%s): kept in memory instead",
+                               file, exc)
             self._entries[key] = data
-            self._trim()
+        elif key not in self._entries:
+            self._entries[key] = load()
+        self._trim()
         self._entries.move_to_end(key)
-        return _copy(data)
+        return _copy(self._entries[key])
 
     def clear(self) -> None:
         self._entries.clear()
