@@ -15,6 +15,20 @@ from gems_fl.settings.options import node_data_options
 from tests.sitegen import write_csv_site
 
 
+def _csv_site(tmp_path):
+    """A CSV site's settings, node config, a loader and the list of its loads."""
+    path = write_csv_site(tmp_path, "site-a", seed=0)
+    settings = Settings(dataset="node-files", evaluate_on_server=False)
+    config = {"data-path": str(path), "node-name": "site-a"}
+    loads = []
+
+    def load():
+        loads.append(1)
+        return cast_node_arrays(load_node_data(node_data_options(settings), config))
+
+    return settings, config, load, loads
+
+
 def test_a_node_loads_its_file_once_per_run_and_again_when_it_changes(tmp_path):
     path = write_csv_site(tmp_path, "site-a", seed=0)
     settings = Settings(dataset="node-files", evaluate_on_server=False)
@@ -60,15 +74,7 @@ def test_what_memory_no_longer_holds_is_read_back_from_the_nodes_folder(tmp_path
     the same node reads it back, every field equal, instead of loading again."""
     from dataclasses import fields
 
-    path = write_csv_site(tmp_path, "site-a", seed=0)
-    settings = Settings(dataset="node-files", evaluate_on_server=False)
-    config = {"data-path": str(path), "node-name": "site-a"}
-    loads = []
-
-    def load():
-        loads.append(1)
-        return cast_node_arrays(load_node_data(node_data_options(settings), config))
-
+    settings, config, load, loads = _csv_site(tmp_path)
     folder = tmp_path / "node"
     cache = NodeDataCache()
     first = cache.get(node_data_options(settings), config, None, load, folder=folder)
@@ -98,15 +104,7 @@ def test_what_memory_no_longer_holds_is_read_back_from_the_nodes_folder(tmp_path
 def test_where_the_folder_refuses_the_file_memory_keeps_the_rows(tmp_path, monkeypatch):
     from gems_fl.data import node_cache
 
-    path = write_csv_site(tmp_path, "site-a", seed=0)
-    settings = Settings(dataset="node-files", evaluate_on_server=False)
-    config = {"data-path": str(path), "node-name": "site-a"}
-    loads = []
-
-    def load():
-        loads.append(1)
-        return cast_node_arrays(load_node_data(node_data_options(settings), config))
-
+    settings, config, load, loads = _csv_site(tmp_path)
     def full_disk(file, data):
         raise OSError("No space left on device")
 
