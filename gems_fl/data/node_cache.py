@@ -77,8 +77,8 @@ class NodeDataCache:
             self._entries[key] = data
         elif key not in self._entries:
             self._entries[key] = load()
-        self._trim()
         self._entries.move_to_end(key)
+        self._trim()
         return _copy(self._entries[key])
 
     def clear(self) -> None:
