@@ -16,7 +16,7 @@ from tests.sitegen import write_csv_site
 
 
 def _csv_site(tmp_path):
-    """A CSV site's settings, node config, a loader and the list of its loads."""
+    """A CSV site's file, settings, node config, a loader and the list of its loads."""
     path = write_csv_site(tmp_path, "site-a", seed=0)
     settings = Settings(dataset="node-files", evaluate_on_server=False)
     config = {"data-path": str(path), "node-name": "site-a"}
@@ -26,19 +26,12 @@ def _csv_site(tmp_path):
         loads.append(1)
         return cast_node_arrays(load_node_data(node_data_options(settings), config))
 
-    return settings, config, load, loads
+    return path, settings, config, load, loads
 
 
 def test_a_node_loads_its_file_once_per_run_and_again_when_it_changes(tmp_path):
-    path = write_csv_site(tmp_path, "site-a", seed=0)
-    settings = Settings(dataset="node-files", evaluate_on_server=False)
-    config = {"data-path": str(path), "node-name": "site-a"}
-    cache, loads = NodeDataCache(), []
-
-    def load():
-        loads.append(1)
-        return cast_node_arrays(load_node_data(node_data_options(settings), config))
-
+    path, settings, config, load, loads = _csv_site(tmp_path)
+    cache = NodeDataCache()
     first = cache.get(node_data_options(settings), config, None, load)
     second = cache.get(node_data_options(settings), config, None, load)
     assert len(loads) == 1 and second is not first
@@ -74,7 +67,7 @@ def test_what_memory_no_longer_holds_is_read_back_from_the_nodes_folder(tmp_path
     the same node reads it back, every field equal, instead of loading again."""
     from dataclasses import fields
 
-    settings, config, load, loads = _csv_site(tmp_path)
+    _, settings, config, load, loads = _csv_site(tmp_path)
     folder = tmp_path / "node"
     cache = NodeDataCache()
     first = cache.get(node_data_options(settings), config, None, load, folder=folder)
@@ -104,7 +97,8 @@ def test_what_memory_no_longer_holds_is_read_back_from_the_nodes_folder(tmp_path
 def test_where_the_folder_refuses_the_file_memory_keeps_the_rows(tmp_path, monkeypatch):
     from gems_fl.data import node_cache
 
-    settings, config, load, loads = _csv_site(tmp_path)
+    _, settings, config, load, loads = _csv_site(tmp_path)
+
     def full_disk(file, data):
         raise OSError("No space left on device")
 

@@ -62,24 +62,24 @@ class NodeDataCache:
         else in memory), else ``load()`` (and written to ``folder``). The caller gets
         arrays no one else holds: read from the file, or a copy of memory's."""
         key = _key(options, node_config, agreement)
+        if key in self._entries:  # no folder, or one that refused the file
+            self._entries.move_to_end(key)
+            return _copy(self._entries[key])
         file = None if folder is None else Path(folder) / f"data-{_digest(key)}.npz"
-        if key not in self._entries and file is not None:
-            data = _read(file) if file.is_file() else None
-            if data is not None:
-                return data
-            data = load()
+        data = _read(file) if file is not None and file.is_file() else None
+        if data is not None:
+            return data
+        data = load()
+        if file is not None:
             try:
                 _write(file, data)
                 return data
             except OSError as exc:  # a full or read-only disk: memory alone
                 logger.warning("node data not kept in %s (%s): kept in memory instead",
                                file, exc)
-            self._entries[key] = data
-        elif key not in self._entries:
-            self._entries[key] = load()
-        self._entries.move_to_end(key)
+        self._entries[key] = data
         self._trim()
-        return _copy(self._entries[key])
+        return _copy(data)
 
     def clear(self) -> None:
         self._entries.clear()
