@@ -15,7 +15,7 @@ what a node loaded is written there and read back for each later message, and me
 keeps none of it: a simulation's ClientApp process serves every node in turn, and rows
 kept in memory for the next message stayed there while the process worked on other
 nodes (100 kernel nodes' mapped rows, about 10 MB each, held 1 GB in each process before
-memory was bounded; a 5-site kernel node's, about 240 MB, twice over with the message's
+memory was bounded; a 5-site kernel node's, about 183 MB, twice over with the message's
 copy). Reading a node's file back takes milliseconds to a fraction of a second where
 mapping its rows again takes seconds; another process serving the same node reads the
 same file. Without a folder (a node marked memory-only, or a disk that refused the file)
