@@ -290,12 +290,12 @@ def test_the_l2_candidates_share_one_draw_and_each_fit_is_a_fresh_one(monkeypatc
     x, y = _data(5, 900)
     moments = pooled_class_moments([class_grams(x, y, C)], [label_moments(x, y, C)[1]])
     prepared = []
-    real_of = virtual._PreparedRows.of
-    monkeypatch.setattr(virtual._PreparedRows, "of",
-                        classmethod(lambda cls, *a: prepared.append(1) or real_of(*a)))
+    real_prepare = virtual._prepare
+    monkeypatch.setattr(virtual, "_prepare",
+                        lambda *a, **k: prepared.append(1) or real_prepare(*a, **k))
     fits = {l2: gaussian_point(*moments, l2=l2, seed=3, rows=2000) for l2 in (1e-4, 1e-6)}
     assert len(prepared) == 1
-    virtual._LAST_DRAW.clear()
+    virtual.forget_draw()
     np.testing.assert_array_equal(gaussian_point(*moments, l2=1e-6, seed=3, rows=2000), fits[1e-6])
     assert len(prepared) == 2
     other = gaussian_point(*moments, l2=1e-6, seed=4, rows=2000)  # another draw
@@ -321,9 +321,9 @@ def test_the_l2_candidates_fitted_at_once_equal_those_fitted_one_after_another(m
     stats = NodeStatistics(spaces, [len(p) for p in parts])
     options = AggregateOptions(gram_point="auto", seed=2)
     made = []
-    real_of = virtual._PreparedRows.of
-    monkeypatch.setattr(virtual._PreparedRows, "of",
-                        classmethod(lambda cls, *a: made.append(1) or real_of(*a)))
+    real_prepare = virtual._prepare
+    monkeypatch.setattr(virtual, "_prepare",
+                        lambda *a, **k: made.append(1) or real_prepare(*a, **k))
     runs = {}
     for workers in (1, 2):
         monkeypatch.setattr(selection_round, "concurrent_workers", lambda n, w=workers: min(n, w))
@@ -356,3 +356,54 @@ def test_each_l2_gives_the_same_point_asked_alone_or_with_the_grid():
     warm = together[GAUSSIAN_L2S.index(1e-4)]
     assert _accuracy(warm, x, y) >= _accuracy(gaussian_point(counts, means, covs, l2=1e-4, seed=1,
                                                              rows=4000), x, y) - 0.01
+
+
+def test_the_virtual_rows_drawn_as_logits_have_the_law_of_rows_drawn_as_rows():
+    """A Gaussian's rows have Gaussian logits: the loss on rows drawn as their ``C - 1``
+    logit directions is the cross-entropy of rows drawn in all ``d`` and mapped by the
+    layer (to Monte Carlo error), and its gradient is autograd's of ``a S a^T`` itself."""
+    import torch
+
+    from gems_fl.geometry import virtual
+
+    x, y = _data(7, 3000)
+    counts, means, covs = pooled_class_moments([class_grams(x, y, C)], [np.bincount(y, minlength=C)])
+    virtual.forget_draw()
+    g = virtual._prepared(counts, means, covs, seed=0, rows=40_000, shrinkage=1e-3,
+                          classes=None, num_classes=None)
+    gen = torch.Generator().manual_seed(1)
+    s = torch.rand(D, generator=gen, dtype=torch.float64) + 0.5
+    penalty = 1e-2 * s ** 2
+    u = torch.randn(C, D + 1, generator=gen, dtype=torch.float64).requires_grad_(True)
+    value = virtual._expected_loss(u, g, s, penalty)
+    value.backward()
+
+    # the same loss with the covariance's quadratic form left to autograd
+    v = u.detach().clone().requires_grad_(True)
+    a = (v[:, :-1] * s) @ g.basis.T
+    means_logits = v[:, -1] + g.offsets @ a.T
+    cov = g.contrasts.T @ (a @ g.covariances.double() @ a.T) @ g.contrasts
+    jitter = 1e-10 * cov.detach().diagonal(dim1=1, dim2=2).mean(1) + 1e-30
+    root = torch.linalg.cholesky(cov + jitter[:, None, None] * torch.eye(C - 1, dtype=cov.dtype))
+    total = sum(torch.nn.functional.cross_entropy(
+        means_logits[m] + noise @ root[m].T @ g.contrasts.T,
+        torch.full((len(noise),), g.classes[m]), reduction="sum") for m, noise in enumerate(g.noise))
+    expected = total / g.rows + (v[:, :-1] ** 2 * penalty).sum()
+    expected.backward()
+    # (the module forms a S in float32)
+    assert float(value) == pytest.approx(float(expected), rel=1e-6)
+    torch.testing.assert_close(u.grad, v.grad, rtol=1e-5, atol=1e-8)
+
+    # rows drawn in all d dimensions from each class's (shrunk) Gaussian, mapped by the layer
+    rng = np.random.default_rng(2)
+    rows, labels = [], []
+    for m, noise in enumerate(g.noise):
+        cov_m = g.covariances[m].double().numpy()
+        rows.append(rng.multivariate_normal(g.offsets[m].numpy(), cov_m, size=len(noise)))
+        labels.append(np.full(len(noise), g.classes[m]))
+    z = torch.as_tensor(np.concatenate(rows))
+    a = (u.detach()[:, :-1] * s) @ g.basis.T
+    drawn = torch.nn.functional.cross_entropy(z @ a.T + u.detach()[:, -1],
+                                              torch.as_tensor(np.concatenate(labels)))
+    assert float(value) - float((u.detach()[:, :-1] ** 2 * penalty).sum()) \
+        == pytest.approx(float(drawn), rel=0.02)

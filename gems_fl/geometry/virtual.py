@@ -6,12 +6,19 @@ a few points below the pooled logistic model (Fashion-MNIST pixels: 0.815 agains
 With each node's class Gram matrices (``mean over its rows of class c of x~ x~^T``,
 :func:`gems_fl.geometry.gram.class_grams`) and class counts the server holds, for every
 class, the mean and covariance of that class over all nodes' rows, whatever the split.
-:func:`gaussian_point` draws virtual rows from those Gaussians (``MAX_VIRTUAL_ROWS`` in
-all, each class in proportion to its count, seeded) and fits the softmax layer to them by
-full-batch L-BFGS (preconditioned by the rows' covariance): the "virtual representations"
-of CCVR (Luo et al., NeurIPS 2021) and the class statistics of FedCGS (AAAI 2025), here
-with no public data and from one round of sums. The fit runs in standardised
-coordinates (the pooled mean and standard deviation) and is mapped back.
+:func:`gaussian_point` fits the softmax layer by full-batch L-BFGS (preconditioned by the
+mixture's covariance) to virtual rows of those Gaussians (``MAX_VIRTUAL_ROWS`` in all,
+each class in proportion to its count, seeded): the "virtual representations" of CCVR
+(Luo et al., NeurIPS 2021) and the class statistics of FedCGS (AAAI 2025), here with no
+public data and from one round of sums. The fit runs in standardised coordinates (the
+pooled mean and standard deviation) and is mapped back.
+
+The rows are drawn where the layer sees them: a Gaussian's rows have Gaussian logits
+(:func:`_expected_loss`), so each virtual row is ``C - 1`` standard normals, not ``d``
+numbers. An evaluation of the loss costs the ``M`` products ``a S_m`` of the layer with
+the covariances instead of two passes over ``MAX_VIRTUAL_ROWS x d`` rows, and the fit
+cannot learn the draw's noise in the directions it does not see (drawn in ``d``
+dimensions, 50,000 rows of Fashion-MNIST's 784 pixels let the small-L2 fits overfit it).
 """
 
 from __future__ import annotations
@@ -28,7 +35,7 @@ import torch
 from gems_fl.geometry.choices import GAUSSIAN_L2S
 from gems_fl.learning.threads import compute_threads
 
-#: at most this many virtual rows in all (rows per class in proportion to its count)
+#: virtual rows in all (each Gaussian's in proportion to its count), each drawn as its logits
 MAX_VIRTUAL_ROWS = 50_000
 #: L-BFGS iterations of the fit (preconditioned: see :func:`fit_softmax`)
 FIT_ITERATIONS = 100
@@ -99,8 +106,8 @@ def gaussian_points(counts: np.ndarray, means: np.ndarray, covariances: np.ndarr
     for l2 in l2s:
         if not (np.isfinite(l2) and l2 >= 0):
             raise ValueError(f"l2={l2} must be >= 0")
-    draw = _virtual_draw(counts, means, covariances, seed=seed, rows=rows, shrinkage=shrinkage,
-                         classes=classes, num_classes=num_classes)
+    gaussians = _prepared(counts, means, covariances, seed=seed, rows=rows, shrinkage=shrinkage,
+                          classes=classes, num_classes=num_classes)
     chains: dict[tuple[float, ...], int] = {}  # each chain's prefix to fit: as deep as asked
     for l2 in map(float, l2s):
         chain = _chain_of(l2)
@@ -112,10 +119,9 @@ def gaussian_points(counts: np.ndarray, means: np.ndarray, covariances: np.ndarr
         fitted, start = {}, None
         with compute_threads(1):
             for l2 in chain[:depth]:
-                ws, start = _fit_prepared(
-                    draw.rows, l2=l2, start=start, with_state=True,
+                fitted[l2], start = _fit_gaussians(
+                    gaussians, l2=l2, start=start,
                     iterations=FIT_ITERATIONS if start is None else WARM_ITERATIONS)
-                fitted[l2] = unstandardise(ws, draw.mean, draw.scale)
         return fitted
 
     items = sorted(chains.items())
@@ -152,17 +158,192 @@ def gaussian_point(counts: np.ndarray, means: np.ndarray, covariances: np.ndarra
     names each one's class, of ``num_classes``.
 
     The selection round asks for this point at each of several ``l2`` from the same
-    statistics and seed: the draw and its eigenbasis are made once and reused
-    (:data:`_LAST_DRAW`), so only the fit itself is repeated. Runs on the thread count of
-    the run's policy (:func:`gems_fl.learning.threads.compute_threads`).
+    statistics and seed: the Gaussians are prepared once and reused
+    (:func:`forget_draw` frees them), so only the fit itself is repeated. Runs on one
+    thread, as the selection round's fits do, so the bits do not depend on the caller's.
     """
     if not (np.isfinite(l2) and l2 >= 0):
         raise ValueError(f"l2={l2} must be >= 0")
-    with compute_threads():
-        draw = _virtual_draw(counts, means, covariances, seed=seed, rows=rows,
-                             shrinkage=shrinkage, classes=classes, num_classes=num_classes)
-        ws = _fit_prepared(draw.rows, l2=l2, iterations=iterations)
-    return unstandardise(ws, draw.mean, draw.scale)
+    gaussians = _prepared(counts, means, covariances, seed=seed, rows=rows, shrinkage=shrinkage,
+                          classes=classes, num_classes=num_classes)
+    with compute_threads(1):
+        return _fit_gaussians(gaussians, l2=l2, iterations=iterations)[0]
+
+
+@dataclass(frozen=True)
+class _Gaussians:
+    """The Gaussians ready for the fit, in standardised units (the pooled mean and
+    spread), and the fixed draw of each one's logit noise."""
+
+    key: bytes
+    mean: np.ndarray  # the standardisation
+    scale: np.ndarray
+    centre: torch.Tensor  # (d,) float64: the mixture's mean
+    basis: torch.Tensor  # (d, d) float64: the eigenvectors of the mixture's covariance
+    eigenvalues: torch.Tensor  # (d,) float64, clamped at 0
+    offsets: torch.Tensor  # (M, d) float64: each Gaussian's mean minus the centre
+    covariances: torch.Tensor  # (M, d, d) float32, shrunk
+    classes: tuple[int, ...]  # each Gaussian's class
+    noise: tuple[torch.Tensor, ...]  # each Gaussian's (rows_m, C - 1) standard normals
+    noise_sums: tuple[torch.Tensor, ...]  # their column sums
+    rows: int  # virtual rows in all
+    num_classes: int
+    contrasts: torch.Tensor  # (C, C - 1): an orthonormal basis orthogonal to the ones
+
+
+_LAST: list[_Gaussians] = []  # the last prepared only: the L2 candidates of one round share it
+#: held while the Gaussians are prepared: the L2 candidates, fitted at once on several
+#: threads, wait for the first one's preparation instead of each making it
+_LOCK = threading.Lock()
+
+
+def _prepared(counts, means, covariances, *, seed: int, rows: int, shrinkage: float,
+              classes: np.ndarray | None, num_classes: int | None) -> _Gaussians:
+    """The Gaussians prepared for the fit (reused when the same statistics, seed and
+    sizes are asked for again)."""
+    counts = np.asarray(counts, dtype=np.float64)
+    means = np.asarray(means, dtype=np.float64)
+    covariances = np.asarray(covariances, dtype=np.float64)
+    m, d = means.shape if means.ndim == 2 else (None, None)
+    if m is None or counts.shape != (m,) or covariances.shape != (m, d, d):
+        raise ValueError(f"counts {counts.shape}, means {means.shape} and covariances "
+                         f"{covariances.shape} must be (M,), (M, d) and (M, d, d)")
+    classes = np.arange(m) if classes is None else np.asarray(classes, dtype=np.int64)
+    c = m if num_classes is None else int(num_classes)
+    if classes.shape != (m,) or (m and (classes.min() < 0 or classes.max() >= c)):
+        raise ValueError(f"classes {classes.shape} must name one of {c} classes per Gaussian")
+    if rows < 1 or counts.sum() <= 0:
+        raise ValueError(f"rows={rows} must be >= 1 and some class must have rows")
+    digest = hashlib.blake2b(digest_size=20)
+    for part in (counts, means, covariances, classes,
+                 np.array([seed, rows, c], dtype=np.int64), np.array([shrinkage])):
+        digest.update(np.ascontiguousarray(part).tobytes())
+    key = digest.digest()
+    with _LOCK:
+        if _LAST and _LAST[0].key == key:
+            return _LAST[0]
+        _LAST.clear()  # free the previous one before making the next
+        with compute_threads(1):  # the same bits whatever the caller's thread count
+            gaussians = _prepare(key, counts, means, covariances, classes, c, seed=seed,
+                                 rows=rows, shrinkage=shrinkage)
+        _LAST.append(gaussians)
+        return gaussians
+
+
+def _prepare(key: bytes, counts, means, covariances, classes, c: int, *, seed: int,
+             rows: int, shrinkage: float) -> _Gaussians:
+    d = means.shape[1]
+    total = counts.sum()
+    mean = counts @ means / total
+    spread = (np.einsum("c,cii->i", counts, covariances) + counts @ (means - mean) ** 2) / total
+    scale = standard_scale(np.sqrt(np.maximum(spread, 0.0)))
+    per_class = np.floor(rows * counts / total + 0.5).astype(int)
+    kept = np.flatnonzero(per_class > 0)
+    weights = per_class[kept] / per_class.sum()
+    covs = covariances[kept] / np.outer(scale, scale)
+    covs += (shrinkage * np.maximum(np.trace(covs, axis1=1, axis2=2) / d, 1e-12))[:, None, None] \
+        * np.eye(d)
+    covs = 0.5 * (covs + np.swapaxes(covs, 1, 2))
+    standardised = (means[kept] - mean) / scale
+    centre = weights @ standardised
+    offsets = standardised - centre
+    mixture = np.einsum("m,mij->ij", weights, covs) + (offsets * weights[:, None]).T @ offsets
+    lam, vecs = np.linalg.eigh(0.5 * (mixture + mixture.T))
+    gen = torch.Generator().manual_seed(int(seed))
+    noise = tuple(torch.randn(int(per_class[k]), c - 1, generator=gen, dtype=torch.float64)
+                  for k in kept)
+    return _Gaussians(key, mean, scale, torch.as_tensor(centre), torch.as_tensor(vecs),
+                      torch.as_tensor(np.clip(lam, 0.0, None)), torch.as_tensor(offsets),
+                      torch.as_tensor(covs, dtype=torch.float32),
+                      tuple(int(classes[k]) for k in kept), noise,
+                      tuple(e.sum(0) for e in noise), int(per_class.sum()), c, _contrasts(c))
+
+
+def _contrasts(c: int) -> torch.Tensor:
+    """Helmert's ``(c, c - 1)`` orthonormal columns orthogonal to the ones vector: the
+    directions of the logits that softmax sees."""
+    basis = torch.zeros(c, c - 1, dtype=torch.float64)
+    for j in range(1, c):
+        basis[:j, j - 1] = 1.0
+        basis[j, j - 1] = -float(j)
+        basis[:, j - 1] /= (j * (j + 1)) ** 0.5
+    return basis
+
+
+def forget_draw() -> None:
+    """Free the kept Gaussians and their draw (the selection round calls this once its
+    candidates are made)."""
+    _LAST.clear()
+
+
+def _fit_gaussians(g: _Gaussians, *, l2: float, iterations: int,
+                   start: tuple[torch.Tensor, torch.Tensor] | None = None
+                   ) -> tuple[np.ndarray, tuple[torch.Tensor, torch.Tensor]]:
+    """The layer minimising :func:`_expected_loss` by full-batch L-BFGS, from zero or from
+    ``start`` (a fit's weights in the eigenbasis and its bias), with that state.
+
+    As :func:`fit_softmax`, L-BFGS runs in the eigenbasis of the rows' covariance (here the
+    mixture's, exact from the moments), each axis scaled by ``1 / sqrt(lambda_j +
+    PRECONDITION_L2 * l2)``: the objective and its minimiser are unchanged.
+    """
+    lam = g.eigenvalues
+    lam = lam + PRECONDITION_L2 * float(l2) + 1e-9 * max(float(lam.mean()), 1e-12)
+    axis_scale = lam.rsqrt()  # weight in the basis = u * axis_scale
+    penalty = float(l2) * axis_scale ** 2  # ||weight||^2 = sum_j u_j^2 / lam_j
+    u = torch.zeros(g.num_classes, len(lam) + 1, dtype=torch.float64)
+    if start is not None:  # the same layer in this L2's scaled coordinates
+        u[:, :-1] = start[0] / axis_scale
+        u[:, -1] = start[1]
+    u.requires_grad_(True)
+    opt = torch.optim.LBFGS([u], max_iter=int(iterations), history_size=20,
+                            line_search_fn="strong_wolfe", tolerance_grad=1e-9,
+                            tolerance_change=1e-12)
+
+    def loss() -> torch.Tensor:
+        opt.zero_grad()
+        value = _expected_loss(u, g, axis_scale, penalty)
+        value.backward()
+        return value
+
+    opt.step(loss)
+    fitted = u.detach()
+    in_basis = fitted[:, :-1] * axis_scale
+    weight = in_basis @ g.basis.T
+    bias = fitted[:, -1] - weight @ g.centre
+    layer = torch.cat([weight, bias[:, None]], dim=1).numpy()
+    return unstandardise(layer, g.mean, g.scale), (in_basis, fitted[:, -1])
+
+
+def _expected_loss(u: torch.Tensor, g: _Gaussians, s: torch.Tensor, penalty: torch.Tensor
+                   ) -> torch.Tensor:
+    """The mean cross-entropy of the layer ``u`` (weights in the scaled eigenbasis, then
+    the bias) on the virtual rows, plus ``sum(penalty * u_w ** 2)``.
+
+    A row of Gaussian ``m`` has logits ``N(a mu_m + b, a S_m a^T)`` (``a`` the weights on
+    the standardised rows): each virtual row is drawn there, ``mean + L_m e`` with ``L_m``
+    the Cholesky factor of that covariance in the ``C - 1`` directions softmax sees and
+    ``e`` the row's fixed standard normals. The rows have the law of rows drawn from the
+    Gaussians and mapped by the layer, but cost ``C - 1`` numbers each, not ``d``, and no
+    fit can learn their noise in the ``d - C + 1`` directions it never sees.
+    """
+    a = (u[:, :-1] * s) @ g.basis.T  # (C, d): the weights on the centred standardised rows
+    means = torch.addmm(u[:, -1], g.offsets, a.T)  # (M, C): each Gaussian's mean logits
+    with torch.no_grad():
+        spread = torch.matmul(a.detach().float(), g.covariances).double()  # (M, C, d): a S_m
+        value = spread @ a.detach().T
+    half = spread @ a.T
+    # a S a^T in value, with the gradient (G + G^T) a S of the quadratic form
+    cov = g.contrasts.T @ (half + half.transpose(1, 2) - value) @ g.contrasts
+    jitter = 1e-10 * cov.detach().diagonal(dim1=1, dim2=2).mean(1) + 1e-30  # PD from zero
+    root = torch.linalg.cholesky(cov + jitter[:, None, None] * torch.eye(cov.shape[-1],
+                                                                           dtype=cov.dtype))
+    to_logits = root.transpose(1, 2) @ g.contrasts.T  # (M, C - 1, C)
+    total = torch.zeros((), dtype=torch.float64)
+    for m, noise in enumerate(g.noise):
+        c = g.classes[m]  # sum of -log softmax_c: logsumexp minus the class's logit
+        total = total + torch.logsumexp(torch.addmm(means[m], noise, to_logits[m]), 1).sum() \
+            - len(noise) * means[m, c] - g.noise_sums[m] @ to_logits[m, :, c]
+    return total / g.rows + (u[:, :-1] ** 2 * penalty).sum()
 
 
 @dataclass(frozen=True)
@@ -184,83 +365,6 @@ class _PreparedRows:
         cov = (centred.T @ centred).double() / max(len(x), 1)
         lam, vecs = torch.linalg.eigh(0.5 * (cov + cov.T))
         return cls(centred @ vecs.float(), y, int(num_classes), centre, vecs, lam.clamp_min(0.0))
-
-
-@dataclass(frozen=True)
-class _Draw:
-    key: bytes
-    rows: _PreparedRows
-    mean: np.ndarray  # the standardisation the rows were drawn in
-    scale: np.ndarray
-
-
-_LAST_DRAW: list[_Draw] = []  # the last draw only: the L2 candidates of one round share it
-#: held while a draw is made: the L2 candidates, fitted at once on several threads, wait
-#: for the first one's draw instead of each making it
-_DRAW_LOCK = threading.Lock()
-
-
-def _virtual_draw(counts, means, covariances, *, seed: int, rows: int, shrinkage: float,
-                  classes: np.ndarray | None, num_classes: int | None) -> _Draw:
-    """The seeded virtual rows of the Gaussians, standardised and prepared for the fit
-    (reused when the same statistics, seed and sizes are asked for again)."""
-    counts = np.asarray(counts, dtype=np.float64)
-    means = np.asarray(means, dtype=np.float64)
-    covariances = np.asarray(covariances, dtype=np.float64)
-    m, d = means.shape if means.ndim == 2 else (None, None)
-    if m is None or counts.shape != (m,) or covariances.shape != (m, d, d):
-        raise ValueError(f"counts {counts.shape}, means {means.shape} and covariances "
-                         f"{covariances.shape} must be (M,), (M, d) and (M, d, d)")
-    classes = np.arange(m) if classes is None else np.asarray(classes, dtype=np.int64)
-    c = m if num_classes is None else int(num_classes)
-    if classes.shape != (m,) or (m and (classes.min() < 0 or classes.max() >= c)):
-        raise ValueError(f"classes {classes.shape} must name one of {c} classes per Gaussian")
-    if rows < 1 or counts.sum() <= 0:
-        raise ValueError(f"rows={rows} must be >= 1 and some class must have rows")
-    digest = hashlib.blake2b(digest_size=20)
-    for part in (counts, means, covariances, classes,
-                 np.array([seed, rows, c], dtype=np.int64), np.array([shrinkage])):
-        digest.update(np.ascontiguousarray(part).tobytes())
-    key = digest.digest()
-    with _DRAW_LOCK:
-        if _LAST_DRAW and _LAST_DRAW[0].key == key:
-            return _LAST_DRAW[0]
-        _LAST_DRAW.clear()  # free the previous draw before making the next
-        return _make_draw(key, counts, means, covariances, classes, c, d, seed=seed, rows=rows,
-                          shrinkage=shrinkage)
-
-
-def _make_draw(key: bytes, counts, means, covariances, classes, c: int, d: int, *, seed: int,
-               rows: int, shrinkage: float) -> _Draw:
-    total = counts.sum()
-    mean = counts @ means / total
-    spread = (np.einsum("c,cii->i", counts, covariances) + counts @ (means - mean) ** 2) / total
-    scale = standard_scale(np.sqrt(np.maximum(spread, 0.0)))
-    gen = torch.Generator().manual_seed(int(seed))
-    per_class = np.floor(rows * counts / total + 0.5).astype(int)
-    x = torch.empty(int(per_class.sum()), d)  # filled class by class: no concatenation
-    y = torch.empty(int(per_class.sum()), dtype=torch.long)
-    at = 0
-    for k in np.flatnonzero(per_class > 0):
-        cov = covariances[k] / np.outer(scale, scale)
-        cov = cov + shrinkage * max(float(np.trace(cov)) / d, 1e-12) * np.eye(d)
-        lam, vecs = np.linalg.eigh(0.5 * (cov + cov.T))
-        root = torch.as_tensor(vecs * np.sqrt(np.clip(lam, 0.0, None)), dtype=torch.float32)
-        z = torch.randn(int(per_class[k]), d, generator=gen)
-        centre = torch.as_tensor((means[k] - mean) / scale, dtype=torch.float32)
-        block = slice(at, at + int(per_class[k]))
-        torch.matmul(z, root.T, out=x[block])
-        x[block] += centre  # as centre + z @ root.T, in place
-        y[block] = int(classes[k])
-        at += int(per_class[k])
-    draw = _Draw(key, _PreparedRows.of(x, y, c), mean, scale)
-    _LAST_DRAW.append(draw)
-    return draw
-
-
-def forget_draw() -> None:
-    """Free the kept draw (the selection round calls this once its candidates are made)."""
-    _LAST_DRAW.clear()
 
 
 def standard_scale(std: np.ndarray) -> np.ndarray:
@@ -291,13 +395,8 @@ def fit_softmax(x: torch.Tensor, y: torch.Tensor, num_classes: int, *, l2: float
     return _fit_prepared(_PreparedRows.of(x, y, num_classes), l2=l2, iterations=iterations)
 
 
-def _fit_prepared(rows: _PreparedRows, *, l2: float, iterations: int,
-                  start: tuple[torch.Tensor, torch.Tensor] | None = None,
-                  with_state: bool = False):
+def _fit_prepared(rows: _PreparedRows, *, l2: float, iterations: int) -> np.ndarray:
     """:func:`fit_softmax` on rows already in their eigenbasis.
-
-    ``start``: a fit's state (``with_state`` returns it beside the layer): its weights in
-    the eigenbasis and its bias, the starting point instead of zero.
 
     The loss and its gradient are written out (``(softmax - onehot)^T z / N``) rather than
     left to autograd: no graph is kept, and one evaluation took 9-25% less time than
@@ -309,11 +408,8 @@ def _fit_prepared(rows: _PreparedRows, *, l2: float, iterations: int,
     s = axis_scale.float()
     penalty = float(l2) * s ** 2  # ||weight||^2 = sum_j u_j^2 / lam_j
     onehot = torch.nn.functional.one_hot(rows.labels, rows.num_classes).to(rows.rotated.dtype)
-    u = torch.zeros(rows.num_classes, rows.rotated.shape[1] + 1, dtype=torch.float32)
-    if start is not None:  # the same layer in this L2's scaled coordinates
-        u[:, :-1] = (start[0] / axis_scale).float()
-        u[:, -1] = start[1].float()
-    u.requires_grad_(True)
+    u = torch.zeros(rows.num_classes, rows.rotated.shape[1] + 1, dtype=torch.float32,
+                    requires_grad=True)
     opt = torch.optim.LBFGS([u], max_iter=int(iterations), history_size=20,
                             line_search_fn="strong_wolfe", tolerance_grad=1e-9,
                             tolerance_change=1e-12)
@@ -328,8 +424,7 @@ def _fit_prepared(rows: _PreparedRows, *, l2: float, iterations: int,
     in_basis = fitted[:, :-1] * axis_scale
     weight = in_basis @ rows.basis.T
     bias = fitted[:, -1] - weight @ rows.centre
-    layer = torch.cat([weight, bias[:, None]], dim=1).numpy()
-    return (layer, (in_basis, fitted[:, -1])) if with_state else layer
+    return torch.cat([weight, bias[:, None]], dim=1).numpy()
 
 
 def softmax_loss_and_gradient(u: torch.Tensor, z: torch.Tensor, onehot: torch.Tensor,
