@@ -67,7 +67,8 @@ def main() -> None:
                 cfg = {**app_defaults(), **overrides, "dataset": args.dataset,
                        "label-division": division, "seed": seed, "output-dir": tmp}
                 results, _, wall = run_apps(cfg, int(k))
-            table = results["rounds"][-1].get("candidates", [])
+            table = next((r["candidates"] for r in reversed(results["rounds"])
+                          if r.get("candidates")), [])  # the selection round's
             kept = results.get("intersection", {})
             record = {
                 "division": spec, "seed": seed, "settings": overrides,
