@@ -407,3 +407,24 @@ def test_the_virtual_rows_drawn_as_logits_have_the_law_of_rows_drawn_as_rows():
                                               torch.as_tensor(np.concatenate(labels)))
     assert float(value) - float((u.detach()[:, :-1] ** 2 * penalty).sum()) \
         == pytest.approx(float(drawn), rel=0.02)
+
+
+def test_the_point_is_fitted_where_the_covariances_are_only_semidefinite():
+    """Fewer inputs than classes leave every layer's logit covariance singular, and sums
+    through SecAgg+'s quantisation can leave a class covariance indefinite: the fit still
+    gives a finite layer that separates the classes."""
+    rng = np.random.default_rng(8)
+    classes, d = 10, 3  # d < C - 1: a S a^T has rank 3 of 9
+    means = rng.normal(size=(classes, d)) * 4.0
+    covs = np.stack([np.eye(d) * 0.2 for _ in range(classes)])
+    counts = np.full(classes, 100.0)
+    layer = gaussian_point(counts, means, covs, l2=1e-4, seed=0, rows=5000)
+    assert np.all(np.isfinite(layer))
+    assert _accuracy(layer, means, np.arange(classes)) >= 0.9
+
+    x, y = _data(9, 900)
+    counts, means, covs = pooled_class_moments([class_grams(x, y, C)], [np.bincount(y, minlength=C)])
+    lam, vecs = np.linalg.eigh(covs[0])
+    covs[0] = (vecs * np.r_[-0.5 * lam[-1], lam[1:]]) @ vecs.T  # one negative eigenvalue
+    layer = gaussian_point(counts, means, covs, l2=1e-4, seed=0, rows=4000)
+    assert np.all(np.isfinite(layer)) and _accuracy(layer, x, y) > 0.6

@@ -244,6 +244,12 @@ def _prepare(key: bytes, counts, means, covariances, classes, c: int, *, seed: i
     covs += (shrinkage * np.maximum(np.trace(covs, axis1=1, axis2=2) / d, 1e-12))[:, None, None] \
         * np.eye(d)
     covs = 0.5 * (covs + np.swapaxes(covs, 1, 2))
+    # sums that passed through SecAgg+'s quantisation can leave a covariance indefinite:
+    # such a one is replaced by its positive part (as a draw of rows through its root was)
+    indefinite = torch.linalg.cholesky_ex(torch.as_tensor(covs))[1].numpy() > 0
+    for k in np.flatnonzero(indefinite):
+        lam, vecs = np.linalg.eigh(covs[k])
+        covs[k] = (vecs * np.clip(lam, 0.0, None)) @ vecs.T
     standardised = (means[kept] - mean) / scale
     centre = weights @ standardised
     offsets = standardised - centre
@@ -334,9 +340,7 @@ def _expected_loss(u: torch.Tensor, g: _Gaussians, s: torch.Tensor, penalty: tor
     half = spread @ a.T
     # a S a^T in value, with the gradient (G + G^T) a S of the quadratic form
     cov = g.contrasts.T @ (half + half.transpose(1, 2) - value) @ g.contrasts
-    jitter = 1e-10 * cov.detach().diagonal(dim1=1, dim2=2).mean(1) + 1e-30  # PD from zero
-    root = torch.linalg.cholesky(cov + jitter[:, None, None] * torch.eye(cov.shape[-1],
-                                                                           dtype=cov.dtype))
+    root = _cholesky(cov)
     to_logits = root.transpose(1, 2) @ g.contrasts.T  # (M, C - 1, C)
     total = torch.zeros((), dtype=torch.float64)
     for m, noise in enumerate(g.noise):
@@ -344,6 +348,27 @@ def _expected_loss(u: torch.Tensor, g: _Gaussians, s: torch.Tensor, penalty: tor
         total = total + torch.logsumexp(torch.addmm(means[m], noise, to_logits[m]), 1).sum() \
             - len(noise) * means[m, c] - g.noise_sums[m] @ to_logits[m, :, c]
     return total / g.rows + (u[:, :-1] ** 2 * penalty).sum()
+
+
+#: relative diagonal jitters tried in turn (a layer of rank below ``C - 1`` on the
+#: Gaussians, or ``a S`` rounded in float32, leaves the covariance semidefinite: the
+#: ladder of GPyTorch's ``psd_safe_cholesky``); the first keeps a well-posed fit's bits
+CHOLESKY_JITTERS = (1e-10, 1e-7, 1e-4)
+
+
+def _cholesky(cov: torch.Tensor) -> torch.Tensor:
+    """The Cholesky factors of the ``(M, k, k)`` covariances, each with the first jitter
+    of :data:`CHOLESKY_JITTERS` (times its mean diagonal) that leaves them all definite."""
+    eye = torch.eye(cov.shape[-1], dtype=cov.dtype)
+    scale = cov.detach().diagonal(dim1=1, dim2=2).mean(1)
+    for jitter in CHOLESKY_JITTERS:  # (+ 1e-30: definite at the zero layer, the fits' start)
+        root, info = torch.linalg.cholesky_ex(cov + (jitter * scale + 1e-30)[:, None, None] * eye)
+        if not bool(info.any()):
+            return root
+    raise FloatingPointError("the virtual rows' logit covariances are not positive "
+                             f"semidefinite even with a jitter of {CHOLESKY_JITTERS[-1]:g} "
+                             "times their mean diagonal; the class statistics are not finite "
+                             "or not a covariance")
 
 
 @dataclass(frozen=True)
