@@ -515,3 +515,34 @@ def test_the_top_eigenpairs_of_a_large_matrix_are_near_best_and_the_same_every_t
     error = np.linalg.norm(g - from_factor(f))
     assert best < error < 1.05 * best
     np.testing.assert_array_equal(f, low_rank_factor(g, rank))
+
+
+def test_a_factored_gram_measures_what_its_matrix_measures():
+    """The evaluate round checks h_G through the factor a node kept, never forming the
+    matrix: the same quadratic form, distance and verdict as the matrix from_factor builds."""
+    from gems_fl.geometry.gram import FactoredGram, residual_diagonal
+    from gems_fl.protocol.verify import GEMS_KEY, check_own_space, encode_evaluate
+
+    rng = np.random.default_rng(3)
+    x = rng.normal(size=(400, 12)) @ rng.normal(size=(12, 12))
+    g = gram_matrix(x)
+    f = low_rank_factor(g, 4)
+    residual = residual_diagonal(g, f)
+    means = rng.normal(size=(13, 2))
+    for parts in ((f,), (f, residual), (f, residual, means)):
+        whole = from_factor(*parts)
+        factored = FactoredGram(*parts)
+        diff = rng.normal(size=(3, 13))
+        assert factored.quadratic(diff) == pytest.approx(np.trace(diff @ whole @ diff.T), rel=1e-10)
+
+    center = rng.normal(size=(3, 13))
+    gems = center + 0.05 * rng.normal(size=(3, 13))
+    whole = from_factor(f, residual)
+    radius = math.sqrt(np.trace((gems - center) @ whole @ (gems - center).T))
+    for r in (radius * 1.01, radius * 0.99):
+        content = encode_evaluate({}, {GEMS_KEY: {"weight": gems[:, :-1], "bias": gems[:, -1]}},
+                                  own=({"weight": center[:, :-1], "bias": center[:, -1]}, r))
+        by_factor = check_own_space(content, x, 0, gram=FactoredGram(f, residual))
+        by_matrix = check_own_space(content, x, 0, gram=whole)
+        assert by_factor["space.inside"] == by_matrix["space.inside"] == int(r > radius)
+        assert by_factor["space.distance"] == pytest.approx(by_matrix["space.distance"], rel=1e-6)

@@ -405,6 +405,39 @@ def from_factor(f: np.ndarray, residual: np.ndarray | None = None,
     return g.numpy()
 
 
+class FactoredGram:
+    """``G = T T^T (+ diag(residual))``, kept as its factor: ``T`` is a
+    :func:`low_rank_factor` ``(n, r)``, beside the class-mean columns of a within-class
+    factor, as :func:`from_factor` reads them. A quadratic form in its metric costs ``C x n
+    x r``, not the ``n x n x r`` of forming ``G`` (about a second a kernel node at n =
+    4,152)."""
+
+    def __init__(self, factor: np.ndarray, residual: np.ndarray | None = None,
+                 means: np.ndarray | None = None) -> None:
+        t = layer_matrix("factor F", factor)
+        if means is not None:
+            t = torch.cat([t, layer_matrix("mean columns", means)], dim=1)
+        self._t = t
+        self._residual = None
+        if residual is not None:
+            self._residual = torch.as_tensor(np.asarray(residual), dtype=torch.float64).reshape(-1)
+            if len(self._residual) != len(t):
+                raise ValueError(f"residual has {len(self._residual)} entries; the factor has "
+                                 f"{len(t)} rows")
+
+    @property
+    def size(self) -> int:
+        return int(self._t.shape[0])
+
+    def quadratic(self, diff: np.ndarray) -> float:
+        """``tr(diff G diff^T)`` for ``diff`` ``(C, n)``."""
+        d = layer_matrix("diff", diff)
+        value = float((d @ self._t).square().sum())
+        if self._residual is not None:
+            value += float((d.square() @ self._residual).sum())
+        return value
+
+
 def relative_error(g: np.ndarray, approx: np.ndarray) -> float:
     """``||G - approx||_F / ||G||_F`` (0 when both are zero): how much packing lost."""
     a, b = layer_matrix("G", g), layer_matrix("approx", approx)

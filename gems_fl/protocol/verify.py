@@ -36,7 +36,7 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from logging import INFO, WARNING
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -51,6 +51,9 @@ from gems_fl.protocol import wire
 from gems_fl.protocol.node_store import NodeStore
 from gems_fl.protocol.replies import ReplyError, error_reason, reply_node
 from gems_fl.protocol.rounds import Round, round_messages, sent_bytes
+
+if TYPE_CHECKING:
+    from gems_fl.geometry.gram import FactoredGram
 
 MODEL_PREFIX = "model."
 GEMS_KEY = "gems"
@@ -76,14 +79,15 @@ def keep_own_factor(context: Context, factor: np.ndarray | None,
     NodeStore(context).keep(OWN_FACTOR_STATE_KEY, arrays)
 
 
-def kept_gram(context: Context) -> np.ndarray | None:
-    """The Gram matrix of the factor this node kept in round 1 (None: none kept)."""
-    from gems_fl.geometry.gram import from_factor
+def kept_gram(context: Context) -> FactoredGram | None:
+    """The Gram matrix this node sent in round 1, as the factor it kept (None: none kept):
+    the evaluate round measures h_G's distance through it without forming the matrix."""
+    from gems_fl.geometry.gram import FactoredGram
 
     kept = NodeStore(context).kept(OWN_FACTOR_STATE_KEY)
     if kept is None:
         return None
-    return from_factor(kept["factor"], kept.get("residual"), kept.get("means"))
+    return FactoredGram(kept["factor"], kept.get("residual"), kept.get("means"))
 
 
 def state_to_model(state: Mapping[str, np.ndarray]) -> nn.Module:
@@ -126,14 +130,15 @@ def encode_evaluate(config: dict[str, Any], models: Mapping[str, Mapping[str, np
 
 def check_own_space(content: RecordDict, x_train: np.ndarray, gram_rank: int | str,
                     kept: tuple[np.ndarray, float] | None = None,
-                    gram: np.ndarray | None = None) -> dict[str, float]:
+                    gram: np.ndarray | FactoredGram | None = None) -> dict[str, float]:
     """Node side: h_G's distance from this node's center in its Gram metric, on its own
     training inputs (the same matrix its space was built with: ``gram``, what it kept of
-    round 1's, else rebuilt from ``x_train``), and whether it lies within the radius
-    (:meth:`GramSpace.contains`, the server's own test). The center and radius are the
-    message's ``own`` record, else ``kept`` (what the node kept in round 1)."""
+    round 1's, whole or as its factor, else rebuilt from ``x_train``), and whether it lies
+    within the radius (:func:`within_radius`, the server's own test). The center and
+    radius are the message's ``own`` record, else ``kept`` (what the node kept in round 1)."""
+    from gems_fl.geometry.gram import FactoredGram
     from gems_fl.geometry.kinds import node_gram
-    from gems_fl.geometry.spaces import GramSpace
+    from gems_fl.geometry.spaces import GramSpace, within_radius
 
     gems = content.array_records[MODEL_PREFIX + GEMS_KEY]
     as_matrix = lambda r: np.concatenate(
@@ -144,9 +149,13 @@ def check_own_space(content: RecordDict, x_train: np.ndarray, gram_rank: int | s
         radius = float(content.config_records[wire.CONFIG_KEY][OWN_RADIUS_KEY])
     else:
         center, radius = kept
-    space = GramSpace(center, node_gram(x_train, gram_rank)[0] if gram is None else gram, radius)
     point = as_matrix(gems)
-    return {"space.distance": space.distance(point), "space.inside": int(space.contains(point))}
+    if isinstance(gram, FactoredGram):
+        distance = math.sqrt(max(0.0, gram.quadratic(point - center)))
+    else:
+        distance = GramSpace(center, node_gram(x_train, gram_rank)[0] if gram is None else gram,
+                             radius).distance(point)
+    return {"space.distance": distance, "space.inside": int(within_radius(distance, radius))}
 
 
 #: a node's verdict on h_G rests on at least this many of its rows: with fewer validation
