@@ -425,10 +425,6 @@ class FactoredGram:
                 raise ValueError(f"residual has {len(self._residual)} entries; the factor has "
                                  f"{len(t)} rows")
 
-    @property
-    def size(self) -> int:
-        return int(self._t.shape[0])
-
     def quadratic(self, diff: np.ndarray) -> float:
         """``tr(diff G diff^T)`` for ``diff`` ``(C, n)``."""
         d = layer_matrix("diff", diff)
