@@ -89,8 +89,8 @@ def test_the_pooled_within_class_matrix_of_cut_factors_is_psd_by_construction():
 
 
 def test_the_server_and_the_nodes_evaluate_round_build_the_nodes_own_matrix(tmp_path, monkeypatch):
-    """What the server decodes from the reply and what the node rebuilds from what it kept
-    for the evaluate round are the matrix its space was built with, bit for bit."""
+    """What the server decodes from the reply is the matrix the node's space was built with,
+    bit for bit, and what the node kept for the evaluate round measures in that matrix."""
     from flwr.app import Context, RecordDict
 
     from gems_fl.geometry.kinds import SpaceOptions, build_layer_space
@@ -114,4 +114,6 @@ def test_the_server_and_the_nodes_evaluate_round_build_the_nodes_own_matrix(tmp_
     np.testing.assert_array_equal(space.gram, layer.space.gram)
     context = Context(run_id=1, node_id=7, node_config={}, state=RecordDict(), run_config={})
     keep_own_factor(context, layer.factor, layer.residual, layer.factor_means)
-    np.testing.assert_array_equal(kept_gram(context), layer.space.gram)
+    diff = rng.normal(size=(4, 71))  # the evaluate round measures in that matrix, by its factor
+    assert kept_gram(context).quadratic(diff) == pytest.approx(
+        np.trace(diff @ layer.space.gram @ diff.T), rel=1e-9)
