@@ -393,22 +393,13 @@ def from_factor(f: np.ndarray, residual: np.ndarray | None = None,
     """``F F^T (+ diag(residual)) (+ C C^T)`` in float64 from a ``low_rank_factor``
     output ``(n, r)``, where sent its :func:`residual_diagonal`, and where the factor is
     of the within-class scatter the class-mean columns ``C`` of :func:`mean_columns`."""
-    t = layer_matrix("factor F", f)
-    if means is not None:
-        t = torch.cat([t, layer_matrix("mean columns", means)], dim=1)
-    g = t @ t.T
-    if residual is not None:
-        d = torch.as_tensor(np.asarray(residual), dtype=torch.float64).reshape(-1)
-        if len(d) != len(g):
-            raise ValueError(f"residual has {len(d)} entries; the factor has {len(g)} rows")
-        g.diagonal().add_(d)
-    return g.numpy()
+    return FactoredGram(f, residual, means).matrix()
 
 
 class FactoredGram:
     """``G = T T^T (+ diag(residual))``, kept as its factor: ``T`` is a
     :func:`low_rank_factor` ``(n, r)``, beside the class-mean columns of a within-class
-    factor, as :func:`from_factor` reads them. A quadratic form in its metric costs ``C x n
+    factor (:func:`from_factor`'s arguments). A quadratic form in its metric costs ``C x n
     x r``, not the ``n x n x r`` of forming ``G`` (about a second a kernel node at n =
     4,152)."""
 
@@ -424,6 +415,13 @@ class FactoredGram:
             if len(self._residual) != len(t):
                 raise ValueError(f"residual has {len(self._residual)} entries; the factor has "
                                  f"{len(t)} rows")
+
+    def matrix(self) -> np.ndarray:
+        """``G`` itself, ``(n, n)`` float64."""
+        g = self._t @ self._t.T
+        if self._residual is not None:
+            g.diagonal().add_(self._residual)
+        return g.numpy()
 
     def quadratic(self, diff: np.ndarray) -> float:
         """``tr(diff G diff^T)`` for ``diff`` ``(C, n)``."""

@@ -343,6 +343,8 @@ def _expected_loss(u: torch.Tensor, g: _Gaussians, s: torch.Tensor, penalty: tor
     root = _cholesky(cov)
     to_logits = root.transpose(1, 2) @ g.contrasts.T  # (M, C - 1, C)
     total = torch.zeros((), dtype=torch.float64)
+    # one block per Gaussian (M of them, each a batched op over its rows): their row counts
+    # differ, and a per-row gather of the maps would outweigh the rows themselves
     for m, noise in enumerate(g.noise):
         c = g.classes[m]  # sum of -log softmax_c: logsumexp minus the class's logit
         total = total + torch.logsumexp(torch.addmm(means[m], noise, to_logits[m]), 1).sum() \
