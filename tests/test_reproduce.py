@@ -464,7 +464,7 @@ def test_tuning_pool_is_the_public_split_no_node_uses():
     settings = Settings(dataset="digits", seed=0)
     data, meta, _ = load_server_data(server_data_options(settings), parse_division("paper", 5, 10))
     splits = load_dataset("digits", seed=0)
-    np.testing.assert_array_equal(data.pool_x, splits.public_x)
+    np.testing.assert_array_equal(data.with_all_rows().pool_x, splits.public_x)
     np.testing.assert_array_equal(data.pool_y, splits.public_y)
     # Nodes draw only from the train and validation splits, disjoint from public
     # (test_data.test_digits_split_sizes_and_disjointness).

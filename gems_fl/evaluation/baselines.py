@@ -98,13 +98,14 @@ def _test_row(model: nn.Module, data: ServerData, **extra: object) -> dict[str, 
 def _global_row(data: ServerData, settings: ComparisonOptions) -> dict[str, object]:
     """Global: the model trained on every node's training rows pooled (where the server
     holds them)."""
-    if len(data.train_y) == 0:
+    rows = data.with_all_rows()
+    if len(rows.train_y) == 0:
         return {"accuracy": None, "skipped": "the server holds no node data (dataset='node-files')"}
-    log(INFO, "Global: training on all %d node training samples pooled", len(data.train_y))
+    log(INFO, "Global: training on all %d node training samples pooled", len(rows.train_y))
     torch.manual_seed(settings.seed)
     global_model = settings.training.new_model(data.test_x.shape[1], data.num_classes)
-    report = settings.training.recipe.train(global_model, data.with_all_rows().train_x,
-                                            data.train_y, settings.seed)
+    report = settings.training.recipe.train(global_model, rows.train_x, rows.train_y,
+                                            settings.seed)
     row = _test_row(global_model, data, epochs=report.epochs)
     log(INFO, "Global: %d epochs, test accuracy %.4f", report.epochs, row["accuracy"])
     return row

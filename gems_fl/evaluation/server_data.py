@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from logging import INFO
 from typing import Any
 
@@ -37,31 +37,44 @@ class ServerDataOptions:
 
 @dataclass
 class ServerData:
-    """Data the server holds in a simulation (none of it is a node's)."""
+    """Data the server holds in a simulation (none of it is a node's).
 
-    train_x: np.ndarray  # all nodes' training data pooled, for Global only
-    train_y: np.ndarray
+    The rows only the comparison rows that train on them read (the nodes' training rows
+    pooled for Global, each node's part for the MLP's Local rows, the public pool of the
+    fine-tuning curve) are not held: :meth:`with_all_rows` builds them (``load_rows``)
+    and puts them through the run's scaling and map (``pending``) the first time one is
+    asked for: a default run builds none of those rows, and held through every round
+    they were the largest part of the simulation process's memory (docs/scale.md)."""
+
     test_x: np.ndarray
     test_y: np.ndarray
     public_x: np.ndarray  # drawn from data that no node used
     public_y: np.ndarray
     num_classes: int
+    train_x: np.ndarray | None = None  # all nodes' training rows pooled: with_all_rows
+    train_y: np.ndarray | None = None
     node_parts: list = field(default_factory=list)  # (x_tr, y_tr, x_val, y_val) per node
     pool_x: np.ndarray | None = None  # the whole public pool (fine-tuning study)
     pool_y: np.ndarray | None = None
-    #: the run's feature map, not yet applied to train_x, node_parts and pool_x: only the
-    #: comparison rows that train on them read them (Global, the MLP's Local rows, the
-    #: fine-tuning curve), through :meth:`with_all_rows`; mapping them all up front took
-    #: most of the kernel model's 24 s of server data
-    pending_map: Callable[[np.ndarray], np.ndarray] | None = field(default=None, repr=False)
+    #: ``(train_x, train_y, node_parts, pool_x)`` as loaded, before ``pending``; None
+    #: once built
+    load_rows: Callable[[], tuple[np.ndarray, np.ndarray, list, np.ndarray | None]] | None = (
+        field(default=None, repr=False))
+    #: what the test and public rows went through (the scaling, the run's feature map), in
+    #: order, still to apply to the rows ``load_rows`` gives
+    pending: list[Callable[[np.ndarray], np.ndarray]] = field(default_factory=list, repr=False)
 
     def with_all_rows(self) -> ServerData:
-        """This data with every array through the run's feature map (mapped once)."""
-        if self.pending_map is not None:
-            f, self.pending_map = self.pending_map, None
+        """This data with the pooled, per-node and pool rows built and put through the
+        run's scaling and map (once)."""
+        if self.load_rows is not None:
+            self.train_x, self.train_y, self.node_parts, self.pool_x = self.load_rows()
+            self.load_rows = None
+        for f in self.pending:
             self.train_x = f(self.train_x)
             self.pool_x = None if self.pool_x is None else f(self.pool_x)
             self.node_parts = [(f(p[0]), p[1], f(p[2]), p[3]) for p in self.node_parts]
+        self.pending = []
         return self
 
 
@@ -93,11 +106,14 @@ def pooled_in_canonical_order(parts: list[tuple]) -> tuple[np.ndarray, np.ndarra
 def load_server_data(
     settings: ServerDataOptions, division: list[list[int]]
 ) -> tuple[ServerData, dict[str, Any], list[str]]:
-    """What a simulation's server holds: pooled train (Global), test, public sample."""
+    """What a simulation's server holds: the test set and public sample, and the way to
+    the nodes' rows (pooled train for Global, each node's part, the public pool) when a
+    comparison row asks for them (:meth:`ServerData.with_all_rows`)."""
     splits = load_dataset(settings.dataset, seed=settings.seed, data_dir=settings.data_dir or None,
                           features=settings.features)
-    num_nodes = len(division)
-    parts = [node_data(splits, division, k, settings.seed) for k in range(num_nodes)]
+    # the division's counts from the labels alone (the parts' rows are built when asked)
+    labels_only = replace(splits, train_x=splits.train_x[:, :0], val_x=splits.val_x[:, :0])
+    counts = [node_data(labels_only, division, k, settings.seed) for k in range(len(division))]
     notes = []
     size = settings.public_samples
     if size > len(splits.public_y):
@@ -106,24 +122,25 @@ def load_server_data(
                          f"{len(splits.public_y)} samples no node uses; using all of them")
         size = len(splits.public_y)
     public_x, public_y = draw_public_sample(splits.public_x, splits.public_y, size, settings.seed)
-    train_x, train_y = pooled_in_canonical_order(parts)
-    data = ServerData(
-        train_x=train_x, train_y=train_y,
-        test_x=splits.test_x, test_y=splits.test_y,
-        public_x=public_x, public_y=public_y, num_classes=splits.num_classes,
-        node_parts=parts, pool_x=splits.public_x, pool_y=splits.public_y,
-    )
+
+    def load_rows() -> tuple[np.ndarray, np.ndarray, list, np.ndarray]:
+        again = load_dataset(settings.dataset, seed=settings.seed,
+                             data_dir=settings.data_dir or None, features=settings.features)
+        parts = [node_data(again, division, k, settings.seed) for k in range(len(division))]
+        return (*pooled_in_canonical_order(parts), parts, again.public_x)
+
+    data = ServerData(test_x=splits.test_x, test_y=splits.test_y, public_x=public_x,
+                      public_y=public_y, num_classes=splits.num_classes,
+                      pool_y=splits.public_y, load_rows=load_rows)
     meta = {
-        "name": settings.dataset, "num_nodes": num_nodes, "label_division": division_json(division),
+        "name": settings.dataset, "num_nodes": len(division), "label_division": division_json(division),
         "num_features": splits.num_features, "num_classes": splits.num_classes,
-        "node_train_total": int(len(data.train_y)),
-        "node_val_total": int(sum(len(p[3]) for p in parts)),
+        "node_train_total": int(sum(len(c[1]) for c in counts)),
+        "node_val_total": int(sum(len(c[3]) for c in counts)),
         "test": int(len(splits.test_y)), "public_pool": int(len(splits.public_y)),
         "public_used": int(size),
     }
     return data, meta, notes
-
-
 
 
 def public_map_rows(settings: ServerDataOptions, agreement) -> tuple[np.ndarray, np.ndarray]:
@@ -230,31 +247,36 @@ def load_public_data(settings: ServerDataOptions, agreement) -> PublicData:
 def scale_server_data(data: ServerData, agreement, settings: ServerDataOptions) -> None:
     """Scale what a simulation's server holds as the nodes scale theirs (``standardize``):
     federated with the nodes' combined mean/std, node with the pooled training rows'; then
-    through the run's random-feature map, as the nodes map theirs."""
+    through the run's random-feature map, as the nodes map theirs. The rows built later
+    (:meth:`ServerData.with_all_rows`) go through the same steps."""
+    steps = []
     if settings.standardize != Scaling.OFF:
-        _scale_server_data(data, agreement, settings)
+        steps.append(_scaling(data, agreement, settings))
     if agreement is not None and agreement.features is not None:
-        data.test_x, data.public_x = (agreement.map_features(data.test_x),
-                                      agreement.map_features(data.public_x))
-        data.pending_map = agreement.map_features
+        steps.append(agreement.map_features)
+    for f in steps:
+        data.test_x, data.public_x = f(data.test_x), f(data.public_x)
+        if data.load_rows is None:  # rows already held (node files: the public pool)
+            data.train_x = f(data.train_x)
+            data.pool_x = None if data.pool_x is None else f(data.pool_x)
+            data.node_parts = [(f(p[0]), p[1], f(p[2]), p[3]) for p in data.node_parts]
+        else:
+            data.pending.append(f)
 
 
-def _scale_server_data(data: ServerData, agreement, settings: ServerDataOptions) -> None:
+def _scaling(data: ServerData, agreement, settings: ServerDataOptions
+             ) -> Callable[[np.ndarray], np.ndarray]:
     from gems_fl.data.site_files import combine_stats, feature_stats
 
     if settings.standardize in SHARED_SCALING and agreement is not None and agreement.mean is not None:
         mean, std = agreement.mean, agreement.std
     else:
-        mean, std = combine_stats([feature_stats(data.train_x)])
+        # the pooled training rows' own: built (and let go) where the server does not
+        # hold them, a non-default path
+        pooled = data.train_x if data.load_rows is None else data.load_rows()[0]
+        mean, std = combine_stats([feature_stats(pooled)])
 
     def scale(x):
         return None if x is None else ((np.asarray(x, dtype=np.float64) - mean) / std).astype(np.float32)
 
-    _apply(data, scale)
-
-
-def _apply(data: ServerData, f) -> None:
-    """``f`` on every feature array the server holds (its copy of each node's too)."""
-    data.train_x, data.test_x, data.public_x = f(data.train_x), f(data.test_x), f(data.public_x)
-    data.pool_x = None if data.pool_x is None else f(data.pool_x)
-    data.node_parts = [(f(p[0]), p[1], f(p[2]), p[3]) for p in data.node_parts]
+    return scale
