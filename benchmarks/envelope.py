@@ -51,12 +51,26 @@ def write_envelope(benchmark: str, out: str | Path, records: list[dict] | dict, 
     path.write_text(json.dumps({
         "benchmark": benchmark, "commit": STARTED_AT,
         "command": f"python3 benchmarks/{benchmark}.py " + " ".join(sys.argv[1:]),
-        "machine": f"{platform.machine()}, {platform.node()}, python {platform.python_version()}, "
-                   f"{os.cpu_count()} cpus",
+        "machine": f"{platform.machine()}, {platform.node()}, {cpu_model()}, python "
+                   f"{platform.python_version()}, {os.cpu_count()} cpus",
         "seeds": seeds, "settings": settings,
         "wall_s": round(time.perf_counter() - _T0, 1),
         "records": records if isinstance(records, list) else [records]}, indent=1) + "\n")
     return path
+
+
+def cpu_model() -> str:
+    """The processor's model name (Linux), so that seconds from two machines are told apart."""
+    try:
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
+    except OSError:
+        return platform.processor() or "cpu unknown"
+    field = {}
+    for line in lines:
+        key, _, value = line.partition(":")
+        field.setdefault(key.strip(), value.strip())
+    return (f"{field.get('model name', 'cpu unknown')} (family {field.get('cpu family', '?')}, "
+            f"model {field.get('model', '?')})")
 
 
 def default_out(benchmark: str) -> str:
