@@ -243,3 +243,33 @@ def test_the_columns_class_grams_sum_like_the_layers_and_a_misfit_is_refused():
         sums.add(30, np.zeros((3, 6)), gram_matrix(x), moments, counts,
                  column_class_grams=class_grams(x[:, :3], y, 3))
     assert sums.nodes == before
+
+
+def test_the_sums_are_the_plain_fixed_point_expression_and_leave_the_replies_as_they_were():
+    """The fixed-point sums round each node's scaled statistics in place (a kernel
+    model's Gram matrix is 130 MB a temporary): the same integers as the plain
+    expression, and the arrays a reply decoded to unchanged."""
+    from gems_fl.geometry.gram_sums import FRACTION_BITS
+
+    def plain(values):
+        return np.rint(np.ldexp(np.asarray(values, dtype=np.float64), FRACTION_BITS)).astype(np.int64)
+
+    nodes = _nodes(4, seed=7)
+    releases = [(n, n * g, n * m) for n, _, g, m, _ in nodes]  # float64, the caller's own
+    kept = [[np.copy(a) for a in node if isinstance(a, np.ndarray)] for node in nodes]
+    kept_releases = [(g.copy(), m.copy()) for _, g, m in releases]
+    sums, noised = GramSums(C, D + 1), GramSums(C, D + 1)
+    for (n, center, gram, moments, counts), (_, g_sum, m_sum) in zip(nodes, releases):
+        sums.add(n, center, gram, moments, counts)
+        noised.add_noised(n, g_sum, m_sum)
+    for node, before in zip(nodes, kept):
+        for now, then in zip([a for a in node if isinstance(a, np.ndarray)], before):
+            np.testing.assert_array_equal(now, then)
+    for (_, g_sum, m_sum), (g0, m0) in zip(releases, kept_releases):
+        np.testing.assert_array_equal(g_sum, g0)
+        np.testing.assert_array_equal(m_sum, m0)
+    np.testing.assert_array_equal(sums._gram, sum(plain(n * g) for n, _, g, _, _ in nodes))
+    np.testing.assert_array_equal(sums._center_gram,
+                                  sum(plain(w @ (n * g)) for n, w, g, _, _ in nodes))
+    np.testing.assert_array_equal(sums._moments, sum(plain(n * m) for n, _, _, m, _ in nodes))
+    np.testing.assert_array_equal(noised._moments, sum(plain(m) for _, _, m in releases))
