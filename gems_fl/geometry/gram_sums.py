@@ -36,8 +36,8 @@ def _fixed(name: str, values: np.ndarray) -> np.ndarray:
     """``values`` as fixed-point int64 (``FRACTION_BITS`` fraction bits), checked.
 
     ``values`` is scaled and rounded in place: every caller passes a product of its own.
-    At the kernel model's 4,000-square Gram matrices each temporary of the plain
-    expression was 130 MB, five of them for each reply the server folds in."""
+    The plain expression made four temporaries of its size, 145 MB each for a kernel
+    model's reply at D = 4,252, for every reply the server folds in."""
     values = np.asarray(values, dtype=np.float64)
     if not np.all(np.isfinite(values)):
         raise ValueError(f"{name} holds NaN or infinite entries")
