@@ -247,7 +247,7 @@ def test_the_columns_class_grams_sum_like_the_layers_and_a_misfit_is_refused():
 
 def test_the_sums_are_the_plain_fixed_point_expression_and_leave_the_replies_as_they_were():
     """The fixed-point sums round each node's scaled statistics in place (a kernel
-    model's Gram matrix is 130 MB a temporary): the same integers as the plain
+    model's Gram matrix is 145 MB a temporary): the same integers as the plain
     expression, and the arrays a reply decoded to unchanged."""
     from gems_fl.geometry.gram_sums import FRACTION_BITS
 
