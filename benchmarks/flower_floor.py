@@ -108,9 +108,7 @@ def empty_app_wall(nodes: int) -> dict:
         (app / "pyproject.toml").write_text(PYPROJECT)
         (app / "floor_app.py").write_text(APP)
         t0 = time.perf_counter()
-        link = LocalSuperLink(work / "link")
-        try:
-            link.__enter__()
+        with LocalSuperLink(work / "link") as link:  # stopped, with all it started, on exit
             out = link.flwr_streamed("run", str(app), CONNECTION, "--stream", "--run-config",
                                      f"nodes={nodes}", "--federation-config",
                                      f"num-supernodes={nodes} client-resources-num-cpus=1",
@@ -118,8 +116,6 @@ def empty_app_wall(nodes: int) -> dict:
             match = re.search(r"Successfully started run (\d+)", out)
             status = run_status(link, int(match.group(1))) if match else "not started"
             rounds = len(re.findall(r"FLOOR round \d+", out))
-        finally:
-            link.stop()
         return {"wall_s": time.perf_counter() - t0, "status": status, "rounds_logged": rounds}
     finally:
         shutil.rmtree(work, ignore_errors=True)

@@ -109,11 +109,17 @@ def load_server_data(
     """What a simulation's server holds: the test set and public sample, and the way to
     the nodes' rows (pooled train for Global, each node's part, the public pool) when a
     comparison row asks for them (:meth:`ServerData.with_all_rows`)."""
-    splits = load_dataset(settings.dataset, seed=settings.seed, data_dir=settings.data_dir or None,
-                          features=settings.features)
+
+    def load():
+        return load_dataset(settings.dataset, seed=settings.seed,
+                            data_dir=settings.data_dir or None, features=settings.features)
+
+    def parts_of(splits) -> list[tuple]:
+        return [node_data(splits, division, k, settings.seed) for k in range(len(division))]
+
+    splits = load()
     # the division's counts from the labels alone (the parts' rows are built when asked)
-    labels_only = replace(splits, train_x=splits.train_x[:, :0], val_x=splits.val_x[:, :0])
-    counts = [node_data(labels_only, division, k, settings.seed) for k in range(len(division))]
+    counts = parts_of(replace(splits, train_x=splits.train_x[:, :0], val_x=splits.val_x[:, :0]))
     notes = []
     size = settings.public_samples
     if size > len(splits.public_y):
@@ -124,9 +130,8 @@ def load_server_data(
     public_x, public_y = draw_public_sample(splits.public_x, splits.public_y, size, settings.seed)
 
     def load_rows() -> tuple[np.ndarray, np.ndarray, list, np.ndarray]:
-        again = load_dataset(settings.dataset, seed=settings.seed,
-                             data_dir=settings.data_dir or None, features=settings.features)
-        parts = [node_data(again, division, k, settings.seed) for k in range(len(division))]
+        again = load()
+        parts = parts_of(again)
         return (*pooled_in_canonical_order(parts), parts, again.public_x)
 
     data = ServerData(test_x=splits.test_x, test_y=splits.test_y, public_x=public_x,
