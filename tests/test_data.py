@@ -228,6 +228,30 @@ def test_fashion_split_is_seeded(tmp_path):
     assert not np.array_equal(image_ids(a.train_x), image_ids(c.train_x))
 
 
+@pytest.mark.parametrize("division", ["dirichlet:0.5", "classes-per-node:2", "iid"])
+def test_shared_idx_splits_give_each_node_the_rows_of_the_float_splits(tmp_path, division):
+    """A process's shared IDX splits keep the images as read and scale a node's rows when it
+    takes them: the same numbers, dtype and shapes as the float splits' rows."""
+    from gems_fl.data import node_data, parse_division
+    from gems_fl.data.datasets import ScaledImages, clear_dataset_cache, shared_splits
+
+    write_tiny_dataset(tmp_path, gz=("train_images",))
+    clear_dataset_cache()
+    floats = load_dataset("fashion-mnist", seed=4, data_dir=tmp_path)
+    shared = shared_splits("fashion-mnist", 4, str(tmp_path))
+    assert isinstance(shared.train_x, ScaledImages)
+    for name in ("train_x", "val_x", "test_x", "public_x"):
+        view, full = getattr(shared, name), getattr(floats, name)
+        assert view.shape == full.shape and view.dtype == full.dtype
+        np.testing.assert_array_equal(np.asarray(view), full)
+    parts = parse_division(division, 4, floats.num_classes)
+    for node in range(4):
+        for mine, theirs in zip(node_data(shared, parts, node, 4), node_data(floats, parts, node, 4)):
+            assert mine.dtype == theirs.dtype
+            np.testing.assert_array_equal(mine, theirs)
+    clear_dataset_cache()
+
+
 def test_returned_arrays_do_not_corrupt_cache(tmp_path):
     write_tiny_dataset(tmp_path)
     first = load_dataset("fashion-mnist", seed=0, data_dir=tmp_path)

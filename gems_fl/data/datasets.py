@@ -359,8 +359,52 @@ def _split_idx_at(name: str, data_dir: str, seed: int, options: FeatureOptions) 
     return _split_idx(name, data_dir, seed)
 
 
-def _split_idx(name: str, data_dir: str, seed: int) -> DatasetSplits:
-    """Seeded train / val / public split of the official train set, and a test subset."""
+class ScaledImages:
+    """Some rows of an IDX image array, scaled to float32 pixels in ``[0, 1]`` only when
+    taken: ``view[rows]`` gives the same numbers as the split's float array would
+    (``uint8 -> float32``, then ``/ 255`` in float32, entry by entry).
+
+    Why: a simulation's ClientApp process serves many nodes from one process and takes each
+    node's rows from the splits. Holding them as float32 cost 204 MB per process on
+    Fashion-MNIST, four times the bytes of the images the process already holds (the read
+    files, cached); each node's rows are scaled when its data is loaded instead.
+    ``np.asarray(view)`` gives the whole split as the float array.
+    """
+
+    def __init__(self, images: np.ndarray, index: np.ndarray) -> None:
+        self._images = images.reshape(len(images), -1)
+        self._index = np.asarray(index)
+
+    def __getitem__(self, rows) -> np.ndarray:
+        out = self._images[self._index[rows]].astype(np.float32)
+        out /= np.float32(255.0)
+        return out
+
+    def __len__(self) -> int:
+        return len(self._index)
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return len(self._index), self._images.shape[1]
+
+    @property
+    def dtype(self) -> np.dtype:
+        return np.dtype(np.float32)
+
+    @property
+    def ndim(self) -> int:
+        return 2
+
+    def __array__(self, dtype=None, copy=None) -> np.ndarray:
+        out = self[np.arange(len(self._index))]
+        return out if dtype is None else out.astype(dtype, copy=False)
+
+
+def _split_idx(name: str, data_dir: str, seed: int, scaled_when_taken: bool = False
+               ) -> DatasetSplits:
+    """Seeded train / val / public split of the official train set, and a test subset.
+    ``scaled_when_taken``: the features as :class:`ScaledImages` views of the read files
+    (what :func:`shared_splits` keeps), else float32 arrays."""
     tr_img, tr_lbl, te_img, te_lbl = _load_idx_dataset(name, data_dir)
     n_train, n_val, n_test = _idx_split_sizes(len(tr_lbl), len(te_lbl), f"{name} in {data_dir!r}")
     rng = np.random.default_rng(seed)
@@ -369,6 +413,8 @@ def _split_idx(name: str, data_dir: str, seed: int) -> DatasetSplits:
     parts = np.split(train_perm, [n_train, n_train + n_val])
 
     def features(images: np.ndarray, idx: np.ndarray) -> np.ndarray:
+        if scaled_when_taken:
+            return ScaledImages(images, idx)
         out = images[idx].reshape(len(idx), -1).astype(np.float32)
         out /= np.float32(255.0)
         return out
@@ -469,9 +515,16 @@ def shared_splits(name: str, seed: int, data_dir: str | None,
 
     A node answers several messages (identify, train, evaluate) and in a simulation one
     process serves many nodes: each takes its rows from these arrays (fancy indexing
-    copies them) instead of decoding and scaling the whole dataset again.
+    copies them) instead of decoding and scaling the whole dataset again. An IDX
+    dataset's features are :class:`ScaledImages` views of the read files: a node's rows
+    are scaled when it takes them, to the same numbers.
     """
-    splits = load_dataset(name, seed=seed, data_dir=data_dir, features=features)
+    dataset = dataset_named(name)
+    if dataset.files == "idx":  # the images stay as read; each node's rows scaled when taken
+        splits = _split_idx(dataset.name, _resolve_data_dir(dataset, data_dir), _check_seed(seed),
+                            scaled_when_taken=True)
+    else:
+        splits = load_dataset(name, seed=seed, data_dir=data_dir, features=features)
     for value in vars(splits).values():
         if isinstance(value, np.ndarray):
             value.flags.writeable = False
