@@ -130,9 +130,9 @@ class SubspacePreconditioner:
 def newton_cg(f: Counted, gram, rank: int, num_classes: int) -> tuple[np.ndarray, dict]:
     import torch
 
-    from gems_fl.geometry.gram import _top_eigenpairs
+    from gems_fl.geometry.gram import top_eigenpairs
     t0 = time.perf_counter()
-    lam, vec = _top_eigenpairs(torch.as_tensor(gram), rank)
+    lam, vec = top_eigenpairs(torch.as_tensor(gram), rank)
     projected = f.xa.double() @ vec
     rest_diag = (torch.as_tensor(gram).diagonal() - (vec * vec * lam).sum(1)).clamp_min(0)
     eigen_s = time.perf_counter() - t0

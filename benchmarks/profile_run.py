@@ -36,7 +36,7 @@ STEPS = [
     ("  local training (exact solve)", "learning/exact.py", "solve_softmax"),
     ("  Gram matrix and factor", "geometry/kinds.py", "node_gram"),
     ("    Gram matrix, float32", "geometry/gram.py", "float32_gram"),
-    ("    top eigenpairs", "geometry/gram.py", "_top_eigenpairs"),
+    ("    top eigenpairs", "geometry/gram.py", "top_eigenpairs"),
     ("  radius search", "geometry/gram_search.py", "search_gram_radius"),
     ("the map applied to rows (all)", "data/kernel_features.py", "transform"),
     ("Gram matrices rebuilt from factors (all)", "geometry/gram.py", "from_factor"),

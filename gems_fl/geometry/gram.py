@@ -255,7 +255,7 @@ def low_rank_factor(g: np.ndarray, rank: int, rows: np.ndarray | None = None,
     Columns are ``sqrt(lambda_i) v_i`` for the ``rank`` largest eigenvalues (negative
     rounding noise clipped to 0), in decreasing order. Exact (to float32) at full rank;
     the best rank-``rank`` PSD approximation in Frobenius and spectral norm otherwise (from
-    :data:`TOP_EIGEN_MIN_SIZE` inputs, within a few percent of it: :func:`_top_eigenpairs`).
+    :data:`TOP_EIGEN_MIN_SIZE` inputs, within a few percent of it: :func:`top_eigenpairs`).
 
     ``rows``: the inputs ``(N, n - 1)`` that ``G`` is the :func:`gram_matrix` of. With
     fewer rows than ``n`` the eigenpairs come from the thin SVD of ``[x, 1] / sqrt(N)``
@@ -280,7 +280,7 @@ def low_rank_factor(g: np.ndarray, rank: int, rows: np.ndarray | None = None,
         f[:, :keep] = vh[:keep].T * sing[:keep]
         return f.numpy().astype(np.float32)
     if n >= TOP_EIGEN_MIN_SIZE and rank < n:
-        lam, vec = _top_eigenpairs(0.5 * (t + t.T), rank)
+        lam, vec = top_eigenpairs(0.5 * (t + t.T), rank)
     else:
         lam, vec = torch.linalg.eigh(0.5 * (t + t.T))
     lam = lam[-rank:].flip(0).clamp_min(0.0)
@@ -288,7 +288,7 @@ def low_rank_factor(g: np.ndarray, rank: int, rows: np.ndarray | None = None,
     return (vec * lam.sqrt()).numpy().astype(np.float32)
 
 
-def _top_eigenpairs(sym: torch.Tensor, rank: int) -> tuple[torch.Tensor, torch.Tensor]:
+def top_eigenpairs(sym: torch.Tensor, rank: int) -> tuple[torch.Tensor, torch.Tensor]:
     """The ``rank`` largest eigenvalues (ascending) and their eigenvectors of the PSD
     ``sym``, as float64 tensors, by randomized subspace iteration in float32 (Halko,
     Martinsson & Tropp 2011, algorithms 4.4 and 5.3): :data:`EIGEN_POWER_STEPS` products
@@ -311,7 +311,7 @@ def _top_eigenpairs(sym: torch.Tensor, rank: int) -> tuple[torch.Tensor, torch.T
 
 
 def eigen_oversampling(rank: int) -> int:
-    """Columns past ``rank`` in :func:`_top_eigenpairs`' block: an eighth, at least 32."""
+    """Columns past ``rank`` in :func:`top_eigenpairs`' block: an eighth, at least 32."""
     return max(32, rank // 8)
 
 
