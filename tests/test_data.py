@@ -233,7 +233,8 @@ def test_shared_idx_splits_give_each_node_the_rows_of_the_float_splits(tmp_path,
     """A process's shared IDX splits keep the images as read and scale a node's rows when it
     takes them: the same numbers, dtype and shapes as the float splits' rows."""
     from gems_fl.data import node_data, parse_division
-    from gems_fl.data.datasets import ScaledImages, clear_dataset_cache, shared_splits
+    from gems_fl.data.datasets import clear_dataset_cache, shared_splits
+    from gems_fl.data.idx import ScaledImages
 
     write_tiny_dataset(tmp_path, gz=("train_images",))
     clear_dataset_cache()

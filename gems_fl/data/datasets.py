@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from gems_fl.data.download import try_torchvision_download
-from gems_fl.data.idx import read_idx
+from gems_fl.data.idx import ScaledImages, read_idx
 
 DEFAULT_FASHION_MNIST_DIR = "/usr/share/datasets/fashion-mnist"
 # Classes of the IDX datasets and digits; every dataset's count is its entry's ``classes``.
@@ -359,52 +359,10 @@ def _split_idx_at(name: str, data_dir: str, seed: int, options: FeatureOptions) 
     return _split_idx(name, data_dir, seed)
 
 
-class ScaledImages:
-    """Some rows of an IDX image array, scaled to float32 pixels in ``[0, 1]`` only when
-    taken: ``view[rows]`` gives the same numbers as the split's float array would
-    (``uint8 -> float32``, then ``/ 255`` in float32, entry by entry).
-
-    Why: a simulation's ClientApp process serves many nodes from one process and takes each
-    node's rows from the splits. Holding them as float32 cost 204 MB per process on
-    Fashion-MNIST, four times the bytes of the images the process already holds (the read
-    files, cached); each node's rows are scaled when its data is loaded instead.
-    ``np.asarray(view)`` gives the whole split as the float array.
-    """
-
-    def __init__(self, images: np.ndarray, index: np.ndarray) -> None:
-        self._images = images.reshape(len(images), -1)
-        self._index = np.asarray(index)
-
-    def __getitem__(self, rows) -> np.ndarray:
-        out = self._images[self._index[rows]].astype(np.float32)
-        out /= np.float32(255.0)
-        return out
-
-    def __len__(self) -> int:
-        return len(self._index)
-
-    @property
-    def shape(self) -> tuple[int, int]:
-        return len(self._index), self._images.shape[1]
-
-    @property
-    def dtype(self) -> np.dtype:
-        return np.dtype(np.float32)
-
-    @property
-    def ndim(self) -> int:
-        return 2
-
-    def __array__(self, dtype=None, copy=None) -> np.ndarray:
-        out = self[np.arange(len(self._index))]
-        return out if dtype is None else out.astype(dtype, copy=False)
-
-
 def _split_idx(name: str, data_dir: str, seed: int, scaled_when_taken: bool = False
                ) -> DatasetSplits:
-    """Seeded train / val / public split of the official train set, and a test subset.
-    ``scaled_when_taken``: the features as :class:`ScaledImages` views of the read files
-    (what :func:`shared_splits` keeps), else float32 arrays."""
+    """Seeded train / val / public split of the official train set, and a test subset
+    (features as :class:`ScaledImages` views of the read files if ``scaled_when_taken``)."""
     tr_img, tr_lbl, te_img, te_lbl = _load_idx_dataset(name, data_dir)
     n_train, n_val, n_test = _idx_split_sizes(len(tr_lbl), len(te_lbl), f"{name} in {data_dir!r}")
     rng = np.random.default_rng(seed)
@@ -515,9 +473,8 @@ def shared_splits(name: str, seed: int, data_dir: str | None,
 
     A node answers several messages (identify, train, evaluate) and in a simulation one
     process serves many nodes: each takes its rows from these arrays (fancy indexing
-    copies them) instead of decoding and scaling the whole dataset again. An IDX
-    dataset's features are :class:`ScaledImages` views of the read files: a node's rows
-    are scaled when it takes them, to the same numbers.
+    copies them) instead of decoding and scaling the whole dataset again. An IDX dataset's
+    are :class:`ScaledImages` views: a node's rows are scaled when taken, the same numbers.
     """
     dataset = dataset_named(name)
     if dataset.files == "idx":  # the images stay as read; each node's rows scaled when taken
