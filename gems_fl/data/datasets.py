@@ -474,7 +474,7 @@ def shared_splits(name: str, seed: int, data_dir: str | None,
     A node answers several messages (identify, train, evaluate) and in a simulation one
     process serves many nodes: each takes its rows from these arrays (fancy indexing
     copies them) instead of decoding and scaling the whole dataset again. An IDX dataset's
-    are :class:`ScaledImages` views: a node's rows are scaled when taken, the same numbers.
+    features are :class:`ScaledImages` views: each node's rows scaled when taken, the same.
     """
     dataset = dataset_named(name)
     if dataset.files == "idx":  # the images stay as read; each node's rows scaled when taken
