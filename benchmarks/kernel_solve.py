@@ -6,7 +6,7 @@ A design study for issue 63's first item on the kernel model, where ``local-solv
 still trains by Adam's epochs. Each site of a Dirichlet(0.1) K=5 division of
 Fashion-MNIST (seed 0) is mapped to kernel features built as a run builds them (class
 centres of each site as landmarks, picked as ``benchmarks/kernel.py central`` picks them,
-4,000 asked: 3,393 kept at seed 0, where a run of the division keeps about 3,100; the rows
+4,000 asked: 3,393 kept at seed 0, as many as a run of the division keeps; the rows
 beside scaled as a run scales them), then fitted three ways on one thread, as a node fits:
 
 - ``adam``: the run's recipe (the paper's Adam epochs with early stopping);
