@@ -51,19 +51,16 @@ def site_features(dataset: str, landmarks: int, seed: int, nodes: int, alpha: fl
                   sites: list[int]):
     """Each site's ``(x_train, y_train, x_val, y_val)`` on the kernel features, as a run
     of ``model='kernel'`` maps them, and the map."""
+    from kernel import site_landmarks
+
     from gems_fl.data import load_dataset
-    from gems_fl.data.dirichlet import DirichletDivision, dirichlet_shares, pool_rows
-    from gems_fl.data.kernel_features import KernelFeatures, class_centres, row_scale
+    from gems_fl.data.kernel_features import KernelFeatures, row_scale
     from gems_fl.data.partition import node_data, parse_division
     from gems_fl.data.random_features import bandwidth_from_stats
     from gems_fl.data.site_files import feature_stats
 
     splits = load_dataset(dataset, seed=seed)
-    shares = dirichlet_shares(splits.train_y, splits.val_y, DirichletDivision(alpha, nodes, 20), seed)
-    share = landmarks / sum(len(tr) for tr, _ in shares)
-    pools = (splits.train_x, splits.train_y), (splits.val_x, splits.val_y)
-    marks = np.concatenate([class_centres(*pool_rows(*pools, tr), share, seed)[0]
-                            for tr, _ in shares])
+    marks = site_landmarks(splits, landmarks, seed, alpha=alpha, nodes=nodes)
     x = splits.train_x
     scale = row_scale(float(np.mean(np.einsum("ij,ij->i", x, x))), splits.num_features)
     fmap = KernelFeatures(marks, bandwidth_from_stats([feature_stats(x)]), raw=True,
