@@ -70,6 +70,31 @@ def test_fewer_rows_than_inputs_give_the_same_within_factor_by_the_thin_svd():
     np.testing.assert_allclose(thin, dense_factor, atol=1e-4 * np.abs(thin).max())
 
 
+def test_a_node_with_fewer_rows_than_inputs_never_forms_its_gram_matrix(monkeypatch):
+    """Its metric stays factored (F, residual, class means), the same as the dense route
+    builds from the whole matrix: the same factor, the residual to rounding."""
+    import gems_fl.geometry.kinds as kinds
+    from gems_fl.geometry.gram import FactoredGram
+
+    rng = np.random.default_rng(5)
+    x, y = _site(rng, 30, [0.4, 0.3, 0.2, 0.1])  # 30 rows, 61 inputs
+    moments, counts = label_moments(x, y, 4)
+    dense, dense_factor, dense_residual = node_gram(x, 8, exact=gram_matrix(x),
+                                                    classes=(y, moments, counts))
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("an (n, n) matrix was formed")
+    for name in ("gram_matrix", "float32_gram", "from_factor"):
+        monkeypatch.setattr(kinds, name, refuse)
+    metric, factor, residual = node_gram(x, 8, classes=(y, moments, counts))
+    assert isinstance(metric, FactoredGram) and metric.shape == (61, 61)
+    np.testing.assert_array_equal(factor, dense_factor)
+    np.testing.assert_allclose(residual, dense_residual, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(np.asarray(metric), dense, atol=1e-5 * np.abs(dense).max())
+    diff = rng.normal(size=(4, 61))
+    assert metric.quadratic(diff) == pytest.approx(float(np.sum((diff @ dense) * diff)), rel=1e-5)
+
+
 def test_the_pooled_within_class_matrix_of_cut_factors_is_psd_by_construction():
     """Sites with different class mixes, each sending a rank-3 factor: the old form (the
     factor of the whole Gram matrix) leaves the pooled within-class matrix indefinite,

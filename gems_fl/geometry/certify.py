@@ -31,7 +31,7 @@ import numpy as np
 import torch
 
 from gems_fl.geometry.eps import check_eps, pass_count
-from gems_fl.geometry.linalg import EIGEN_FLOOR, augment, center_for, label_indices, square_matrix
+from gems_fl.geometry.linalg import EIGEN_FLOOR, augment, center_for, label_indices, metric_for
 from gems_fl.geometry.whitening import Whitening, eigen_whitening
 
 
@@ -176,7 +176,7 @@ def certified_gram_radius(
     if g is None or rho == 0.0 or math.isinf(rho):
         return rho
     xa_n = np.shape(x_val)[1] + 1
-    gt = square_matrix("G", g, xa_n)
+    gt = metric_for("G", g, xa_n, whitening is not None)
     # G_val = A^T A; every quadratic form of it below is a product with A's N_val rows
     rows = augment(x_val) / math.sqrt(len(x_val))
     white = whitening if whitening is not None else eigen_whitening(gt, floor, eigen)

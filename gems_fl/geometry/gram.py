@@ -262,14 +262,16 @@ def low_rank_factor(g: np.ndarray, rank: int, rows: np.ndarray | None = None,
     (``N x n``) instead of ``G`` (``n x n``): the same pairs, at a fraction of the cost
     (a node of 50 rows with 785 inputs), and zero columns past rank ``N``. ``root``: in
     place of ``rows``, any ``(N, n)`` matrix ``R`` with ``G = R^T R`` (the class-centred
-    rows of :func:`within_root`).
+    rows of :func:`within_root`; ``g`` may then be None: no ``(n, n)`` matrix needed).
     """
-    t = square_matrix("G", g)
-    n = len(t)
+    t = square_matrix("G", g) if g is not None or root is None else None
+    n = len(t) if t is not None else root.shape[1]
     if not isinstance(rank, (int, np.integer)) or not 1 <= rank <= n:
         raise ValueError(f"rank must be an integer in [1, {n}]; got {rank!r}")
     if root is None and rows is not None and 0 < len(rows) < n:
         root = augment(rows) / math.sqrt(len(rows))
+    if t is None and len(root) >= n:
+        raise ValueError(f"without G, its root must have fewer rows than {n} columns")
     if root is not None and len(root) < n:
         xa = root
         if xa.shape[1] != n:
@@ -415,6 +417,11 @@ class FactoredGram:
             if len(self._residual) != len(t):
                 raise ValueError(f"residual has {len(self._residual)} entries; the factor has "
                                  f"{len(t)} rows")
+
+    shape = property(lambda self: (len(self._t), len(self._t)))
+
+    def __array__(self, dtype=None, copy=None) -> np.ndarray:  # numpy's consumers: G itself
+        return self.matrix() if dtype is None else self.matrix().astype(dtype)
 
     def matrix(self) -> np.ndarray:
         """``G`` itself, ``(n, n)`` float64."""

@@ -21,6 +21,7 @@ from gems_fl.geometry.linalg import (
     augment,
     center_for,
     label_indices,
+    metric_for,
     range_basis,
     square_matrix,
 )
@@ -192,7 +193,7 @@ def search_gram_radius(
     if len(xa) == 0:
         raise ValueError("the validation set is empty: a radius needs validation data")
     w = center_for("center", center, xa.shape[1])
-    gt = square_matrix("G", g, xa.shape[1])
+    gt = metric_for("G", g, xa.shape[1], whitening is not None)
     yt = label_indices(y_val, len(xa), w.shape[0])
     num, classes = len(xa), w.shape[0]
     need = pass_count(eps, num)

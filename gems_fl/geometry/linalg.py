@@ -60,6 +60,19 @@ def square_matrix(name: str, a, n: int | None = None, *, finite: bool = True) ->
     return t
 
 
+def metric_for(name: str, g, n: int, whitened: bool) -> torch.Tensor | None:
+    """A metric ``G`` checked to be ``(n, n)``, as a float64 tensor; a metric kept as its
+    factor (:class:`~gems_fl.geometry.gram.FactoredGram`), where a whitening of it is
+    given (``whitened``), has only its shape checked (None returned) and is never formed."""
+    if not whitened or isinstance(g, (np.ndarray, torch.Tensor)):
+        return square_matrix(name, g, n)
+    shape = tuple(getattr(g, "shape", ()))
+    if shape != (n, n):
+        raise ValueError(f"{name} has shape {shape}; expected ({n}, {n}) = (features + 1) x "
+                         "(features + 1)")
+    return None
+
+
 def center_for(name: str, center, n: int) -> torch.Tensor:
     w = layer_matrix(name, center)
     if w.shape[1] != n:

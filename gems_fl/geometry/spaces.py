@@ -15,6 +15,7 @@ import numpy as np
 
 from gems_fl.geometry.checks import check_scalar
 from gems_fl.geometry.components import class_totals
+from gems_fl.geometry.gram import FactoredGram
 
 # Tolerances of the membership test: relative to the radius, and absolute.
 CONTAINS_RTOL = 1e-9
@@ -116,7 +117,7 @@ class GramSpace:
     """
 
     center: np.ndarray
-    gram: np.ndarray
+    gram: np.ndarray | FactoredGram
     radius: float
     certified_radius: float = 0.0
     moments: np.ndarray | None = None
@@ -126,8 +127,10 @@ class GramSpace:
     column_class_grams: np.ndarray | None = None
 
     def __post_init__(self) -> None:
-        gram = np.asarray(self.gram, dtype=np.float64)
-        if gram.ndim != 2 or gram.shape[0] != gram.shape[1]:
+        # a node's metric kept as its factor (fewer rows than inputs) stays factored
+        gram = self.gram if isinstance(self.gram, FactoredGram) else np.asarray(self.gram,
+                                                                                 dtype=np.float64)
+        if len(gram.shape) != 2 or gram.shape[0] != gram.shape[1]:
             raise ValueError(f"gram has shape {gram.shape}; expected a square (n, n) matrix")
         center = np.asarray(self.center, dtype=np.float64).reshape(-1)
         if center.size % gram.shape[0]:
@@ -161,7 +164,9 @@ class GramSpace:
     def distance(self, w: np.ndarray) -> float:
         """``sqrt(tr((W - W_k) G_k (W - W_k)^T))``: RMS change of the node's logits."""
         diff = np.asarray(w, dtype=np.float64).reshape(self.matrix.shape) - self.matrix
-        return float(np.sqrt(max(0.0, float(np.sum((diff @ self.gram) * diff)))))
+        square = (self.gram.quadratic(diff) if isinstance(self.gram, FactoredGram)
+                  else float(np.sum((diff @ self.gram) * diff)))
+        return float(np.sqrt(max(0.0, square)))
 
     def penalty(self, w: np.ndarray) -> float:
         return max(0.0, self.distance(w) - self.radius)

@@ -136,7 +136,6 @@ def check_own_space(content: RecordDict, x_train: np.ndarray, gram_rank: int | s
     round 1's, whole or as its factor, else rebuilt from ``x_train``), and whether it lies
     within the radius (:func:`within_radius`, the server's own test). The center and
     radius are the message's ``own`` record, else ``kept`` (what the node kept in round 1)."""
-    from gems_fl.geometry.gram import FactoredGram
     from gems_fl.geometry.kinds import node_gram
     from gems_fl.geometry.spaces import GramSpace, within_radius
 
@@ -149,12 +148,8 @@ def check_own_space(content: RecordDict, x_train: np.ndarray, gram_rank: int | s
         radius = float(content.config_records[wire.CONFIG_KEY][OWN_RADIUS_KEY])
     else:
         center, radius = kept
-    point = as_matrix(gems)
-    if isinstance(gram, FactoredGram):
-        distance = math.sqrt(max(0.0, gram.quadratic(point - center)))
-    else:
-        distance = GramSpace(center, node_gram(x_train, gram_rank)[0] if gram is None else gram,
-                             radius).distance(point)
+    distance = GramSpace(center, node_gram(x_train, gram_rank)[0] if gram is None else gram,
+                         radius).distance(as_matrix(gems))
     return {"space.distance": distance, "space.inside": int(within_radius(distance, radius))}
 
 
