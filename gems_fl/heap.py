@@ -1,0 +1,41 @@
+"""An app process gives back the memory it frees: glibc's mmap threshold, held fixed.
+
+A simulation's ClientApp process serves node after node, and its ServerApp process folds
+reply after reply into its sums; each step allocates and frees temporaries of 1 MiB to
+150 MiB. glibc maps a block of at least its mmap threshold on its own and unmaps it when
+freed, but raises that threshold to the size of each such block freed (up to 32 MiB).
+After the first large temporary, later ones of up to 32 MiB therefore came from the
+heaps, where freed blocks stayed resident between the ones still in use: 100 kernel nodes
+peaked at 5.6 GB (the two ClientApp processes a median of 2.3 GB together) where the
+same run with the threshold held at its initial 128 KiB peaked at 4.5 GB (1.96 GB), the
+same results (docs/scale.md). :func:`return_freed_blocks` holds it there for the process.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import os
+import sys
+
+#: glibc's ``mallopt`` parameter for the threshold (malloc.h)
+M_MMAP_THRESHOLD = -3
+#: the threshold held: glibc's own initial value
+MMAP_THRESHOLD = 128 * 1024
+#: glibc's environment variable for the same; where a user set it, theirs stands
+ENV_VAR = "MALLOC_MMAP_THRESHOLD_"
+
+
+def return_freed_blocks() -> bool:
+    """Hold glibc's mmap threshold at :data:`MMAP_THRESHOLD` for this process, so every
+    block from that size on goes back to the system when freed. Returns whether it was
+    set: not on a C library without ``mallopt`` (macOS, Windows), nor where
+    :data:`ENV_VAR` is set."""
+    if not sys.platform.startswith("linux") or ENV_VAR in os.environ:
+        return False
+    try:
+        mallopt = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").mallopt
+    except (OSError, AttributeError):
+        return False
+    mallopt.argtypes, mallopt.restype = (ctypes.c_int, ctypes.c_int), ctypes.c_int
+    return mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD) == 1
