@@ -18,19 +18,21 @@ import ctypes.util
 import os
 import sys
 
-#: glibc's ``mallopt`` parameter for the threshold (malloc.h)
-M_MMAP_THRESHOLD = -3
-#: the threshold held: glibc's own initial value
+#: glibc's ``mallopt`` parameters (malloc.h): the mmap threshold, and the free bytes at a
+#: heap's top from which it is trimmed (which glibc raises with the former)
+M_MMAP_THRESHOLD, M_TRIM_THRESHOLD = -3, -1
+#: both thresholds held at glibc's own initial value
 MMAP_THRESHOLD = 128 * 1024
 #: glibc's environment variable for the same; where a user set it, theirs stands
 ENV_VAR = "MALLOC_MMAP_THRESHOLD_"
 
 
 def return_freed_blocks() -> bool:
-    """Hold glibc's mmap threshold at :data:`MMAP_THRESHOLD` for this process, so every
-    block from that size on goes back to the system when freed. Returns whether it was
-    set: not on a C library without ``mallopt`` (macOS, Windows), nor where
-    :data:`ENV_VAR` is set."""
+    """Hold glibc's mmap and trim thresholds at :data:`MMAP_THRESHOLD` for this process,
+    so every block from that size on goes back to the system when freed, and so does the
+    free memory at a heap's top, even where imports before this call had raised both.
+    Returns whether it was set: not on a C library without ``mallopt`` (macOS, Windows),
+    nor where :data:`ENV_VAR` is set."""
     if not sys.platform.startswith("linux") or ENV_VAR in os.environ:
         return False
     try:
@@ -38,4 +40,5 @@ def return_freed_blocks() -> bool:
     except (OSError, AttributeError):
         return False
     mallopt.argtypes, mallopt.restype = (ctypes.c_int, ctypes.c_int), ctypes.c_int
-    return mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD) == 1
+    return all([mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD) == 1,
+                mallopt(M_TRIM_THRESHOLD, MMAP_THRESHOLD) == 1])

@@ -1,5 +1,5 @@
 """A process that loads the Flower apps gives freed blocks back to the system
-(:mod:`gems_fl.heap`): glibc's mmap threshold held at 128 KiB."""
+(:mod:`gems_fl.heap`): glibc's mmap and trim thresholds held at 128 KiB."""
 
 from __future__ import annotations
 
@@ -8,11 +8,11 @@ import sys
 
 import pytest
 
-# Frees a 16 MiB block (which raises glibc's dynamic threshold to 16 MiB),
-# then allocates twenty 2 MiB blocks and frees all but the last: the MiB still resident.
+# Frees a 16 MiB block, which raises glibc's dynamic mmap threshold to 16 MiB and its trim
+# threshold to 32 MiB; then ``{setup}``; then allocates ``{count}`` blocks of ``{size}``
+# bytes and frees them all but the last (or, ``{keep}`` false, all of them): the MiB
+# still resident.
 _PROBE = """
-import sys
-{setup}
 import numpy as np
 
 def rss():
@@ -20,25 +20,36 @@ def rss():
         return int(f.read().split()[1]) * 4096 / 2 ** 20
 
 big = np.ones(16 * 2 ** 20, dtype=np.uint8); del big
+{setup}
 before = rss()
-blocks = [np.ones(2 * 2 ** 20, dtype=np.uint8) for _ in range(20)]
-del blocks[:-1]
+blocks = [np.ones({size}, dtype=np.uint8) for _ in range({count})]
+del blocks[:{keep}]
 print(rss() - before)
 """
+_SET = "from gems_fl.heap import return_freed_blocks; assert return_freed_blocks()"
 
 
-def _retained(setup: str) -> float:
-    out = subprocess.run([sys.executable, "-c", _PROBE.format(setup=setup)], check=True,
-                         capture_output=True, text=True, env={"PATH": ""})
+def _retained(setup: str, size: int, count: int, keep: bool) -> float:
+    code = _PROBE.format(setup=setup, size=size, count=count, keep=-1 if keep else "")
+    out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True,
+                         text=True, env={"PATH": ""})
     return float(out.stdout.split()[-1])
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's mallopt")
-def test_freed_blocks_go_back_to_the_system_in_a_process_that_loads_the_apps():
-    # without it, the nineteen freed 2 MiB blocks stay resident in the heap
-    assert _retained("") > 30
-    assert _retained("from gems_fl.heap import return_freed_blocks; "
-                     "assert return_freed_blocks()") < 8
+def test_freed_blocks_go_back_to_the_system_after_the_threshold_was_raised():
+    # twenty 2 MiB blocks: without it they come from the heap, and the nineteen freed
+    # below the last stay resident
+    assert _retained("", 2 * 2 ** 20, 20, keep=True) > 30
+    assert _retained(_SET, 2 * 2 ** 20, 20, keep=True) < 8
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's mallopt")
+def test_the_free_top_of_the_heap_goes_back_after_the_threshold_was_raised():
+    # 250 blocks of 100 KiB (below either threshold: from the heap), all freed: 24 MiB at
+    # the heap's top, under the raised 32 MiB trim threshold, stay without it
+    assert _retained("", 100 * 1024, 250, keep=False) > 16
+    assert _retained(_SET, 100 * 1024, 250, keep=False) < 4
 
 
 def test_a_threshold_the_user_set_stands(monkeypatch):
@@ -48,8 +59,8 @@ def test_a_threshold_the_user_set_stands(monkeypatch):
     assert return_freed_blocks() is False
 
 
-def test_the_apps_module_holds_the_threshold():
-    # the ClientApp's and ServerApp's processes import gems_fl.apps first
+def test_the_apps_module_holds_the_thresholds():
+    # the ClientApp's and ServerApp's processes import gems_fl.apps
     import gems_fl.apps
     from gems_fl.heap import return_freed_blocks
 

@@ -38,6 +38,13 @@ def _fixed(name: str, values: np.ndarray) -> np.ndarray:
     ``values`` is scaled and rounded in place: every caller passes a product of its own.
     The plain expression made four temporaries of its size, 145 MB each for a kernel
     model's reply at D = 4,252, for every reply the server folds in."""
+    return _rounded(name, values).astype(np.int64)
+
+
+def _rounded(name: str, values: np.ndarray) -> np.ndarray:
+    """:func:`_fixed`'s integers still as float64 (scaled and rounded in place, checked):
+    :func:`_add_rounded` folds them in a block of rows at a time, so no int64 copy of a
+    node's whole matrix is made."""
     values = np.asarray(values, dtype=np.float64)
     if not np.all(np.isfinite(values)):
         raise ValueError(f"{name} holds NaN or infinite entries")
@@ -47,7 +54,14 @@ def _fixed(name: str, values: np.ndarray) -> np.ndarray:
                          f"beyond what the fixed-point sums hold ({_LIMIT:.3g}); standardise "
                          "the features or run with server-grams=nodes")
     np.ldexp(values, FRACTION_BITS, out=values)
-    return np.rint(values, out=values).astype(np.int64)
+    return np.rint(values, out=values)
+
+
+def _add_rounded(total: np.ndarray, rounded: np.ndarray, rows: int = 256) -> None:
+    """``total += rounded`` as int64 (the integers :func:`_fixed` makes), ``rows`` rows at
+    a time."""
+    for start in range(0, len(total), rows):
+        total[start:start + rows] += rounded[start:start + rows].astype(np.int64)
 
 
 def _float(values: np.ndarray) -> np.ndarray:
@@ -108,7 +122,7 @@ class GramSums:
             raise ValueError("every node adds label moments, or none does")
         scaled = n_k * g
         center_part = w @ scaled  # before _fixed rounds ``scaled`` in place
-        parts = [_fixed("n_k G_k", scaled), _fixed("n_k W_k G_k", center_part)]
+        parts = [_rounded("n_k G_k", scaled), _fixed("n_k W_k G_k", center_part)]
         counts = None
         if labels:  # the class counts, and n_k M_k among the parts
             counts = self._label_sum(n_k, moments, class_counts, parts)
@@ -121,8 +135,9 @@ class GramSums:
 
     def _accumulate(self, n_k: int, parts: list[np.ndarray], counts: np.ndarray | None,
                     grams: tuple | None, columns: tuple | None) -> None:
-        """Add one node's checked fixed-point parts (``counts`` None: no label moments)."""
-        self._gram += parts[0]
+        """Add one node's checked fixed-point parts (``counts`` None: no label moments;
+        the Gram matrix's still float64, :func:`_rounded`)."""
+        _add_rounded(self._gram, parts[0])
         self._center_gram += parts[1]
         if counts is not None:
             self._moments += parts[2]
