@@ -7,12 +7,9 @@ from flwr.app import Context
 from flwr.serverapp import Grid, ServerApp
 
 from gems_fl.clientapp import build_client_app
-from gems_fl.heap import return_freed_blocks
 from gems_fl.serverapp import run_server
 
 __all__ = ["client_app", "server_app"]
-
-return_freed_blocks()  # a process that loads the apps serves many nodes or replies in turn
 
 server_app = ServerApp()
 client_app = build_client_app()

@@ -5,10 +5,10 @@ reply after reply into its sums; each step allocates and frees temporaries of 1 
 150 MiB. glibc maps a block of at least its mmap threshold on its own and unmaps it when
 freed, but raises that threshold to the size of each such block freed (up to 32 MiB).
 After the first large temporary, later ones of up to 32 MiB therefore came from the
-heaps, where freed blocks stayed resident between the ones still in use: 100 kernel nodes
-peaked at 5.6 GB (the two ClientApp processes a median of 2.3 GB together) where the
-same run with the threshold held at its initial 128 KiB peaked at 4.5 GB (1.96 GB), the
-same results (docs/scale.md). :func:`return_freed_blocks` holds it there for the process.
+heaps, where freed blocks stayed resident between the ones still in use (and glibc raises
+the trim threshold with it, so a heap's free top stayed too). :func:`return_freed_blocks`
+holds both thresholds at their initial 128 KiB for the process; docs/scale.md gives what
+that saved at 100 kernel nodes.
 """
 
 from __future__ import annotations

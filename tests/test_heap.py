@@ -59,9 +59,12 @@ def test_a_threshold_the_user_set_stands(monkeypatch):
     assert return_freed_blocks() is False
 
 
-def test_the_apps_module_holds_the_thresholds():
-    # the ClientApp's and ServerApp's processes import gems_fl.apps
-    import gems_fl.apps
+def test_the_processes_that_run_the_apps_hold_the_thresholds():
+    # a simulation's ClientApp actor receives the app pickled: it imports the handlers'
+    # module, never gems_fl.apps; the ServerApp's process imports its run's module
+    import gems_fl.clientapp.handlers as handlers
+    import gems_fl.serverapp.run as run
     from gems_fl.heap import return_freed_blocks
 
-    assert gems_fl.apps.return_freed_blocks is return_freed_blocks
+    assert handlers.return_freed_blocks is return_freed_blocks
+    assert run.return_freed_blocks is return_freed_blocks

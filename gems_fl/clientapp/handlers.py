@@ -27,6 +27,7 @@ from gems_fl.data.nodes import (
     node_name,
     own_node_config,
 )
+from gems_fl.heap import return_freed_blocks
 from gems_fl.learning.train import set_default_device
 from gems_fl.protocol import map_round, node, secure, wire
 from gems_fl.protocol.node_store import NodeStore
@@ -35,6 +36,9 @@ from gems_fl.settings import Settings
 from gems_fl.settings.options import node_data_options, node_work
 
 logger = logging.getLogger(__name__)
+# a process that runs the ClientApp serves node after node (a simulation's actor imports
+# this module when it receives the app, not gems_fl.apps): freed memory goes back
+return_freed_blocks()
 #: what this process loaded, for the later messages of the run (a simulation's ClientApp
 #: process serves every message of its nodes; a deployed node's process is fresh each time)
 LOADED = NodeDataCache()

@@ -44,6 +44,7 @@ from gems_fl.evaluation.server_data import (
 from gems_fl.extensions import StudyInputs, study
 from gems_fl.geometry.choices import kind_traits
 from gems_fl.geometry.gram_sums import complete_membership
+from gems_fl.heap import return_freed_blocks
 from gems_fl.learning.models import (
     model_from_vector,
     vector_to_state,
@@ -85,6 +86,8 @@ from gems_fl.settings.options import (
 )
 from gems_fl.settings.plan import RunPlan, build_plan
 from gems_fl.settings.values import parse_required_nodes
+
+return_freed_blocks()  # the ServerApp's process folds reply after reply into its sums
 
 NODE_WAIT_S = 60.0
 NO_SERVER_DATA = "evaluate-on-server=false: the server holds no training, test or public data"
