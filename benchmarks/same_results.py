@@ -5,8 +5,8 @@ saved model's SHA-256 and the results' comparison rows, node table and verificat
     python3 benchmarks/same_results.py --code /path/to/old/checkout --out before.json
     python3 benchmarks/same_results.py --compare before.json
 
-Fashion-MNIST, 5 sites, the default division and every setting at its default but the
-model (and `baselines='cheap'`). `--compare` exits 1 unless every model's record matches
+Fashion-MNIST, 5 sites, the default division (or `--label-division`) and every setting at
+its default but the model (and `baselines='cheap'`). `--compare` exits 1 unless every model's record matches
 the earlier file's (the seconds aside). Prints a table and writes JSON
 (results/benchmarks/same_results.json).
 """
@@ -34,12 +34,12 @@ MODELS = ("logistic", "random-features", "kernel", "mlp")
 COMPARED = ("rows", "nodes", "verification", "intersection")
 
 
-def run_one(code: Path, model: str, dataset: str, nodes: int) -> dict:
+def run_one(code: Path, model: str, dataset: str, nodes: int, division: str | None = None) -> dict:
     from gems_fl.running.run_config import app_config
 
     out = tempfile.mkdtemp(prefix="same-results-")
     cfg = {**app_config(code), "dataset": dataset, "model": model, "baselines": "cheap",
-           "output-dir": out}
+           "output-dir": out, **({"label-division": division} if division else {})}
     results, _, wall = run_apps(cfg, nodes)
     model_file = next(Path(out).rglob("gems_model.npz"))
     record = {"model": model, "model_sha256": hashlib.sha256(model_file.read_bytes()).hexdigest(),
@@ -62,6 +62,8 @@ def main() -> None:
     parser.add_argument("--models", nargs="+", default=list(MODELS), choices=MODELS)
     parser.add_argument("--dataset", default="fashion-mnist")
     parser.add_argument("--nodes", type=int, default=5)
+    parser.add_argument("--label-division", default=None,
+                        help="the run's label-division (default: the app's, 'paper', K in 2, 3, 5)")
     parser.add_argument("--compare", default=None, help="an earlier output of this script")
     parser.add_argument("--out", default=default_out("same_results"))
     args = parser.parse_args()
@@ -72,7 +74,8 @@ def main() -> None:
     records = []
     for model in args.models:
         print(f"{model} on {args.dataset}, {args.nodes} sites, code at {commit} ...", flush=True)
-        records.append({"code_commit": commit, **run_one(code, model, args.dataset, args.nodes)})
+        records.append({"code_commit": commit, **run_one(code, model, args.dataset, args.nodes,
+                                                         args.label_division)})
     print_table(["model", "model file", "test acc", "s"],
                 [[r["model"], r["model_sha256"][:16], f"{r['test_accuracy']:.4f}", r["wall_s"]]
                  for r in records])
