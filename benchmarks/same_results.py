@@ -6,8 +6,8 @@ saved model's SHA-256 and the results' comparison rows, node table and verificat
     python3 benchmarks/same_results.py --compare before.json
 
 Fashion-MNIST, 5 sites, the default division (or `--label-division`) and every setting at
-its default but the model (and `baselines='cheap'`). `--compare` exits 1 unless every model's record matches
-the earlier file's (the seconds aside). Prints a table and writes JSON
+its default but the model (and `baselines='cheap'`). `--compare` exits 1 unless every
+model's record matches the earlier file's (the seconds aside). Prints a table and writes JSON
 (results/benchmarks/same_results.json).
 """
 
