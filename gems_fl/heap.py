@@ -1,4 +1,4 @@
-"""An app process gives back the memory it frees: glibc's mmap threshold, held fixed.
+"""An app process gives back the memory it frees: glibc's mmap and trim thresholds, held.
 
 A simulation's ClientApp process serves node after node, and its ServerApp process folds
 reply after reply into its sums; each step allocates and frees temporaries of 1 MiB to

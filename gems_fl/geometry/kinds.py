@@ -382,7 +382,9 @@ def node_gram(train_inputs: np.ndarray, gram_rank: int | str = 0,
     is ``F F^T + diag(r) + C C^T`` (:func:`~gems_fl.geometry.gram.mean_columns` ``C``, exact
     from the moments): a low-rank cut then drops only within-class variance, so every
     within-class matrix built from sums of such Gram matrices (the LDA point's) is
-    positive semidefinite by construction, as it is for whole matrices."""
+    positive semidefinite by construction, as it is for whole matrices. A node with fewer
+    rows than inputs then gets ``gram`` as a :class:`FactoredGram` and forms no ``(n, n)``
+    matrix (:func:`_rows_gram`)."""
     size = np.shape(train_inputs)[1] + 1
     rank = choices.gram_rank_for(gram_rank, size)
     if exact is None and classes is not None and 0 < len(train_inputs) < size and 0 < rank < size:
