@@ -388,7 +388,7 @@ def node_gram(train_inputs: np.ndarray, gram_rank: int | str = 0,
     size = np.shape(train_inputs)[1] + 1
     rank = choices.gram_rank_for(gram_rank, size)
     if exact is None and classes is not None and 0 < len(train_inputs) < size and 0 < rank < size:
-        return _rows_gram(train_inputs, min(rank, size), *classes)
+        return _rows_gram(train_inputs, rank, *classes)
     if exact is not None:
         gram = exact
     elif 0 < rank < size and size >= TOP_EIGEN_MIN_SIZE:  # travels as a float16 factor
