@@ -420,7 +420,7 @@ def _rows_gram(train_inputs: np.ndarray, rank: int, labels: np.ndarray, moments:
     class-centred rows alone: their thin SVD gives the factor (as it does in
     :func:`node_gram`), the rows' mean squares the diagonal (so that, as there, the matrix
     rebuilt keeps the node's own diagonal exactly). No ``(n, n)`` matrix is formed (at the
-    kernel model's n = 4,252 the dense route held up to three of 70-140 MB in each
+    kernel model's n = 4,252 the dense route held up to three of 72-145 MB in each
     ClientApp process), and the metric stays factored (:class:`FactoredGram`)."""
     means = mean_columns(moments, counts)
     root = within_root(train_inputs, labels, means)
