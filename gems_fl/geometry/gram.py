@@ -421,7 +421,7 @@ class FactoredGram:
     shape = property(lambda self: (len(self._t), len(self._t)))
 
     def __array__(self, dtype=None, copy=None) -> np.ndarray:  # numpy's consumers: G itself
-        return self.matrix() if dtype is None else self.matrix().astype(dtype)
+        return self.matrix() if dtype is None else self.matrix().astype(dtype, copy=False)
 
     def matrix(self) -> np.ndarray:
         """``G`` itself, ``(n, n)`` float64."""

@@ -23,7 +23,9 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
+from gems_fl.geometry.gram import FactoredGram
 from gems_fl.geometry.intersect import IntersectionResult
+from gems_fl.geometry.linalg import symmetrize_
 from gems_fl.geometry.virtual import class_statistics
 
 #: Fixed-point resolution of the sums: 2**-30 (about 1e-9) of one unit of ``n_k G_k``.
@@ -120,7 +122,9 @@ class GramSums:
         labels = moments is not None
         if self._with_labels is not None and labels != self._with_labels:
             raise ValueError("every node adds label moments, or none does")
-        scaled = n_k * g
+        # G sent as its factor is formed just above, ours to scale where it lies: 145 MB
+        # less for each kernel reply folded in (D = 4,252)
+        scaled = np.multiply(g, n_k, out=g) if isinstance(gram, FactoredGram) else n_k * g
         center_part = w @ scaled  # before _fixed rounds ``scaled`` in place
         parts = [_rounded("n_k G_k", scaled), _fixed("n_k W_k G_k", center_part)]
         counts = None
@@ -304,8 +308,10 @@ class GramSums:
     def pooled_gram(self) -> np.ndarray:
         """``sum_k (n_k / N) G_k``, float64 ``(n, n)``, symmetric."""
         self._check()
-        g = _float(self._gram) / self.count
-        return 0.5 * (g + g.T)
+        g = self._gram.astype(np.float64)
+        np.ldexp(g, -FRACTION_BITS, out=g)
+        g /= self.count
+        return symmetrize_(g)
 
     def pooled_moments(self) -> np.ndarray:
         """``sum_k (n_k / N) M_k``, float64 ``(C, n)``."""

@@ -18,6 +18,7 @@ appendix's K=2 division, whose two nodes share their classes).
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
@@ -146,6 +147,8 @@ class SummedStatistics:
         self.sums = sums
         self.num_classes, self.size = sums.num_classes, sums.size
         self.weights = np.asarray([float(n) / sums.count for n in num_train])
+        self._pooled: tuple | None = None
+        self._pooling = threading.Lock()
 
     def provides(self) -> frozenset[str]:
         held = set()
@@ -158,7 +161,13 @@ class SummedStatistics:
         return frozenset(held)
 
     def pooled_inputs(self) -> tuple[list[np.ndarray], list[np.ndarray], list[float]]:
-        return [self.sums.pooled_gram()], [self.sums.pooled_moments()], [1.0]
+        """Formed once from the sums and shared by every candidate solved from these
+        statistics (the selection round solves several at once): the pooled Gram matrix
+        is 141 MB at the kernel model's D = 4,252. Callers copy before they change it."""
+        with self._pooling:
+            if self._pooled is None:
+                self._pooled = [self.sums.pooled_gram()], [self.sums.pooled_moments()], [1.0]
+            return self._pooled
 
     def center_system(self) -> tuple[torch.Tensor, torch.Tensor]:
         return self.sums.center_system()

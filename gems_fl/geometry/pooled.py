@@ -21,7 +21,12 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-from gems_fl.geometry.linalg import cholesky_solve_right, solve_right, spectral_solve_right
+from gems_fl.geometry.linalg import (
+    cholesky_solve_right,
+    solve_right,
+    spectral_solve_right,
+    symmetrize_,
+)
 
 
 def _normalised(num_train: Sequence[float]) -> np.ndarray:
@@ -32,10 +37,13 @@ def _normalised(num_train: Sequence[float]) -> np.ndarray:
 
 
 def pooled_gram(grams: Sequence[np.ndarray], num_train: Sequence[float]) -> torch.Tensor:
-    """``sum_k (n_k / N) G_k``, float64 torch, summed one node at a time (no stack of K
-    matrices)."""
-    w = _normalised(num_train)
-    return sum(float(wk) * torch.as_tensor(g, dtype=torch.float64) for wk, g in zip(w, grams))
+    """``sum_k (n_k / N) G_k``, float64 torch, summed one node at a time into one
+    matrix (no stack of K matrices; the numbers of ``sum(...)`` started from 0)."""
+    total = None
+    for wk, g in zip(_normalised(num_train), grams):
+        part = float(wk) * torch.as_tensor(g, dtype=torch.float64)
+        total = part.add_(0) if total is None else total.add_(part)
+    return total
 
 
 def pooled_system(grams: Sequence[np.ndarray], moments: Sequence[np.ndarray],
@@ -52,7 +60,7 @@ def pooled_system(grams: Sequence[np.ndarray], moments: Sequence[np.ndarray],
     if a.shape[0] != b.shape[1]:
         raise ValueError(f"label moments have {b.shape[1]} columns; the Gram matrices are "
                          f"{a.shape[0]} x {a.shape[0]}")
-    a = 0.5 * (a + a.T)
+    symmetrize_(a)
     a.diagonal().add_(float(ridge))
     return a, b
 
@@ -65,7 +73,10 @@ def pooled_point(grams: Sequence[np.ndarray], moments: Sequence[np.ndarray],
     its rows), ``num_train`` its row count; ``ridge`` is relative to one mean Gram matrix.
     """
     a, b = pooled_system(grams, moments, num_train, ridge)
-    return solve_right(a, b).numpy()
+    solved = cholesky_solve_right(a, b, overwrite=True)
+    if solved is None:  # not positive definite: solve_right's fallback, on A formed again
+        solved = solve_right(*pooled_system(grams, moments, num_train, ridge))
+    return solved.numpy()
 
 
 ABSENT_CLASS_BIAS = -30.0  # a class no node holds: never predicted (log-prior of ~1e-13)
@@ -100,8 +111,7 @@ def pooled_ldas(grams: Sequence[np.ndarray], moments: Sequence[np.ndarray],
     a, b = pooled_system(grams, moments, num_train, 0.0)
     d = a.shape[0] - 1
     prior, mu = class_priors_and_means(b)
-    within = a[:d, :d] - (mu.T * prior) @ mu
-    within = 0.5 * (within + within.T)
+    within = symmetrize_(a[:d, :d].sub_((mu.T * prior) @ mu))
     scale = float(torch.trace(within).clamp(min=0.0))
     eigen = None
     out = []
@@ -109,7 +119,8 @@ def pooled_ldas(grams: Sequence[np.ndarray], moments: Sequence[np.ndarray],
         shift = float(shrinkage) * scale / d
         shrunk = within.clone()
         shrunk.diagonal().add_(shift)
-        weight = cholesky_solve_right(shrunk, mu)
+        weight = cholesky_solve_right(shrunk, mu, overwrite=True)
+        del shrunk  # factored where it lay: not held beside the decomposition below
         if weight is None:
             eigen = torch.linalg.eigh(within) if eigen is None else eigen
             weight = spectral_solve_right(eigen, mu, shift)
