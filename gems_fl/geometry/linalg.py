@@ -27,7 +27,7 @@ def symmetrize_(a, block: int = 512):
     """``a <- (a + a^T) / 2`` in place, a square block at a time, for a numpy array or a
     torch tensor; returns ``a``. Each entry is the same float as ``0.5 * (a + a.T)``'s
     (one sum, one exact halving), without that expression's two temporaries of ``a``'s
-    size: 141 MB each at the kernel model's D = 4,252, two per solve of the server's
+    size: 145 MB each at the kernel model's D = 4,252, two per solve of the server's
     pooled system."""
     n = a.shape[0]
     for i in range(0, n, block):
@@ -146,7 +146,7 @@ def cholesky_solve_right(a: torch.Tensor, b: torch.Tensor, floor: float = EIGEN_
 
     ``overwrite``: ``a`` is the caller's exactly symmetric, contiguous copy, factored in
     its own memory and lost whatever the outcome (the same numbers, without the factor's
-    141 MB at the kernel model's D = 4,252). The two triangular solves give
+    145 MB at the kernel model's D = 4,252). The two triangular solves give
     ``torch.cholesky_solve``'s numbers without the copy of the factor that it makes."""
     top = float(torch.diagonal(a).max())
     if overwrite and a.is_contiguous():

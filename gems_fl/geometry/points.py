@@ -163,7 +163,7 @@ class SummedStatistics:
     def pooled_inputs(self) -> tuple[list[np.ndarray], list[np.ndarray], list[float]]:
         """Formed once from the sums and shared by every candidate solved from these
         statistics (the selection round solves several at once): the pooled Gram matrix
-        is 141 MB at the kernel model's D = 4,252. Callers copy before they change it."""
+        is 145 MB at the kernel model's D = 4,252. Callers copy before they change it."""
         with self._pooling:
             if self._pooled is None:
                 self._pooled = [self.sums.pooled_gram()], [self.sums.pooled_moments()], [1.0]
