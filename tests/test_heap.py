@@ -59,12 +59,10 @@ def test_a_threshold_the_user_set_stands(monkeypatch):
     assert return_freed_blocks() is False
 
 
-def test_the_processes_that_run_the_apps_hold_the_thresholds():
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's mallopt")
+@pytest.mark.parametrize("module", ["gems_fl.clientapp.handlers", "gems_fl.serverapp.run"])
+def test_the_processes_that_run_the_apps_hold_the_thresholds(module):
     # a simulation's ClientApp actor receives the app pickled: it imports the handlers'
-    # module, never gems_fl.apps; the ServerApp's process imports its run's module
-    import gems_fl.clientapp.handlers as handlers
-    import gems_fl.serverapp.run as run
-    from gems_fl.heap import return_freed_blocks
-
-    assert handlers.return_freed_blocks is return_freed_blocks
-    assert run.return_freed_blocks is return_freed_blocks
+    # module, never gems_fl.apps; the ServerApp's process imports its run's module.
+    # Importing either, alone, is what gives the freed blocks back.
+    assert _retained(f"import {module}", 2 * 2 ** 20, 20, keep=True) < 8
